@@ -1,0 +1,99 @@
+"""hierplan: hierarchical planner-executor agents with inspectable plans and exact budgets.
+
+>>> import hierplan
+>>> result = hierplan.run_sync(scenario="data_migration", sim_latency_scale=0)  # doctest: +SKIP
+>>> result.status, result.totals()["cost_usd"]  # doctest: +SKIP
+('succeeded', 0.0155)
+"""
+
+from __future__ import annotations
+
+from hierplan.agents.executor import LLMExecutor, StepResult, ToolExecutor
+from hierplan.agents.models import (
+    FunctionModel,
+    Model,
+    ModelRequest,
+    ModelResponse,
+    NoiseProfile,
+    ScriptedModel,
+    SimulatedModel,
+    ToolCall,
+    Usage,
+    resolve_model,
+)
+from hierplan.agents.planner import LLMPlanner
+from hierplan.agents.tools import Tool, tool
+from hierplan.budgets.pricing import Price, PriceTable
+from hierplan.errors import (
+    BudgetExceeded,
+    HierplanError,
+    PlanValidationError,
+    StepFailed,
+    UserInputError,
+)
+from hierplan.hierarchy.context import Instrument, NodeContext, RunContext, RunSettings
+from hierplan.hierarchy.events import RunEvent
+from hierplan.hierarchy.gate import (
+    Approve,
+    AutoApprove,
+    CallbackApprover,
+    Edit,
+    Gate,
+    GateContext,
+    Reject,
+)
+from hierplan.hierarchy.plan import Plan, Step, critical_path, topological_order, validate_plan
+from hierplan.hierarchy.record import NodeRecord, RunResult
+from hierplan.hierarchy.run import run, run_sync
+from hierplan.hierarchy.strategies import STRATEGIES
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "STRATEGIES",
+    "Approve",
+    "AutoApprove",
+    "BudgetExceeded",
+    "CallbackApprover",
+    "Edit",
+    "FunctionModel",
+    "Gate",
+    "GateContext",
+    "HierplanError",
+    "Instrument",
+    "LLMExecutor",
+    "LLMPlanner",
+    "Model",
+    "ModelRequest",
+    "ModelResponse",
+    "NodeContext",
+    "NodeRecord",
+    "NoiseProfile",
+    "Plan",
+    "PlanValidationError",
+    "Price",
+    "PriceTable",
+    "Reject",
+    "RunContext",
+    "RunEvent",
+    "RunResult",
+    "RunSettings",
+    "ScriptedModel",
+    "SimulatedModel",
+    "Step",
+    "StepFailed",
+    "StepResult",
+    "Tool",
+    "ToolCall",
+    "ToolExecutor",
+    "Usage",
+    "UserInputError",
+    "__version__",
+    "critical_path",
+    "resolve_model",
+    "run",
+    "run_sync",
+    "tool",
+    "topological_order",
+    "validate_plan",
+]

@@ -1,0 +1,186 @@
+"""Executors: :class:`ToolExecutor` calls a step's tool directly; :class:`LLMExecutor` runs a
+bounded tool-calling loop with the node's model.
+
+Both take the outputs of the step's dependencies as ``inputs``. A string argument that is exactly
+``$<id>`` becomes that dependency's raw output; ``$<id>`` inside a longer string becomes its text.
+Tool failures inside an LLM loop go back to the model as the tool's result so that it can
+recover; a final answer starting with ``FAILED:`` fails the step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from hierplan.agents.models.base import Message, ModelRequest, ToolCall
+from hierplan.agents.prompts import FAILED_PREFIX, StepPrompt, render_step_prompt
+from hierplan.agents.tools import Tool, result_text
+from hierplan.errors import HierplanError, StepFailed, ToolError
+from hierplan.hierarchy.events import ToolCalled
+from hierplan.hierarchy.gate import REF_PATTERN
+
+if TYPE_CHECKING:
+    from hierplan.hierarchy.context import NodeContext
+
+
+@dataclass(slots=True, frozen=True)
+class StepResult:
+    """What a step produced: its raw ``output`` and that output as ``text``."""
+
+    output: Any
+    text: str
+
+
+def resolve_refs(args: Mapping[str, Any], inputs: Mapping[str, StepResult]) -> dict[str, Any]:
+    """Replace ``$<id>`` references in string arguments by dependency outputs."""
+    out: dict[str, Any] = {}
+    for key, value in args.items():
+        if isinstance(value, str) and "$" in value:
+            whole = REF_PATTERN.fullmatch(value)
+            if whole and whole.group(1) in inputs:
+                out[key] = inputs[whole.group(1)].output
+                continue
+            value = REF_PATTERN.sub(
+                lambda m: inputs[m.group(1)].text if m.group(1) in inputs else m.group(0), value
+            )
+        out[key] = value
+    return out
+
+
+async def call_tool(
+    node: NodeContext, target: Tool, arguments: Mapping[str, Any], call_id: str
+) -> Any:
+    """Call a tool inside every instrument's tool scope and report a :class:`ToolCalled` event."""
+    run = node.run
+    started = time.perf_counter()
+    error: str | None = None
+    try:
+        scopes = [
+            i.tool_scope(node, ToolCall(call_id, target.name, arguments)) for i in run.instruments
+        ]
+        if any(s is not None for s in scopes):
+            async with AsyncExitStack() as stack:
+                for scope in scopes:
+                    if scope is not None:
+                        await stack.enter_async_context(scope)
+                return await _call(target, arguments)
+        return await _call(target, arguments)
+    except HierplanError as exc:
+        error = str(exc)
+        raise
+    finally:
+        if run.bus.active:
+            run.bus.emit(
+                ToolCalled(
+                    run_id=run.run_id,
+                    path=node.path,
+                    tool=target.name,
+                    call_id=call_id,
+                    ok=error is None,
+                    duration_s=time.perf_counter() - started,
+                    error=error,
+                )
+            )
+
+
+async def _call(target: Tool, arguments: Mapping[str, Any]) -> Any:
+    try:
+        return await target.call(arguments)
+    except HierplanError:
+        raise
+    except Exception as exc:  # a tool's own bug or failure becomes a step failure
+        raise ToolError(f"tool {target.name!r} failed: {type(exc).__name__}: {exc}") from exc
+
+
+class ToolExecutor:
+    """Runs a step's tool with the plan's arguments; no model call."""
+
+    async def execute(
+        self,
+        node: NodeContext,
+        tool_name: str,
+        args: Mapping[str, Any],
+        inputs: Mapping[str, StepResult],
+    ) -> StepResult:
+        """Call the tool; raise :class:`ToolError` subclasses on failure."""
+        target = node.run.toolbox.get(tool_name, node.allowed_tools)
+        output = await call_tool(node, target, resolve_refs(args, inputs), f"{node.path}:1")
+        return StepResult(output, result_text(output))
+
+
+class LLMExecutor:
+    """A bounded tool-calling loop: the model calls tools until it answers, at most
+    ``max_turns`` model calls."""
+
+    async def execute(
+        self,
+        node: NodeContext,
+        instruction: str,
+        inputs: Mapping[str, StepResult],
+        *,
+        context: str = "",
+        only_tool: str | None = None,
+        react: bool = False,
+        max_turns: int | None = None,
+    ) -> StepResult:
+        """Run the loop; raise :class:`StepFailed` if the model gives up or runs out of turns."""
+        run = node.run
+        settings = run.settings
+        turns = max_turns or (settings.react_max_turns if react else settings.executor_max_turns)
+        allowed = (
+            node.allowed_tools if only_tool is None else frozenset({only_tool}) & node.allowed_tools
+        )
+        specs = run.toolbox.specs(allowed)
+        prompt = StepPrompt(instruction, context, {k: v.text for k, v in inputs.items()}, react)
+        messages: tuple[Message, ...] = render_step_prompt(prompt)
+        for turn in range(turns):
+            response = await node.call_model(
+                ModelRequest(
+                    messages=messages,
+                    tools=specs,
+                    max_tokens=settings.executor_max_tokens,
+                    phase="execution",
+                    node_path=node.path,
+                    purpose="react" if react else "execute",
+                )
+            )
+            if not response.tool_calls:
+                text = response.text.strip()
+                if text.startswith(FAILED_PREFIX):
+                    raise StepFailed(
+                        text[len(FAILED_PREFIX) :].strip() or "the executor gave up", retryable=True
+                    )
+                return StepResult(text, text)
+            results = await self._run_calls(node, response.tool_calls, allowed, turn)
+            messages = (
+                *messages,
+                Message("assistant", response.text, response.tool_calls),
+                *results,
+            )
+        raise StepFailed(f"no answer after {turns} model turns", retryable=True)
+
+    async def _run_calls(
+        self, node: NodeContext, calls: Sequence[ToolCall], allowed: frozenset[str], turn: int
+    ) -> list[Message]:
+        replies: list[Message] = [Message("tool", "", tool_call_id=c.id) for c in calls]
+
+        async def one(index: int, call: ToolCall) -> None:
+            try:
+                target = node.run.toolbox.get(call.name, allowed)
+                output = await call_tool(
+                    node, target, call.arguments, call.id or f"{node.path}:{turn}.{index}"
+                )
+                text = result_text(output)
+            except ToolError as exc:
+                text = f"ERROR: {exc}"
+            replies[index] = Message("tool", text, tool_call_id=call.id)
+
+        async with anyio.create_task_group() as tg:
+            for index, call in enumerate(calls):
+                tg.start_soon(one, index, call)
+        return replies

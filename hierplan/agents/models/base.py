@@ -1,0 +1,206 @@
+"""The model interface: one request type, one response type, one protocol.
+
+Every model (simulated, scripted, or a real provider) implements :class:`Model`. Budgets and
+tracing wrap a ``Model``; they never reach inside a provider.
+
+The request and response types are slotted dataclasses rather than pydantic models because they
+sit on the hot path of every leaf; they are validated at the edges (plan parsing, tool args).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from hierplan.errors import ModelNotAvailableError
+
+Role = Literal["system", "user", "assistant", "tool"]
+Phase = Literal["planning", "execution"]
+PHASES: tuple[Phase, Phase] = ("planning", "execution")
+
+
+@dataclass(slots=True, frozen=True)
+class Usage:
+    """Tokens used by one model call (or a sum of calls).
+
+    ``cached_input_tokens`` and ``reasoning_tokens`` are subsets of input and output tokens,
+    reported when the provider reports them.
+    """
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        """Input plus output tokens."""
+        return self.input_tokens + self.output_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cached_input_tokens + other.cached_input_tokens,
+            self.reasoning_tokens + other.reasoning_tokens,
+        )
+
+
+@dataclass(slots=True, frozen=True)
+class ToolSpec:
+    """A tool as a model sees it: a name, a description and a JSON schema for its arguments."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+
+
+@dataclass(slots=True, frozen=True)
+class ToolCall:
+    """A model's request to call a tool."""
+
+    id: str
+    name: str
+    arguments: Mapping[str, Any]
+
+
+@dataclass(slots=True, frozen=True)
+class Message:
+    """One chat message. Tool results use role ``tool`` with the ``tool_call_id`` they answer."""
+
+    role: Role
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class OutputSchema:
+    """Structured output wanted from the model: a name and a JSON schema."""
+
+    name: str
+    schema: Mapping[str, Any]
+
+
+@dataclass(slots=True, frozen=True)
+class ModelRequest:
+    """Everything a model needs for one call.
+
+    ``phase`` tags the call as planning or execution for accounting; ``node_path`` and ``purpose``
+    are metadata for records and traces, not sent to providers as prompt text.
+    """
+
+    messages: tuple[Message, ...]
+    tools: tuple[ToolSpec, ...] = ()
+    output_schema: OutputSchema | None = None
+    max_tokens: int = 2048
+    temperature: float | None = None
+    phase: Phase = "execution"
+    node_path: str = ""
+    purpose: str = ""
+
+    def with_max_tokens(self, max_tokens: int) -> ModelRequest:
+        """Return a copy with a different ``max_tokens`` (budgets lower it to what fits)."""
+        return replace(self, max_tokens=max_tokens)
+
+
+@dataclass(slots=True)
+class ModelResponse:
+    """A model's answer: text, tool calls, or structured ``output``, with usage.
+
+    ``usage`` is ``None`` when the provider did not report it; budgets then settle at the
+    reserved worst case and flag the call.
+    """
+
+    text: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    output: Any = None
+    usage: Usage | None = None
+    model: str = ""
+    finish_reason: str = "stop"
+    simulated: bool = False
+    flags: list[str] = field(default_factory=list)
+
+
+@runtime_checkable
+class Model(Protocol):
+    """The one interface every model implements.
+
+    ``name`` is the model's full string (``sim``, ``openai:gpt-4.1-mini``), ``provider`` the
+    provider part, ``priced_as`` the model whose price applies (a simulated model is priced as
+    if it were a named real one), and ``simulated`` says whether answers come from an oracle.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def provider(self) -> str: ...
+
+    @property
+    def priced_as(self) -> str: ...
+
+    @property
+    def simulated(self) -> bool: ...
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        """Send one request and return the response."""
+        ...
+
+
+@dataclass(slots=True, frozen=True)
+class ModelString:
+    """A parsed model string: ``sim``, ``openai:<name>``, ``anthropic:<name>``, ``scripted``."""
+
+    provider: str
+    name: str
+
+    def __str__(self) -> str:
+        return self.provider if not self.name else f"{self.provider}:{self.name}"
+
+
+KNOWN_PROVIDERS = ("sim", "openai", "anthropic")
+
+
+def parse_model_string(value: str) -> ModelString:
+    """Parse ``sim``, ``sim:<priced-as>``, ``openai:<model>`` or ``anthropic:<model>``.
+
+    >>> parse_model_string("openai:gpt-4.1-mini")
+    ModelString(provider='openai', name='gpt-4.1-mini')
+    """
+    text = value.strip()
+    provider, _, name = text.partition(":")
+    provider = provider.strip().lower()
+    name = name.strip()
+    if provider not in KNOWN_PROVIDERS:
+        raise ModelNotAvailableError(
+            f"unknown model {value!r}: use 'sim' (offline simulator), 'openai:<model>' or "
+            "'anthropic:<model>'"
+        )
+    if provider != "sim" and not name:
+        raise ModelNotAvailableError(
+            f"model {value!r} names no model: write it as '{provider}:<model name>'"
+        )
+    return ModelString(provider, name)
+
+
+def system(text: str) -> Message:
+    """A system message."""
+    return Message("system", text)
+
+
+def user(text: str) -> Message:
+    """A user message."""
+    return Message("user", text)
+
+
+def request_text(messages: Sequence[Message]) -> str:
+    """All text of a conversation, used for token estimates."""
+    parts: list[str] = []
+    for m in messages:
+        parts.append(m.content)
+        for call in m.tool_calls:
+            parts.append(call.name)
+            parts.append(repr(dict(call.arguments)))
+    return "\n".join(parts)

@@ -1,0 +1,132 @@
+"""Test doubles that ship with the package: strict scripted models and function models.
+
+A :class:`ScriptedModel` answers from a fixed script and raises :class:`UnexpectedModelCall` on a
+call past its end; ``assert_complete()`` checks every scripted answer was used. It never wraps
+around, so a test cannot pass by accident on a recycled answer.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+
+import anyio
+
+from hierplan.agents.models.base import ModelRequest, ModelResponse, Usage
+from hierplan.agents.models.tokens import estimate_request_tokens, estimate_text_tokens
+from hierplan.errors import UnexpectedModelCall
+
+ScriptItem = ModelResponse | BaseException | Callable[[ModelRequest], ModelResponse]
+ResponseFunction = Callable[[ModelRequest], ModelResponse | Awaitable[ModelResponse]]
+
+
+def estimated_usage(request: ModelRequest, response: ModelResponse) -> Usage:
+    """Usage estimated from request and response text (for doubles that do not set it)."""
+    out = response.text
+    if response.output is not None:
+        out += repr(response.output)
+    for call in response.tool_calls:
+        out += call.name + repr(dict(call.arguments))
+    return Usage(estimate_request_tokens(request), max(1, estimate_text_tokens(out)))
+
+
+@dataclass
+class ScriptedModel:
+    """A model that returns scripted responses in order.
+
+    Each script item is a :class:`ModelResponse`, an exception to raise, or a function of the
+    request. Responses without usage get an estimate unless ``report_usage`` is false. Calls are
+    recorded in ``requests``.
+
+    >>> model = ScriptedModel([ModelResponse(text="done")])
+    """
+
+    script: Iterable[ScriptItem]
+    name: str = "scripted"
+    priced_as: str = "scripted"
+    latency_s: float = 0.0
+    report_usage: bool = True
+    requests: list[ModelRequest] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._items: list[ScriptItem] = list(self.script)
+        self._next = 0
+
+    @property
+    def provider(self) -> str:
+        """Always ``scripted``."""
+        return "scripted"
+
+    @property
+    def simulated(self) -> bool:
+        """Scripted answers are not a real model's."""
+        return True
+
+    @property
+    def remaining(self) -> int:
+        """How many scripted items are left."""
+        return len(self._items) - self._next
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        """Return the next scripted response, or raise if the script is used up."""
+        self.requests.append(request)
+        if self._next >= len(self._items):
+            raise UnexpectedModelCall(
+                f"ScriptedModel {self.name!r} received call {self._next + 1} but its script has "
+                f"{len(self._items)} item(s); last request purpose={request.purpose!r} "
+                f"node={request.node_path!r}"
+            )
+        item = self._items[self._next]
+        self._next += 1
+        if self.latency_s:
+            await anyio.sleep(self.latency_s)
+        if isinstance(item, BaseException):
+            raise item
+        response = item(request) if callable(item) else item
+        return _finish(response, request, self.name, self.report_usage)
+
+    def assert_complete(self) -> None:
+        """Raise ``AssertionError`` unless every scripted item was used."""
+        if self._next != len(self._items):
+            raise AssertionError(
+                f"ScriptedModel {self.name!r} used {self._next} of {len(self._items)} item(s)"
+            )
+
+
+@dataclass
+class FunctionModel:
+    """A model whose answers come from a function of the request (sync or async)."""
+
+    function: ResponseFunction
+    name: str = "function"
+    priced_as: str = "function"
+    report_usage: bool = True
+    calls: int = 0
+
+    @property
+    def provider(self) -> str:
+        """Always ``function``."""
+        return "function"
+
+    @property
+    def simulated(self) -> bool:
+        """Function answers are not a real model's."""
+        return True
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        """Call the function and return its response."""
+        self.calls += 1
+        result = self.function(request)
+        response = await result if inspect.isawaitable(result) else result
+        return _finish(response, request, self.name, self.report_usage)
+
+
+def _finish(
+    response: ModelResponse, request: ModelRequest, name: str, report_usage: bool
+) -> ModelResponse:
+    if response.usage is None and report_usage:
+        response.usage = estimated_usage(request, response)
+    if not response.model:
+        response.model = name
+    return response

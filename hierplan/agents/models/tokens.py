@@ -1,0 +1,46 @@
+"""Token estimates from text.
+
+hierplan does not ship a tokenizer: it estimates one token per four characters of text (the rule
+of thumb OpenAI and Anthropic both publish for English), plus a fixed overhead per message, tool
+and schema for the chat framing. The estimate is used for two things: the input side of a budget
+reservation before a call (a real provider's reported usage then replaces it), and the usage the
+offline simulator reports, which has no provider to ask.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from hierplan.agents.models.base import ModelRequest
+
+CHARS_PER_TOKEN = 4
+MESSAGE_OVERHEAD_TOKENS = 4
+TOOL_OVERHEAD_TOKENS = 8
+
+
+def estimate_text_tokens(text: str) -> int:
+    """Tokens in ``text`` by the four-characters rule (at least 1 for non-empty text)."""
+    if not text:
+        return 0
+    return (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+
+
+def _schema_tokens(schema: Mapping[str, Any]) -> int:
+    return estimate_text_tokens(json.dumps(schema, separators=(",", ":"), sort_keys=True))
+
+
+def estimate_request_tokens(request: ModelRequest) -> int:
+    """Estimated input tokens of a request: messages, tool schemas and output schema."""
+    total = 0
+    for message in request.messages:
+        total += MESSAGE_OVERHEAD_TOKENS + estimate_text_tokens(message.content)
+        for call in message.tool_calls:
+            total += estimate_text_tokens(call.name) + _schema_tokens(call.arguments)
+    for spec in request.tools:
+        total += TOOL_OVERHEAD_TOKENS + estimate_text_tokens(spec.name + spec.description)
+        total += _schema_tokens(spec.parameters)
+    if request.output_schema is not None:
+        total += TOOL_OVERHEAD_TOKENS + _schema_tokens(request.output_schema.schema)
+    return total

@@ -1,0 +1,148 @@
+"""LLMPlanner: a prompt in, a structured :class:`Plan` out; and replanning.
+
+The planner asks its node's model for a plan as structured output (the Plan JSON schema). Output
+that does not parse or does not match the schema gets one repair attempt with the errors in the
+prompt; if that fails too, :class:`PlanParseError` says what was wrong. Semantic problems
+(cycles, unknown tools) are the gate's job; the node sends them back here as ``feedback``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from hierplan.agents.models.base import Message, ModelRequest, ModelResponse, OutputSchema
+from hierplan.agents.prompts import PLAN_OUTPUT_NAME, PlanPrompt, progress_summary
+from hierplan.agents.prompts import render_plan_prompt as _render
+from hierplan.errors import PlanParseError
+from hierplan.hierarchy.plan import Plan
+
+if TYPE_CHECKING:
+    from hierplan.hierarchy.context import NodeContext
+
+PLAN_SCHEMA: dict[str, Any] = Plan.model_json_schema()
+_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.S)
+
+
+def parse_plan_output(response: ModelResponse) -> Plan:
+    """The plan in a response: its structured ``output``, or JSON found in its text."""
+    data: Any = response.output
+    if data is None:
+        text = response.text.strip()
+        if not text:
+            raise PlanParseError("the response holds no plan (empty output)")
+        fenced = _FENCE.search(text)
+        if fenced:
+            text = fenced.group(1).strip()
+        elif "{" in text:
+            text = text[text.index("{") : text.rindex("}") + 1]
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise PlanParseError(
+                f"the plan is not valid JSON: {exc.msg} at char {exc.pos}"
+            ) from None
+    try:
+        return Plan.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'plan'}: {err['msg']}"
+            for err in exc.errors()[:10]
+        )
+        raise PlanParseError(f"the plan does not match the schema: {problems}") from None
+
+
+class LLMPlanner:
+    """Plans and replans a node's goal with the node's model."""
+
+    def __init__(self, *, repair_attempts: int = 1) -> None:
+        self.repair_attempts = repair_attempts
+
+    async def plan(
+        self,
+        node: NodeContext,
+        *,
+        inputs: Mapping[str, str] | None = None,
+        feedback: str | None = None,
+        flat: bool = False,
+    ) -> Plan:
+        """A first plan for the node's goal. ``flat`` forbids sub-goals."""
+        return await self._ask(node, self._prompt(node, inputs, feedback, flat), "plan")
+
+    async def replan(
+        self,
+        node: NodeContext,
+        plan: Plan,
+        progress: Mapping[str, str],
+        failure: str | None,
+        *,
+        inputs: Mapping[str, str] | None = None,
+        feedback: str | None = None,
+        flat: bool = False,
+    ) -> Plan:
+        """A revised plan given what is done (``progress``) and what failed (``failure``)."""
+        prompt = self._prompt(node, inputs, feedback, flat)
+        prompt.current_plan = plan.model_dump(mode="json", exclude_none=True)
+        prompt.progress = progress_summary(progress)
+        prompt.failure = failure
+        return await self._ask(node, prompt, "replan")
+
+    def _prompt(
+        self,
+        node: NodeContext,
+        inputs: Mapping[str, str] | None,
+        feedback: str | None,
+        flat: bool,
+    ) -> PlanPrompt:
+        settings = node.run.settings
+        return PlanPrompt(
+            goal=node.record.goal,
+            depth=node.depth,
+            max_depth=node.depth if flat else settings.max_depth,
+            max_steps=settings.max_steps,
+            inputs=progress_summary(inputs or {}),
+            feedback=feedback,
+        )
+
+    async def _ask(self, node: NodeContext, prompt: PlanPrompt, purpose: str) -> Plan:
+        messages = _render(prompt, node.run.toolbox.specs(node.allowed_tools))
+        request = ModelRequest(
+            messages=messages,
+            output_schema=OutputSchema(PLAN_OUTPUT_NAME, PLAN_SCHEMA),
+            max_tokens=node.run.settings.planner_max_tokens,
+            phase="planning",
+            node_path=node.path,
+            purpose=purpose,
+        )
+        for attempt in range(self.repair_attempts + 1):
+            response = await node.call_model(request)
+            try:
+                return parse_plan_output(response)
+            except PlanParseError as exc:
+                if attempt == self.repair_attempts:
+                    raise PlanParseError(
+                        f"the model's plan for node {node.path} was invalid after "
+                        f"{attempt + 1} attempt(s): {exc}"
+                    ) from None
+                said = response.text or json.dumps(response.output, default=str)
+                request = ModelRequest(
+                    messages=(
+                        *request.messages,
+                        Message("assistant", said),
+                        Message(
+                            "user",
+                            f"REPAIR: that plan was invalid: {exc}. Answer again with the "
+                            "corrected plan as a JSON object only.",
+                        ),
+                    ),
+                    output_schema=request.output_schema,
+                    max_tokens=request.max_tokens,
+                    phase="planning",
+                    node_path=node.path,
+                    purpose=f"{purpose}-repair",
+                )
+        raise AssertionError("unreachable")  # pragma: no cover

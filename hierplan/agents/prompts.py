@@ -1,0 +1,192 @@
+"""The prompts planners and executors send, and their parsers.
+
+Prompts are plain text with labelled sections (``GOAL:``, ``STEP:``, fenced JSON blocks), written
+for real models. The offline simulator reads the same text back with the ``parse_*`` functions
+here, so it answers the request a real provider would get, and the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hierplan.agents.models.base import Message, ToolSpec
+
+PLAN_OUTPUT_NAME = "plan"
+FAILED_PREFIX = "FAILED:"
+
+PLANNER_SYSTEM = """\
+You are the planner of a hierarchical planner-executor agent. Decompose the goal into a plan: a
+JSON object {"goal": ..., "steps": [...], "rationale": ...}. Each step has a unique "id" (letters,
+digits, _ . -), a short "title", an "instruction", "depends_on" (ids of steps of this plan that
+must finish first), and a "kind": "task" for work an executor does, or "subgoal" for a part big
+enough to be planned on its own by a sub-planner. A task may name a "tool" and its "args"; with
+both, the tool is called directly; with a tool but no args, an executor chooses the args. An arg
+that is exactly "$<id>" is replaced by the output of step <id> (it must be a dependency). Steps
+without dependencies between them run in parallel, so only add the dependencies that are real.
+The output of the steps no other step depends on is the answer. A sub-goal may carry
+"estimate_usd" or "estimate_tokens", your guess of what it will cost. Use only the tools listed.
+Answer with the JSON object only."""
+
+EXECUTOR_SYSTEM = """\
+You are an executor of one step of a plan. Use the tools to do the step; call several tools at
+once when they are independent. When the step is done, answer with a short result and no tool
+calls. If you cannot do the step, answer with "FAILED: <reason>"."""
+
+REACT_SYSTEM = """\
+You are an agent that reaches a goal by thinking and acting with tools, one observation at a time.
+Call tools as needed; call several at once when they are independent. When the goal is reached,
+answer with the result and no tool calls. If you cannot reach it, answer "FAILED: <reason>"."""
+
+
+@dataclass(slots=True)
+class PlanPrompt:
+    """What a planner prompt says; :func:`parse_plan_prompt` recovers it from the text."""
+
+    goal: str
+    depth: int
+    max_depth: int
+    max_steps: int
+    tools: tuple[str, ...] = ()
+    inputs: dict[str, str] = field(default_factory=dict)
+    current_plan: dict[str, Any] | None = None
+    progress: dict[str, str] = field(default_factory=dict)
+    failure: str | None = None
+    feedback: str | None = None
+
+    @property
+    def allow_subgoals(self) -> bool:
+        """Whether this plan may contain sub-goals."""
+        return self.depth < self.max_depth
+
+
+@dataclass(slots=True)
+class StepPrompt:
+    """What an executor prompt says; :func:`parse_step_prompt` recovers it."""
+
+    instruction: str
+    context: str = ""
+    inputs: dict[str, str] = field(default_factory=dict)
+    react: bool = False
+
+
+def one_line(text: str) -> str:
+    """``text`` with every run of whitespace (newlines included) made one space."""
+    return " ".join(text.split())
+
+
+def _block(label: str, data: object) -> str:
+    return f"{label}:\n```json\n{json.dumps(data, indent=1, default=str)}\n```"
+
+
+def render_plan_prompt(p: PlanPrompt, tools: Sequence[ToolSpec]) -> tuple[Message, ...]:
+    """Messages for a planning (or replanning) call."""
+    tool_lines = [f"- {t.name}: {t.description} args={json.dumps(t.parameters)}" for t in tools]
+    sub = "yes" if p.allow_subgoals else "no (use tasks only)"
+    parts = [
+        f"GOAL: {one_line(p.goal)}",
+        f"DEPTH: {p.depth} of {p.max_depth}; sub-goals allowed: {sub}; at most {p.max_steps} steps",
+        "TOOLS:\n" + ("\n".join(tool_lines) if tool_lines else "(none)"),
+    ]
+    if p.inputs:
+        parts.append(_block("INPUTS", p.inputs))
+    if p.current_plan is not None:
+        parts.append(_block("CURRENT PLAN", p.current_plan))
+        parts.append(_block("PROGRESS", p.progress))
+        parts.append(
+            "Revise the plan. Steps in PROGRESS are done: keep their ids to keep their results."
+        )
+    if p.failure:
+        parts.append(f"FAILURE: {one_line(p.failure)}")
+    if p.feedback:
+        parts.append(f"FEEDBACK: {p.feedback}")
+    return (Message("system", PLANNER_SYSTEM), Message("user", "\n\n".join(parts)))
+
+
+def render_step_prompt(p: StepPrompt) -> tuple[Message, ...]:
+    """Messages that start an executor's (or a ReAct agent's) tool loop."""
+    parts = [("GOAL: " if p.react else "STEP: ") + one_line(p.instruction)]
+    if p.context:
+        parts.append(f"CONTEXT: {one_line(p.context)}")
+    if p.inputs:
+        parts.append(_block("INPUTS", p.inputs))
+    system_text = REACT_SYSTEM if p.react else EXECUTOR_SYSTEM
+    return (Message("system", system_text), Message("user", "\n\n".join(parts)))
+
+
+_LINE = {
+    "GOAL": re.compile(r"^GOAL: (.*)$", re.M),
+    "STEP": re.compile(r"^STEP: (.*)$", re.M),
+    "CONTEXT": re.compile(r"^CONTEXT: (.*)$", re.M),
+    "FAILURE": re.compile(r"^FAILURE: (.*)$", re.M),
+    "FEEDBACK": re.compile(r"^FEEDBACK: (.*)", re.M | re.S),
+}
+_DEPTH = re.compile(r"^DEPTH: (\d+) of (\d+); .*at most (\d+) steps$", re.M)
+_TOOL = re.compile(r"^- ([^:\s]+): ", re.M)
+
+
+def _json_block(text: str, label: str) -> Any:
+    match = re.search(rf"^{label}:\n```json\n(.*?)\n```", text, re.M | re.S)
+    return None if match is None else json.loads(match.group(1))
+
+
+def _line(text: str, key: str) -> str | None:
+    match = _LINE[key].search(text)
+    return None if match is None else match.group(1)
+
+
+def _user_text(messages: Sequence[Message]) -> str:
+    for m in messages:
+        if m.role == "user":
+            return m.content
+    return ""
+
+
+def parse_plan_prompt(messages: Sequence[Message]) -> PlanPrompt | None:
+    """Recover a :class:`PlanPrompt` from planner messages, or ``None`` if they are not one."""
+    text = _user_text(messages)
+    goal = _line(text, "GOAL")
+    depth = _DEPTH.search(text)
+    if goal is None or depth is None:
+        return None
+    tools_section = text.split("TOOLS:\n", 1)[1] if "TOOLS:\n" in text else ""
+    tools_section = tools_section.split("\n\n", 1)[0]
+    feedback = _line(text, "FEEDBACK")
+    return PlanPrompt(
+        goal=goal,
+        depth=int(depth.group(1)),
+        max_depth=int(depth.group(2)),
+        max_steps=int(depth.group(3)),
+        tools=tuple(_TOOL.findall(tools_section)),
+        inputs=_json_block(text, "INPUTS") or {},
+        current_plan=_json_block(text, "CURRENT PLAN"),
+        progress=_json_block(text, "PROGRESS") or {},
+        failure=_line(text, "FAILURE"),
+        feedback=None if feedback is None else feedback.strip(),
+    )
+
+
+def parse_step_prompt(messages: Sequence[Message]) -> StepPrompt | None:
+    """Recover a :class:`StepPrompt` from executor messages, or ``None``."""
+    text = _user_text(messages)
+    step = _line(text, "STEP")
+    react = False
+    if step is None:
+        step = _line(text, "GOAL")
+        react = step is not None
+    if step is None:
+        return None
+    return StepPrompt(
+        instruction=step,
+        context=_line(text, "CONTEXT") or "",
+        inputs=_json_block(text, "INPUTS") or {},
+        react=react,
+    )
+
+
+def progress_summary(outputs: Mapping[str, str], limit: int = 500) -> dict[str, str]:
+    """Step outputs for a replan prompt, each cut to ``limit`` characters."""
+    return {k: (v if len(v) <= limit else v[:limit] + "...") for k, v in outputs.items()}

@@ -1,0 +1,238 @@
+"""Tools: functions that executors call, with validated arguments and a timeout.
+
+``@tool`` turns a function into a :class:`Tool`: its signature becomes a pydantic model, whose JSON
+schema is what models see; arguments are validated before the function runs; sync functions run
+in a worker thread so they never block the event loop; every call has a timeout.
+
+>>> @tool
+... def add(a: int, b: int) -> int:
+...     '''Add two integers.'''
+...     return a + b
+>>> add.name, sorted(add.parameters["properties"])
+('add', ['a', 'b'])
+
+A sync tool that times out is abandoned, not killed: Python cannot stop a thread, so the
+function runs on in the background while the step fails with :class:`ToolTimeoutError`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from functools import partial
+from typing import Any, overload
+
+import anyio
+import anyio.to_thread
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from hierplan.agents.models.base import ToolSpec
+from hierplan.errors import ToolArgsError, ToolError, ToolNotAllowedError, ToolTimeoutError
+
+DEFAULT_TOOL_TIMEOUT_S = 60.0
+
+
+class Tool(ABC):
+    """A callable tool with a name, a description, a JSON schema and a timeout.
+
+    Subclasses implement :meth:`invoke`; :meth:`call` adds validation and the timeout.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        description: str,
+        parameters: Mapping[str, Any],
+        *,
+        timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
+    ) -> None:
+        self.name = name
+        self.description = description
+        self.parameters = dict(parameters)
+        self.timeout_s = timeout_s
+        self.spec = ToolSpec(name, description, self.parameters)
+
+    def validate(self, arguments: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Check ``arguments`` and return them in the form :meth:`invoke` takes."""
+        return arguments
+
+    @abstractmethod
+    async def invoke(self, arguments: Mapping[str, Any]) -> Any:
+        """Run the tool on validated arguments."""
+
+    async def call(self, arguments: Mapping[str, Any]) -> Any:
+        """Validate ``arguments``, then run the tool under its timeout."""
+        valid = self.validate(arguments)
+        try:
+            with anyio.fail_after(self.timeout_s):
+                return await self.invoke(valid)
+        except TimeoutError as exc:
+            raise ToolTimeoutError(
+                f"tool {self.name!r} did not finish within {self.timeout_s:g} s"
+            ) from exc
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
+
+
+class FunctionTool(Tool):
+    """A tool made from a Python function by :func:`tool`."""
+
+    def __init__(
+        self,
+        function: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
+    ) -> None:
+        self.function = function
+        self.is_async = inspect.iscoroutinefunction(function)
+        self.args_model = _args_model(function)
+        doc = inspect.getdoc(function) or ""
+        super().__init__(
+            name or function.__name__,
+            description if description is not None else doc.split("\n\n")[0].strip(),
+            self.args_model.model_json_schema(),
+            timeout_s=timeout_s,
+        )
+
+    def validate(self, arguments: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Validate through the signature's pydantic model; errors name each bad field."""
+        if not isinstance(arguments, Mapping):
+            raise ToolArgsError(
+                f"tool {self.name!r} takes an object of arguments, got {type(arguments).__name__}"
+            )
+        try:
+            model = self.args_model.model_validate(dict(arguments))
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}"
+                for err in exc.errors()
+            )
+            raise ToolArgsError(f"invalid arguments for tool {self.name!r}: {problems}") from None
+        return {field: getattr(model, field) for field in type(model).model_fields}
+
+    async def invoke(self, arguments: Mapping[str, Any]) -> Any:
+        """Await an async function; run a sync one in a worker thread."""
+        if self.is_async:
+            result: Any = await self.function(**arguments)
+            return result
+        return await anyio.to_thread.run_sync(
+            partial(self.function, **arguments), abandon_on_cancel=True
+        )
+
+
+def _args_model(function: Callable[..., Any]) -> type[BaseModel]:
+    signature = inspect.signature(function)
+    hints = inspect.get_annotations(function, eval_str=True)
+    fields: dict[str, Any] = {}
+    for param in signature.parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise TypeError(f"tool {function.__name__!r}: *args and **kwargs are not supported")
+        annotation = hints.get(param.name, Any)
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[param.name] = (annotation, default)
+    model: type[BaseModel] = create_model(
+        f"{function.__name__}_args",
+        __config__=ConfigDict(extra="forbid"),
+        **fields,
+    )
+    return model
+
+
+@overload
+def tool(function: Callable[..., Any], /) -> FunctionTool: ...
+
+
+@overload
+def tool(
+    *, name: str | None = None, description: str | None = None, timeout_s: float = ...
+) -> Callable[[Callable[..., Any]], FunctionTool]: ...
+
+
+def tool(
+    function: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
+) -> FunctionTool | Callable[[Callable[..., Any]], FunctionTool]:
+    """Make a :class:`Tool` from a function; use bare (``@tool``) or with options.
+
+    >>> @tool(timeout_s=5)
+    ... async def fetch(url: str) -> str:
+    ...     '''Fetch a page.'''
+    ...     return url
+    >>> fetch.timeout_s
+    5
+    """
+
+    def wrap(fn: Callable[..., Any]) -> FunctionTool:
+        return FunctionTool(fn, name=name, description=description, timeout_s=timeout_s)
+
+    return wrap(function) if function is not None else wrap
+
+
+class Toolbox:
+    """The tools of a run, by name. Node allowlists select from it."""
+
+    def __init__(self, tools: Iterable[Tool] = ()) -> None:
+        self._tools: dict[str, Tool] = {}
+        for t in tools:
+            self.add(t)
+
+    def add(self, new: Tool) -> None:
+        """Add a tool; names must be unique."""
+        if new.name in self._tools:
+            raise ValueError(f"two tools are named {new.name!r}")
+        self._tools[new.name] = new
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __iter__(self) -> Iterator[Tool]:
+        return iter(self._tools.values())
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def names(self) -> frozenset[str]:
+        """Names of all tools."""
+        return frozenset(self._tools)
+
+    def get(self, name: str, allowed: frozenset[str] | None = None) -> Tool:
+        """The tool called ``name``; raise if it is unknown or not in ``allowed``."""
+        found = self._tools.get(name)
+        if found is None:
+            known = ", ".join(sorted(self._tools)) or "none"
+            raise ToolNotAllowedError(f"unknown tool {name!r} (known tools: {known})")
+        if allowed is not None and name not in allowed:
+            raise ToolNotAllowedError(f"tool {name!r} is not allowed for this node")
+        return found
+
+    def specs(self, allowed: frozenset[str] | None = None) -> tuple[ToolSpec, ...]:
+        """Tool specs for a model request, limited to ``allowed`` when given."""
+        return tuple(t.spec for t in self._tools.values() if allowed is None or t.name in allowed)
+
+
+def result_text(result: Any, *, limit: int = 4000) -> str:
+    """A tool result as text for a model, truncated to ``limit`` characters."""
+    text = result if isinstance(result, str) else json.dumps(result, default=str)
+    return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} more]"
+
+
+ToolFunction = Callable[..., Any] | Callable[..., Awaitable[Any]]
+__all__ = [
+    "DEFAULT_TOOL_TIMEOUT_S",
+    "FunctionTool",
+    "Tool",
+    "ToolError",
+    "ToolFunction",
+    "Toolbox",
+    "result_text",
+    "tool",
+]

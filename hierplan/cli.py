@@ -1,0 +1,271 @@
+"""The ``hierplan`` command: run, demo, view, validate, scenarios.
+
+Exit status: 0 when the run succeeded (and its verification, if any, passed); 1 when it failed,
+was partial or rejected; 2 for bad input, always with a one-line reason and no traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import anyio
+import typer
+from rich.console import Console
+
+from hierplan.agents.models.simulated import PROFILES
+from hierplan.console import ConfirmRootPlan, RunConsole
+from hierplan.errors import HierplanError, UserInputError
+from hierplan.goals import load_goal_file
+from hierplan.hierarchy.context import STRATEGY_NAMES, RunSettings
+from hierplan.hierarchy.gate import Approver, AutoApprove
+from hierplan.hierarchy.plan import DEFAULT_MAX_DEPTH, DEFAULT_MAX_STEPS, load_plan, validate_plan
+from hierplan.hierarchy.record import RunResult
+from hierplan.hierarchy.run import run as run_goal
+from hierplan.scenarios import scenarios
+from hierplan.tracing.report import plan_tree, print_run
+
+app = typer.Typer(
+    name="hierplan",
+    help="Hierarchical planner-executor agents: inspectable plans, exact budgets, traced trees.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+DEMO_OUT = Path("runs/demo")
+
+StrategyOpt = Annotated[
+    str, typer.Option("--strategy", "-s", help=f"One of: {', '.join(STRATEGY_NAMES)}.")
+]
+SeedOpt = Annotated[
+    int, typer.Option("--seed", help="Seed of the simulator (runs are reproducible).")
+]
+ProfileOpt = Annotated[
+    str, typer.Option("--sim-profile", help=f"Simulator noise: {', '.join(PROFILES)}.")
+]
+LatencyOpt = Annotated[
+    float, typer.Option("--sim-latency-scale", min=0.0, help="Scale simulated latency (0 = none).")
+]
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    Console(stderr=True).print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _exit_code(result: RunResult) -> int:
+    verified = result.verification is None or bool(result.verification.get("ok"))
+    return 0 if result.status == "succeeded" and verified else 1
+
+
+async def _run_with_console(console: Console, *, approver: Approver, **kwargs: Any) -> RunResult:
+    simulated = str(kwargs.get("model", "sim")).startswith("sim")
+    display = RunConsole(console, simulated=simulated)
+    try:
+        return await run_goal(listeners=[display], approver=approver, **kwargs)
+    finally:
+        display.stop()
+
+
+def _finish(console: Console, result: RunResult, out: Path, started: float) -> NoReturn:
+    path = result.write(out / "run.json")
+    console.print()
+    print_run(result, console)
+    stats = [
+        f"wall time {time.monotonic() - started:.1f} s",
+        f"peak leaves running at once {result.stats.get('peak_concurrent_leaves', 0)}",
+    ]
+    details = (result.verification or {}).get("details", {})
+    if "rows_per_second" in details:
+        stats.append(f"rows migrated per second {details['rows_per_second']:,}")
+    console.print("  ".join(stats), style="dim", highlight=False)
+    console.print(f"run record: {path}", highlight=False)
+    raise typer.Exit(_exit_code(result))
+
+
+def _execute(console: Console, out: Path, approver: Approver, **kwargs: Any) -> NoReturn:
+    started = time.monotonic()
+    try:
+        result = anyio.run(lambda: _run_with_console(console, approver=approver, **kwargs))
+    except HierplanError as exc:
+        _fail(str(exc))
+    _finish(console, result, out, started)
+
+
+@app.command("run")
+def run_command(
+    goal: Annotated[
+        str | None, typer.Argument(help="The goal, as free text (needs a real model).")
+    ] = None,
+    scenario: Annotated[
+        str | None, typer.Option("--scenario", help="Run a built-in scenario.")
+    ] = None,
+    goal_file: Annotated[
+        Path | None, typer.Option("--goal-file", help="A YAML/JSON goal file.")
+    ] = None,
+    strategy: StrategyOpt = "hierarchical",
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="sim, openai:<model> or anthropic:<model>.")
+    ] = "sim",
+    max_depth: Annotated[
+        int, typer.Option("--max-depth", min=1, max=10, help="Deepest plan level.")
+    ] = DEFAULT_MAX_DEPTH,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", "-c", min=1, help="Executor steps at once.")
+    ] = 8,
+    seed: SeedOpt = 0,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Run directory (default runs/<id>).")
+    ] = None,
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", help="Approve every plan without asking.")
+    ] = False,
+    sim_profile: ProfileOpt = "typical",
+    sim_latency_scale: LatencyOpt = 1.0,
+) -> None:
+    """Plan and run a goal (or a scenario), write DIR/run.json, and show the tree with costs."""
+    console = Console()
+    options: dict[str, Any] = {}
+    try:
+        if goal_file is not None:
+            if goal is not None:
+                raise UserInputError("give a goal or --goal-file, not both")
+            spec = load_goal_file(goal_file)
+            goal, scenario = spec.goal, spec.scenario or scenario
+            options = spec.overrides()
+        if goal is None and scenario is None:
+            raise UserInputError("no goal: give GOAL, --goal-file FILE or --scenario NAME")
+        _check_choices(str(options.get("strategy", strategy)), sim_profile)
+        model = str(options.pop("model", model))
+        settings = RunSettings.model_validate(
+            {
+                "strategy": strategy,
+                "max_depth": max_depth,
+                "concurrency": concurrency,
+                "seed": seed,
+                **options,
+            }
+        )
+        approver = _approver(console, yes)
+    except HierplanError as exc:
+        _fail(str(exc))
+    run_dir = out or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    _execute(
+        console,
+        run_dir,
+        approver,
+        goal=goal,
+        scenario=scenario,
+        model=model,
+        settings=settings,
+        sim_profile=sim_profile,
+        sim_latency_scale=sim_latency_scale,
+        workdir=run_dir if scenario else None,
+    )
+
+
+def _check_choices(strategy: str, sim_profile: str) -> None:
+    if strategy not in STRATEGY_NAMES:
+        raise UserInputError(
+            f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGY_NAMES)}"
+        )
+    if sim_profile not in PROFILES:
+        raise UserInputError(
+            f"unknown simulator profile {sim_profile!r}: choose one of {', '.join(PROFILES)}"
+        )
+
+
+def _approver(console: Console, yes: bool) -> Approver:
+    if yes:
+        return AutoApprove()
+    if not sys.stdin.isatty():
+        raise UserInputError(
+            "the plan needs approval before it runs: pass --yes to approve it automatically, "
+            "or run in a terminal to be asked"
+        )
+    return ConfirmRootPlan(console)
+
+
+@app.command("demo")
+def demo_command(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Run directory.")] = DEMO_OUT,
+    strategy: StrategyOpt = "hierarchical",
+    seed: SeedOpt = 0,
+    sim_profile: ProfileOpt = "typical",
+    sim_latency_scale: LatencyOpt = 1.0,
+) -> None:
+    """Migrate the sample shop database on the offline simulator (the data-migration scenario)."""
+    console = Console()
+    try:
+        _check_choices(strategy, sim_profile)
+    except UserInputError as exc:
+        _fail(str(exc))
+    console.print(
+        "[bold]hierplan demo[/]: migrate a 14-table SQLite shop database (~290k rows) into a new "
+        "one. Planning runs on the offline simulator: [bold yellow]SIMULATED[/] model answers, "
+        "real tools and real data.",
+        highlight=False,
+    )
+    _execute(
+        console,
+        out,
+        AutoApprove(),
+        scenario="data_migration",
+        settings=RunSettings.model_validate({"strategy": strategy, "seed": seed}),
+        sim_profile=sim_profile,
+        sim_latency_scale=sim_latency_scale,
+        workdir=out,
+    )
+
+
+@app.command("view")
+def view_command(
+    run_json: Annotated[Path, typer.Argument(help="A run.json written by run, demo or batch.")],
+) -> None:
+    """Show a finished run: the tree with status, tokens and cost at each node and level."""
+    try:
+        result = RunResult.load(run_json)
+    except HierplanError as exc:
+        _fail(str(exc))
+    print_run(result, Console())
+
+
+@app.command("validate")
+def validate_command(
+    plan_file: Annotated[Path, typer.Argument(help="A plan as YAML or JSON.")],
+    tools: Annotated[
+        str | None, typer.Option("--tools", help="Comma-separated allowed tools.")
+    ] = None,
+    max_steps: Annotated[int, typer.Option("--max-steps", min=1)] = DEFAULT_MAX_STEPS,
+    max_depth: Annotated[int, typer.Option("--max-depth", min=1)] = DEFAULT_MAX_DEPTH,
+) -> None:
+    """Check a plan file: schema, ids, dependencies, cycles, size, depth and tools."""
+    console = Console()
+    try:
+        plan = load_plan(plan_file)
+    except HierplanError as exc:
+        _fail(str(exc))
+    allowed = None if tools is None else [t.strip() for t in tools.split(",") if t.strip()]
+    problems = validate_plan(plan, tools=allowed, max_steps=max_steps, max_depth=max_depth)
+    console.print(plan_tree(plan))
+    if problems:
+        for p in problems:
+            console.print(f"problem: {p}", style="red", markup=False, highlight=False)
+        raise typer.Exit(1)
+    console.print("plan is valid", style="green")
+
+
+@app.command("scenarios")
+def scenarios_command() -> None:
+    """List the built-in scenarios."""
+    console = Console()
+    for name, found in sorted(scenarios().items()):
+        console.print(f"[bold]{name}[/]: {found.description}", highlight=False)
+
+
+def main() -> None:
+    """Entry point of the ``hierplan`` script."""
+    app()

@@ -1,0 +1,131 @@
+"""Exceptions raised by hierplan.
+
+The hierarchy::
+
+    HierplanError
+    ├── UserInputError            bad input from a user: goal files, plan files, options
+    │   ├── UnknownScenarioError
+    │   └── ModelNotAvailableError    a model string names a provider that is not available
+    ├── PlanValidationError       a plan failed validation; ``problems`` lists every finding
+    ├── PlanParseError            model output that is not a plan, even after a repair attempt
+    ├── StepFailed                a step or node failed for good; ``status`` says how
+    ├── SimulatorCoverageError    the offline simulator was asked about something no oracle knows
+    ├── BudgetExceeded            a call did not fit the node's budget and was not made
+    ├── ModelError                a model call failed (provider errors are wrapped in it)
+    │   └── UnexpectedModelCall   a ScriptedModel was called past its script
+    └── ToolError                 a tool failed
+        ├── ToolArgsError         a tool was called with invalid arguments (not retried)
+        ├── ToolTimeoutError      a tool ran past its timeout (retried)
+        └── ToolNotAllowedError   a tool outside the node's allowlist was requested
+
+Errors that a user can fix carry a message saying what was wrong and what to do; the CLI prints
+that message on one line and exits with status 2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hierplan.agents.models.base import Usage
+
+
+class HierplanError(Exception):
+    """Base class of every exception hierplan raises on purpose."""
+
+
+class UserInputError(HierplanError):
+    """Input from the user (a file, an option, a goal) is wrong; the message says how to fix it."""
+
+
+class UnknownScenarioError(UserInputError):
+    """The named scenario does not exist."""
+
+
+class ModelNotAvailableError(UserInputError):
+    """A model string names a provider or model that cannot be used here."""
+
+
+class PlanValidationError(HierplanError):
+    """A plan failed validation. ``problems`` holds every finding, not only the first."""
+
+    def __init__(self, problems: Sequence[object], *, context: str = "plan") -> None:
+        self.problems = list(problems)
+        lines = "; ".join(str(p) for p in self.problems)
+        super().__init__(f"{context} is invalid: {lines}")
+
+
+class StepFailed(HierplanError):
+    """A step (or a whole node) failed for good after its retries.
+
+    ``status`` is the status its node ends with: ``failed``, ``partial``, ``rejected`` or
+    ``budget_exhausted``. ``retryable`` says whether trying the same step again may help.
+    """
+
+    def __init__(self, message: str, *, status: str = "failed", retryable: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retryable = retryable
+
+
+class PlanParseError(HierplanError):
+    """A model produced output that could not be turned into a valid plan."""
+
+
+class SimulatorCoverageError(HierplanError):
+    """The simulator has no oracle for the request; it never invents an answer."""
+
+
+class ModelError(HierplanError):
+    """A model call failed.
+
+    ``retryable`` says whether the same call may succeed later (rate limits, overload, server
+    errors, timeouts); ``retry_after`` is the provider's hint in seconds; ``usage`` is what the
+    failed attempt consumed, when known, so that budgets count it.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool = False,
+        retry_after: float | None = None,
+        usage: Usage | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.retryable: bool = retryable
+        self.retry_after: float | None = retry_after
+        self.usage: Usage | None = usage
+
+
+class BudgetExceeded(HierplanError):
+    """A node cannot reserve what its next model call may cost; the call was not made."""
+
+
+class UnexpectedModelCall(ModelError):
+    """A ScriptedModel received a call its script did not foresee."""
+
+
+class ToolError(HierplanError):
+    """A tool failed. ``retryable`` says whether running it again may help."""
+
+    retryable: bool = True
+
+
+class ToolArgsError(ToolError):
+    """A tool was called with arguments that do not match its schema."""
+
+    retryable = False
+
+
+class ToolTimeoutError(ToolError):
+    """A tool ran past its timeout."""
+
+    retryable = True
+
+
+class ToolNotAllowedError(ToolError):
+    """A tool that is not allowed for this node, or does not exist, was requested."""
+
+    retryable = False

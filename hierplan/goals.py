@@ -1,0 +1,87 @@
+"""Goal files: a goal and the settings to run it with, as YAML or JSON.
+
+.. code-block:: yaml
+
+    goal: Migrate the sample shop database        # or leave it out and name a scenario
+    scenario: data_migration
+    strategy: hierarchical
+    model: sim
+    max_depth: 3
+    concurrency: 8
+    seed: 0
+
+A plain ``.txt`` file is a goal as free text. Every problem is reported with the field it
+concerns; nothing runs until the whole file is valid.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from hierplan.errors import UserInputError
+from hierplan.hierarchy.context import StrategyName
+
+
+class GoalSpec(BaseModel):
+    """One goal and its optional per-goal settings."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    goal: str | None = Field(default=None, min_length=1, max_length=20_000)
+    scenario: str | None = None
+    strategy: StrategyName | None = None
+    model: str | None = None
+    max_depth: int | None = Field(default=None, ge=1, le=10)
+    concurrency: int | None = Field(default=None, ge=1)
+    seed: int | None = None
+
+    @model_validator(mode="after")
+    def _goal_or_scenario(self) -> GoalSpec:
+        if self.goal is None and self.scenario is None:
+            raise ValueError("give a 'goal' or a 'scenario'")
+        return self
+
+    def overrides(self) -> dict[str, Any]:
+        """The settings this goal sets (strategy, model, limits), without the unset ones."""
+        keys = ("strategy", "model", "max_depth", "concurrency", "seed")
+        return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+
+
+def goal_from_data(data: Any, *, source: str) -> GoalSpec:
+    """Validate parsed data as a :class:`GoalSpec`; errors name each bad field."""
+    try:
+        return GoalSpec.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'goal'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise UserInputError(f"{source} is not a valid goal: {problems}") from None
+
+
+def load_goal_file(path: Path) -> GoalSpec:
+    """Read a goal file (YAML, JSON, or plain text for ``.txt``)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UserInputError(f"cannot read goal file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise UserInputError(f"goal file {path} is not UTF-8 text") from None
+    if path.suffix == ".txt":
+        return goal_from_data({"goal": text.strip() or None}, source=f"goal file {path}")
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UserInputError(f"goal file {path} is not valid YAML/JSON: {first}") from None
+    if not isinstance(data, dict):
+        raise UserInputError(
+            f"goal file {path} must hold a mapping with a 'goal' or 'scenario' key, "
+            f"not {type(data).__name__}"
+        )
+    return goal_from_data(data, source=f"goal file {path}")

@@ -1,0 +1,307 @@
+"""The typed context every node runs with, and the seam for budgets and tracing.
+
+A :class:`RunContext` holds what the whole run shares (settings, tools, models, limits, event
+bus, instruments). Each node gets a :class:`NodeContext`: its record, its parent, the step that
+made it, its tool allowlist, and its model, wrapped by every instrument.
+
+An :class:`Instrument` is how budgets, tracing and event streams plug in without touching
+providers or strategies: it may wrap the model of a node, and open a scope around the run, a
+node, a planning call or a tool call. Scopes that an instrument does not need return ``None``,
+so an unused hook costs one attribute call on the hot path.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from typing import Any, Literal
+
+import anyio
+from pydantic import BaseModel, ConfigDict, Field
+
+from hierplan.agents.executor import LLMExecutor, ToolExecutor
+from hierplan.agents.models.base import Model, ModelRequest, ModelResponse, ToolCall, Usage
+from hierplan.agents.planner import LLMPlanner
+from hierplan.agents.tools import Toolbox
+from hierplan.budgets.pricing import PriceTable
+from hierplan.errors import ModelError
+from hierplan.hierarchy.events import EventBus, ModelCalled, StepRetried
+from hierplan.hierarchy.gate import Gate
+from hierplan.hierarchy.plan import DEFAULT_MAX_DEPTH, DEFAULT_MAX_STEPS, Step
+from hierplan.hierarchy.record import CallRecord, NodeKind, NodeRecord
+
+StrategyName = Literal["react", "plan-execute", "replan", "dag", "hierarchical", "as-needed"]
+STRATEGY_NAMES: tuple[str, ...] = (
+    "react",
+    "plan-execute",
+    "replan",
+    "dag",
+    "hierarchical",
+    "as-needed",
+)
+
+
+class RunSettings(BaseModel):
+    """Limits and knobs of one run. Every field has a default a user would expect."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    strategy: StrategyName = "hierarchical"
+    max_depth: int = Field(DEFAULT_MAX_DEPTH, ge=1, le=10, description="Deepest plan level.")
+    concurrency: int = Field(8, ge=1, description="Executor steps running at once, run-wide.")
+    plan_concurrency: int = Field(8, ge=1, description="Steps of one plan running at once.")
+    max_steps: int = Field(DEFAULT_MAX_STEPS, ge=1, description="Steps allowed in one plan.")
+    max_retries: int = Field(2, ge=0, description="Retries of a failed step before replanning.")
+    retry_backoff_s: float = Field(0.2, ge=0, description="First retry delay; doubles each time.")
+    max_replans: int = Field(2, ge=0, description="Replans per node after failures.")
+    max_rejections: int = Field(3, ge=0, description="Plans a node may have rejected.")
+    max_invalid_plans: int = Field(2, ge=0, description="Invalid plans a node may propose.")
+    step_timeout_s: float | None = Field(300.0, gt=0, description="Deadline of one step.")
+    executor_max_turns: int = Field(8, ge=1, description="Model turns of an executor step.")
+    react_max_turns: int = Field(30, ge=1, description="Model turns of a ReAct run.")
+    planner_max_tokens: int = Field(4096, ge=16)
+    executor_max_tokens: int = Field(1024, ge=16)
+    model_retries: int = Field(3, ge=0, description="Retries of a retryable model error.")
+    seed: int = 0
+
+
+class Instrument:
+    """Base class for budgets, tracing and other wrappers; override only what you need."""
+
+    def wrap_model(self, model: Model, node: NodeContext) -> Model:
+        """Return the model ``node`` should call (wrapped, or as is)."""
+        return model
+
+    def run_scope(self, run: RunContext) -> AbstractAsyncContextManager[None] | None:
+        """A scope around the whole run, or ``None``."""
+        return None
+
+    def node_scope(self, node: NodeContext) -> AbstractAsyncContextManager[None] | None:
+        """A scope around one node's whole life, or ``None``."""
+        return None
+
+    def planning_scope(
+        self, node: NodeContext, reason: str
+    ) -> AbstractAsyncContextManager[None] | None:
+        """A scope around one planning round (the planning model calls), or ``None``."""
+        return None
+
+    def tool_scope(
+        self, node: NodeContext, call: ToolCall
+    ) -> AbstractAsyncContextManager[None] | None:
+        """A scope around one tool call, or ``None``."""
+        return None
+
+
+def enter_scopes(
+    stack: AsyncExitStack, scopes: Sequence[AbstractAsyncContextManager[None] | None]
+) -> Any:
+    """Enter the non-``None`` scopes on ``stack`` (in order); returns an awaitable."""
+
+    async def _enter() -> None:
+        for scope in scopes:
+            if scope is not None:
+                await stack.enter_async_context(scope)
+
+    return _enter()
+
+
+class RunContext:
+    """What a whole run shares. Built by :func:`hierplan.run`; one per run, nothing global."""
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        settings: RunSettings,
+        toolbox: Toolbox,
+        planner_model: Model,
+        executor_model: Model,
+        pricing: PriceTable,
+        instruments: Sequence[Instrument] = (),
+        bus: EventBus | None = None,
+        gate: Gate | None = None,
+        planner: LLMPlanner | None = None,
+    ) -> None:
+        self.run_id = run_id
+        self.settings = settings
+        self.toolbox = toolbox
+        self.planner_model = planner_model
+        self.executor_model = executor_model
+        self.pricing = pricing
+        self.instruments = tuple(instruments)
+        self.bus = bus or EventBus(run_id)
+        self.gate = gate or Gate()
+        self.planner = planner or LLMPlanner()
+        self.tool_executor = ToolExecutor()
+        self.llm_executor = LLMExecutor()
+        self.leaf_limiter = anyio.CapacityLimiter(settings.concurrency)
+        self.active_leaves = 0
+        self.peak_leaves = 0
+
+    def leaf_started(self) -> None:
+        """Count a leaf that started running (for the peak-concurrency statistic)."""
+        self.active_leaves += 1
+        if self.active_leaves > self.peak_leaves:
+            self.peak_leaves = self.active_leaves
+
+    def leaf_finished(self) -> None:
+        """Count a leaf that stopped running."""
+        self.active_leaves -= 1
+
+
+class NodeContext:
+    """One node's typed context: its record, parent, step, tools and (wrapped) model."""
+
+    __slots__ = ("_model", "allowed_tools", "parent", "record", "run", "state", "step")
+
+    def __init__(
+        self,
+        run: RunContext,
+        record: NodeRecord,
+        *,
+        parent: NodeContext | None = None,
+        step: Step | None = None,
+        allowed_tools: frozenset[str],
+    ) -> None:
+        self.run = run
+        self.record = record
+        self.parent = parent
+        self.step = step
+        self.allowed_tools = allowed_tools
+        self.state: dict[object, Any] = {}
+        self._model: Model | None = None
+
+    @property
+    def path(self) -> str:
+        """The node's path, ``1`` for the root, ``1.2.3`` below."""
+        return self.record.path
+
+    @property
+    def depth(self) -> int:
+        """1 for the root."""
+        return self.record.depth
+
+    @property
+    def model(self) -> Model:
+        """This node's model, wrapped by every instrument (built on first use)."""
+        if self._model is None:
+            base = (
+                self.run.planner_model if self.record.kind == "planner" else self.run.executor_model
+            )
+            for instrument in self.run.instruments:
+                base = instrument.wrap_model(base, self)
+            self._model = base
+        return self._model
+
+    def child(
+        self, number: int, kind: NodeKind, goal: str, step: Step | None = None
+    ) -> NodeContext:
+        """Create the child node ``<path>.<number>`` and add it to this node's record."""
+        record = NodeRecord(
+            path=f"{self.record.path}.{number}",
+            kind=kind,
+            goal=goal,
+            depth=self.record.depth + 1,
+            step_id=None if step is None else step.id,
+            tool=None if step is None else step.tool,
+        )
+        self.record.children.append(record)
+        allowed = self.allowed_tools
+        if step is not None and step.tools is not None:
+            allowed = allowed & frozenset(step.tools)
+        return NodeContext(self.run, record, parent=self, step=step, allowed_tools=allowed)
+
+    async def call_model(self, request: ModelRequest) -> ModelResponse:
+        """Call this node's model, retrying retryable errors, and record every attempt."""
+        settings = self.run.settings
+        attempt = 0
+        while True:
+            attempt += 1
+            started = time.time()
+            t0 = time.perf_counter()
+            try:
+                response = await self.model.request(request)
+            except ModelError as exc:
+                self._record(request, exc.usage or Usage(), started, t0, attempt, ok=False)
+                if not exc.retryable or attempt > settings.model_retries:
+                    raise
+                delay = _retry_delay(settings.retry_backoff_s, attempt, exc)
+                if self.run.bus.active:
+                    self.run.bus.emit(
+                        StepRetried(
+                            run_id=self.run.run_id,
+                            path=self.path,
+                            attempt=attempt,
+                            error=str(exc),
+                            delay_s=delay,
+                        )
+                    )
+                await anyio.sleep(delay)
+                continue
+            self._record(
+                request,
+                response.usage or Usage(),
+                started,
+                t0,
+                attempt,
+                ok=True,
+                flags=response.flags,
+                model_name=response.model,
+            )
+            return response
+
+    def _record(
+        self,
+        request: ModelRequest,
+        usage: Usage,
+        started: float,
+        t0: float,
+        attempt: int,
+        *,
+        ok: bool,
+        flags: list[str] | None = None,
+        model_name: str = "",
+    ) -> None:
+        model = self.model
+        cost = self.run.pricing.cost(model.priced_as, usage)
+        call_flags = list(flags or ())
+        if not ok:
+            call_flags.append("failed")
+        duration = time.perf_counter() - t0
+        self.record.add_call(
+            CallRecord(
+                phase=request.phase,
+                model=model_name or model.name,
+                purpose=request.purpose,
+                usage=usage,
+                cost_usd=cost,
+                started_at=started,
+                duration_s=duration,
+                attempt=attempt,
+                ok=ok,
+                flags=call_flags,
+            )
+        )
+        if self.run.bus.active:
+            self.run.bus.emit(
+                ModelCalled(
+                    run_id=self.run.run_id,
+                    path=self.path,
+                    model=model.name,
+                    phase=request.phase,
+                    input_tokens=usage.input_tokens,
+                    output_tokens=usage.output_tokens,
+                    cost_usd=cost,
+                    duration_s=duration,
+                    ok=ok,
+                )
+            )
+
+
+def _retry_delay(base: float, attempt: int, exc: ModelError) -> float:
+    delay = base * 2.0 ** (attempt - 1)
+    if exc.retry_after is not None and exc.retry_after > delay:
+        delay = exc.retry_after
+    return delay

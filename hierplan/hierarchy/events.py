@@ -1,0 +1,141 @@
+"""Typed run events: what happened, in causal order per node.
+
+Events are pydantic models (JSON-serialisable). They are built only when someone listens: the
+hot path checks :attr:`EventBus.active` first, so a run without listeners pays nothing.
+Listeners are called synchronously in the order events happen; a listener must not block.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class RunEvent(BaseModel):
+    """Base of every event: the run, the node path and when."""
+
+    model_config = ConfigDict(frozen=True)
+
+    type: str
+    run_id: str = ""
+    path: str = ""
+    at: float = Field(default_factory=time.time)
+
+
+class NodeStarted(RunEvent):
+    """A planner or executor node started."""
+
+    type: Literal["node_started"] = "node_started"
+    kind: str
+    goal: str
+    step_id: str | None = None
+
+
+class NodeFinished(RunEvent):
+    """A node finished with a status; cost is the node's own, subtree cost includes children."""
+
+    type: Literal["node_finished"] = "node_finished"
+    status: str
+    cost_usd: float = 0.0
+    subtree_cost_usd: float = 0.0
+    error: str | None = None
+
+
+class PlanProposed(RunEvent):
+    """A planner proposed a plan version."""
+
+    type: Literal["plan_proposed"] = "plan_proposed"
+    version: int
+    reason: str
+    plan: dict[str, Any]
+
+
+class PlanDecided(RunEvent):
+    """The gate decided on a plan version: approved, edited, rejected or invalid."""
+
+    type: Literal["plan_decided"] = "plan_decided"
+    version: int
+    decision: str
+    decided_by: str
+    note: str = ""
+    problems: list[str] = Field(default_factory=list)
+
+
+class Replanned(RunEvent):
+    """A node revised its plan after a failure or new information."""
+
+    type: Literal["replanned"] = "replanned"
+    version: int
+    reason: str
+    diff: str
+
+
+class StepRetried(RunEvent):
+    """A step (or model call) failed and will be tried again."""
+
+    type: Literal["step_retried"] = "step_retried"
+    attempt: int
+    error: str
+    delay_s: float
+
+
+class ToolCalled(RunEvent):
+    """A tool was called."""
+
+    type: Literal["tool_called"] = "tool_called"
+    tool: str
+    call_id: str
+    ok: bool
+    duration_s: float
+    error: str | None = None
+
+
+class ModelCalled(RunEvent):
+    """A model call finished (one attempt)."""
+
+    type: Literal["model_called"] = "model_called"
+    model: str
+    phase: str
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float | None
+    duration_s: float
+    ok: bool = True
+
+
+class RunFinished(RunEvent):
+    """The run finished."""
+
+    type: Literal["run_finished"] = "run_finished"
+    status: str
+    cost_usd: float
+    answer: str
+
+
+Listener = Callable[[RunEvent], None]
+
+
+class EventBus:
+    """Delivers events to listeners in the order they are emitted."""
+
+    def __init__(self, run_id: str = "") -> None:
+        self.run_id = run_id
+        self._listeners: list[Listener] = []
+
+    @property
+    def active(self) -> bool:
+        """Whether anyone listens (build events only then)."""
+        return bool(self._listeners)
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Add a listener; the returned function removes it."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    def emit(self, event: RunEvent) -> None:
+        """Send ``event`` to every listener."""
+        for listener in self._listeners:
+            listener(event)

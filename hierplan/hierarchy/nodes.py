@@ -1,0 +1,573 @@
+"""How a node runs: the pieces every strategy is built from.
+
+- :func:`run_task_node`: an executor node; one step with retries, a deadline and the run-wide
+  leaf limit.
+- :func:`obtain_plan`: plan (or replan), then the gate; invalid or rejected plans go back to the
+  planner, a bounded number of times.
+- :func:`execute_plan`: run an approved plan's DAG; on a step's permanent failure, replan the rest
+  (keeping finished steps) or finish partial.
+- :func:`run_planner_node` and :func:`run_as_needed_node`: planner nodes for the hierarchical and
+  ADaPT-style strategies.
+
+A :class:`PlanPolicy` says how a strategy uses them. Each node's life is wrapped by
+:func:`node_lifecycle`, which opens every instrument's node scope and keeps the record right on
+success, failure and cancellation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+
+import anyio
+
+from hierplan.agents.executor import StepResult
+from hierplan.errors import (
+    BudgetExceeded,
+    HierplanError,
+    PlanParseError,
+    SimulatorCoverageError,
+    StepFailed,
+    UnexpectedModelCall,
+)
+from hierplan.hierarchy.context import NodeContext
+from hierplan.hierarchy.events import (
+    NodeFinished,
+    NodeStarted,
+    PlanDecided,
+    PlanProposed,
+    Replanned,
+    StepRetried,
+)
+from hierplan.hierarchy.gate import GateContext, GateOutcome
+from hierplan.hierarchy.plan import Plan, Step, diff_plans, topological_order
+from hierplan.hierarchy.record import NodeKind, PlanVersion
+from hierplan.hierarchy.scheduler import run_dag
+
+OUTPUT_LIMIT = 2000
+
+
+@dataclass(slots=True, frozen=True)
+class PlanPolicy:
+    """How a strategy plans and executes.
+
+    ``flat``: plans may not contain sub-goals. ``sequential``: one step of a plan at a time.
+    ``replan_on_failure``: a failed step leads to a replan (up to ``max_replans``).
+    ``replan_each_step``: replan after every finished step (interleaved planning).
+    ``as_needed``: each task is first attempted directly and decomposed only if that fails.
+    """
+
+    flat: bool = False
+    sequential: bool = False
+    replan_on_failure: bool = True
+    replan_each_step: bool = False
+    as_needed: bool = False
+
+
+@asynccontextmanager
+async def node_lifecycle(node: NodeContext) -> AsyncIterator[None]:
+    """Mark the node running, open instrument scopes, and close the record whatever happens."""
+    record = node.record
+    run = node.run
+    record.status = "running"
+    record.started_at = time.time()
+    if run.bus.active:
+        run.bus.emit(
+            NodeStarted(
+                run_id=run.run_id,
+                path=record.path,
+                kind=record.kind,
+                goal=record.goal,
+                step_id=record.step_id,
+            )
+        )
+    try:
+        scopes = [i.node_scope(node) for i in run.instruments]
+        if any(s is not None for s in scopes):
+            async with AsyncExitStack() as stack:
+                for scope in scopes:
+                    if scope is not None:
+                        await stack.enter_async_context(scope)
+                yield
+        else:
+            yield
+    except anyio.get_cancelled_exc_class():
+        record.status = "cancelled"
+        record.error = record.error or "cancelled"
+        raise
+    except BaseException as exc:
+        if record.status == "running":
+            record.status = "failed"
+            record.error = record.error or f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        record.finished_at = time.time()
+        if run.bus.active:
+            run.bus.emit(
+                NodeFinished(
+                    run_id=run.run_id,
+                    path=record.path,
+                    status=record.status,
+                    cost_usd=record.cost_usd,
+                    subtree_cost_usd=record.subtree_cost_usd,
+                    error=record.error,
+                )
+            )
+
+
+def _as_step_failure(exc: Exception) -> StepFailed:
+    if isinstance(exc, StepFailed):
+        return exc
+    if isinstance(exc, BudgetExceeded):
+        return StepFailed(str(exc), status="budget_exhausted")
+    retryable = bool(getattr(exc, "retryable", False))
+    return StepFailed(str(exc), retryable=retryable)
+
+
+def _finish(
+    node: NodeContext, status: str, *, output: str | None = None, error: str | None = None
+) -> None:
+    record = node.record
+    record.status = status  # type: ignore[assignment]
+    if output is not None:
+        record.output = output[:OUTPUT_LIMIT]
+    if error is not None:
+        record.error = error
+
+
+async def _execute_step(
+    node: NodeContext, step: Step, inputs: Mapping[str, StepResult], react: bool
+) -> StepResult:
+    run = node.run
+    if step.tool is not None and step.args is not None:
+        return await run.tool_executor.execute(node, step.tool, step.args, inputs)
+    context = "" if node.parent is None else node.parent.record.goal
+    return await run.llm_executor.execute(
+        node, step.instruction, inputs, context=context, only_tool=step.tool, react=react
+    )
+
+
+async def run_task_node(
+    node: NodeContext,
+    step: Step,
+    inputs: Mapping[str, StepResult],
+    *,
+    react: bool = False,
+    max_retries: int | None = None,
+) -> StepResult:
+    """Run one step as an executor node: retries with backoff, a deadline, the leaf limit."""
+    run = node.run
+    settings = run.settings
+    retries = settings.max_retries if max_retries is None else max_retries
+    async with node_lifecycle(node):
+        attempt = 0
+        while True:
+            attempt += 1
+            node.record.attempts = attempt
+            try:
+                async with run.leaf_limiter:
+                    run.leaf_started()
+                    try:
+                        with anyio.fail_after(settings.step_timeout_s):
+                            result = await _execute_step(node, step, inputs, react)
+                    finally:
+                        run.leaf_finished()
+            except TimeoutError:
+                failure = StepFailed(
+                    f"step timed out after {settings.step_timeout_s:g} s", retryable=True
+                )
+            except UnexpectedModelCall:
+                raise
+            except HierplanError as exc:
+                failure = _as_step_failure(exc)
+            else:
+                _finish(node, "succeeded", output=result.text)
+                return result
+            if not failure.retryable or attempt > retries:
+                _finish(node, failure.status, error=str(failure))
+                raise failure
+            delay = settings.retry_backoff_s * 2.0 ** (attempt - 1)
+            if run.bus.active:
+                run.bus.emit(
+                    StepRetried(
+                        run_id=run.run_id,
+                        path=node.path,
+                        attempt=attempt,
+                        error=str(failure),
+                        delay_s=delay,
+                    )
+                )
+            await anyio.sleep(delay)
+
+
+def _gate_context(
+    node: NodeContext, plan: Plan, version: PlanVersion, previous: Plan | None, policy: PlanPolicy
+) -> GateContext:
+    settings = node.run.settings
+    return GateContext(
+        path=node.path,
+        goal=node.record.goal,
+        depth=node.depth,
+        max_depth=node.depth if policy.flat else settings.max_depth,
+        max_steps=settings.max_steps,
+        allowed_tools=node.allowed_tools,
+        toolbox=node.run.toolbox,
+        version=version.version,
+        reason=version.reason,
+        previous=previous,
+        diff=version.diff,
+        budget=node.record.budget,
+    )
+
+
+def _add_version(node: NodeContext, plan: Plan, reason: str, previous: Plan | None) -> PlanVersion:
+    versions = node.record.plan_versions
+    version = PlanVersion(
+        version=len(versions) + 1,
+        plan=plan,
+        reason=reason,
+        created_at=time.time(),
+        diff=None if previous is None else diff_plans(previous, plan),
+    )
+    versions.append(version)
+    run = node.run
+    if run.bus.active:
+        run.bus.emit(
+            PlanProposed(
+                run_id=run.run_id,
+                path=node.path,
+                version=version.version,
+                reason=reason,
+                plan=plan.model_dump(mode="json"),
+            )
+        )
+        if previous is not None and reason == "replan":
+            run.bus.emit(
+                Replanned(
+                    run_id=run.run_id,
+                    path=node.path,
+                    version=version.version,
+                    reason=reason,
+                    diff=version.diff.summary() if version.diff else "",
+                )
+            )
+    return version
+
+
+def _decide(node: NodeContext, version: PlanVersion, outcome: GateOutcome) -> None:
+    version.decision = outcome.kind
+    version.decided_by = outcome.by
+    version.decided_at = time.time()
+    version.note = outcome.note
+    version.problems = list(outcome.problems)
+    run = node.run
+    if run.bus.active:
+        run.bus.emit(
+            PlanDecided(
+                run_id=run.run_id,
+                path=node.path,
+                version=version.version,
+                decision=outcome.kind,
+                decided_by=outcome.by,
+                note=outcome.note,
+                problems=outcome.problems,
+            )
+        )
+
+
+async def _propose(
+    node: NodeContext,
+    policy: PlanPolicy,
+    inputs: Mapping[str, StepResult],
+    previous: Plan | None,
+    progress: Mapping[str, StepResult] | None,
+    failure: str | None,
+    feedback: str | None,
+) -> Plan:
+    run = node.run
+    texts = {k: v.text for k, v in inputs.items()}
+    reason = "initial" if previous is None else "replan"
+    scopes = [i.planning_scope(node, reason) for i in run.instruments]
+    async with AsyncExitStack() as stack:
+        for scope in scopes:
+            if scope is not None:
+                await stack.enter_async_context(scope)
+        try:
+            if previous is None:
+                return await run.planner.plan(
+                    node, inputs=texts, feedback=feedback, flat=policy.flat
+                )
+            done = {k: v.text for k, v in (progress or {}).items()}
+            return await run.planner.replan(
+                node, previous, done, failure, inputs=texts, feedback=feedback, flat=policy.flat
+            )
+        except PlanParseError as exc:
+            raise StepFailed(str(exc)) from None
+        except SimulatorCoverageError as exc:
+            raise StepFailed(str(exc)) from None
+
+
+async def obtain_plan(
+    node: NodeContext,
+    policy: PlanPolicy,
+    inputs: Mapping[str, StepResult],
+    *,
+    previous: Plan | None = None,
+    progress: Mapping[str, StepResult] | None = None,
+    failure: str | None = None,
+    feedback: str | None = None,
+) -> Plan:
+    """A plan the gate approved (or an approved edit of it).
+
+    Invalid plans return to the planner with the validators' findings, rejected ones with the
+    reviewer's reason; past ``max_invalid_plans`` or ``max_rejections`` the node fails.
+    """
+    settings = node.run.settings
+    invalid = rejections = 0
+    reason = "initial" if previous is None else "replan"
+    while True:
+        plan = await _propose(node, policy, inputs, previous, progress, failure, feedback)
+        version = _add_version(node, plan, reason, previous or _last_plan(node))
+        outcome = await node.run.gate.review(
+            plan, _gate_context(node, plan, version, previous, policy)
+        )
+        _decide(node, version, outcome)
+        if outcome.kind == "approved":
+            return plan
+        if outcome.kind == "edited":
+            edited = _add_version(node, outcome.plan, "edit", plan)
+            _decide(node, edited, GateOutcome("approved", outcome.plan, outcome.by, outcome.note))
+            return outcome.plan
+        if outcome.kind == "invalid":
+            invalid += 1
+            if invalid > settings.max_invalid_plans:
+                raise StepFailed(
+                    f"the planner proposed {invalid} invalid plans; last problems: "
+                    + "; ".join(outcome.problems)
+                )
+            feedback = "Your last plan was invalid: " + "; ".join(outcome.problems)
+        else:
+            rejections += 1
+            if rejections > settings.max_rejections:
+                raise StepFailed(
+                    f"plan rejected {rejections} times; last reason: {outcome.note}",
+                    status="rejected",
+                )
+            feedback = f"The reviewer rejected your last plan: {outcome.note}"
+        reason = "retry"
+
+
+def _last_plan(node: NodeContext) -> Plan | None:
+    versions = node.record.plan_versions
+    return versions[-1].plan if versions else None
+
+
+def _answer(plan: Plan, results: Mapping[str, StepResult]) -> str:
+    sinks = [s for s in plan.sinks() if s in results]
+    if len(sinks) == 1:
+        return results[sinks[0]].text
+    return "\n".join(f"{s}: {results[s].text}" for s in sinks)
+
+
+class _Children:
+    """The child nodes of one planner node, one per step of the current plan version."""
+
+    def __init__(self, node: NodeContext) -> None:
+        self.node = node
+        self.by_step: dict[str, NodeContext] = {}
+
+    def sync(
+        self, plan: Plan, done: Mapping[str, StepResult], version: int, policy: PlanPolicy
+    ) -> None:
+        """Create child records for new or changed steps; retire those the plan dropped."""
+        keep: set[str] = set()
+        for step in plan.steps:
+            child = self.by_step.get(step.id)
+            if (
+                child is not None
+                and child.step == step
+                and (step.id in done or child.record.status == "pending")
+            ):
+                keep.add(step.id)
+                continue
+            if child is not None and child.record.status == "pending":
+                _finish(child, "cancelled", error=f"replaced by plan version {version}")
+            number = len(self.node.record.children) + 1
+            kind: NodeKind = "planner" if _is_planner_step(step, self.node, policy) else "executor"
+            self.by_step[step.id] = self.node.child(number, kind, step.instruction, step)
+            keep.add(step.id)
+        for step_id, child in list(self.by_step.items()):
+            if step_id not in keep:
+                if child.record.status == "pending":
+                    _finish(child, "cancelled", error=f"dropped by plan version {version}")
+                del self.by_step[step_id]
+
+    def retire(self, ids: Mapping[str, str] | list[str], reason: str | None = None) -> None:
+        """Mark children that will not run as cancelled, with why."""
+        items = ids.items() if isinstance(ids, Mapping) else ((i, reason or "not run") for i in ids)
+        for step_id, why in items:
+            child = self.by_step.get(step_id)
+            if child is not None and child.record.status == "pending":
+                _finish(child, "cancelled", error=why)
+
+
+def _is_planner_step(step: Step, node: NodeContext, policy: PlanPolicy) -> bool:
+    if step.kind == "subgoal":
+        return True
+    direct = step.tool is not None and step.args is not None
+    return policy.as_needed and not direct and node.depth + 1 < node.run.settings.max_depth
+
+
+async def run_child(
+    child: NodeContext, step: Step, inputs: Mapping[str, StepResult], policy: PlanPolicy
+) -> StepResult:
+    """Run one step's child node the way the policy says."""
+    if child.record.kind == "executor":
+        return await run_task_node(child, step, inputs)
+    if policy.as_needed:
+        return await run_as_needed_node(child, step, inputs, policy)
+    return await run_planner_node(child, policy, inputs)
+
+
+async def execute_plan(
+    node: NodeContext, plan: Plan, policy: PlanPolicy, inputs: Mapping[str, StepResult]
+) -> StepResult:
+    """Run ``plan`` to the end, replanning on failure as the policy allows."""
+    settings = node.run.settings
+    children = _Children(node)
+    done: dict[str, StepResult] = {}
+    replans = 0
+    limiter = anyio.CapacityLimiter(1 if policy.sequential else settings.plan_concurrency)
+
+    async def run_step(step: Step, step_inputs: dict[str, StepResult]) -> StepResult:
+        return await run_child(children.by_step[step.id], step, step_inputs, policy)
+
+    while True:
+        children.sync(plan, done, len(node.record.plan_versions), policy)
+        if policy.replan_each_step:
+            return await _interleaved(node, plan, policy, inputs, children, done)
+        can_replan = policy.replan_on_failure and replans < settings.max_replans
+        outcome = await run_dag(
+            plan, run_step, done=done, limiter=limiter, stop_on_failure=can_replan
+        )
+        done = outcome.results
+        children.retire(outcome.cancelled)
+        if outcome.complete:
+            return _succeed(node, plan, done)
+        failure = "; ".join(f"step {k!r} failed: {v}" for k, v in outcome.failed.items())
+        if not can_replan:
+            children.retire(outcome.not_started, "not run: the node gave up")
+            return _give_up(node, plan, done, failure)
+        replans += 1
+        new_plan = await obtain_plan(
+            node, policy, inputs, previous=plan, progress=done, failure=failure
+        )
+        done = _carry_over(plan, new_plan, done)
+        plan = new_plan
+
+
+async def _interleaved(
+    node: NodeContext,
+    plan: Plan,
+    policy: PlanPolicy,
+    inputs: Mapping[str, StepResult],
+    children: _Children,
+    done: dict[str, StepResult],
+) -> StepResult:
+    """The ``replan`` strategy: run the next ready step, then replan with what it brought."""
+    settings = node.run.settings
+    failures = 0
+    for _ in range(settings.max_steps * 2):
+        ready = [
+            sid
+            for sid in topological_order(plan)
+            if sid not in done and all(d in done for d in plan.step(sid).depends_on)
+        ]
+        if not ready:
+            return _succeed(node, plan, done)
+        step = plan.step(ready[0])
+        failure: str | None = None
+        try:
+            done[step.id] = await run_child(
+                children.by_step[step.id], step, {d: done[d] for d in step.depends_on}, policy
+            )
+        except StepFailed as exc:
+            failures += 1
+            failure = f"step {step.id!r} failed: {exc}"
+            if failures > settings.max_replans:
+                children.retire(
+                    [s.id for s in plan.steps if s.id not in done], "not run: the node gave up"
+                )
+                return _give_up(node, plan, done, failure)
+        if failure is None and all(s.id in done for s in plan.steps):
+            return _succeed(node, plan, done)
+        new_plan = await obtain_plan(
+            node, policy, inputs, previous=plan, progress=done, failure=failure
+        )
+        done = _carry_over(plan, new_plan, done)
+        plan = new_plan
+        children.sync(plan, done, len(node.record.plan_versions), policy)
+    children.retire([s.id for s in plan.steps if s.id not in done], "not run: step limit")
+    return _give_up(node, plan, done, f"no end after {settings.max_steps * 2} interleaved steps")
+
+
+def _carry_over(old: Plan, new: Plan, done: Mapping[str, StepResult]) -> dict[str, StepResult]:
+    before = old.step_map()
+    after = new.step_map()
+    return {k: v for k, v in done.items() if k in after and before.get(k) == after[k]}
+
+
+def _succeed(node: NodeContext, plan: Plan, done: Mapping[str, StepResult]) -> StepResult:
+    answer = _answer(plan, done)
+    _finish(node, "succeeded", output=answer)
+    return StepResult(answer, answer)
+
+
+def _give_up(
+    node: NodeContext, plan: Plan, done: Mapping[str, StepResult], failure: str
+) -> StepResult:
+    status = "partial" if done else "failed"
+    answer = _answer(plan, done)
+    _finish(node, status, output=answer or None, error=failure)
+    raise StepFailed(failure, status=status)
+
+
+async def run_planner_node(
+    node: NodeContext, policy: PlanPolicy, inputs: Mapping[str, StepResult]
+) -> StepResult:
+    """Plan the node's goal, pass the gate, and execute the plan."""
+    async with node_lifecycle(node):
+        try:
+            plan = await obtain_plan(node, policy, inputs)
+        except StepFailed as exc:
+            _finish(node, exc.status, error=str(exc))
+            raise
+        return await execute_plan(node, plan, policy, inputs)
+
+
+async def run_as_needed_node(
+    node: NodeContext, step: Step, inputs: Mapping[str, StepResult], policy: PlanPolicy
+) -> StepResult:
+    """ADaPT: attempt the step directly; decompose it into a plan only if the attempt fails."""
+    async with node_lifecycle(node):
+        attempt = node.child(len(node.record.children) + 1, "executor", step.instruction, step)
+        try:
+            result = await run_task_node(attempt, step, inputs, max_retries=0)
+        except StepFailed as exc:
+            if exc.status == "budget_exhausted":
+                _finish(node, exc.status, error=str(exc))
+                raise
+            feedback = (
+                f"A direct attempt at this goal failed ({exc}); decompose it into smaller steps."
+            )
+        else:
+            _finish(node, "succeeded", output=result.text)
+            return result
+        try:
+            plan = await obtain_plan(node, policy, inputs, feedback=feedback)
+        except StepFailed as exc:
+            _finish(node, exc.status, error=str(exc))
+            raise
+        return await execute_plan(node, plan, policy, inputs)

@@ -1,0 +1,348 @@
+"""Plans: steps that form a DAG inside a plan; sub-goal steps form the tree of plans.
+
+A :class:`Step` is a ``task`` (done by an executor, optionally naming a tool and its arguments) or
+a ``subgoal`` (handed to a sub-planner, which makes a child plan). :func:`validate_plan` checks a
+plan with networkx and reports every problem at once.
+
+>>> plan = Plan(goal="g", steps=[Step(id="a", title="A", instruction="do a"),
+...                              Step(id="b", title="B", instruction="do b", depends_on=["a"])])
+>>> validate_plan(plan)
+[]
+>>> topological_order(plan)
+['a', 'b']
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import networkx as nx
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from hierplan.errors import UserInputError
+
+DEFAULT_MAX_STEPS = 50
+DEFAULT_MAX_DEPTH = 3
+STEP_ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}$"
+
+StepKind = Literal["task", "subgoal"]
+
+
+class Step(BaseModel):
+    """One step of a plan.
+
+    ``depends_on`` names steps of the same plan that must finish first. A ``task`` may name a
+    ``tool`` and its ``args``: with both, the step runs the tool directly (no model call); with a
+    tool but no args, an executor model chooses the args. A ``subgoal`` goes to a sub-planner.
+    ``estimate_usd`` and ``estimate_tokens`` are the planner's guess of what a sub-goal will cost,
+    used by weighted budget allocation.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(pattern=STEP_ID_PATTERN, description="Unique id of the step in this plan.")
+    title: str = Field(min_length=1, max_length=200, description="Short title.")
+    instruction: str = Field(
+        min_length=1, max_length=4000, description="What to do, for an executor or sub-planner."
+    )
+    depends_on: list[str] = Field(
+        default_factory=list, description="Ids of steps of this plan that must finish first."
+    )
+    kind: StepKind = Field(default="task", description="'task' for an executor, 'subgoal' to plan.")
+    tool: str | None = Field(default=None, description="Tool to call for a task, if any.")
+    args: dict[str, Any] | None = Field(
+        default=None, description="Arguments for the tool; omit to let the executor choose."
+    )
+    tools: list[str] | None = Field(
+        default=None,
+        description="Restrict this step's executor or sub-planner to these tools.",
+    )
+    estimate_usd: float | None = Field(
+        default=None, ge=0, description="Expected cost of a subgoal in USD (for budgets)."
+    )
+    estimate_tokens: int | None = Field(
+        default=None, ge=0, description="Expected tokens of a subgoal (for budgets)."
+    )
+
+
+class Plan(BaseModel):
+    """A structured plan: a goal and the steps that reach it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    goal: str = Field(min_length=1, max_length=4000, description="The goal this plan reaches.")
+    steps: list[Step] = Field(description="The steps; together they form a DAG.")
+    rationale: str = Field(default="", max_length=4000, description="Why this plan.")
+
+    def step(self, step_id: str) -> Step:
+        """The step with id ``step_id``."""
+        for s in self.steps:
+            if s.id == step_id:
+                return s
+        raise KeyError(step_id)
+
+    def step_map(self) -> dict[str, Step]:
+        """Steps by id (the first one wins if ids repeat; validation reports repeats)."""
+        out: dict[str, Step] = {}
+        for s in self.steps:
+            out.setdefault(s.id, s)
+        return out
+
+    def graph(self) -> nx.DiGraph[str]:
+        """The dependency graph: an edge ``a -> b`` means b depends on a."""
+        g: nx.DiGraph[str] = nx.DiGraph()
+        for s in self.steps:
+            g.add_node(s.id)
+        for s in self.steps:
+            for dep in s.depends_on:
+                if dep in g:
+                    g.add_edge(dep, s.id)
+        return g
+
+    def sinks(self) -> list[str]:
+        """Ids of steps that no other step depends on, in plan order."""
+        needed = {d for s in self.steps for d in s.depends_on}
+        return [s.id for s in self.steps if s.id not in needed]
+
+
+@dataclass(slots=True, frozen=True)
+class PlanProblem:
+    """One validation finding: a code, the step it concerns (if any) and a message."""
+
+    code: str
+    message: str
+    step: str | None = None
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def validate_plan(
+    plan: Plan,
+    *,
+    tools: Iterable[str] | None = None,
+    max_steps: int = DEFAULT_MAX_STEPS,
+    depth: int = 1,
+    max_depth: int = DEFAULT_MAX_DEPTH,
+) -> list[PlanProblem]:
+    """Every problem of ``plan``, in a stable order; an empty list means valid.
+
+    Checks: empty plan, too many steps, duplicate ids, dangling and self dependencies, cycles,
+    tools that are unknown or not allowed (``tools`` is the allowlist; ``None`` skips the
+    check), arguments without a tool, and sub-goals at or beyond ``max_depth`` (a node at
+    ``depth`` may only plan sub-goals if its children would be at most ``max_depth`` deep).
+    """
+    problems: list[PlanProblem] = []
+    if not plan.steps:
+        problems.append(PlanProblem("empty", "the plan has no steps"))
+    if len(plan.steps) > max_steps:
+        problems.append(
+            PlanProblem(
+                "too_many_steps",
+                f"the plan has {len(plan.steps)} steps; the limit is {max_steps}",
+            )
+        )
+    counts = Counter(s.id for s in plan.steps)
+    for step_id, n in counts.items():
+        if n > 1:
+            problems.append(
+                PlanProblem("duplicate_id", f"step id {step_id!r} is used {n} times", step_id)
+            )
+    allowed = None if tools is None else frozenset(tools)
+    for s in plan.steps:
+        problems.extend(_step_problems(s, counts, allowed, depth, max_depth))
+    problems.extend(_cycle_problems(plan))
+    return problems
+
+
+def _step_problems(
+    s: Step,
+    ids: Mapping[str, int],
+    allowed: frozenset[str] | None,
+    depth: int,
+    max_depth: int,
+) -> list[PlanProblem]:
+    out: list[PlanProblem] = []
+    for dep in s.depends_on:
+        if dep == s.id:
+            out.append(PlanProblem("self_dependency", f"step {s.id!r} depends on itself", s.id))
+        elif dep not in ids:
+            out.append(
+                PlanProblem(
+                    "dangling_dependency",
+                    f"step {s.id!r} depends on {dep!r}, which is not a step of this plan",
+                    s.id,
+                )
+            )
+    if s.tool is not None and allowed is not None and s.tool not in allowed:
+        known = ", ".join(sorted(allowed)) or "none"
+        out.append(
+            PlanProblem(
+                "unknown_tool",
+                f"step {s.id!r} uses tool {s.tool!r}, which is unknown or not allowed here "
+                f"(allowed: {known})",
+                s.id,
+            )
+        )
+    if s.tools is not None and allowed is not None:
+        for name in s.tools:
+            if name not in allowed:
+                out.append(
+                    PlanProblem(
+                        "unknown_tool",
+                        f"step {s.id!r} allows tool {name!r}, which is unknown or not allowed here",
+                        s.id,
+                    )
+                )
+    if s.args is not None and s.tool is None:
+        out.append(PlanProblem("args_without_tool", f"step {s.id!r} has args but no tool", s.id))
+    if s.kind == "subgoal":
+        if s.tool is not None:
+            out.append(
+                PlanProblem("subgoal_with_tool", f"sub-goal {s.id!r} cannot name a tool", s.id)
+            )
+        if depth >= max_depth:
+            out.append(
+                PlanProblem(
+                    "too_deep",
+                    f"step {s.id!r} is a sub-goal, but this plan is at depth {depth} and the "
+                    f"depth limit is {max_depth}: make it a task",
+                    s.id,
+                )
+            )
+    return out
+
+
+def _cycle_problems(plan: Plan) -> list[PlanProblem]:
+    graph = plan.graph()
+    graph.remove_edges_from(list(nx.selfloop_edges(graph)))  # reported as self_dependency
+    out: list[PlanProblem] = []
+    for component in nx.strongly_connected_components(graph):
+        if len(component) > 1:
+            order = {s.id: i for i, s in enumerate(plan.steps)}
+            members = sorted(component, key=lambda x: order.get(x, 0))
+            cycle = " -> ".join([*members, members[0]])
+            out.append(PlanProblem("cycle", f"dependency cycle among steps: {cycle}", members[0]))
+    return sorted(out, key=lambda p: p.message)
+
+
+def topological_order(plan: Plan) -> list[str]:
+    """Step ids so that every step comes after its dependencies; ties keep plan order.
+
+    Raises ``ValueError`` if the plan has a cycle (validate it first).
+    """
+    order = {s.id: i for i, s in enumerate(plan.steps)}
+    try:
+        return list(nx.lexicographical_topological_sort(plan.graph(), key=order.__getitem__))
+    except nx.NetworkXUnfeasible as exc:
+        raise ValueError("the plan has a dependency cycle") from exc
+
+
+def critical_path(
+    plan: Plan, durations: Mapping[str, float] | None = None
+) -> tuple[float, list[str]]:
+    """The longest dependency chain, weighted by step durations (default 1 per step).
+
+    Returns the chain's total duration and its step ids in order. This is the lower bound on a
+    plan's makespan with unlimited concurrency.
+    """
+    weights = durations or {}
+    best: dict[str, tuple[float, str | None]] = {}
+    graph = plan.graph()
+    for node in topological_order(plan):
+        own = float(weights.get(node, 1.0))
+        preds = list(graph.predecessors(node))
+        if preds:
+            prev = max(preds, key=lambda p: best[p][0])
+            best[node] = (best[prev][0] + own, prev)
+        else:
+            best[node] = (own, None)
+    if not best:
+        return 0.0, []
+    end = max(best, key=lambda n: best[n][0])
+    chain: list[str] = []
+    cursor: str | None = end
+    while cursor is not None:
+        chain.append(cursor)
+        cursor = best[cursor][1]
+    return best[end][0], chain[::-1]
+
+
+def plan_from_data(data: Any, *, source: str = "plan") -> Plan:
+    """Validate parsed data as a :class:`Plan`; errors name each bad field."""
+    try:
+        return Plan.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'plan'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise UserInputError(f"{source} is not a valid plan: {problems}") from None
+
+
+def load_plan(path: Path) -> Plan:
+    """Read a plan from a YAML or JSON file, with a clear error for anything wrong."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UserInputError(f"cannot read plan file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise UserInputError(f"plan file {path} is not UTF-8 text") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UserInputError(f"plan file {path} is not valid YAML/JSON: {first}") from None
+    return plan_from_data(data, source=f"plan file {path}")
+
+
+def plan_to_yaml(plan: Plan) -> str:
+    """A plan as YAML, without unset optional fields, for people to read and edit."""
+    data = plan.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
+    data.setdefault("steps", [])
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100)
+
+
+@dataclass(slots=True, frozen=True)
+class PlanDiff:
+    """What changed between two plan versions, by step id."""
+
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    changed: tuple[str, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        """True when the two versions have the same steps."""
+        return not (self.added or self.removed or self.changed)
+
+    def summary(self) -> str:
+        """One line, e.g. ``+1 -0 ~2 (added: c; changed: a, b)``."""
+        head = f"+{len(self.added)} -{len(self.removed)} ~{len(self.changed)}"
+        parts = [
+            f"{label}: {', '.join(ids)}"
+            for label, ids in (
+                ("added", self.added),
+                ("removed", self.removed),
+                ("changed", self.changed),
+            )
+            if ids
+        ]
+        return f"{head} ({'; '.join(parts)})" if parts else f"{head} (no change)"
+
+
+def diff_plans(old: Plan, new: Plan) -> PlanDiff:
+    """Steps added, removed and changed (same id, different content) from ``old`` to ``new``."""
+    before = old.step_map()
+    after = new.step_map()
+    return PlanDiff(
+        added=tuple(i for i in after if i not in before),
+        removed=tuple(i for i in before if i not in after),
+        changed=tuple(i for i in after if i in before and before[i] != after[i]),
+    )

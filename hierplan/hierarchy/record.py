@@ -1,0 +1,289 @@
+"""The run record: what happened at every node, serialised to ``run.json``.
+
+:class:`NodeRecord` and :class:`CallRecord` are filled in while the run goes (slotted dataclasses,
+cheap on the hot path); :class:`RunResult` holds the tree and computes the rollups per level and
+per phase when asked. ``RunResult.load`` reads a ``run.json`` back, validated by pydantic.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import TypeAdapter, ValidationError
+
+from hierplan.agents.models.base import Phase, Usage
+from hierplan.errors import UserInputError
+from hierplan.hierarchy.plan import Plan, PlanDiff
+
+RECORD_FORMAT = 1
+
+NodeKind = Literal["planner", "executor"]
+NodeStatus = Literal[
+    "pending",
+    "running",
+    "succeeded",
+    "partial",
+    "failed",
+    "cancelled",
+    "rejected",
+    "budget_exhausted",
+]
+RunStatus = Literal["succeeded", "partial", "failed", "rejected", "cancelled"]
+FINISHED_OK: frozenset[str] = frozenset({"succeeded"})
+
+
+@dataclass(slots=True)
+class CallRecord:
+    """One model call (one attempt): usage, cost, timing, phase and flags.
+
+    ``cost_usd`` is ``None`` when the model has no known price. Flags name anything unusual:
+    ``no_usage`` (settled at the reserved worst case), ``overrun``, ``failed``.
+    """
+
+    phase: Phase
+    model: str
+    purpose: str
+    usage: Usage
+    cost_usd: float | None
+    started_at: float
+    duration_s: float
+    attempt: int = 1
+    ok: bool = True
+    flags: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class PlanVersion:
+    """One version of a node's plan and how it came about.
+
+    ``reason`` is ``initial``, ``repair``, ``replan``, ``edit`` or ``retry`` (a new plan after a
+    rejection or invalid plan). ``decision`` is the gate's: ``approved``, ``edited``,
+    ``rejected``, ``invalid``; ``decided_by`` names who or what decided.
+    """
+
+    version: int
+    plan: Plan
+    reason: str
+    created_at: float
+    decision: str | None = None
+    decided_by: str | None = None
+    decided_at: float | None = None
+    note: str = ""
+    problems: list[str] = field(default_factory=list)
+    diff: PlanDiff | None = None
+
+
+@dataclass(slots=True)
+class NodeRecord:
+    """One node of the run tree: a planner (it planned) or an executor (it did a step)."""
+
+    path: str
+    kind: NodeKind
+    goal: str
+    depth: int
+    step_id: str | None = None
+    tool: str | None = None
+    status: NodeStatus = "pending"
+    usage: Usage = field(default_factory=Usage)
+    cost_usd: float = 0.0
+    planning_cost_usd: float = 0.0
+    execution_cost_usd: float = 0.0
+    unpriced_calls: int = 0
+    calls: list[CallRecord] = field(default_factory=list)
+    plan_versions: list[PlanVersion] = field(default_factory=list)
+    children: list[NodeRecord] = field(default_factory=list)
+    started_at: float | None = None
+    finished_at: float | None = None
+    attempts: int = 0
+    output: str | None = None
+    error: str | None = None
+    budget: dict[str, Any] | None = None
+    flags: list[str] = field(default_factory=list)
+
+    def add_call(self, call: CallRecord) -> None:
+        """Record a call and add its usage and cost to this node's totals."""
+        self.calls.append(call)
+        self.usage = self.usage + call.usage
+        if call.cost_usd is None:
+            self.unpriced_calls += 1
+            return
+        self.cost_usd += call.cost_usd
+        if call.phase == "planning":
+            self.planning_cost_usd += call.cost_usd
+        else:
+            self.execution_cost_usd += call.cost_usd
+
+    def walk(self) -> Iterator[NodeRecord]:
+        """This node and every node below it, depth first, parents before children."""
+        stack = [self]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(reversed(node.children))
+
+    @property
+    def subtree_cost_usd(self) -> float:
+        """Cost of this node and everything below it."""
+        return sum(n.cost_usd for n in self.walk())
+
+    @property
+    def duration_s(self) -> float | None:
+        """Wall time from start to finish, when both are known."""
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return self.finished_at - self.started_at
+
+    def find(self, path: str) -> NodeRecord:
+        """The node at ``path`` (``1.2.3``) in this subtree."""
+        for node in self.walk():
+            if node.path == path:
+                return node
+        raise KeyError(path)
+
+
+@dataclass(slots=True)
+class RunResult:
+    """The outcome of a run: status, answer, and the whole tree with usage and cost.
+
+    ``simulated`` is true when any answer came from the offline simulator or a test double.
+    """
+
+    run_id: str
+    goal: str
+    strategy: str
+    model: str
+    simulated: bool
+    status: RunStatus
+    answer: str
+    tree: NodeRecord
+    answer_complete: bool = True
+    started_at: float = 0.0
+    finished_at: float = 0.0
+    scenario: str | None = None
+    seed: int | None = None
+    error: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    verification: dict[str, Any] | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+    price_table: str = ""
+    format: int = RECORD_FORMAT
+
+    @property
+    def ok(self) -> bool:
+        """True when the run succeeded."""
+        return self.status == "succeeded"
+
+    def nodes(self) -> Iterator[NodeRecord]:
+        """Every node of the tree."""
+        return self.tree.walk()
+
+    def levels(self) -> list[dict[str, Any]]:
+        """Rollups per depth: nodes, tokens and cost of the nodes at that depth."""
+        rows: dict[int, dict[str, Any]] = {}
+        for node in self.nodes():
+            row = rows.setdefault(
+                node.depth,
+                {
+                    "depth": node.depth,
+                    "nodes": 0,
+                    "input_tokens": 0,
+                    "output_tokens": 0,
+                    "cost_usd": 0.0,
+                },
+            )
+            row["nodes"] += 1
+            row["input_tokens"] += node.usage.input_tokens
+            row["output_tokens"] += node.usage.output_tokens
+            row["cost_usd"] += node.cost_usd
+        return [rows[d] for d in sorted(rows)]
+
+    def totals(self) -> dict[str, Any]:
+        """Rollups over the whole run, split by phase."""
+        out: dict[str, Any] = {
+            "input_tokens": 0,
+            "output_tokens": 0,
+            "cached_input_tokens": 0,
+            "reasoning_tokens": 0,
+            "calls": 0,
+            "cost_usd": 0.0,
+            "planning_cost_usd": 0.0,
+            "execution_cost_usd": 0.0,
+            "unpriced_calls": 0,
+            "nodes": 0,
+        }
+        for node in self.nodes():
+            out["nodes"] += 1
+            out["input_tokens"] += node.usage.input_tokens
+            out["output_tokens"] += node.usage.output_tokens
+            out["cached_input_tokens"] += node.usage.cached_input_tokens
+            out["reasoning_tokens"] += node.usage.reasoning_tokens
+            out["calls"] += len(node.calls)
+            out["cost_usd"] += node.cost_usd
+            out["planning_cost_usd"] += node.planning_cost_usd
+            out["execution_cost_usd"] += node.execution_cost_usd
+            out["unpriced_calls"] += node.unpriced_calls
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready record, with rollups and each node's subtree cost."""
+        data: dict[str, Any] = _ADAPTER.dump_python(self, mode="json")
+        _add_subtree_costs(data["tree"], self.tree)
+        data["levels"] = self.levels()
+        data["totals"] = self.totals()
+        return data
+
+    def to_json(self) -> str:
+        """The record as indented JSON text."""
+        return json.dumps(self.to_dict(), indent=1)
+
+    def write(self, path: Path) -> Path:
+        """Write ``run.json`` atomically (a reader never sees half a file)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, self.to_json())
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> RunResult:
+        """Read a ``run.json``; a missing or malformed file raises :class:`UserInputError`."""
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise UserInputError(f"cannot read {path}: {exc.strerror or exc}") from None
+        try:
+            return _ADAPTER.validate_json(text)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise UserInputError(
+                f"{path} is not a hierplan run record ({exc.error_count()} problem(s); "
+                f"first at {where or 'top level'}: {first['msg']})"
+            ) from None
+
+
+def _add_subtree_costs(data: dict[str, Any], node: NodeRecord) -> float:
+    total = node.cost_usd
+    for child_data, child in zip(data["children"], node.children, strict=True):
+        total += _add_subtree_costs(child_data, child)
+    data["subtree_cost_usd"] = total
+    return total
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+_ADAPTER: TypeAdapter[RunResult] = TypeAdapter(RunResult)

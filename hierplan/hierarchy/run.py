@@ -1,0 +1,229 @@
+"""``run(goal, ...) -> RunResult``: wires planner, executors, gate, instruments and strategy.
+
+One async code path; :func:`run_sync` is a thin wrapper for sync callers. Nothing here is
+module-level state: every run builds its own context, so many runs can share a process and an
+event loop.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from hierplan.agents.models import resolve_model
+from hierplan.agents.models.base import Model
+from hierplan.agents.models.simulated import COVERAGE_HINT, NoiseProfile, Oracle
+from hierplan.agents.tools import Tool, Toolbox
+from hierplan.budgets.pricing import PriceTable
+from hierplan.errors import StepFailed, UserInputError
+from hierplan.hierarchy.context import Instrument, NodeContext, RunContext, RunSettings
+from hierplan.hierarchy.events import EventBus, Listener, RunFinished
+from hierplan.hierarchy.gate import Approver, Gate
+from hierplan.hierarchy.record import NodeRecord, RunResult, RunStatus
+from hierplan.hierarchy.strategies import Strategy, get_strategy
+from hierplan.scenarios import Scenario, ScenarioEnv, get_scenario
+
+
+@dataclass(slots=True)
+class _Prepared:
+    goal: str
+    tools: list[Tool]
+    oracle: Oracle | None
+    env: ScenarioEnv | None
+    scenario: str | None
+
+
+async def _prepare(
+    goal: str | None,
+    scenario: str | Scenario | None,
+    tools: Iterable[Tool],
+    oracle: Oracle | None,
+    workdir: Path | None,
+    seed: int,
+) -> _Prepared:
+    extra = list(tools)
+    if scenario is None:
+        if not goal or not goal.strip():
+            raise UserInputError("no goal given: pass a goal, or a scenario (--scenario NAME)")
+        return _Prepared(goal.strip(), extra, oracle, None, None)
+    found = get_scenario(scenario) if isinstance(scenario, str) else scenario
+    where = workdir or Path("runs") / "scenarios" / found.name
+    where.mkdir(parents=True, exist_ok=True)
+    env = await anyio.to_thread.run_sync(partial(found.setup, where, seed=seed))
+    return _Prepared(
+        goal.strip() if goal else env.goal,
+        [*env.tools, *extra],
+        oracle or env.oracle,
+        env,
+        found.name,
+    )
+
+
+def _settings(settings: RunSettings | None, overrides: dict[str, Any]) -> RunSettings:
+    base = settings or RunSettings()
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if not given:
+        return base
+    return RunSettings.model_validate({**base.model_dump(), **given})
+
+
+async def run(
+    goal: str | None = None,
+    *,
+    scenario: str | Scenario | None = None,
+    strategy: str | None = None,
+    model: str | Model = "sim",
+    executor_model: str | Model | None = None,
+    tools: Iterable[Tool] = (),
+    settings: RunSettings | None = None,
+    max_depth: int | None = None,
+    concurrency: int | None = None,
+    seed: int | None = None,
+    approver: Approver | None = None,
+    gate: Gate | None = None,
+    instruments: Sequence[Instrument] = (),
+    listeners: Sequence[Listener] = (),
+    oracle: Oracle | None = None,
+    sim_profile: NoiseProfile | str = "typical",
+    sim_latency_scale: float = 1.0,
+    pricing: PriceTable | None = None,
+    workdir: Path | None = None,
+    run_id: str | None = None,
+    model_options: dict[str, Any] | None = None,
+) -> RunResult:
+    """Run ``goal`` (or a scenario's goal) with a strategy and return the run record.
+
+    >>> import hierplan
+    >>> result = hierplan.run_sync(scenario="data_migration", sim_latency_scale=0)  # doctest: +SKIP
+    >>> result.status
+    'succeeded'
+
+    Failures of the agent (a step that cannot be done, a plan rejected too often) end in a
+    ``partial``, ``failed`` or ``rejected`` result, never an exception. Bad input (an unknown
+    scenario or strategy, an empty goal, a free-text goal for the simulator) raises
+    :class:`~hierplan.errors.UserInputError` before anything runs.
+    """
+    run_settings = _settings(
+        settings,
+        {
+            "strategy": strategy,
+            "max_depth": max_depth,
+            "concurrency": concurrency,
+            "seed": seed,
+        },
+    )
+    chosen = get_strategy(run_settings.strategy)
+    prepared = await _prepare(goal, scenario, tools, oracle, workdir, run_settings.seed)
+
+    def make(spec: str | Model) -> Model:
+        return resolve_model(
+            spec,
+            oracle=prepared.oracle,
+            profile=sim_profile,
+            seed=run_settings.seed,
+            latency_scale=sim_latency_scale,
+            **(model_options or {}),
+        )
+
+    planner_model = make(model)
+    exec_model = planner_model if executor_model is None else make(executor_model)
+    if planner_model.provider == "sim" and prepared.oracle is None:
+        raise UserInputError(f"the goal {prepared.goal[:120]!r} is free text. {COVERAGE_HINT}")
+    rid = run_id or uuid.uuid4().hex[:12]
+    bus = EventBus(rid)
+    for listener in listeners:
+        bus.subscribe(listener)
+    ctx = RunContext(
+        run_id=rid,
+        settings=run_settings,
+        toolbox=Toolbox(prepared.tools),
+        planner_model=planner_model,
+        executor_model=exec_model,
+        pricing=pricing or PriceTable(),
+        instruments=instruments,
+        bus=bus,
+        gate=gate or Gate(approver),
+    )
+    return await _execute(ctx, chosen, prepared)
+
+
+async def _execute(ctx: RunContext, chosen: Strategy, prepared: _Prepared) -> RunResult:
+    record = NodeRecord(path="1", kind=chosen.root_kind, goal=prepared.goal, depth=1)
+    root = NodeContext(ctx, record, allowed_tools=ctx.toolbox.names())
+    started = time.time()
+    status: RunStatus = "succeeded"
+    answer = ""
+    error: str | None = None
+    scopes = [i.run_scope(ctx) for i in ctx.instruments]
+    async with AsyncExitStack() as stack:
+        for scope in scopes:
+            if scope is not None:
+                await stack.enter_async_context(scope)
+        try:
+            answer = (await chosen.run(root)).text
+        except StepFailed as exc:
+            status = _run_status(record)
+            answer = record.output or ""
+            error = str(exc)
+    models = {ctx.planner_model.name, ctx.executor_model.name}
+    result = RunResult(
+        run_id=ctx.run_id,
+        goal=prepared.goal,
+        strategy=ctx.settings.strategy,
+        model=" + ".join(sorted(models)),
+        simulated=ctx.planner_model.simulated or ctx.executor_model.simulated,
+        status=status,
+        answer=answer,
+        answer_complete=status == "succeeded",
+        tree=record,
+        started_at=started,
+        finished_at=time.time(),
+        scenario=prepared.scenario,
+        seed=ctx.settings.seed,
+        error=error,
+        settings=ctx.settings.model_dump(mode="json"),
+        stats={
+            "peak_concurrent_leaves": ctx.peak_leaves,
+            "priced_as": sorted({ctx.planner_model.priced_as, ctx.executor_model.priced_as}),
+        },
+        price_table=ctx.pricing.version,
+    )
+    if prepared.env is not None:
+        verdict = await anyio.to_thread.run_sync(prepared.env.verify)
+        result.verification = verdict.to_dict()
+    if ctx.bus.active:
+        ctx.bus.emit(
+            RunFinished(
+                run_id=ctx.run_id,
+                path="1",
+                status=status,
+                cost_usd=result.totals()["cost_usd"],
+                answer=answer[:2000],
+            )
+        )
+    return result
+
+
+def _run_status(root: NodeRecord) -> RunStatus:
+    if root.status == "rejected":
+        return "rejected"
+    if root.status == "cancelled":
+        return "cancelled"
+    if root.status in ("partial", "budget_exhausted"):
+        return "partial"
+    leaves_done = any(n.status == "succeeded" and n.kind == "executor" for n in root.walk())
+    return "partial" if leaves_done else "failed"
+
+
+def run_sync(goal: str | None = None, **kwargs: Any) -> RunResult:
+    """:func:`run` for sync callers (starts its own event loop)."""
+    return anyio.run(partial(run, goal, **kwargs))

@@ -1,0 +1,112 @@
+"""Runs one plan's DAG under one anyio task group.
+
+A step starts the moment its last dependency finishes: there is no level-by-level barrier, so the
+makespan follows the critical path. A per-plan capacity limiter bounds how many of the plan's
+steps run at once (the run-wide leaf limit is applied by the executor nodes). Every task belongs
+to the task group, so none outlives the plan.
+
+When a step fails for good, either its dependents are cancelled (transitively) and independent
+branches go on, or, with ``stop_on_failure`` (the node is about to replan), no new step starts and
+the steps already running finish. Bookkeeping is O(1) per step and per dependency edge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+
+import anyio
+
+from hierplan.agents.executor import StepResult
+from hierplan.errors import StepFailed
+from hierplan.hierarchy.plan import Plan, Step
+
+RunStep = Callable[[Step, dict[str, StepResult]], Awaitable[StepResult]]
+
+
+@dataclass(slots=True)
+class DagOutcome:
+    """What became of each step of a plan."""
+
+    results: dict[str, StepResult] = field(default_factory=dict)
+    failed: dict[str, StepFailed] = field(default_factory=dict)
+    cancelled: dict[str, str] = field(default_factory=dict)
+    not_started: list[str] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        """True when every step has a result."""
+        return not (self.failed or self.cancelled or self.not_started)
+
+
+async def run_dag(
+    plan: Plan,
+    run_step: RunStep,
+    *,
+    done: Mapping[str, StepResult] | None = None,
+    limiter: anyio.CapacityLimiter | None = None,
+    stop_on_failure: bool = False,
+) -> DagOutcome:
+    """Run every step of ``plan`` not already in ``done``, each after its dependencies.
+
+    ``run_step(step, inputs)`` gets the results of the step's dependencies and raises
+    :class:`StepFailed` when the step fails for good. ``plan`` must be valid (acyclic, no
+    dangling dependencies): the gate sees to that.
+    """
+    outcome = DagOutcome(results=dict(done or {}))
+    results = outcome.results
+    steps = {s.id: s for s in plan.steps}
+    waiting: dict[str, int] = {}
+    dependents: dict[str, list[str]] = {s.id: [] for s in plan.steps}
+    for s in plan.steps:
+        if s.id in results:
+            continue
+        waiting[s.id] = sum(1 for d in s.depends_on if d not in results)
+        for d in s.depends_on:
+            dependents[d].append(s.id)
+    stopping = False
+
+    def cancel_dependents(step_id: str, reason: str) -> None:
+        stack = list(dependents[step_id])
+        while stack:
+            sid = stack.pop()
+            if sid not in outcome.cancelled and sid not in results:
+                outcome.cancelled[sid] = reason
+                stack.extend(dependents[sid])
+
+    async def run_one(step: Step) -> None:
+        nonlocal stopping
+        inputs = {d: results[d] for d in step.depends_on}
+        try:
+            if limiter is None:
+                result = await run_step(step, inputs)
+            else:
+                async with limiter:
+                    if stopping:
+                        return
+                    result = await run_step(step, inputs)
+        except StepFailed as exc:
+            outcome.failed[step.id] = exc
+            if stop_on_failure:
+                stopping = True
+            else:
+                cancel_dependents(step.id, f"dependency {step.id!r} failed")
+            return
+        results[step.id] = result
+        if stopping:
+            return
+        for sid in dependents[step.id]:
+            waiting[sid] -= 1
+            if waiting[sid] == 0 and sid not in outcome.cancelled:
+                tg.start_soon(run_one, steps[sid])
+
+    async with anyio.create_task_group() as tg:
+        for s in plan.steps:
+            if s.id not in results and waiting[s.id] == 0:
+                tg.start_soon(run_one, s)
+    outcome.not_started = [
+        s.id
+        for s in plan.steps
+        if s.id not in results and s.id not in outcome.failed and s.id not in outcome.cancelled
+    ]
+    return outcome

@@ -1,0 +1,124 @@
+"""The taxonomy of planning commitment, each strategy a small class on one skeleton.
+
+=============  ==================================================================
+``react``      no plan: one agent loop over the goal with every tool (the baseline)
+``plan-execute`` plan once (flat), execute the steps one at a time, never replan
+``replan``     flat plan, one step at a time, replan after every step and failure
+``dag``        one flat DAG plan (LLMCompiler-style), steps in parallel, replan on failure
+``hierarchical`` sub-goals to sub-planners down to ``max_depth``, parallel, replan on failure
+``as-needed``  ADaPT-style: attempt directly; decompose only what fails, recursively
+=============  ==================================================================
+
+All of them use the same planner, gate, scheduler, executors and instruments, so that a
+comparison between them measures the strategy and nothing else.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+from hierplan.agents.executor import StepResult
+from hierplan.errors import UserInputError
+from hierplan.hierarchy.context import STRATEGY_NAMES, NodeContext
+from hierplan.hierarchy.nodes import (
+    PlanPolicy,
+    run_as_needed_node,
+    run_planner_node,
+    run_task_node,
+)
+from hierplan.hierarchy.plan import Step
+from hierplan.hierarchy.record import NodeKind
+
+
+def goal_step(goal: str) -> Step:
+    """The pseudo-step that stands for a whole goal (ReAct and as-needed roots)."""
+    return Step(id="goal", title="goal", instruction=goal[:4000])
+
+
+class Strategy(ABC):
+    """A way to run the root node. ``root_kind`` is the kind of the root's record."""
+
+    name: ClassVar[str]
+    root_kind: ClassVar[NodeKind] = "planner"
+
+    @abstractmethod
+    async def run(self, root: NodeContext) -> StepResult:
+        """Run the root node to the end; raise :class:`StepFailed` if it does not succeed."""
+
+
+class React(Strategy):
+    """No plan: one tool-calling loop over the goal."""
+
+    name = "react"
+    root_kind = "executor"
+
+    async def run(self, root: NodeContext) -> StepResult:
+        return await run_task_node(root, goal_step(root.record.goal), {}, react=True, max_retries=0)
+
+
+class PlanBased(Strategy):
+    """A strategy defined by its :class:`PlanPolicy`."""
+
+    policy: ClassVar[PlanPolicy]
+
+    async def run(self, root: NodeContext) -> StepResult:
+        return await run_planner_node(root, self.policy, {})
+
+
+class PlanExecute(PlanBased):
+    """Plan once, execute all, in order."""
+
+    name = "plan-execute"
+    policy = PlanPolicy(flat=True, sequential=True, replan_on_failure=False)
+
+
+class Replan(PlanBased):
+    """Interleaved: replan after every step and every failure."""
+
+    name = "replan"
+    policy = PlanPolicy(flat=True, sequential=True, replan_each_step=True)
+
+
+class Dag(PlanBased):
+    """One DAG plan, parallel steps, replan on failure."""
+
+    name = "dag"
+    policy = PlanPolicy(flat=True)
+
+
+class Hierarchical(PlanBased):
+    """Recursive decomposition into sub-goals down to ``max_depth``."""
+
+    name = "hierarchical"
+    policy = PlanPolicy()
+
+
+class AsNeeded(Strategy):
+    """Try first; decompose only what fails (ADaPT)."""
+
+    name = "as-needed"
+    policy: ClassVar[PlanPolicy] = PlanPolicy(as_needed=True)
+
+    async def run(self, root: NodeContext) -> StepResult:
+        step = goal_step(root.record.goal)
+        if root.depth >= root.run.settings.max_depth:
+            root.record.kind = "executor"
+            return await run_task_node(root, step, {}, max_retries=0)
+        return await run_as_needed_node(root, step, {}, self.policy)
+
+
+STRATEGIES: dict[str, type[Strategy]] = {
+    cls.name: cls for cls in (React, PlanExecute, Replan, Dag, Hierarchical, AsNeeded)
+}
+assert tuple(STRATEGIES) == STRATEGY_NAMES
+
+
+def get_strategy(name: str) -> Strategy:
+    """The strategy called ``name``; a clear error lists the known ones."""
+    try:
+        return STRATEGIES[name]()
+    except KeyError:
+        raise UserInputError(
+            f"unknown strategy {name!r}: choose one of {', '.join(STRATEGY_NAMES)}"
+        ) from None

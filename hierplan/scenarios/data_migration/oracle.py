@@ -1,0 +1,407 @@
+"""What a competent model would answer in the migration scenario.
+
+The oracle reads the same prompt text a real model gets. It knows the root goal and the four
+kinds of sub-goal it phrases itself ("Create the schema of tables ...", "Copy the rows of tables
+...", "Create the indexes of tables ...", "Verify tables ..."), parsed from the text so that a
+plan edited by a person still gets sensible answers. On a replan it reads the failure: a missing
+target table gets a ``create_table`` step, a verification mismatch gets the copies or indexes
+that fix it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+
+import networkx as nx
+
+from hierplan.agents.models.base import ToolCall
+from hierplan.agents.models.simulated import Action
+from hierplan.agents.prompts import PlanPrompt, StepPrompt, one_line
+from hierplan.hierarchy.plan import Plan, Step
+
+ROOT_GOAL = (
+    "Migrate every table of the sample shop database (source.db) into target.db: schema, rows "
+    "and indexes; then verify that row counts, checksums and indexes match the source."
+)
+
+GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("reference", ("regions", "countries", "categories", "suppliers", "warehouses")),
+    ("customers", ("customers", "addresses")),
+    ("catalog", ("products", "inventory")),
+    ("orders", ("orders", "order_items", "payments", "shipments", "reviews")),
+)
+
+_KINDS = {
+    "schema": "Create the schema of tables {t} in the target database",
+    "copy": "Copy the rows of tables {t} into the target database, parents before children",
+    "indexes": "Create the indexes of tables {t} in the target database",
+    "verify": "Verify tables {t}: row counts, checksums and indexes match the source",
+}
+_PARSE = re.compile(
+    r"^(?P<kind>Create the schema of|Copy the rows of|Create the indexes of|Verify) tables "
+    r"(?P<tables>[a-z0-9_]+(?:, [a-z0-9_]+)*)"
+)
+_KIND_OF = {
+    "Create the schema of": "schema",
+    "Copy the rows of": "copy",
+    "Create the indexes of": "indexes",
+    "Verify": "verify",
+}
+_NO_TABLE = re.compile(r"has no table '([a-z0-9_]+)'")
+_MISMATCH = re.compile(r"([a-z0-9_]+) \((missing table|[a-z ,]+)\)")
+
+
+def instruction(kind: str, tables: Sequence[str]) -> str:
+    """The sub-goal or step text for ``kind`` over ``tables``."""
+    return _KINDS[kind].format(t=", ".join(tables))
+
+
+def parse_instruction(text: str) -> tuple[str, list[str]] | None:
+    """``(kind, tables)`` from a text made by :func:`instruction`, else ``None``."""
+    match = _PARSE.match(one_line(text))
+    if match is None:
+        return None
+    return _KIND_OF[match.group("kind")], match.group("tables").split(", ")
+
+
+class MigrationOracle:
+    """The oracle for the data-migration scenario."""
+
+    def __init__(self, tables: Sequence[str], parents: Mapping[str, Sequence[str]]) -> None:
+        self.tables = list(tables)
+        self.parents = {
+            t: [p for p in parents.get(t, ()) if p != t and p in self.tables] for t in self.tables
+        }
+        grouped = {t for _, ts in GROUPS for t in ts}
+        self.groups = [(name, [t for t in ts if t in self.tables]) for name, ts in GROUPS]
+        other = [t for t in self.tables if t not in grouped]
+        if other:
+            self.groups.append(("other", other))
+        self.groups = [(n, ts) for n, ts in self.groups if ts]
+
+    # -- plans ---------------------------------------------------------------------------
+    def plan(self, prompt: PlanPrompt) -> Plan | None:
+        """The plan for the root goal or one of the oracle's sub-goals."""
+        goal = one_line(prompt.goal)
+        if goal == one_line(ROOT_GOAL):
+            steps = self._root_steps() if prompt.allow_subgoals else self._flat_steps()
+            return Plan(
+                goal=goal,
+                steps=steps,
+                rationale="Schema first, then data in foreign-key order, then indexes, then "
+                "verification.",
+            )
+        parsed = parse_instruction(goal)
+        if parsed is None:
+            return None
+        kind, tables = parsed
+        if any(t not in self.tables for t in tables):
+            return None
+        if prompt.failure:
+            fixed = self._repair(kind, tables, prompt.failure)
+            if fixed:
+                return Plan(
+                    goal=goal,
+                    steps=fixed,
+                    rationale="Fix what the failure reported, then check again.",
+                )
+        return Plan(goal=goal, steps=self._sub_steps(kind, tables))
+
+    def _group_parents(self) -> dict[str, list[str]]:
+        where = {t: name for name, ts in self.groups for t in ts}
+        out: dict[str, list[str]] = {}
+        for name, ts in self.groups:
+            deps = {where[p] for t in ts for p in self.parents[t] if where[p] != name}
+            out[name] = [n for n, _ in self.groups if n in deps]
+        return out
+
+    def _root_steps(self) -> list[Step]:
+        steps = [
+            Step(
+                id="schema",
+                title="Create the schema",
+                instruction=instruction("schema", self.tables),
+                kind="subgoal",
+                estimate_tokens=4000,
+            )
+        ]
+        group_parents = self._group_parents()
+        for name, ts in self.groups:
+            steps.append(
+                Step(
+                    id=f"copy_{name}",
+                    title=f"Copy {name} data",
+                    instruction=instruction("copy", ts),
+                    kind="subgoal",
+                    depends_on=["schema", *(f"copy_{p}" for p in group_parents[name])],
+                    estimate_tokens=3000 + 500 * len(ts),
+                )
+            )
+        copies = [f"copy_{n}" for n, _ in self.groups]
+        steps.append(
+            Step(
+                id="indexes",
+                title="Create the indexes",
+                instruction=instruction("indexes", self.tables),
+                kind="subgoal",
+                depends_on=copies,
+                estimate_tokens=4000,
+            )
+        )
+        steps.append(
+            Step(
+                id="verify",
+                title="Verify the migration",
+                instruction=instruction("verify", self.tables),
+                kind="subgoal",
+                depends_on=["indexes"],
+                estimate_tokens=8000,
+            )
+        )
+        return steps
+
+    def _flat_steps(self) -> list[Step]:
+        steps = [
+            Step(
+                id=f"create_{t}",
+                title=f"Create {t}",
+                instruction=f"Create table {t} in the target",
+                tool="create_table",
+                args={"table": t},
+            )
+            for t in self.tables
+        ]
+        steps += self._copy_steps(self.tables, extra_deps=lambda t: [f"create_{t}"])
+        steps += [
+            Step(
+                id=f"index_{t}",
+                title=f"Index {t}",
+                instruction=f"Create the indexes of {t}",
+                tool="create_indexes",
+                args={"table": t},
+                depends_on=[f"copy_{t}"],
+            )
+            for t in self.tables
+        ]
+        for name, ts in self.groups:
+            steps.append(
+                Step(
+                    id=f"verify_{name}",
+                    title=f"Verify {name}",
+                    instruction=instruction("verify", ts),
+                    depends_on=[f"index_{t}" for t in ts],
+                )
+            )
+        return steps
+
+    def _copy_steps(self, tables: Sequence[str], extra_deps: object = None) -> list[Step]:
+        inside = set(tables)
+        out = []
+        for t in self._fk_order(tables):
+            deps = [f"copy_{p}" for p in self.parents[t] if p in inside]
+            if callable(extra_deps):
+                deps = [*extra_deps(t), *deps]
+            out.append(
+                Step(
+                    id=f"copy_{t}",
+                    title=f"Copy {t}",
+                    instruction=f"Copy the rows of {t} into the target",
+                    tool="copy_rows",
+                    args={"table": t},
+                    depends_on=deps,
+                )
+            )
+        return out
+
+    def _fk_order(self, tables: Sequence[str]) -> list[str]:
+        graph: nx.DiGraph[str] = nx.DiGraph()
+        graph.add_nodes_from(tables)
+        for t in tables:
+            for p in self.parents[t]:
+                if p in graph:
+                    graph.add_edge(p, t)
+        order = {t: i for i, t in enumerate(self.tables)}
+        return list(nx.lexicographical_topological_sort(graph, key=order.__getitem__))
+
+    def _sub_steps(self, kind: str, tables: Sequence[str]) -> list[Step]:
+        if kind == "schema":
+            return [
+                Step(
+                    id=f"create_{t}",
+                    title=f"Create {t}",
+                    instruction=f"Create table {t} in the target",
+                    tool="create_table",
+                    args={"table": t},
+                )
+                for t in tables
+            ]
+        if kind == "copy":
+            return self._copy_steps(tables)
+        if kind == "indexes":
+            return [
+                Step(
+                    id=f"index_{t}",
+                    title=f"Index {t}",
+                    instruction=f"Create the indexes of {t}",
+                    tool="create_indexes",
+                    args={"table": t},
+                )
+                for t in tables
+            ]
+        chunks = [(n, [t for t in ts if t in tables]) for n, ts in self.groups]
+        return [
+            Step(id=f"verify_{n}", title=f"Verify {n}", instruction=instruction("verify", ts))
+            for n, ts in chunks
+            if ts
+        ]
+
+    def _repair(self, kind: str, tables: Sequence[str], failure: str) -> list[Step] | None:
+        missing = sorted(set(_NO_TABLE.findall(failure)) & set(self.tables))
+        if kind in ("copy", "indexes") and missing:
+            base = self._sub_steps(kind, tables)
+            creates = [
+                Step(
+                    id=f"create_{t}",
+                    title=f"Create {t}",
+                    instruction=f"Create table {t} in the target",
+                    tool="create_table",
+                    args={"table": t},
+                )
+                for t in missing
+            ]
+            prefix = "copy" if kind == "copy" else "index"
+            base = [
+                s.model_copy(
+                    update={
+                        "depends_on": [*s.depends_on, f"create_{s.id.removeprefix(prefix + '_')}"]
+                    }
+                )
+                if s.id.removeprefix(prefix + "_") in missing
+                else s
+                for s in base
+            ]
+            return [*creates, *base]
+        if kind != "verify":
+            return None
+        problems = {t: why for t, why in _MISMATCH.findall(failure) if t in self.tables}
+        if not problems:
+            return None
+        steps: list[Step] = []
+        for t, why in problems.items():
+            deps: list[str] = []
+            if "missing table" in why:
+                steps.append(
+                    Step(
+                        id=f"fix_create_{t}",
+                        title=f"Create {t}",
+                        instruction=f"Create table {t} in the target",
+                        tool="create_table",
+                        args={"table": t},
+                    )
+                )
+                deps = [f"fix_create_{t}"]
+            if "missing table" in why or "row count" in why or "checksum" in why:
+                steps.append(
+                    Step(
+                        id=f"fix_copy_{t}",
+                        title=f"Copy {t}",
+                        instruction=f"Copy the rows of {t} into the target",
+                        tool="copy_rows",
+                        args={"table": t},
+                        depends_on=deps,
+                    )
+                )
+                deps = [f"fix_copy_{t}"]
+            steps.append(
+                Step(
+                    id=f"fix_index_{t}",
+                    title=f"Index {t}",
+                    instruction=f"Create the indexes of {t}",
+                    tool="create_indexes",
+                    args={"table": t},
+                    depends_on=deps,
+                )
+            )
+        steps.append(
+            Step(
+                id="reverify",
+                title="Verify again",
+                instruction=instruction("verify", sorted(problems)),
+                depends_on=[s.id for s in steps],
+            )
+        )
+        return steps
+
+    # -- actions ---------------------------------------------------------------------------
+    def act(self, prompt: StepPrompt, done: Sequence[tuple[ToolCall, str]]) -> Action | None:
+        """The next tool calls for a step (or the whole goal), or the final answer."""
+        text = one_line(prompt.instruction)
+        if text == one_line(ROOT_GOAL):
+            return self._act_all(done)
+        parsed = parse_instruction(text)
+        if parsed is None:
+            return None
+        kind, tables = parsed
+        if any(t not in self.tables for t in tables):
+            return None
+        if kind == "verify":
+            return self._act_verify(tables, done)
+        tool = {"schema": "create_table", "copy": "copy_rows", "indexes": "create_indexes"}[kind]
+        return self._act_tool(tool, tables, done) or Action(
+            text=f"{tool} done for {', '.join(tables)}"
+        )
+
+    def _act_tool(
+        self, tool: str, tables: Sequence[str], done: Sequence[tuple[ToolCall, str]]
+    ) -> Action | None:
+        finished = {c.arguments.get("table") for c, _ in done if c.name == tool}
+        todo = [t for t in tables if t not in finished]
+        if tool == "copy_rows":
+            todo = [
+                t for t in todo if all(p in finished or p not in tables for p in self.parents[t])
+            ]
+        if not todo:
+            return None
+        base = len(done)
+        return Action(
+            tool_calls=tuple(
+                ToolCall(f"call_{base + i}", tool, {"table": t}) for i, t in enumerate(todo)
+            )
+        )
+
+    def _act_verify(self, tables: Sequence[str], done: Sequence[tuple[ToolCall, str]]) -> Action:
+        results: dict[str, dict[str, object]] = {}
+        for call, text in done:
+            if call.name == "verify_table":
+                try:
+                    results[str(call.arguments.get("table"))] = json.loads(text)
+                except json.JSONDecodeError:
+                    continue
+        todo = [t for t in tables if t not in results]
+        if todo:
+            base = len(done)
+            return Action(
+                tool_calls=tuple(
+                    ToolCall(f"call_{base + i}", "verify_table", {"table": t})
+                    for i, t in enumerate(todo)
+                )
+            )
+        bad = [f"{t} ({results[t].get('problem')})" for t in tables if not results[t].get("match")]
+        if bad:
+            return Action(text=f"FAILED: mismatch in tables: {', '.join(bad)}")
+        rows = sum(int(str(results[t].get("target_rows", 0))) for t in tables)
+        return Action(
+            text=f"verified {len(tables)} tables ({rows:,} rows): counts, checksums and indexes "
+            "match"
+        )
+
+    def _act_all(self, done: Sequence[tuple[ToolCall, str]]) -> Action:
+        if not any(c.name == "list_tables" for c, _ in done):
+            return Action(tool_calls=(ToolCall("call_0", "list_tables", {}),))
+        for tool in ("create_table", "copy_rows", "create_indexes"):
+            action = self._act_tool(tool, self.tables, done)
+            if action is not None:
+                return action
+        return self._act_verify(self.tables, done)

@@ -1,0 +1,158 @@
+"""Render a run for people: the plan tree and the cost at every node and level (rich).
+
+Used by ``hierplan view`` and at the end of ``hierplan run``/``demo``. Everything a model or a
+user wrote (goals, errors, answers) is printed as text, never as rich markup.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+from rich.tree import Tree
+
+from hierplan.hierarchy.plan import Plan
+from hierplan.hierarchy.record import NodeRecord, RunResult
+
+STATUS_STYLE = {
+    "succeeded": "green",
+    "partial": "yellow",
+    "failed": "red",
+    "cancelled": "bright_black",
+    "rejected": "magenta",
+    "budget_exhausted": "yellow",
+    "pending": "bright_black",
+    "running": "cyan",
+}
+
+
+def money(value: float | None) -> str:
+    """USD with enough digits for sub-cent model calls."""
+    if value is None:
+        return "n/a"
+    return f"${value:.4f}" if value < 1 else f"${value:,.2f}"
+
+
+def short(text: str, limit: int = 70) -> str:
+    """One line, cut to ``limit`` characters."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _node_label(node: NodeRecord) -> Text:
+    label = Text()
+    label.append(f"{node.path} ", style="bold")
+    label.append(f"{node.kind} ", style="dim")
+    label.append(node.status, style=STATUS_STYLE.get(node.status, ""))
+    label.append("  ")
+    label.append(short(node.goal, 60))
+    tokens = node.usage.input_tokens + node.usage.output_tokens
+    if node.calls or node.children:
+        label.append(
+            f"  [{tokens:,} tok, {money(node.cost_usd)}; subtree {money(node.subtree_cost_usd)}]",
+            style="dim",
+        )
+    if node.tool:
+        label.append(f"  tool={node.tool}", style="blue")
+    if node.budget:
+        label.append(f"  budget={node.budget}", style="dim")
+    if len(node.plan_versions) > 1:
+        label.append(f"  plan v{len(node.plan_versions)}", style="yellow")
+    if node.error and node.status != "succeeded":
+        label.append(f"\n{short(node.error, 110)}", style="red")
+    return label
+
+
+def node_tree(root: NodeRecord, *, max_children: int = 40) -> Tree:
+    """The run tree as a rich Tree (wide plans are cut to ``max_children`` per node)."""
+    tree = Tree(_node_label(root))
+    stack: list[tuple[NodeRecord, Tree]] = [(root, tree)]
+    while stack:
+        node, branch = stack.pop()
+        shown = node.children[:max_children]
+        for child in shown:
+            stack.append((child, branch.add(_node_label(child))))
+        hidden = len(node.children) - len(shown)
+        if hidden > 0:
+            branch.add(Text(f"… {hidden} more", style="dim"))
+    return tree
+
+
+def levels_table(result: RunResult) -> Table:
+    """Tokens and cost per depth, with the run's totals split into planning and execution."""
+    table = Table(title="Cost per level", show_footer=True)
+    totals = result.totals()
+    table.add_column("depth", footer="total")
+    table.add_column("nodes", justify="right", footer=str(totals["nodes"]))
+    table.add_column("input tokens", justify="right", footer=f"{totals['input_tokens']:,}")
+    table.add_column("output tokens", justify="right", footer=f"{totals['output_tokens']:,}")
+    table.add_column("cost", justify="right", footer=money(totals["cost_usd"]))
+    for row in result.levels():
+        table.add_row(
+            str(row["depth"]),
+            str(row["nodes"]),
+            f"{row['input_tokens']:,}",
+            f"{row['output_tokens']:,}",
+            money(row["cost_usd"]),
+        )
+    return table
+
+
+def summary_lines(result: RunResult) -> Text:
+    """Status, answer, model, and planning vs execution cost."""
+    totals = result.totals()
+    text = Text()
+    text.append("status: ", style="bold")
+    text.append(result.status, style=STATUS_STYLE.get(result.status, ""))
+    if not result.answer_complete:
+        text.append(" (answer incomplete)", style="yellow")
+    model = result.model + (" [SIMULATED]" if result.simulated else "")
+    priced = result.stats.get("priced_as")
+    if result.simulated and priced:
+        model += f", priced as {', '.join(priced)}"
+    text.append(f"\nstrategy: {result.strategy}   model: {model}")
+    text.append(
+        f"\ncalls: {totals['calls']}   cost: {money(totals['cost_usd'])} "
+        f"(planning {money(totals['planning_cost_usd'])}, "
+        f"execution {money(totals['execution_cost_usd'])})"
+    )
+    if totals["unpriced_calls"]:
+        text.append(f"   {totals['unpriced_calls']} call(s) without a known price", style="yellow")
+    if result.error:
+        text.append(f"\nerror: {short(result.error, 200)}", style="red")
+    if result.verification is not None:
+        ok = bool(result.verification.get("ok"))
+        text.append("\nverified: ", style="bold")
+        text.append(str(result.verification.get("summary", "")), style="green" if ok else "red")
+    text.append("\nanswer: ", style="bold")
+    text.append(short(result.answer, 400) or "(none)")
+    return text
+
+
+def render_run(result: RunResult) -> RenderableType:
+    """Everything ``hierplan view`` shows."""
+    title = Text(f"run {result.run_id}: {short(result.goal, 90)}", style="bold")
+    return Group(title, node_tree(result.tree), levels_table(result), summary_lines(result))
+
+
+def plan_tree(plan: Plan, *, title: str = "plan") -> Tree:
+    """A plan as a tree of steps with their dependencies and tools."""
+    tree = Tree(Text(f"{title}: {short(plan.goal, 90)}", style="bold"))
+    for step in plan.steps:
+        label = Text()
+        label.append(f"{step.id} ", style="bold")
+        label.append(f"[{step.kind}] ", style="dim")
+        label.append(short(step.title, 60))
+        if step.tool:
+            label.append(f"  tool={step.tool}", style="blue")
+            if step.args:
+                label.append(f" {short(str(step.args), 50)}", style="blue")
+        if step.depends_on:
+            label.append(f"  after {', '.join(step.depends_on)}", style="dim")
+        tree.add(label)
+    return tree
+
+
+def print_run(result: RunResult, console: Console | None = None) -> None:
+    """Print :func:`render_run` to the console."""
+    (console or Console()).print(render_run(result))
