@@ -26,8 +26,8 @@ demo: $(STAMP)
 test: lint typecheck pytest
 
 lint: $(DEV_STAMP)
-	$(BIN)/ruff check hierplan tests benchmarks examples
-	$(BIN)/ruff format --check hierplan tests benchmarks examples
+	$(BIN)/ruff check hierplan tests $(wildcard benchmarks examples)
+	$(BIN)/ruff format --check hierplan tests $(wildcard benchmarks examples)
 
 typecheck: $(DEV_STAMP)
 	$(BIN)/mypy

@@ -38,7 +38,7 @@ def parse_plan_output(response: ModelResponse) -> Plan:
         fenced = _FENCE.search(text)
         if fenced:
             text = fenced.group(1).strip()
-        elif "{" in text:
+        elif "{" in text and "}" in text[text.index("{") :]:
             text = text[text.index("{") : text.rindex("}") + 1]
         try:
             data = json.loads(text)
@@ -46,6 +46,8 @@ def parse_plan_output(response: ModelResponse) -> Plan:
             raise PlanParseError(
                 f"the plan is not valid JSON: {exc.msg} at char {exc.pos}"
             ) from None
+        except RecursionError:
+            raise PlanParseError("the plan is not valid JSON: nested too deeply") from None
     try:
         return Plan.model_validate(data)
     except ValidationError as exc:

@@ -18,6 +18,7 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
+from pydantic import ValidationError
 
 from hierplan.agents.models import resolve_model
 from hierplan.agents.models.base import Model
@@ -71,9 +72,17 @@ async def _prepare(
 def _settings(settings: RunSettings | None, overrides: dict[str, Any]) -> RunSettings:
     base = settings or RunSettings()
     given = {k: v for k, v in overrides.items() if v is not None}
+    if "strategy" in given:
+        get_strategy(given["strategy"])  # a clear error naming the known strategies
     if not given:
         return base
-    return RunSettings.model_validate({**base.model_dump(), **given})
+    try:
+        return RunSettings.model_validate({**base.model_dump(), **given})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        raise UserInputError(f"invalid run settings: {problems}") from None
 
 
 async def run(

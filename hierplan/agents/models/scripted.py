@@ -8,12 +8,14 @@ around, so a test cannot pass by accident on a recycled answer.
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 
-from hierplan.agents.models.base import ModelRequest, ModelResponse, Usage
+from hierplan.agents.models.base import ModelRequest, ModelResponse, ToolCall, Usage
 from hierplan.agents.models.tokens import estimate_request_tokens, estimate_text_tokens
 from hierplan.errors import UnexpectedModelCall
 
@@ -130,3 +132,22 @@ def _finish(
     if not response.model:
         response.model = name
     return response
+
+
+def text_response(text: str) -> ModelResponse:
+    """A scripted final answer."""
+    return ModelResponse(text=text)
+
+
+def plan_response(plan: Any) -> ModelResponse:
+    """A scripted structured plan (a :class:`~hierplan.hierarchy.plan.Plan` or a dict)."""
+    data = plan.model_dump(mode="json", exclude_none=True) if hasattr(plan, "model_dump") else plan
+    return ModelResponse(text=json.dumps(data), output=data)
+
+
+def tool_response(*calls: tuple[str, dict[str, Any]], text: str = "") -> ModelResponse:
+    """Scripted tool calls: ``tool_response(("add", {"a": 1, "b": 2}))``; ids are ``call_<n>``."""
+    return ModelResponse(
+        text=text,
+        tool_calls=tuple(ToolCall(f"call_{i}", name, args) for i, (name, args) in enumerate(calls)),
+    )

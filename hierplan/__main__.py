@@ -1,0 +1,5 @@
+"""``python -m hierplan`` runs the CLI."""
+
+from hierplan.cli import main
+
+main()

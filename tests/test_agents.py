@@ -1,0 +1,204 @@
+"""Planner parsing and repair; executors: references, tool errors, limits, retries, deadlines."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import anyio
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import hierplan
+from hierplan import ModelResponse, Plan, ScriptedModel, Step, tool
+from hierplan.agents.executor import StepResult, resolve_refs
+from hierplan.agents.models.scripted import plan_response, text_response, tool_response
+from hierplan.agents.planner import parse_plan_output
+from hierplan.errors import PlanParseError
+
+pytestmark = pytest.mark.anyio
+
+GOOD = {"goal": "g", "steps": [{"id": "a", "title": "A", "instruction": "do a"}]}
+
+
+@tool
+def echo(text: str) -> str:
+    """Echo text."""
+    return text
+
+
+@tool
+async def nap(seconds: float) -> str:
+    """Sleep."""
+    await anyio.sleep(seconds)
+    return "rested"
+
+
+def test_plans_parse_from_structured_output_or_text() -> None:
+    assert parse_plan_output(ModelResponse(output=GOOD)).steps[0].id == "a"
+    fenced = "Here you go:\n```json\n" + json.dumps(GOOD) + "\n```\nthanks"
+    assert parse_plan_output(ModelResponse(text=fenced)).goal == "g"
+    assert parse_plan_output(ModelResponse(text="plan: " + json.dumps(GOOD) + " end")).goal == "g"
+    with pytest.raises(PlanParseError, match="empty output"):
+        parse_plan_output(ModelResponse(text=" "))
+    with pytest.raises(PlanParseError, match="not valid JSON"):
+        parse_plan_output(ModelResponse(text="{nope"))
+    with pytest.raises(PlanParseError, match="steps: Field required"):
+        parse_plan_output(ModelResponse(output={"goal": "g"}))
+
+
+@settings(max_examples=200)
+@given(st.text(max_size=300))
+def test_any_model_text_parses_to_a_plan_or_a_clear_error(text: str) -> None:
+    try:
+        plan = parse_plan_output(ModelResponse(text=text))
+    except PlanParseError as exc:
+        assert str(exc)
+    else:
+        assert isinstance(plan, Plan)
+
+
+async def test_an_invalid_plan_gets_one_repair_attempt() -> None:
+    model = ScriptedModel(
+        [ModelResponse(text="not json"), plan_response(GOOD), text_response("ok")]
+    )
+    result = await hierplan.run("g", model=model, strategy="dag")
+    model.assert_complete()
+    assert result.status == "succeeded"
+    repair = model.requests[1].messages[-1].content
+    assert repair.startswith("REPAIR: that plan was invalid: the plan is not valid JSON")
+    assert [c.purpose for c in result.tree.calls] == ["plan", "plan-repair"]
+
+
+async def test_a_plan_that_stays_invalid_fails_the_node_clearly() -> None:
+    model = ScriptedModel([ModelResponse(text="nope"), ModelResponse(output={"goal": "g"})])
+    result = await hierplan.run("g", model=model, strategy="dag")
+    assert result.status == "failed"
+    assert "plan for node 1 was invalid after 2 attempt(s)" in (result.error or "")
+    assert result.tree.status == "failed"
+
+
+def test_references_resolve_to_dependency_outputs() -> None:
+    inputs = {"a": StepResult([1, 2], "[1, 2]"), "b": StepResult(7, "7")}
+    assert resolve_refs({"x": "$a", "y": "sum of $a and $b", "z": "$c", "n": 3}, inputs) == {
+        "x": [1, 2],
+        "y": "sum of [1, 2] and 7",
+        "z": "$c",
+        "n": 3,
+    }
+
+
+async def test_tool_errors_go_back_to_the_executor_model() -> None:
+    model = ScriptedModel(
+        [
+            plan_response(
+                {"goal": "g", "steps": [{"id": "a", "title": "A", "instruction": "echo"}]}
+            ),
+            tool_response(("echo", {"txt": "typo"})),
+            tool_response(("echo", {"text": "fixed"})),
+            text_response("said fixed"),
+        ]
+    )
+    result = await hierplan.run("g", model=model, tools=[echo], strategy="dag")
+    model.assert_complete()
+    assert result.answer == "said fixed"
+    error_reply = model.requests[2].messages[-1].content
+    assert error_reply.startswith("ERROR: invalid arguments for tool 'echo'")
+
+
+async def test_executor_turns_are_bounded() -> None:
+    model = ScriptedModel(
+        [plan_response({"goal": "g", "steps": [{"id": "a", "title": "A", "instruction": "loop"}]})]
+        + [tool_response(("echo", {"text": "again"}))] * 2
+    )
+    result = await hierplan.run(
+        "g",
+        model=model,
+        tools=[echo],
+        strategy="plan-execute",
+        settings=hierplan.RunSettings(executor_max_turns=2, max_retries=0),
+    )
+    model.assert_complete()
+    assert result.status == "failed" and "no answer after 2 model turns" in (result.error or "")
+
+
+async def test_step_deadline_then_retries_then_failure() -> None:
+    steps: list[dict[str, Any]] = [
+        {"id": "a", "title": "A", "instruction": "nap", "tool": "nap", "args": {"seconds": 5}}
+    ]
+    model = ScriptedModel([plan_response({"goal": "g", "steps": steps})])
+    result = await hierplan.run(
+        "g",
+        model=model,
+        tools=[nap],
+        strategy="plan-execute",
+        settings=hierplan.RunSettings(step_timeout_s=0.05, max_retries=1, retry_backoff_s=0),
+    )
+    leaf = result.tree.children[0]
+    assert leaf.status == "failed" and leaf.attempts == 2
+    assert leaf.error == "step timed out after 0.05 s"
+
+
+async def test_global_leaf_limit_holds_across_sub_plans() -> None:
+    running = 0
+    peak = 0
+
+    @tool
+    async def work(n: int) -> int:
+        """Work a little."""
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await anyio.sleep(0.02)
+        running -= 1
+        return n
+
+    def sub(req: Any) -> ModelResponse:
+        return plan_response(
+            {
+                "goal": "sub",
+                "steps": [
+                    {
+                        "id": f"w{i}",
+                        "title": "w",
+                        "instruction": "w",
+                        "tool": "work",
+                        "args": {"n": i},
+                    }
+                    for i in range(5)
+                ],
+            }
+        )
+
+    root = {
+        "goal": "g",
+        "steps": [
+            {"id": f"s{i}", "title": "s", "instruction": f"sub {i}", "kind": "subgoal"}
+            for i in range(4)
+        ],
+    }
+    model = ScriptedModel([plan_response(root), sub, sub, sub, sub])
+    result = await hierplan.run("g", model=model, tools=[work], concurrency=3)
+    assert result.status == "succeeded"
+    assert peak == 3 and result.stats["peak_concurrent_leaves"] == 3
+
+
+async def test_cancelling_a_run_stops_every_task_and_marks_nodes() -> None:
+    steps = [
+        {"id": f"n{i}", "title": "n", "instruction": "nap", "tool": "nap", "args": {"seconds": 30}}
+        for i in range(4)
+    ]
+    model = ScriptedModel([plan_response({"goal": "g", "steps": steps})])
+    started = time.perf_counter()
+    with anyio.move_on_after(0.2) as scope:
+        await hierplan.run("g", model=model, tools=[nap], strategy="dag")
+    assert scope.cancelled_caught
+    assert time.perf_counter() - started < 2  # every step (30 s naps) stopped promptly
+
+
+def test_steps_are_frozen() -> None:
+    step = Step(id="a", title="a", instruction="a")
+    with pytest.raises(Exception, match="frozen"):
+        step.id = "b"  # type: ignore[misc]

@@ -1,0 +1,145 @@
+"""The CLI: runs, views, validation, and clear one-line errors with exit status 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from hierplan.cli import app
+
+runner = CliRunner()
+FAST = ["--sim-latency-scale", "0"]
+
+
+def hierplan(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hierplan", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+    )
+
+
+def test_run_a_scenario_writes_run_json_and_view_shows_it(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = runner.invoke(
+        app, ["run", "--scenario", "data_migration", "--yes", "--out", str(out), *FAST]
+    )
+    assert result.exit_code == 0, result.output
+    assert "SIMULATED" in result.output and "Cost per level" in result.output
+    record = json.loads((out / "run.json").read_text())
+    assert record["status"] == "succeeded" and record["simulated"] is True
+    assert record["tree"]["path"] == "1" and record["verification"]["ok"] is True
+    assert {
+        "input_tokens",
+        "output_tokens",
+        "calls",
+        "cost_usd",
+        "planning_cost_usd",
+        "execution_cost_usd",
+    } <= set(record["totals"])
+    assert [row["depth"] for row in record["levels"]] == [1, 2, 3]
+    view = runner.invoke(app, ["view", str(out / "run.json")])
+    assert view.exit_code == 0
+    assert "1.7 planner succeeded" in view.output and "planning $" in view.output
+
+
+def test_bad_input_exits_2_with_one_line_and_no_traceback(tmp_path: Path) -> None:
+    broken = tmp_path / "goal.yaml"
+    broken.write_text("goal: [unclosed\n")
+    wrong_field = tmp_path / "goal2.yaml"
+    wrong_field.write_text("goal: hi\nstratgy: dag\n")
+    garbage = tmp_path / "run.json"
+    garbage.write_text("{}")
+    cases = [
+        (["run", "--goal-file", str(broken), "--yes"], "not valid YAML/JSON"),
+        (
+            ["run", "--goal-file", str(wrong_field), "--yes"],
+            "stratgy: Extra inputs are not permitted",
+        ),
+        (
+            ["run", "--scenario", "nope", "--yes"],
+            "unknown scenario 'nope': choose one of data_migration",
+        ),
+        (
+            ["run", "--scenario", "data_migration", "--strategy", "yolo", "--yes"],
+            "unknown strategy 'yolo'",
+        ),
+        (["run", "plan my wedding", "--yes"], "is free text"),
+        (["run", "hi", "--model", "gpt-4", "--yes"], "unknown model 'gpt-4'"),
+        (["run", "--scenario", "data_migration"], "pass --yes"),
+        (["run"], "no goal"),
+        (["view", str(garbage)], "is not a hierplan run record"),
+        (["view", str(tmp_path / "missing.json")], "cannot read"),
+        (["demo", "--sim-profile", "sloppy"], "unknown simulator profile 'sloppy'"),
+    ]
+    for args, message in cases:
+        proc = hierplan(*args, cwd=tmp_path)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert "Traceback" not in proc.stderr + proc.stdout
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (
+            args,
+            proc.stderr,
+        )
+
+
+def test_an_invalid_plan_from_the_model_is_replanned_not_a_crash(tmp_path: Path) -> None:
+    """With a noisy simulator the model's plans break; the run goes on and stays truthful."""
+    result = runner.invoke(
+        app,
+        [
+            "run",
+            "--scenario",
+            "data_migration",
+            "--yes",
+            "--out",
+            str(tmp_path),
+            "--sim-profile",
+            "weak",
+            "--seed",
+            "3",
+            *FAST,
+        ],
+    )
+    record = json.loads((tmp_path / "run.json").read_text())
+    flags = [f for node in _walk(record["tree"]) for call in node["calls"] for f in call["flags"]]
+    assert any(f.startswith("sim_plan_error") or f.startswith("sim_executor_error") for f in flags)
+    assert result.exit_code == (
+        0 if record["status"] == "succeeded" and record["verification"]["ok"] else 1
+    )
+
+
+def _walk(node: dict[str, object]) -> list[dict[str, object]]:
+    out = [node]
+    for child in node["children"]:  # type: ignore[attr-defined]
+        out.extend(_walk(child))
+    return out
+
+
+def test_validate_command(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(
+        "goal: g\nsteps:\n  - {id: a, title: A, instruction: do a}\n"
+        "  - {id: b, title: B, instruction: do b, depends_on: [a], tool: copy}\n"
+    )
+    assert runner.invoke(app, ["validate", str(good), "--tools", "copy"]).exit_code == 0
+    bad = runner.invoke(app, ["validate", str(good), "--tools", "other"])
+    assert bad.exit_code == 1 and "uses tool 'copy'" in bad.output
+
+
+def test_scenarios_command() -> None:
+    result = runner.invoke(app, ["scenarios"])
+    assert result.exit_code == 0 and "data_migration" in result.output
+
+
+def test_demo_in_a_subprocess(tmp_path: Path) -> None:
+    proc = hierplan("demo", "--out", str(tmp_path / "demo"), *FAST, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "verified: 14/14 tables match the source" in proc.stdout
+    assert "peak leaves running at once" in proc.stdout

@@ -1,0 +1,141 @@
+"""The gate: validators first, then the approver's approve / edit / reject."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import hierplan
+from hierplan import (
+    Approve,
+    CallbackApprover,
+    Edit,
+    GateContext,
+    Plan,
+    Reject,
+    ScriptedModel,
+    Step,
+    tool,
+)
+from hierplan.agents.models.scripted import plan_response
+from hierplan.agents.tools import Toolbox
+from hierplan.hierarchy.gate import Gate
+
+pytestmark = pytest.mark.anyio
+
+
+@tool
+def copy(table: str, batch: int = 10) -> str:
+    """Copy a table."""
+    return f"copied {table}"
+
+
+def s(sid: str, *deps: str, **extra: Any) -> Step:
+    return Step(id=sid, title=sid, instruction=f"step {sid}", depends_on=list(deps), **extra)
+
+
+def ctx(**extra: Any) -> GateContext:
+    base: dict[str, Any] = {
+        "path": "1",
+        "goal": "g",
+        "depth": 1,
+        "max_depth": 3,
+        "max_steps": 50,
+        "allowed_tools": frozenset({"copy"}),
+        "toolbox": Toolbox([copy]),
+        "version": 1,
+        "reason": "initial",
+    }
+    return GateContext(**{**base, **extra})
+
+
+GOOD = Plan(goal="g", steps=[s("a", tool="copy", args={"table": "t"})])
+
+
+async def test_invalid_plans_never_reach_the_approver() -> None:
+    seen: list[Plan] = []
+    gate = Gate(CallbackApprover(lambda p, c: seen.append(p) or Approve()))
+    bad = Plan(goal="g", steps=[s("a", "b"), s("b", "a"), s("c", tool="drop", args={})])
+    outcome = await gate.review(bad, ctx())
+    assert outcome.kind == "invalid" and seen == []
+    assert any("cycle" in p for p in outcome.problems)
+    assert any("'drop'" in p for p in outcome.problems)
+
+
+async def test_args_are_checked_against_the_tool_schema() -> None:
+    gate = Gate()
+    wrong = Plan(goal="g", steps=[s("a", tool="copy", args={"table": 3, "extra": 1})])
+    outcome = await gate.review(wrong, ctx())
+    assert outcome.kind == "invalid"
+    assert "table: Input should be a valid string" in outcome.problems[0]
+    assert "extra: Extra inputs are not permitted" in outcome.problems[0]
+
+
+async def test_references_must_name_dependencies() -> None:
+    gate = Gate()
+    plan = Plan(
+        goal="g",
+        steps=[s("a", tool="copy", args={"table": "t"}), s("b", tool="copy", args={"table": "$a"})],
+    )
+    outcome = await gate.review(plan, ctx())
+    assert outcome.problems == ["step 'b' uses $a but does not depend on 'a'"]
+    ok = Plan(
+        goal="g",
+        steps=[
+            s("a", tool="copy", args={"table": "t"}),
+            s("b", "a", tool="copy", args={"table": "$a"}),
+        ],
+    )
+    assert (await gate.review(ok, ctx())).kind == "approved"
+
+
+async def test_edits_are_validated_again_and_an_invalid_edit_goes_back_to_the_approver() -> None:
+    attempts: list[tuple[str, ...]] = []
+    bad_edit = Plan(goal="g", steps=[s("a", "a")])
+
+    async def review(plan: Plan, c: GateContext) -> Edit:
+        attempts.append(c.problems)
+        return Edit(bad_edit if len(attempts) == 1 else GOOD, by="alice")
+
+    outcome = await Gate(CallbackApprover(review)).review(GOOD, ctx())
+    assert outcome.kind == "edited" and outcome.by == "alice" and outcome.plan == GOOD
+    assert attempts[0] == () and "depends on itself" in attempts[1][0]
+
+
+async def test_a_callback_must_return_a_decision() -> None:
+    with pytest.raises(TypeError, match="return Approve"):
+        await Gate(CallbackApprover(lambda p, c: "yes")).review(GOOD, ctx())  # type: ignore[arg-type,return-value]
+
+
+async def test_rejections_go_back_to_the_planner_with_the_reason_and_are_bounded() -> None:
+    reasons = iter(["too risky", "still risky"])
+    approver = CallbackApprover(lambda p, c: Reject(next(reasons, "no"), by="bob"))
+    model = ScriptedModel([plan_response(GOOD)] * 3)
+    result = await hierplan.run(
+        "g",
+        model=model,
+        tools=[copy],
+        approver=approver,
+        settings=hierplan.RunSettings(max_rejections=2),
+    )
+    model.assert_complete()
+    assert result.status == "rejected"
+    assert (
+        "The reviewer rejected your last plan: too risky" in model.requests[1].messages[1].content
+    )
+    versions = result.tree.plan_versions
+    assert [(v.decision, v.decided_by) for v in versions] == [("rejected", "bob")] * 3
+    assert result.tree.children == []  # nothing ran
+
+
+async def test_an_edit_replaces_the_plan_and_both_versions_are_kept() -> None:
+    edited = Plan(goal="g", steps=[s("b", tool="copy", args={"table": "edited"})])
+    approver = CallbackApprover(lambda p, c: Edit(edited, by="carol", note="safer"))
+    model = ScriptedModel([plan_response(GOOD)])
+    result = await hierplan.run("g", model=model, tools=[copy], approver=approver)
+    assert result.status == "succeeded" and result.answer == "copied edited"
+    first, second = result.tree.plan_versions
+    assert (first.decision, first.decided_by) == ("edited", "carol")
+    assert (second.reason, second.decision, second.plan) == ("edit", "approved", edited)
+    assert second.diff is not None and second.diff.added == ("b",)

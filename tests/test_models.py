@@ -1,0 +1,161 @@
+"""Model strings, strict scripted models, and the offline simulator."""
+
+from __future__ import annotations
+
+import pytest
+
+import hierplan
+from hierplan import FunctionModel, ModelRequest, ModelResponse, ScriptedModel
+from hierplan.agents.models import resolve_model
+from hierplan.agents.models.base import Message, parse_model_string
+from hierplan.agents.models.simulated import PROFILES, NoiseProfile, SimulatedModel, perturb_plan
+from hierplan.agents.models.tokens import estimate_request_tokens, estimate_text_tokens
+from hierplan.agents.prompts import PlanPrompt, render_plan_prompt
+from hierplan.errors import (
+    ModelNotAvailableError,
+    SimulatorCoverageError,
+    UnexpectedModelCall,
+    UserInputError,
+)
+from hierplan.scenarios.data_migration.oracle import ROOT_GOAL, MigrationOracle
+
+pytestmark = pytest.mark.anyio
+
+REQ = ModelRequest(messages=(Message("user", "hello"),))
+
+
+def test_model_strings() -> None:
+    assert parse_model_string("sim") == parse_model_string(" SIM ")
+    assert str(parse_model_string("anthropic:claude-haiku-4-5")) == "anthropic:claude-haiku-4-5"
+    with pytest.raises(ModelNotAvailableError, match="unknown model 'gpt4'"):
+        parse_model_string("gpt4")
+    with pytest.raises(ModelNotAvailableError, match="names no model"):
+        parse_model_string("openai:")
+
+
+async def test_scripted_model_is_strict() -> None:
+    model = ScriptedModel([ModelResponse(text="one"), RuntimeError("boom")])
+    assert (await model.request(REQ)).text == "one"
+    with pytest.raises(AssertionError, match="used 1 of 2"):
+        model.assert_complete()
+    with pytest.raises(RuntimeError, match="boom"):
+        await model.request(REQ)
+    model.assert_complete()
+    with pytest.raises(UnexpectedModelCall, match="received call 3"):
+        await model.request(REQ)
+
+
+async def test_scripted_usage_is_estimated_unless_turned_off() -> None:
+    with_usage = await ScriptedModel([ModelResponse(text="abcd" * 10)]).request(REQ)
+    assert with_usage.usage is not None and with_usage.usage.output_tokens == 10
+    without = await ScriptedModel([ModelResponse(text="x")], report_usage=False).request(REQ)
+    assert without.usage is None
+
+
+async def test_function_model_accepts_sync_and_async_functions() -> None:
+    async def answer(req: ModelRequest) -> ModelResponse:
+        return ModelResponse(text=str(len(req.messages)))
+
+    assert (await FunctionModel(answer).request(REQ)).text == "1"
+    assert (await FunctionModel(lambda r: ModelResponse(text="s")).request(REQ)).text == "s"
+
+
+def test_token_estimates() -> None:
+    assert estimate_text_tokens("") == 0
+    assert estimate_text_tokens("abcde") == 2
+    assert estimate_request_tokens(REQ) == 4 + 2
+
+
+def oracle() -> MigrationOracle:
+    return MigrationOracle(["a", "b"], {"b": ["a"]})
+
+
+def plan_request(goal: str, seed_text: str = "") -> ModelRequest:
+    from hierplan.agents.models.base import OutputSchema
+    from hierplan.agents.planner import PLAN_SCHEMA
+
+    messages = render_plan_prompt(
+        PlanPrompt(goal=goal, depth=1, max_depth=1, max_steps=50, feedback=seed_text or None), []
+    )
+    return ModelRequest(messages=messages, output_schema=OutputSchema("plan", PLAN_SCHEMA))
+
+
+async def test_simulator_refuses_what_no_oracle_covers() -> None:
+    model = SimulatedModel(oracle(), profile="ideal")
+    with pytest.raises(
+        SimulatorCoverageError, match=r"no oracle knows the goal 'Write me a poem'.*openai"
+    ):
+        await model.request(plan_request("Write me a poem"))
+    with pytest.raises(SimulatorCoverageError, match="not a hierplan executor prompt"):
+        await model.request(REQ)
+    with pytest.raises(SimulatorCoverageError):
+        await SimulatedModel(None).request(REQ)
+
+
+async def test_simulator_answers_from_the_oracle_and_labels_itself() -> None:
+    model = SimulatedModel(oracle(), profile="ideal")
+    response = await model.request(plan_request(ROOT_GOAL))
+    assert response.simulated and response.model == "sim"
+    assert [s["id"] for s in response.output["steps"]][:2] == ["create_a", "create_b"]
+    assert response.usage is not None
+    assert response.usage.input_tokens == estimate_request_tokens(plan_request(ROOT_GOAL))
+    assert response.usage.output_tokens == estimate_text_tokens(response.text)
+
+
+async def test_simulator_is_reproducible_and_noise_follows_the_profile() -> None:
+    noisy = NoiseProfile(plan_error_rate=1.0)
+    first = [
+        (await SimulatedModel(oracle(), profile=noisy, seed=s).request(plan_request(ROOT_GOAL)))
+        for s in range(5)
+    ]
+    again = [
+        (await SimulatedModel(oracle(), profile=noisy, seed=s).request(plan_request(ROOT_GOAL)))
+        for s in range(5)
+    ]
+    assert [r.output for r in first] == [r.output for r in again]
+    assert all(any(f.startswith("sim_plan_error:") for f in r.flags) for r in first)
+    clean = await SimulatedModel(oracle(), profile="ideal").request(plan_request(ROOT_GOAL))
+    assert all(r.output != clean.output for r in first)
+
+
+def test_perturbations_are_one_error_each() -> None:
+    import random
+
+    from hierplan.hierarchy.plan import Plan, Step
+
+    plan = Plan(
+        goal="g",
+        steps=[
+            Step(id="a", title="a", instruction="a", tool="t", args={"x": "v"}),
+            Step(id="b", title="b", instruction="b", depends_on=["a"]),
+        ],
+    )
+    kinds = set()
+    for seed in range(30):
+        changed, kind = perturb_plan(plan, random.Random(seed))
+        kinds.add(kind)
+        assert changed != plan
+        assert all(d in {s.id for s in changed.steps} for s in changed.steps for d in s.depends_on)
+    assert kinds == {"dropped_step", "missing_dependency", "wrong_args"}
+
+
+def test_profiles() -> None:
+    assert PROFILES["ideal"].plan_error_probability(40) == 0
+    typical = PROFILES["typical"]
+    assert typical.plan_error_probability(40) > typical.plan_error_probability(2) > 0
+
+
+async def test_resolve_model_errors_are_clear() -> None:
+    with pytest.raises(ModelNotAvailableError):
+        resolve_model("mistral:large")
+    assert isinstance(resolve_model("sim:openai:gpt-4.1"), SimulatedModel)
+    assert resolve_model("sim:openai:gpt-4.1").priced_as == "openai:gpt-4.1"
+
+
+async def test_free_text_goal_on_the_simulator_is_a_user_error() -> None:
+    with pytest.raises(UserInputError, match=r"free text.*OPENAI_API_KEY"):
+        await hierplan.run("plan my wedding")
+    with pytest.raises(UserInputError, match="no goal"):
+        await hierplan.run("   ")
+    with pytest.raises(UserInputError, match="unknown strategy 'yolo'"):
+        await hierplan.run("x", strategy="yolo")

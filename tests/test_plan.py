@@ -1,0 +1,183 @@
+"""Plans: validation reports every problem, graph helpers, diffs, plan files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hierplan.errors import UserInputError
+from hierplan.hierarchy.plan import (
+    Plan,
+    Step,
+    critical_path,
+    diff_plans,
+    load_plan,
+    plan_from_data,
+    plan_to_yaml,
+    topological_order,
+    validate_plan,
+)
+
+
+def step(sid: str, *deps: str, **extra: Any) -> Step:
+    return Step(id=sid, title=sid.upper(), instruction=f"do {sid}", depends_on=list(deps), **extra)
+
+
+def codes(plan: Plan, **kwargs: Any) -> list[str]:
+    return sorted(p.code for p in validate_plan(plan, **kwargs))
+
+
+def test_valid_plan_has_no_problems() -> None:
+    plan = Plan(goal="g", steps=[step("a"), step("b", "a"), step("c", "a"), step("d", "b", "c")])
+    assert validate_plan(plan, tools=[]) == []
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    plan = Plan(
+        goal="g",
+        steps=[
+            step("a", "b"),
+            step("b", "a"),
+            step("a"),
+            step("c", "missing", "c"),
+            step("d", tool="rm_rf"),
+            step("e", kind="subgoal"),
+            step("f", args={"x": 1}),
+        ],
+    )
+    found = codes(plan, tools=["ls"], max_steps=5, depth=3, max_depth=3)
+    assert found == sorted(
+        [
+            "too_many_steps",
+            "duplicate_id",
+            "cycle",
+            "dangling_dependency",
+            "self_dependency",
+            "unknown_tool",
+            "too_deep",
+            "args_without_tool",
+        ]
+    )
+
+
+def test_messages_say_what_is_wrong() -> None:
+    plan = Plan(goal="g", steps=[step("a", "b"), step("b", "a"), step("c", tool="drop")])
+    messages = [str(p) for p in validate_plan(plan, tools=["copy"])]
+    assert "dependency cycle among steps: a -> b -> a" in messages
+    assert any("'drop'" in m and "allowed: copy" in m for m in messages)
+
+
+def test_empty_plan_and_tool_allowlist_on_steps() -> None:
+    assert codes(Plan(goal="g", steps=[])) == ["empty"]
+    plan = Plan(goal="g", steps=[step("a", kind="subgoal", tools=["ls", "nope"])])
+    assert codes(plan, tools=["ls"]) == ["unknown_tool"]
+
+
+def test_subgoal_allowed_above_max_depth_only() -> None:
+    plan = Plan(goal="g", steps=[step("a", kind="subgoal")])
+    assert codes(plan, depth=1, max_depth=2) == []
+    assert codes(plan, depth=2, max_depth=2) == ["too_deep"]
+
+
+def test_topological_order_keeps_plan_order_for_ties() -> None:
+    plan = Plan(goal="g", steps=[step("c"), step("a", "c"), step("b"), step("d", "a", "b")])
+    assert topological_order(plan) == ["c", "a", "b", "d"]
+    with pytest.raises(ValueError, match="cycle"):
+        topological_order(Plan(goal="g", steps=[step("a", "b"), step("b", "a")]))
+
+
+def test_critical_path_uses_durations() -> None:
+    plan = Plan(goal="g", steps=[step("a"), step("b", "a"), step("c", "a"), step("d", "b", "c")])
+    assert critical_path(plan) == (3.0, ["a", "b", "d"])
+    length, chain = critical_path(plan, {"a": 1, "b": 1, "c": 5, "d": 2})
+    assert (length, chain) == (8.0, ["a", "c", "d"])
+    assert critical_path(Plan(goal="g", steps=[])) == (0.0, [])
+
+
+def test_diff_plans() -> None:
+    old = Plan(goal="g", steps=[step("a"), step("b", "a"), step("c")])
+    new = Plan(goal="g", steps=[step("a"), Step(id="b", title="B", instruction="other"), step("d")])
+    diff = diff_plans(old, new)
+    assert (diff.added, diff.removed, diff.changed) == (("d",), ("c",), ("b",))
+    assert diff.summary() == "+1 -1 ~1 (added: d; removed: c; changed: b)"
+    assert diff_plans(old, old).empty
+
+
+def test_plan_files_round_trip(tmp_path: Path) -> None:
+    plan = Plan(
+        goal="g",
+        steps=[step("a", tool="copy", args={"table": "t"}), step("b", "a", kind="subgoal")],
+    )
+    path = tmp_path / "plan.yaml"
+    path.write_text(plan_to_yaml(plan))
+    assert load_plan(path) == plan
+    json_path = tmp_path / "plan.json"
+    json_path.write_text(plan.model_dump_json())
+    assert load_plan(json_path) == plan
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("goal: [unclosed", "not valid YAML/JSON"),
+        ("- just\n- a list\n", "not a valid plan"),
+        ("goal: g\nsteps:\n  - id: 'a b'\n    title: t\n    instruction: i\n", "steps.0.id"),
+        ("goal: g\nsteps: []\nsurprise: 1\n", "surprise"),
+    ],
+)
+def test_bad_plan_files_give_clear_errors(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "plan.yaml"
+    path.write_text(text)
+    with pytest.raises(UserInputError, match=message):
+        load_plan(path)
+
+
+def test_missing_plan_file(tmp_path: Path) -> None:
+    with pytest.raises(UserInputError, match="cannot read plan file"):
+        load_plan(tmp_path / "nope.yaml")
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+step_like = st.fixed_dictionaries(
+    {"id": st.text(max_size=6), "title": st.text(max_size=6), "instruction": st.text(max_size=6)},
+    optional={
+        "depends_on": st.lists(st.text(max_size=3), max_size=3),
+        "kind": st.sampled_from(["task", "subgoal", "other"]),
+        "tool": st.none() | st.text(max_size=4),
+        "args": json_values,
+    },
+)
+
+
+@settings(max_examples=300)
+@given(
+    st.one_of(
+        json_values,
+        st.fixed_dictionaries(
+            {"goal": st.text(max_size=5), "steps": st.lists(step_like, max_size=6)}
+        ),
+    )
+)
+def test_untrusted_plan_data_is_accepted_or_rejected_cleanly(data: Any) -> None:
+    """Whatever a model or a file holds, parsing gives a Plan or a UserInputError."""
+    try:
+        plan = plan_from_data(data)
+    except UserInputError as exc:
+        assert "not a valid plan" in str(exc)
+        return
+    problems = validate_plan(plan, tools=["t"])
+    assert all(p.message for p in problems)
+    if not problems:
+        assert sorted(topological_order(plan)) == sorted(s.id for s in plan.steps)
+        json.dumps(plan.model_dump(mode="json"))

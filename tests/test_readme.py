@@ -1,0 +1,38 @@
+"""The README's Python examples run as written; its CLI tables name real options."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from hierplan.cli import app
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+
+
+@pytest.mark.parametrize("index", range(len(python_blocks())))
+def test_python_examples_run(index: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    code = python_blocks()[index]
+    exec(compile(code, f"README.md python block {index + 1}", "exec"), {"__name__": "readme"})
+
+
+def test_every_documented_option_exists() -> None:
+    import typer.main
+
+    command = typer.main.get_command(app)
+    known = {
+        opt
+        for sub in command.commands.values()
+        for param in sub.params
+        for opt in getattr(param, "opts", [])
+    }
+    documented = set(re.findall(r"`(--[a-z-]+)", README.read_text()))
+    assert documented, "the README documents options"
+    assert documented <= known, documented - known

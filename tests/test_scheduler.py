@@ -1,0 +1,153 @@
+"""The DAG scheduler: ordering, no barriers, limits, failures, cancellation, deadlines."""
+
+from __future__ import annotations
+
+import random
+
+import anyio
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hierplan.agents.executor import StepResult
+from hierplan.errors import StepFailed
+from hierplan.hierarchy.plan import Plan, Step
+from hierplan.hierarchy.scheduler import run_dag
+
+pytestmark = pytest.mark.anyio
+
+
+def plan_of(deps: dict[str, list[str]]) -> Plan:
+    return Plan(
+        goal="g",
+        steps=[Step(id=k, title=k, instruction=k, depends_on=v) for k, v in deps.items()],
+    )
+
+
+class Recorder:
+    """A run_step that records start and finish order and the peak concurrency."""
+
+    def __init__(self, delays: dict[str, float] | None = None, fail: set[str] | None = None):
+        self.delays = delays or {}
+        self.fail = fail or set()
+        self.events: list[tuple[str, str]] = []
+        self.running = 0
+        self.peak = 0
+        self.runs: dict[str, int] = {}
+
+    async def __call__(self, step: Step, inputs: dict[str, StepResult]) -> StepResult:
+        self.events.append(("start", step.id))
+        self.runs[step.id] = self.runs.get(step.id, 0) + 1
+        assert sorted(inputs) == sorted(step.depends_on)
+        self.running += 1
+        self.peak = max(self.peak, self.running)
+        try:
+            await anyio.sleep(self.delays.get(step.id, 0))
+        finally:
+            self.running -= 1
+        self.events.append(("end", step.id))
+        if step.id in self.fail:
+            raise StepFailed(f"{step.id} broke")
+        return StepResult(step.id, step.id)
+
+    def index(self, kind: str, sid: str) -> int:
+        return self.events.index((kind, sid))
+
+
+async def test_steps_start_after_their_dependencies() -> None:
+    rec = Recorder()
+    plan = plan_of({"a": [], "b": ["a"], "c": ["a"], "d": ["b", "c"]})
+    out = await run_dag(plan, rec)
+    assert out.complete and sorted(out.results) == ["a", "b", "c", "d"]
+    assert rec.index("start", "b") > rec.index("end", "a")
+    assert rec.index("start", "d") > max(rec.index("end", "b"), rec.index("end", "c"))
+
+
+async def test_no_level_barrier() -> None:
+    """A step starts the moment its own dependencies finish, not when its level does."""
+    rec = Recorder(delays={"slow": 0.3, "fast": 0.0, "after_fast": 0.0})
+    plan = plan_of({"slow": [], "fast": [], "after_fast": ["fast"], "join": ["slow", "after_fast"]})
+    await run_dag(plan, rec)
+    assert rec.index("end", "after_fast") < rec.index("end", "slow")
+
+
+async def test_per_plan_limit_is_respected() -> None:
+    rec = Recorder(delays={k: 0.02 for k in "abcdefgh"})
+    plan = plan_of({k: [] for k in "abcdefgh"})
+    await run_dag(plan, rec, limiter=anyio.CapacityLimiter(3))
+    assert rec.peak == 3
+
+
+async def test_failure_cancels_dependents_and_independent_branches_go_on() -> None:
+    rec = Recorder(fail={"b"})
+    plan = plan_of({"a": [], "b": ["a"], "c": ["b"], "d": ["c"], "e": ["a"]})
+    out = await run_dag(plan, rec)
+    assert set(out.failed) == {"b"}
+    assert out.cancelled == {"c": "dependency 'b' failed", "d": "dependency 'b' failed"}
+    assert set(out.results) == {"a", "e"}
+    assert not out.complete and out.not_started == []
+
+
+async def test_stop_on_failure_starts_nothing_new_but_lets_running_steps_finish() -> None:
+    rec = Recorder(delays={"slow": 0.2}, fail={"bad"})
+    plan = plan_of({"bad": [], "slow": [], "after_slow": ["slow"], "after_bad": ["bad"]})
+    out = await run_dag(plan, rec, stop_on_failure=True)
+    assert set(out.failed) == {"bad"}
+    assert "slow" in out.results
+    assert sorted(out.not_started) == ["after_bad", "after_slow"]
+
+
+async def test_done_steps_are_not_run_again() -> None:
+    rec = Recorder()
+    plan = plan_of({"a": [], "b": ["a"]})
+    out = await run_dag(plan, rec, done={"a": StepResult("old", "old")})
+    assert rec.runs == {"b": 1}
+    assert out.results["a"].text == "old"
+
+
+async def test_outer_cancellation_stops_every_step() -> None:
+    rec = Recorder(delays={k: 10 for k in "abc"})
+    plan = plan_of({"a": [], "b": [], "c": []})
+    with anyio.move_on_after(0.1) as scope:
+        await run_dag(plan, rec)
+    assert scope.cancelled_caught
+    assert rec.running == 0
+    assert [e for e in rec.events if e[0] == "end"] == []
+
+
+@st.composite
+def random_dags(draw: st.DrawFn) -> tuple[dict[str, list[str]], int, int]:
+    n = draw(st.integers(1, 30))
+    deps: dict[str, list[str]] = {}
+    for i in range(n):
+        earlier = [f"s{j}" for j in range(i)]
+        deps[f"s{i}"] = (
+            draw(st.lists(st.sampled_from(earlier), unique=True, max_size=4)) if earlier else []
+        )
+    names = list(deps)
+    random.Random(draw(st.integers(0, 1000))).shuffle(names)  # plan order need not be topological
+    limit = draw(st.integers(1, 6))
+    seed = draw(st.integers(0, 10_000))
+    return {k: deps[k] for k in names}, limit, seed
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(random_dags())
+def test_random_dags_run_each_step_once_after_its_dependencies(
+    case: tuple[dict[str, list[str]], int, int],
+) -> None:
+    deps, limit, seed = case
+    rng = random.Random(seed)
+    rec = Recorder(delays={k: rng.choice((0, 0, 0.001, 0.003)) for k in deps})
+
+    async def main() -> None:
+        await run_dag(plan_of(deps), rec, limiter=anyio.CapacityLimiter(limit))
+
+    anyio.run(main)
+    assert rec.runs == {k: 1 for k in deps}
+    for sid, ds in deps.items():
+        for d in ds:
+            assert rec.index("start", sid) > rec.index("end", d)
+    assert rec.peak <= limit

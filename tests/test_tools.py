@@ -1,0 +1,106 @@
+"""@tool: signature to schema, validation, threads for sync tools, timeouts."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Annotated
+
+import anyio
+import pytest
+from pydantic import Field
+
+from hierplan import tool
+from hierplan.agents.tools import Toolbox, result_text
+from hierplan.errors import ToolArgsError, ToolError, ToolNotAllowedError, ToolTimeoutError
+
+pytestmark = pytest.mark.anyio
+
+
+@tool
+def scale(
+    values: list[float], factor: Annotated[float, Field(gt=0, description="multiplier")] = 2.0
+) -> list[float]:
+    """Scale numbers.
+
+    Longer text that is not part of the description.
+    """
+    return [v * factor for v in values]
+
+
+def test_signature_becomes_a_json_schema() -> None:
+    assert scale.name == "scale" and scale.description == "Scale numbers."
+    params = scale.parameters
+    assert params["required"] == ["values"]
+    assert params["properties"]["values"]["type"] == "array"
+    assert params["properties"]["factor"]["exclusiveMinimum"] == 0
+    assert params["additionalProperties"] is False
+
+
+async def test_arguments_are_validated_and_every_bad_field_named() -> None:
+    assert await scale.call({"values": [1, 2]}) == [2.0, 4.0]
+    with pytest.raises(ToolArgsError) as info:
+        await scale.call({"values": "x", "factor": -1, "oops": 1})
+    message = str(info.value)
+    assert "values" in message and "factor" in message and "oops" in message
+    with pytest.raises(ToolArgsError, match="takes an object"):
+        await scale.call([1, 2])  # type: ignore[arg-type]
+
+
+async def test_sync_tools_run_in_a_worker_thread() -> None:
+    main = threading.get_ident()
+
+    @tool
+    def where() -> int:
+        """Report the thread."""
+        return threading.get_ident()
+
+    assert await where.call({}) != main
+
+
+async def test_timeouts_abandon_a_slow_tool() -> None:
+    @tool(timeout_s=0.05)
+    async def sleepy() -> str:
+        """Sleep too long."""
+        await anyio.sleep(5)
+        return "late"
+
+    @tool(timeout_s=0.05)
+    def blocking() -> str:
+        """Block too long."""
+        time.sleep(0.3)
+        return "late"
+
+    start = time.perf_counter()
+    with pytest.raises(ToolTimeoutError, match=r"within 0\.05 s"):
+        await sleepy.call({})
+    with pytest.raises(ToolTimeoutError):
+        await blocking.call({})
+    assert time.perf_counter() - start < 0.3
+
+
+def test_toolbox_allowlists_and_unknown_tools() -> None:
+    box = Toolbox([scale])
+    with pytest.raises(ValueError, match="two tools"):
+        box.add(scale)
+    with pytest.raises(ToolNotAllowedError, match="unknown tool 'nope'"):
+        box.get("nope")
+    with pytest.raises(ToolNotAllowedError, match="not allowed"):
+        box.get("scale", frozenset())
+    assert box.specs(frozenset()) == ()
+    assert [s.name for s in box.specs()] == ["scale"]
+    assert issubclass(ToolNotAllowedError, ToolError)
+
+
+def test_result_text_is_bounded() -> None:
+    assert result_text({"a": 1}) == '{"a": 1}'
+    long = result_text("x" * 5000, limit=10)
+    assert long.startswith("x" * 10) and long.endswith("[4990 more]")
+
+
+def test_varargs_are_refused() -> None:
+    def f(*args: int) -> None:
+        """No."""
+
+    with pytest.raises(TypeError, match="not supported"):
+        tool(f)
