@@ -35,17 +35,17 @@ class MigrationStats:
     copy_seconds: float = 0.0
     active_copies: int = 0
     peak_copies: int = 0
-    first_start: float | None = None
-    last_end: float | None = None
+    busy_seconds: float = 0.0
+    _busy_since: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start_copy(self) -> None:
         """A copy started."""
         with self.lock:
+            if self.active_copies == 0:
+                self._busy_since = time.perf_counter()
             self.active_copies += 1
             self.peak_copies = max(self.peak_copies, self.active_copies)
-            if self.first_start is None:
-                self.first_start = time.perf_counter()
 
     def end_copy(self, rows: int, seconds: float) -> None:
         """A copy ended after copying ``rows`` rows in ``seconds``."""
@@ -53,14 +53,13 @@ class MigrationStats:
             self.active_copies -= 1
             self.rows_copied += rows
             self.copy_seconds += seconds
-            self.last_end = time.perf_counter()
+            if self.active_copies == 0:
+                self.busy_seconds += time.perf_counter() - self._busy_since
 
     @property
     def rows_per_second(self) -> float:
-        """Rows copied per second of wall time from the first copy's start to the last's end."""
-        if self.first_start is None or self.last_end is None or self.last_end <= self.first_start:
-            return 0.0
-        return self.rows_copied / (self.last_end - self.first_start)
+        """Rows copied per second of wall time during which at least one copy ran."""
+        return self.rows_copied / self.busy_seconds if self.busy_seconds > 0 else 0.0
 
 
 class Databases:

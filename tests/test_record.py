@@ -1,0 +1,84 @@
+"""Run records round-trip through run.json; goal files are validated whole."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import hierplan
+from hierplan import RunResult, ScriptedModel, tool
+from hierplan.agents.models.scripted import plan_response
+from hierplan.errors import UserInputError
+from hierplan.goals import goal_from_data, load_goal_file
+
+pytestmark = pytest.mark.anyio
+
+
+@tool
+def noop() -> str:
+    """Do nothing."""
+    return "ok"
+
+
+async def test_run_json_round_trips(tmp_path: Path) -> None:
+    plan = {
+        "goal": "g",
+        "steps": [{"id": "a", "title": "A", "instruction": "a", "tool": "noop", "args": {}}],
+    }
+    result = await hierplan.run("g", model=ScriptedModel([plan_response(plan)]), tools=[noop])
+    path = result.write(tmp_path / "deep" / "run.json")
+    loaded = RunResult.load(path)
+    assert loaded.tree == result.tree
+    assert loaded.to_dict() == result.to_dict()
+    assert loaded.to_dict()["tree"]["subtree_cost_usd"] == result.tree.subtree_cost_usd
+    assert not list(path.parent.glob(".run.json.*"))  # no temporary file left behind
+
+
+def test_goal_files(tmp_path: Path) -> None:
+    text = tmp_path / "goal.txt"
+    text.write_text("  migrate the data \n")
+    assert load_goal_file(text).goal == "migrate the data"
+    spec = tmp_path / "goal.yaml"
+    spec.write_text("scenario: data_migration\nstrategy: dag\nmax_depth: 2\n")
+    loaded = load_goal_file(spec)
+    assert loaded.overrides() == {"strategy": "dag", "max_depth": 2}
+    for content, message in [
+        ("- a\n- b\n", "must hold a mapping"),
+        ("strategy: dag\n", "give a 'goal' or a 'scenario'"),
+        ("goal: g\nmax_depth: 0\n", "max_depth: Input should be greater than or equal to 1"),
+        ("goal: g\nstrategy: fast\n", "strategy: Input should be"),
+    ]:
+        spec.write_text(content)
+        with pytest.raises(UserInputError, match=message):
+            load_goal_file(spec)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    with pytest.raises(UserInputError, match="give a 'goal'"):
+        load_goal_file(empty)
+
+
+values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=10),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=10), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+fields = st.sampled_from(
+    ["goal", "scenario", "strategy", "model", "max_depth", "concurrency", "seed", "extra"]
+)
+
+
+@settings(max_examples=300)
+@given(st.one_of(values, st.dictionaries(fields, values, max_size=5)))
+def test_untrusted_goal_data_is_accepted_or_rejected_with_a_message(data: Any) -> None:
+    try:
+        spec = goal_from_data(data, source="goal")
+    except UserInputError as exc:
+        assert str(exc).startswith("goal is not a valid goal: ")
+    else:
+        assert spec.goal is not None or spec.scenario is not None
