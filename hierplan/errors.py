@@ -12,6 +12,7 @@ The hierarchy::
     ├── SimulatorCoverageError    the offline simulator was asked about something no oracle knows
     ├── BudgetExceeded            a call did not fit the node's budget and was not made
     ├── ModelError                a model call failed (provider errors are wrapped in it)
+    │   ├── ModelAuthError        the provider refused the credentials (401/403): the run stops
     │   └── UnexpectedModelCall   a ScriptedModel was called past its script
     └── ToolError                 a tool failed
         ├── ToolArgsError         a tool was called with invalid arguments (not retried)
@@ -97,6 +98,14 @@ class ModelError(HierplanError):
         self.retryable: bool = retryable
         self.retry_after: float | None = retry_after
         self.usage: Usage | None = usage
+
+
+class ModelAuthError(ModelError):
+    """The provider refused the API key or the account (HTTP 401 or 403).
+
+    No later call of the run can succeed either, so the run stops with the provider's message
+    instead of failing one node after another.
+    """
 
 
 class BudgetExceeded(HierplanError):

@@ -12,6 +12,7 @@ so an unused hook costs one attribute call on the hot path.
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
@@ -63,6 +64,11 @@ class RunSettings(BaseModel):
     planner_max_tokens: int = Field(4096, ge=16)
     executor_max_tokens: int = Field(1024, ge=16)
     model_retries: int = Field(3, ge=0, description="Retries of a retryable model error.")
+    model_retry_max_delay_s: float = Field(
+        60.0,
+        ge=0,
+        description="Longest wait before a model retry; a provider asking for more fails the call.",
+    )
     seed: int = 0
 
 
@@ -227,7 +233,13 @@ class NodeContext:
                 self._record(request, exc.usage or Usage(), started, t0, attempt, ok=False)
                 if not exc.retryable or attempt > settings.model_retries:
                     raise
-                delay = _retry_delay(settings.retry_backoff_s, attempt, exc)
+                delay = _retry_delay(settings, attempt, exc)
+                if delay is None:
+                    raise ModelError(
+                        f"{exc} (the provider asked to wait {exc.retry_after:g} s, more than "
+                        f"model_retry_max_delay_s={settings.model_retry_max_delay_s:g})",
+                        usage=exc.usage,
+                    ) from exc
                 if self.run.bus.active:
                     self.run.bus.emit(
                         StepRetried(
@@ -300,8 +312,19 @@ class NodeContext:
             )
 
 
-def _retry_delay(base: float, attempt: int, exc: ModelError) -> float:
-    delay = base * 2.0 ** (attempt - 1)
-    if exc.retry_after is not None and exc.retry_after > delay:
-        delay = exc.retry_after
-    return delay
+def _retry_delay(settings: RunSettings, attempt: int, exc: ModelError) -> float | None:
+    """How long to wait before retrying ``exc``, or ``None`` to give up now.
+
+    The provider's ``Retry-After`` wins when it asks for longer than the backoff; asking for
+    more than ``model_retry_max_delay_s`` means the limit will not lift soon, so the call fails
+    rather than stall the run. The exponential backoff is capped at the same limit and jittered
+    so that concurrent leaves hitting the same limit do not retry in lockstep.
+    """
+    cap = settings.model_retry_max_delay_s
+    backoff = min(cap, settings.retry_backoff_s * 2.0 ** (attempt - 1))
+    backoff *= random.uniform(0.5, 1.0)
+    if exc.retry_after is None:
+        return backoff
+    if exc.retry_after > cap:
+        return None
+    return max(backoff, exc.retry_after)

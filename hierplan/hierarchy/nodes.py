@@ -27,6 +27,8 @@ from hierplan.agents.executor import StepResult
 from hierplan.errors import (
     BudgetExceeded,
     HierplanError,
+    ModelAuthError,
+    ModelError,
     PlanParseError,
     SimulatorCoverageError,
     StepFailed,
@@ -178,7 +180,7 @@ async def run_task_node(
                 failure = StepFailed(
                     f"step timed out after {settings.step_timeout_s:g} s", retryable=True
                 )
-            except UnexpectedModelCall:
+            except (UnexpectedModelCall, ModelAuthError):
                 raise
             except HierplanError as exc:
                 failure = _as_step_failure(exc)
@@ -307,6 +309,12 @@ async def _propose(
             raise StepFailed(str(exc)) from None
         except SimulatorCoverageError as exc:
             raise StepFailed(str(exc)) from None
+        except (ModelAuthError, UnexpectedModelCall):
+            raise
+        except ModelError as exc:
+            # The model call failed after its retries: this node fails (its parent may replan)
+            # rather than the whole run.
+            raise StepFailed(f"planning failed: {exc}") from None
 
 
 async def obtain_plan(

@@ -21,11 +21,11 @@ import anyio.to_thread
 from pydantic import ValidationError
 
 from hierplan.agents.models import resolve_model
-from hierplan.agents.models.base import Model
+from hierplan.agents.models.base import Model, close_model, parse_model_string
 from hierplan.agents.models.simulated import COVERAGE_HINT, NoiseProfile, Oracle
 from hierplan.agents.tools import Tool, Toolbox
 from hierplan.budgets.pricing import PriceTable
-from hierplan.errors import StepFailed, UserInputError
+from hierplan.errors import ModelAuthError, StepFailed, UserInputError
 from hierplan.hierarchy.context import Instrument, NodeContext, RunContext, RunSettings
 from hierplan.hierarchy.events import EventBus, Listener, RunFinished
 from hierplan.hierarchy.gate import Approver, Gate
@@ -131,38 +131,55 @@ async def run(
         },
     )
     chosen = get_strategy(run_settings.strategy)
-    prepared = await _prepare(goal, scenario, tools, oracle, workdir, run_settings.seed)
+    opened: dict[str, Model] = {}
 
-    def make(spec: str | Model) -> Model:
-        return resolve_model(
+    def make(spec: str | Model, oracle: Oracle | None) -> Model:
+        # One provider model (and SDK client) per model string per run, closed when it ends.
+        if isinstance(spec, str) and spec in opened:
+            return opened[spec]
+        built = resolve_model(
             spec,
-            oracle=prepared.oracle,
+            oracle=oracle,
             profile=sim_profile,
             seed=run_settings.seed,
             latency_scale=sim_latency_scale,
             **(model_options or {}),
         )
+        if isinstance(spec, str) and built.provider != "sim":
+            opened[spec] = built
+        return built
 
-    planner_model = make(model)
-    exec_model = planner_model if executor_model is None else make(executor_model)
-    if planner_model.provider == "sim" and prepared.oracle is None:
-        raise UserInputError(f"the goal {prepared.goal[:120]!r} is free text. {COVERAGE_HINT}")
-    rid = run_id or uuid.uuid4().hex[:12]
-    bus = EventBus(rid)
-    for listener in listeners:
-        bus.subscribe(listener)
-    ctx = RunContext(
-        run_id=rid,
-        settings=run_settings,
-        toolbox=Toolbox(prepared.tools),
-        planner_model=planner_model,
-        executor_model=exec_model,
-        pricing=pricing or PriceTable(),
-        instruments=instruments,
-        bus=bus,
-        gate=gate or Gate(approver),
-    )
-    return await _execute(ctx, chosen, prepared)
+    try:
+        # Provider models first: a missing API key fails before the scenario is set up.
+        for spec in (model, executor_model):
+            if isinstance(spec, str) and parse_model_string(spec).provider != "sim":
+                make(spec, None)
+        prepared = await _prepare(goal, scenario, tools, oracle, workdir, run_settings.seed)
+        planner_model = make(model, prepared.oracle)
+        exec_model = (
+            planner_model if executor_model is None else make(executor_model, prepared.oracle)
+        )
+        if planner_model.provider == "sim" and prepared.oracle is None:
+            raise UserInputError(f"the goal {prepared.goal[:120]!r} is free text. {COVERAGE_HINT}")
+        rid = run_id or uuid.uuid4().hex[:12]
+        bus = EventBus(rid)
+        for listener in listeners:
+            bus.subscribe(listener)
+        ctx = RunContext(
+            run_id=rid,
+            settings=run_settings,
+            toolbox=Toolbox(prepared.tools),
+            planner_model=planner_model,
+            executor_model=exec_model,
+            pricing=pricing or PriceTable(),
+            instruments=instruments,
+            bus=bus,
+            gate=gate or Gate(approver),
+        )
+        return await _execute(ctx, chosen, prepared)
+    finally:
+        for opened_model in opened.values():
+            await close_model(opened_model)
 
 
 async def _execute(ctx: RunContext, chosen: Strategy, prepared: _Prepared) -> RunResult:
@@ -183,6 +200,12 @@ async def _execute(ctx: RunContext, chosen: Strategy, prepared: _Prepared) -> Ru
             status = _run_status(record)
             answer = record.output or ""
             error = str(exc)
+        except BaseExceptionGroup as group:
+            # A refused API key stops the run from any depth: surface it, not the task groups.
+            refused = group.subgroup(ModelAuthError)
+            if refused is None:
+                raise
+            raise _first_leaf(refused) from None
     models = {ctx.planner_model.name, ctx.executor_model.name}
     result = RunResult(
         run_id=ctx.run_id,
@@ -220,6 +243,11 @@ async def _execute(ctx: RunContext, chosen: Strategy, prepared: _Prepared) -> Ru
             )
         )
     return result
+
+
+def _first_leaf(group: BaseExceptionGroup[Any]) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 def _run_status(root: NodeRecord) -> RunStatus:

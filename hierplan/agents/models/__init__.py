@@ -8,6 +8,7 @@ so that an import problem gives a clear message).
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any
 
 from hierplan.agents.models.base import (
@@ -52,7 +53,9 @@ def resolve_model(
 
     ``sim`` builds a :class:`SimulatedModel` on ``oracle`` (``sim:<model>`` prices it as that
     model); provider strings build their adapter with ``provider_options`` (``base_url``,
-    ``api_key``, ``timeout_s``...).
+    ``api_key``, ``timeout_s``, ``priced_as``): see :class:`hierplan.agents.models.openai.
+    OpenAIModel` and :class:`hierplan.agents.models.anthropic.AnthropicModel`. A missing API key
+    raises :class:`~hierplan.errors.ModelNotAvailableError` naming the variable to set.
     """
     if not isinstance(spec, str):
         return spec
@@ -74,7 +77,22 @@ def resolve_model(
             f"model {spec!r} needs the {package!r} package ({exc}); install it with "
             f"'pip install {package}'"
         ) from None
-    adapter: Model = getattr(module, class_name)(parsed.name, **provider_options)
+    except ImportError as exc:
+        raise ModelNotAvailableError(
+            f"model {spec!r} cannot load the {package!r} package ({exc}); upgrade it with "
+            f"'pip install -U {package}'"
+        ) from None
+    if priced_as:
+        provider_options["priced_as"] = priced_as
+    cls = getattr(module, class_name)
+    accepted = [p for p in inspect.signature(cls).parameters if p != "model_name"]
+    unknown = sorted(set(provider_options) - set(accepted))
+    if unknown:
+        raise ModelNotAvailableError(
+            f"model {spec!r}: unknown model option(s) {', '.join(unknown)}; the options are "
+            f"{', '.join(accepted)}"
+        )
+    adapter: Model = cls(parsed.name, **provider_options)
     return adapter
 
 

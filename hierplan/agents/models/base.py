@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
+import anyio
+
 from hierplan.errors import ModelNotAvailableError
 
 Role = Literal["system", "user", "assistant", "tool"]
@@ -130,6 +132,10 @@ class Model(Protocol):
     ``name`` is the model's full string (``sim``, ``openai:gpt-4.1-mini``), ``provider`` the
     provider part, ``priced_as`` the model whose price applies (a simulated model is priced as
     if it were a named real one), and ``simulated`` says whether answers come from an oracle.
+
+    A model that holds connections (the provider adapters) also has ``async aclose()``;
+    :func:`hierplan.run` closes the models it resolved from strings when the run ends, in the
+    run's event loop (see :func:`close_model`).
     """
 
     @property
@@ -147,6 +153,14 @@ class Model(Protocol):
     async def request(self, request: ModelRequest) -> ModelResponse:
         """Send one request and return the response."""
         ...
+
+
+async def close_model(model: object) -> None:
+    """Close ``model`` if it has an ``aclose()`` (shielded, so a cancelled run still closes)."""
+    close = getattr(model, "aclose", None)
+    if close is not None:
+        with anyio.CancelScope(shield=True):
+            await close()
 
 
 @dataclass(slots=True, frozen=True)

@@ -1,0 +1,367 @@
+"""``anthropic:<model>``: the Anthropic Messages API through the official ``anthropic`` SDK.
+
+- Every request is streamed. The API and its SDK refuse non-streaming requests whose
+  ``max_tokens`` could take more than ten minutes to generate, and a long non-streamed reply
+  sits on an idle connection that proxies drop. Streaming keeps any ``max_tokens`` usable, and
+  ``timeout_s`` then bounds the wait for the next event rather than for the whole answer. The
+  events are accumulated here (text deltas and tool-input JSON joined once at the end), and a
+  stream that stops before ``message_stop`` is a retryable failure, never a short answer.
+- Plans come back as a forced tool call: the plan schema is offered as a tool named ``plan`` and
+  ``tool_choice`` requires it; its ``input`` is the plan. Input that fails validation goes
+  through the planner's repair attempt.
+- Executors use ``tool_use`` blocks; tool results go back as ``tool_result`` blocks (marked
+  ``is_error`` when the tool failed) in one user turn.
+- Usage: Anthropic's ``input_tokens`` leaves out cache reads and writes, so input is their sum
+  and ``cached_input_tokens`` the cache reads; thinking tokens are reasoning tokens. A reply
+  without usage has ``usage=None`` and the flag ``no_usage``.
+- One attempt per request, explicit ``timeout_s``; see :mod:`hierplan.agents.models.provider`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anthropic
+import httpx2
+
+from hierplan.agents.models.base import (
+    Message,
+    ModelRequest,
+    ModelResponse,
+    OutputSchema,
+    ToolCall,
+    ToolSpec,
+    Usage,
+)
+from hierplan.agents.models.provider import (
+    DEFAULT_TIMEOUT_S,
+    body_message,
+    check_timeout,
+    connection_error,
+    malformed_error,
+    require_key,
+    status_error,
+    timeout_error,
+)
+
+API_KEY_VARIABLE = "ANTHROPIC_API_KEY"
+
+# Error types the API may send inside a stream that started with HTTP 200.
+_RETRYABLE_TYPES = {"overloaded_error": 529, "api_error": 500, "rate_limit_error": 429}
+_STOP_REASONS = {"end_turn": "stop", "tool_use": "tool_calls", "max_tokens": "length"}
+
+
+class AnthropicModel:
+    """A Claude model through the Anthropic API (or a server speaking its Messages format).
+
+    ``api_key`` defaults to ``ANTHROPIC_API_KEY`` (a missing key fails here, before any work);
+    ``base_url`` to ``ANTHROPIC_BASE_URL`` or Anthropic's API; ``timeout_s`` bounds the wait
+    for each streamed event; ``priced_as`` names the price-table entry (default
+    ``anthropic:<model>``). One SDK client per instance; :meth:`aclose` closes it.
+    """
+
+    def __init__(
+        self,
+        model_name: str,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        priced_as: str | None = None,
+    ) -> None:
+        self.model_name = model_name
+        self._name = f"anthropic:{model_name}"
+        self._priced_as = priced_as or self._name
+        self.timeout_s = check_timeout(timeout_s, self._name)
+        key = require_key(api_key, API_KEY_VARIABLE, self._name)
+        self._client = anthropic.AsyncAnthropic(
+            api_key=key, base_url=base_url, timeout=self.timeout_s, max_retries=0
+        )
+
+    @property
+    def name(self) -> str:
+        """``anthropic:<model>``."""
+        return self._name
+
+    @property
+    def provider(self) -> str:
+        """``anthropic``."""
+        return "anthropic"
+
+    @property
+    def priced_as(self) -> str:
+        """The price-table entry this model is charged at."""
+        return self._priced_as
+
+    @property
+    def simulated(self) -> bool:
+        """Never: these are a real model's answers."""
+        return False
+
+    async def aclose(self) -> None:
+        """Close the SDK client and its connections."""
+        await self._client.close()
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        """One streamed attempt at ``request``; failures raise
+        :class:`~hierplan.errors.ModelError`."""
+        reply = _Reply()
+        try:
+            stream = await self._client.messages.create(**self.build_params(request))
+            async with stream:
+                async for event in stream:
+                    reply.add(event)
+        except anthropic.APITimeoutError:
+            raise timeout_error(self._name, self.timeout_s) from None
+        except anthropic.APIConnectionError as exc:
+            raise connection_error(self._name, exc) from None
+        except httpx2.TransportError as exc:
+            # Reading the stream is not wrapped by the SDK: a connection cut mid-stream
+            # surfaces as the HTTP library's own error.
+            raise connection_error(self._name, exc, usage=reply.usage()) from None
+        except anthropic.APIStatusError as exc:
+            raise self._status_error(exc, reply) from None
+        except (json.JSONDecodeError, ValueError) as exc:
+            raise malformed_error(
+                self._name, f"{type(exc).__name__}: {exc}", reply.usage()
+            ) from None
+        if not reply.stopped:
+            raise malformed_error(
+                self._name, "the reply stream ended before message_stop", reply.usage()
+            )
+        return self.to_response(reply, request)
+
+    def _status_error(self, exc: anthropic.APIStatusError, reply: _Reply) -> Exception:
+        message = body_message(exc.body) or exc.message
+        status = exc.status_code
+        if status < 400:
+            # An "error" event inside a stream that began with HTTP 200.
+            kind = getattr(exc, "type", None) or ""
+            status = _RETRYABLE_TYPES.get(str(kind), 400)
+        return status_error(self._name, status, message, exc.response.headers, usage=reply.usage())
+
+    def build_params(self, request: ModelRequest) -> dict[str, Any]:
+        """The keyword arguments of ``messages.create`` for ``request`` (always streamed)."""
+        system, messages = wire_messages(request.messages)
+        params: dict[str, Any] = {
+            "model": self.model_name,
+            "max_tokens": request.max_tokens,
+            "messages": messages,
+            "stream": True,
+        }
+        if system:
+            params["system"] = system
+        tools = wire_tools(request.tools)
+        if request.output_schema is not None:
+            tools.append(output_tool(request.output_schema))
+            params["tool_choice"] = {"type": "tool", "name": request.output_schema.name}
+        if tools:
+            params["tools"] = tools
+        if request.temperature is not None:
+            params["temperature"] = request.temperature
+        return params
+
+    def to_response(self, reply: _Reply, request: ModelRequest) -> ModelResponse:
+        """A :class:`ModelResponse` from an accumulated stream."""
+        usage = reply.usage()
+        wanted = None if request.output_schema is None else request.output_schema.name
+        output: Any = None
+        answered = False
+        text_parts: list[str] = []
+        calls: list[ToolCall] = []
+        for block in reply.blocks:
+            if block.kind == "text":
+                text_parts.append("".join(block.parts))
+            elif block.kind == "tool_use":
+                raw = "".join(block.parts) or "{}"
+                if block.name == wanted:
+                    output, raw_text = _json_or_text(raw)
+                    if output is None:
+                        text_parts.append(raw_text)
+                    answered = True
+                    continue
+                calls.append(ToolCall(block.id, block.name, self._arguments(block, raw, usage)))
+        flags: list[str] = []
+        finish = _STOP_REASONS.get(reply.stop_reason, reply.stop_reason or "stop")
+        if answered and not calls and finish == "tool_calls":
+            finish = "stop"  # the forced output tool is the answer, not a call to make
+        if finish == "length":
+            flags.append("truncated")
+        if reply.stop_reason == "refusal":
+            flags.append("refusal")
+        if usage is None:
+            flags.append("no_usage")
+        return ModelResponse(
+            text="".join(text_parts),
+            tool_calls=tuple(calls),
+            output=output,
+            usage=usage,
+            model=f"anthropic:{reply.model or self.model_name}",
+            finish_reason=finish,
+            flags=flags,
+        )
+
+    def _arguments(self, block: _Block, raw: str, usage: Usage | None) -> dict[str, Any]:
+        try:
+            parsed = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise malformed_error(
+                self._name, f"the input of tool call {block.name!r} is not JSON ({exc.msg})", usage
+            ) from None
+        if not isinstance(parsed, dict):
+            raise malformed_error(
+                self._name, f"the input of tool call {block.name!r} is not an object", usage
+            )
+        return parsed
+
+
+def _json_or_text(raw: str) -> tuple[Any, str]:
+    """The forced tool's input as data, or ``(None, raw)`` so the planner reports the JSON
+    error and asks for a repair."""
+    try:
+        return json.loads(raw), raw
+    except json.JSONDecodeError:
+        return None, raw
+
+
+@dataclass(slots=True)
+class _Block:
+    kind: str
+    id: str = ""
+    name: str = ""
+    parts: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Reply:
+    """A streamed message, accumulated event by event."""
+
+    model: str = ""
+    blocks: list[_Block] = field(default_factory=list)
+    stop_reason: str = ""
+    stopped: bool = False
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cache_read: int = 0
+    cache_write: int = 0
+    thinking: int = 0
+
+    def add(self, event: Any) -> None:
+        kind = getattr(event, "type", None)
+        if kind == "message_start":
+            message = getattr(event, "message", None)
+            self.model = str(getattr(message, "model", "") or "")
+            self._usage(getattr(message, "usage", None))
+        elif kind == "content_block_start":
+            block = getattr(event, "content_block", None)
+            self.blocks.append(
+                _Block(
+                    str(getattr(block, "type", "") or ""),
+                    str(getattr(block, "id", "") or ""),
+                    str(getattr(block, "name", "") or ""),
+                )
+            )
+        elif kind == "content_block_delta":
+            self._delta(getattr(event, "index", -1), getattr(event, "delta", None))
+        elif kind == "message_delta":
+            delta = getattr(event, "delta", None)
+            self.stop_reason = str(getattr(delta, "stop_reason", None) or self.stop_reason)
+            self._usage(getattr(event, "usage", None))
+        elif kind == "message_stop":
+            self.stopped = True
+
+    def _delta(self, index: Any, delta: Any) -> None:
+        if not isinstance(index, int) or not 0 <= index < len(self.blocks):
+            raise ValueError(f"a content delta names block {index!r}, which never started")
+        kind = getattr(delta, "type", None)
+        if kind == "text_delta":
+            self.blocks[index].parts.append(str(getattr(delta, "text", "")))
+        elif kind == "input_json_delta":
+            self.blocks[index].parts.append(str(getattr(delta, "partial_json", "")))
+
+    def _usage(self, raw: Any) -> None:
+        # message_delta counts are cumulative and optional: a present count replaces the
+        # message_start one, an absent one leaves it.
+        if raw is None:
+            return
+        for attr, target in (("input_tokens", "input_tokens"), ("output_tokens", "output_tokens")):
+            value = getattr(raw, attr, None)
+            if isinstance(value, int):
+                setattr(self, target, value)
+        for attr, target in (
+            ("cache_read_input_tokens", "cache_read"),
+            ("cache_creation_input_tokens", "cache_write"),
+        ):
+            value = getattr(raw, attr, None)
+            if isinstance(value, int):
+                setattr(self, target, value)
+        details = getattr(raw, "output_tokens_details", None)
+        thinking = getattr(details, "thinking_tokens", None)
+        if isinstance(thinking, int):
+            self.thinking = thinking
+
+    def usage(self) -> Usage | None:
+        """What the reply reported so far, or ``None`` without input and output counts."""
+        if self.input_tokens is None or self.output_tokens is None:
+            return None
+        total_input = self.input_tokens + self.cache_read + self.cache_write
+        return Usage(
+            total_input,
+            self.output_tokens,
+            cached_input_tokens=self.cache_read,
+            reasoning_tokens=min(self.thinking, self.output_tokens),
+        )
+
+
+def wire_messages(messages: Sequence[Message]) -> tuple[str, list[dict[str, Any]]]:
+    """hierplan messages as Anthropic's ``system`` text and alternating ``messages``."""
+    system = "\n\n".join(m.content for m in messages if m.role == "system" and m.content)
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if m.role == "system":
+            continue
+        role = "assistant" if m.role == "assistant" else "user"
+        blocks: list[dict[str, Any]] = []
+        if m.role == "tool":
+            block: dict[str, Any] = {
+                "type": "tool_result",
+                "tool_use_id": m.tool_call_id or "",
+                "content": m.content,
+            }
+            if m.content.startswith("ERROR:"):
+                block["is_error"] = True
+            blocks.append(block)
+        elif m.content:
+            blocks.append({"type": "text", "text": m.content})
+        for call in m.tool_calls:
+            use = {"type": "tool_use", "id": call.id, "name": call.name}
+            blocks.append({**use, "input": dict(call.arguments)})
+        if not blocks:
+            continue
+        # The API wants user and assistant turns to alternate: tool results (and any text
+        # after them) share one user turn.
+        if out and out[-1]["role"] == role:
+            out[-1]["content"].extend(blocks)
+        else:
+            out.append({"role": role, "content": blocks})
+    return system, out
+
+
+def wire_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
+    """hierplan tool specs as Anthropic tools."""
+    return [
+        {"name": t.name, "description": t.description, "input_schema": dict(t.parameters)}
+        for t in tools
+    ]
+
+
+def output_tool(output: OutputSchema) -> dict[str, Any]:
+    """The tool whose forced call carries structured output."""
+    return {
+        "name": output.name,
+        "description": f"Give your answer: the {output.name}, as this tool's input.",
+        "input_schema": dict(output.schema),
+    }

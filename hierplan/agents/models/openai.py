@@ -1,0 +1,297 @@
+"""``openai:<model>``: the OpenAI Chat Completions API through the official ``openai`` SDK.
+
+It also serves any OpenAI-compatible server (vLLM, Ollama, llama.cpp's server, a LiteLLM proxy)
+through ``base_url`` or ``OPENAI_BASE_URL``.
+
+- Plans come back as structured output: ``response_format`` with the plan's JSON schema in strict
+  mode, rewritten by :mod:`hierplan.agents.models.schema` (strict mode wants every property
+  required and no open objects). Output that still fails validation goes through the planner's
+  repair attempt like any other bad plan.
+- Executors call tools with ``tools`` / ``tool_calls`` and answer tool results with ``tool``
+  messages.
+- Usage maps to :class:`Usage` with cached input (``prompt_tokens_details.cached_tokens``) and
+  reasoning tokens (``completion_tokens_details.reasoning_tokens``); a reply without usage has
+  ``usage=None`` and the flag ``no_usage``.
+- One attempt per request: the SDK's retries are off and ``timeout_s`` is explicit (the SDK's
+  default is 600 s with two silent retries). See :mod:`hierplan.agents.models.provider`.
+- ``max_completion_tokens`` is sent to OpenAI's own API; a custom ``base_url`` gets the older
+  ``max_tokens``, which every compatible server understands (``max_tokens_field`` overrides).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import openai
+
+from hierplan.agents.models.base import (
+    Message,
+    ModelRequest,
+    ModelResponse,
+    OutputSchema,
+    ToolCall,
+    ToolSpec,
+    Usage,
+)
+from hierplan.agents.models.provider import (
+    DEFAULT_TIMEOUT_S,
+    body_message,
+    check_timeout,
+    connection_error,
+    malformed_error,
+    require_key,
+    status_error,
+    timeout_error,
+)
+from hierplan.agents.models.schema import decode_strict, strict_schema
+
+API_KEY_VARIABLE = "OPENAI_API_KEY"
+BASE_URL_VARIABLE = "OPENAI_BASE_URL"
+
+TokenField = Literal["max_completion_tokens", "max_tokens"]
+
+
+class OpenAIModel:
+    """A model served by the OpenAI API or an OpenAI-compatible server.
+
+    ``api_key`` defaults to ``OPENAI_API_KEY`` (a missing key fails here, before any work);
+    ``base_url`` to ``OPENAI_BASE_URL`` or OpenAI's API; ``timeout_s`` bounds one attempt;
+    ``priced_as`` names the price-table entry (default ``openai:<model>``). One SDK client per
+    instance; :meth:`aclose` closes it.
+
+    >>> model = OpenAIModel("gpt-5-mini", api_key="sk-test")  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        model_name: str,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        organization: str | None = None,
+        priced_as: str | None = None,
+        max_tokens_field: TokenField | None = None,
+        strict_output: bool = True,
+    ) -> None:
+        self.model_name = model_name
+        self._name = f"openai:{model_name}"
+        self._priced_as = priced_as or self._name
+        self.timeout_s = check_timeout(timeout_s, self._name)
+        key = require_key(api_key, API_KEY_VARIABLE, self._name)
+        base = base_url or os.environ.get(BASE_URL_VARIABLE) or None
+        self.base_url = base
+        self.token_field: TokenField = max_tokens_field or (
+            "max_tokens" if base else "max_completion_tokens"
+        )
+        self.strict_output = strict_output
+        self._client = openai.AsyncOpenAI(
+            api_key=key,
+            base_url=base,
+            organization=organization,
+            timeout=self.timeout_s,
+            max_retries=0,
+        )
+        self._formats: dict[int, tuple[Mapping[str, Any], dict[str, Any]]] = {}
+
+    @property
+    def name(self) -> str:
+        """``openai:<model>``."""
+        return self._name
+
+    @property
+    def provider(self) -> str:
+        """``openai``."""
+        return "openai"
+
+    @property
+    def priced_as(self) -> str:
+        """The price-table entry this model is charged at."""
+        return self._priced_as
+
+    @property
+    def simulated(self) -> bool:
+        """Never: these are a real model's answers."""
+        return False
+
+    async def aclose(self) -> None:
+        """Close the SDK client and its connections."""
+        await self._client.close()
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        """One attempt at ``request``; failures raise :class:`~hierplan.errors.ModelError`."""
+        params = self.build_params(request)
+        try:
+            completion = await self._client.chat.completions.create(**params)
+        except openai.APITimeoutError:
+            raise timeout_error(self._name, self.timeout_s) from None
+        except openai.APIConnectionError as exc:
+            raise connection_error(self._name, exc) from None
+        except openai.APIStatusError as exc:
+            message = body_message(exc.body) or exc.message
+            raise status_error(self._name, exc.status_code, message, exc.response.headers) from None
+        except (openai.APIResponseValidationError, json.JSONDecodeError, ValueError) as exc:
+            raise malformed_error(self._name, f"{type(exc).__name__}: {exc}") from None
+        return self.parse_completion(completion, request)
+
+    def build_params(self, request: ModelRequest) -> dict[str, Any]:
+        """The keyword arguments of ``chat.completions.create`` for ``request``."""
+        params: dict[str, Any] = {
+            "model": self.model_name,
+            "messages": wire_messages(request.messages),
+            self.token_field: request.max_tokens,
+        }
+        if request.tools:
+            params["tools"] = wire_tools(request.tools)
+        if request.output_schema is not None:
+            params["response_format"] = self._response_format(request.output_schema)
+        if request.temperature is not None:
+            params["temperature"] = request.temperature
+        return params
+
+    def _response_format(self, output: OutputSchema) -> dict[str, Any]:
+        # The plan schema is a module constant: rewrite it once, not on every planning call.
+        cached = self._formats.get(id(output.schema))
+        if cached is None or cached[0] is not output.schema:
+            cached = (output.schema, self._wire_schema(output))
+            self._formats[id(output.schema)] = cached
+        return {"type": "json_schema", "json_schema": {"name": output.name, **cached[1]}}
+
+    def _wire_schema(self, output: OutputSchema) -> dict[str, Any]:
+        if self.strict_output:
+            try:
+                return {"schema": strict_schema(output.schema), "strict": True}
+            except ValueError:
+                pass  # not expressible in strict mode: send it as a plain schema
+        return {"schema": dict(output.schema), "strict": False}
+
+    def parse_completion(self, completion: Any, request: ModelRequest) -> ModelResponse:
+        """A :class:`ModelResponse` from a ``ChatCompletion`` (raises on unreadable replies)."""
+        usage = wire_usage(getattr(completion, "usage", None))
+        choices = getattr(completion, "choices", None) or []
+        if not choices:
+            raise malformed_error(self._name, "the reply has no choices", usage)
+        choice = choices[0]
+        message = getattr(choice, "message", None)
+        if message is None:
+            raise malformed_error(self._name, "the reply has no message", usage)
+        flags: list[str] = []
+        text = getattr(message, "content", None) or ""
+        refusal = getattr(message, "refusal", None)
+        if refusal:
+            text = refusal
+            flags.append("refusal")
+        calls = tuple(self._tool_calls(getattr(message, "tool_calls", None) or (), usage))
+        finish = str(getattr(choice, "finish_reason", None) or "stop")
+        if finish == "length":
+            flags.append("truncated")
+        if usage is None:
+            flags.append("no_usage")
+        output = None
+        if request.output_schema is not None and text and not refusal:
+            output = _structured(request.output_schema, text)
+        return ModelResponse(
+            text=text,
+            tool_calls=calls,
+            output=output,
+            usage=usage,
+            model=f"openai:{getattr(completion, 'model', None) or self.model_name}",
+            finish_reason=finish,
+            flags=flags,
+        )
+
+    def _tool_calls(self, raw: Sequence[Any], usage: Usage | None) -> list[ToolCall]:
+        calls: list[ToolCall] = []
+        for index, item in enumerate(raw):
+            function = getattr(item, "function", None)
+            if function is None:
+                continue  # a custom (free-text) tool call: hierplan never offers those
+            name = str(getattr(function, "name", "") or "")
+            arguments = getattr(function, "arguments", None) or "{}"
+            try:
+                parsed = json.loads(arguments)
+            except json.JSONDecodeError as exc:
+                what = f"the arguments of tool call {name!r} are not JSON ({exc.msg})"
+                raise malformed_error(self._name, what, usage) from None
+            if not isinstance(parsed, dict):
+                raise malformed_error(
+                    self._name, f"the arguments of tool call {name!r} are not an object", usage
+                )
+            call_id = str(getattr(item, "id", "") or f"call_{index}")
+            calls.append(ToolCall(call_id, name, parsed))
+        return calls
+
+
+def _structured(output: OutputSchema, text: str) -> Any:
+    """The structured output in ``text``, or ``None`` when it is not JSON (the planner then
+    reads the text, fails to parse it, and asks for a repair with the error)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return decode_strict(output.schema, data)
+
+
+def wire_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """hierplan messages as Chat Completions messages."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if m.role == "tool":
+            out.append({"role": "tool", "tool_call_id": m.tool_call_id or "", "content": m.content})
+        elif m.role == "assistant" and m.tool_calls:
+            out.append(
+                {
+                    "role": "assistant",
+                    "content": m.content or None,
+                    "tool_calls": [
+                        {
+                            "id": c.id,
+                            "type": "function",
+                            "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+                        }
+                        for c in m.tool_calls
+                    ],
+                }
+            )
+        else:
+            out.append({"role": m.role, "content": m.content})
+    return out
+
+
+def wire_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
+    """hierplan tool specs as Chat Completions function tools (not strict: tool arguments are
+    validated by the tool itself, and its error goes back to the model)."""
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": t.name,
+                "description": t.description,
+                "parameters": dict(t.parameters),
+            },
+        }
+        for t in tools
+    ]
+
+
+def wire_usage(raw: Any) -> Usage | None:
+    """``CompletionUsage`` as :class:`Usage` (``None`` when the reply has none)."""
+    if raw is None:
+        return None
+    prompt = getattr(raw, "prompt_tokens", None)
+    completion = getattr(raw, "completion_tokens", None)
+    if not isinstance(prompt, int) or not isinstance(completion, int):
+        return None
+    cached = _detail(getattr(raw, "prompt_tokens_details", None), "cached_tokens")
+    reasoning = _detail(getattr(raw, "completion_tokens_details", None), "reasoning_tokens")
+    return Usage(prompt, completion, min(cached, prompt), min(reasoning, completion))
+
+
+def _detail(details: Any, field: str) -> int:
+    if details is None:
+        return 0
+    value = details.get(field) if isinstance(details, Mapping) else getattr(details, field, None)
+    return value if isinstance(value, int) and value > 0 else 0

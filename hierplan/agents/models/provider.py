@@ -1,0 +1,143 @@
+"""What the provider adapters share: API keys, timeouts, and provider errors as ModelError.
+
+Each adapter makes exactly one attempt per :meth:`request` (the SDK's own retries are off): the
+retry loop lives in :meth:`hierplan.hierarchy.context.NodeContext.call_model`, so that every
+attempt passes through the budget and tracing wrappers and lands in the run record. What an
+adapter must say about a failure is whether another attempt may succeed (``retryable``), how long
+the provider asked to wait (``retry_after``) and what the failed attempt consumed (``usage``):
+
+============================================  =========================================
+HTTP 429, 408, 409, 5xx, 529 (overloaded)     retryable, ``Retry-After`` honoured
+timeouts, dropped connections, cut streams    retryable
+malformed replies (bad JSON, bad tool args)   retryable
+400, 404, 413, 422                            not retried: the provider's message
+401, 403                                      :class:`ModelAuthError`: the run stops
+============================================  =========================================
+"""
+
+from __future__ import annotations
+
+import email.utils
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from hierplan.agents.models.base import Usage
+from hierplan.errors import ModelAuthError, ModelError, ModelNotAvailableError
+
+DEFAULT_TIMEOUT_S = 120.0
+"""How long one attempt may wait for the reply (for a streamed reply: for the next event)."""
+
+RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+
+
+def require_key(given: str | None, variable: str, model: str) -> str:
+    """The API key: ``given``, else the environment ``variable``; a clear error if neither.
+
+    >>> require_key("sk-test", "OPENAI_API_KEY", "openai:gpt-5-mini")
+    'sk-test'
+    """
+    key = given if given is not None else os.environ.get(variable)
+    if not key or not key.strip():
+        raise ModelNotAvailableError(
+            f"{model} needs an API key: set {variable} (a local server that ignores keys "
+            f"takes any value), or pass api_key in model_options"
+        )
+    return key.strip()
+
+
+def check_timeout(timeout_s: float, model: str) -> float:
+    """``timeout_s`` as a positive float, or a clear error."""
+    try:
+        value = float(timeout_s)
+    except (TypeError, ValueError):
+        raise ModelNotAvailableError(
+            f"{model}: timeout_s must be a number of seconds, not {timeout_s!r}"
+        ) from None
+    if not value > 0:
+        raise ModelNotAvailableError(f"{model}: timeout_s must be more than 0 s, not {value:g}")
+    return value
+
+
+def retry_after(headers: Mapping[str, str] | None) -> float | None:
+    """The wait a response asks for: ``retry-after-ms``, or ``retry-after`` in seconds or as
+    an HTTP date. ``None`` when absent or unreadable.
+
+    >>> retry_after({"retry-after": "2"}), retry_after({"retry-after-ms": "150"})
+    (2.0, 0.15)
+    """
+    if not headers:
+        return None
+    lowered = {k.lower(): v for k, v in headers.items()}
+    millis = lowered.get("retry-after-ms")
+    if millis is not None:
+        try:
+            return max(0.0, float(millis) / 1000)
+        except ValueError:
+            pass
+    value = lowered.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def body_message(body: Any) -> str | None:
+    """The human-readable message in a provider's error body, when there is one."""
+    if isinstance(body, Mapping):
+        inner = body.get("error", body)
+        if isinstance(inner, Mapping) and isinstance(inner.get("message"), str):
+            kind = inner.get("type")
+            return f"{kind}: {inner['message']}" if isinstance(kind, str) else inner["message"]
+        if isinstance(inner, str):
+            return inner
+    return None
+
+
+def status_error(
+    model: str,
+    status: int,
+    message: str,
+    headers: Mapping[str, str] | None = None,
+    *,
+    usage: Usage | None = None,
+) -> ModelError:
+    """The :class:`ModelError` for an HTTP error status, with the provider's message."""
+    text = f"{model}: HTTP {status}: {message}"
+    if status in (401, 403):
+        return ModelAuthError(text)
+    return ModelError(
+        text,
+        retryable=status in RETRYABLE_STATUS or status >= 500,
+        retry_after=retry_after(headers),
+        usage=usage,
+    )
+
+
+def timeout_error(model: str, timeout_s: float) -> ModelError:
+    """A retryable error for an attempt that waited ``timeout_s`` in vain."""
+    return ModelError(
+        f"{model}: no reply within {timeout_s:g} s (timeout_s); the attempt was abandoned",
+        retryable=True,
+    )
+
+
+def connection_error(model: str, exc: BaseException, usage: Usage | None = None) -> ModelError:
+    """A retryable error for a connection that failed or broke off (``usage``: what the
+    provider reported before the break, if anything)."""
+    cause = exc.__cause__ or exc.__context__ or exc
+    detail = f"{type(cause).__name__}: {cause}".rstrip(": ")
+    return ModelError(f"{model}: connection failed ({detail})", retryable=True, usage=usage)
+
+
+def malformed_error(model: str, what: str, usage: Usage | None = None) -> ModelError:
+    """A retryable error for a reply that could not be read."""
+    return ModelError(f"{model}: malformed reply: {what}", retryable=True, usage=usage)

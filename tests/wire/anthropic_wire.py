@@ -1,0 +1,207 @@
+"""Anthropic Messages on the wire: request checks, streamed and whole replies, errors.
+
+The checks are the ones the real API makes and an adapter bug would trip: ``max_tokens``
+required, turns alternating from a user turn, no empty text blocks, every ``tool_use`` answered
+by a ``tool_result`` in the next user turn, and a forced ``tool_choice`` naming an offered tool.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from hierplan.agents.models.base import Message, ToolCall
+
+from .backends import Reply, WireCall, WireError
+
+_STOP = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens"}
+
+
+def parse(body: dict[str, Any]) -> WireCall:
+    """The call in a ``POST /v1/messages`` body, or :class:`WireError` (400)."""
+    model = body.get("model")
+    limit = body.get("max_tokens")
+    raw = body.get("messages")
+    if not isinstance(model, str) or not isinstance(limit, int) or not isinstance(raw, list):
+        raise WireError(400, "invalid_request_error", "model, max_tokens and messages: required")
+    system = body.get("system", "")
+    if not isinstance(system, str):
+        system = "".join(block.get("text", "") for block in system)
+    messages = [Message("system", system)] if system else []
+    messages += _messages(raw)
+    tools = {t["name"]: t for t in body.get("tools", [])}
+    for tool in tools.values():
+        if tool.get("input_schema", {}).get("type") != "object":
+            raise WireError(400, "invalid_request_error", f"tool {tool['name']}: bad input_schema")
+    schema_name = schema = None
+    choice = body.get("tool_choice")
+    if choice is not None and choice.get("type") == "tool":
+        if choice.get("name") not in tools:
+            raise WireError(400, "invalid_request_error", "tool_choice names no offered tool")
+        schema_name = choice["name"]
+        schema = tools[schema_name]["input_schema"]
+    names = [n for n in tools if n != schema_name]
+    return WireCall("anthropic", model, messages, names, schema_name, schema, False, limit, body)
+
+
+def _messages(raw: list[dict[str, Any]]) -> list[Message]:
+    out: list[Message] = []
+    expected = "user"
+    pending: set[str] = set()
+    for turn in raw:
+        role = turn.get("role")
+        if role != expected:
+            raise WireError(400, "invalid_request_error", "roles must alternate, user first")
+        expected = "assistant" if role == "user" else "user"
+        content = turn.get("content")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        answered = {b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"}
+        if pending - answered:
+            raise WireError(
+                400,
+                "invalid_request_error",
+                f"tool_use ids were found without tool_result blocks: {sorted(pending - answered)}",
+            )
+        pending = set()
+        text: list[str] = []
+        calls: list[ToolCall] = []
+        for block in blocks:
+            kind = block.get("type")
+            if kind == "text":
+                if not block.get("text"):
+                    raise WireError(400, "invalid_request_error", "text blocks must be non-empty")
+                text.append(block["text"])
+            elif kind == "tool_use" and role == "assistant":
+                calls.append(ToolCall(block["id"], block["name"], block["input"]))
+            elif kind == "tool_result" and role == "user":
+                out.append(Message("tool", _result_text(block), tool_call_id=block["tool_use_id"]))
+            else:
+                raise WireError(400, "invalid_request_error", f"unexpected block {kind!r}")
+        if role == "assistant":
+            pending = {c.id for c in calls}
+            out.append(Message("assistant", "".join(text), tuple(calls)))
+        elif text:
+            out.append(Message("user", "\n".join(text)))
+    return out
+
+
+def _result_text(block: dict[str, Any]) -> str:
+    content = block.get("content", "")
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content)
+
+
+def _blocks(reply: Reply, call: WireCall) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = []
+    if reply.text:
+        blocks.append({"type": "text", "text": reply.text})
+    if reply.output is not None or reply.raw_output is not None:
+        raw = reply.raw_output if reply.raw_output is not None else json.dumps(reply.output)
+        blocks.append({"type": "tool_use", "id": "toolu_out", "name": call.schema_name, "raw": raw})
+    for call_id, name, args in reply.tool_calls:
+        blocks.append({"type": "tool_use", "id": call_id, "name": name, "raw": json.dumps(args)})
+    return blocks
+
+
+def _usage(reply: Reply, call: WireCall, *, output_only: bool = False) -> dict[str, Any]:
+    prompt, out = reply.tokens(call)
+    fresh = prompt - reply.cached_tokens
+    usage: dict[str, Any] = {"output_tokens": out}
+    if reply.reasoning_tokens:
+        usage["output_tokens_details"] = {"thinking_tokens": reply.reasoning_tokens}
+    if not output_only:
+        usage |= {
+            "input_tokens": fresh,
+            "cache_read_input_tokens": reply.cached_tokens,
+            "cache_creation_input_tokens": 0,
+        }
+    return usage
+
+
+def stop_reason(reply: Reply) -> str:
+    """Anthropic's stop reason for ``reply``."""
+    if reply.finish:
+        return _STOP.get(reply.finish, reply.finish)
+    return "tool_use" if reply.tool_calls or reply.output is not None else "end_turn"
+
+
+def message(reply: Reply, call: WireCall, *, usage: bool = True) -> dict[str, Any]:
+    """A whole (non-streamed) ``message`` object."""
+    content = []
+    for block in _blocks(reply, call):
+        if block["type"] == "tool_use":
+            raw = block.pop("raw")
+            block["input"] = json.loads(raw)
+        content.append(block)
+    body: dict[str, Any] = {
+        "id": f"msg_{time.monotonic_ns()}",
+        "type": "message",
+        "role": "assistant",
+        "model": call.model,
+        "content": content,
+        "stop_reason": stop_reason(reply),
+        "stop_sequence": None,
+    }
+    if usage:
+        body["usage"] = _usage(reply, call)
+    return body
+
+
+def events(reply: Reply, call: WireCall, *, usage: bool = True) -> list[tuple[str, str]]:
+    """The server-sent events of a streamed reply, as ``(event, data)`` pairs."""
+    start: dict[str, Any] = {
+        "id": f"msg_{time.monotonic_ns()}",
+        "type": "message",
+        "role": "assistant",
+        "model": call.model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+    }
+    if usage:
+        start["usage"] = _usage(reply, call) | {"output_tokens": 1}
+    out: list[tuple[str, Any]] = [("message_start", {"type": "message_start", "message": start})]
+    out.append(("ping", {"type": "ping"}))
+    for index, block in enumerate(_blocks(reply, call)):
+        if block["type"] == "text":
+            head = {"type": "text", "text": ""}
+            deltas = [{"type": "text_delta", "text": part} for part in _pieces(block["text"])]
+        else:
+            head = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
+            deltas = [
+                {"type": "input_json_delta", "partial_json": part} for part in _pieces(block["raw"])
+            ]
+        out.append(
+            (
+                "content_block_start",
+                {"type": "content_block_start", "index": index, "content_block": head},
+            )
+        )
+        for delta in deltas:
+            out.append(
+                (
+                    "content_block_delta",
+                    {"type": "content_block_delta", "index": index, "delta": delta},
+                )
+            )
+        out.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+    delta: dict[str, Any] = {
+        "type": "message_delta",
+        "delta": {"stop_reason": stop_reason(reply), "stop_sequence": None},
+    }
+    if usage:
+        delta["usage"] = _usage(reply, call, output_only=True)
+    out.append(("message_delta", delta))
+    out.append(("message_stop", {"type": "message_stop"}))
+    return [(name, json.dumps(data)) for name, data in out]
+
+
+def _pieces(text: str, size: int = 40) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)] or [""]
+
+
+def error(status: int, kind: str, message: str) -> dict[str, Any]:
+    """An Anthropic error body."""
+    return {"type": "error", "error": {"type": kind, "message": message}}

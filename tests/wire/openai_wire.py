@@ -1,0 +1,159 @@
+"""OpenAI Chat Completions on the wire: request checks, replies, errors.
+
+The checks are the ones the real API makes and an adapter bug would trip: every assistant
+``tool_calls`` answered by ``tool`` messages, tool-call arguments as JSON strings, and in strict
+structured output a schema where every object lists all its properties as required, forbids
+others, and uses no keyword strict mode rejects.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from hierplan.agents.models.base import Message, ToolCall
+
+from .backends import Reply, WireCall, WireError, conform
+
+_STRICT_REJECTS = {"minLength", "maxLength", "default", "uniqueItems", "minProperties"}
+
+
+def parse(body: dict[str, Any]) -> WireCall:
+    """The call in a ``POST /v1/chat/completions`` body, or :class:`WireError` (400)."""
+    model = body.get("model")
+    raw = body.get("messages")
+    if not isinstance(model, str) or not isinstance(raw, list) or not raw:
+        raise WireError(400, "invalid_request_error", "'model' and 'messages' are required")
+    if "max_tokens" in body and "max_completion_tokens" in body:
+        raise WireError(400, "invalid_request_error", "give max_tokens or max_completion_tokens")
+    messages = _messages(raw)
+    schema_name = schema = None
+    strict = False
+    fmt = body.get("response_format")
+    if fmt is not None:
+        spec = fmt.get("json_schema", {}) if fmt.get("type") == "json_schema" else None
+        if not spec or not isinstance(spec.get("schema"), dict) or not spec.get("name"):
+            raise WireError(400, "invalid_request_error", "response_format needs a json_schema")
+        schema_name, schema, strict = spec["name"], spec["schema"], bool(spec.get("strict"))
+        if strict:
+            _check_strict(schema, schema_name)
+    tools = []
+    for tool in body.get("tools", []):
+        function = tool.get("function", {}) if tool.get("type") == "function" else {}
+        if not function.get("name") or function.get("parameters", {}).get("type") != "object":
+            raise WireError(400, "invalid_request_error", f"invalid tool: {json.dumps(tool)}")
+        tools.append(function["name"])
+    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    return WireCall("openai", model, messages, tools, schema_name, schema, strict, limit, body)
+
+
+def _messages(raw: list[dict[str, Any]]) -> list[Message]:
+    out: list[Message] = []
+    pending: set[str] = set()
+    for m in raw:
+        role = m.get("role")
+        if pending and role != "tool":
+            raise WireError(
+                400,
+                "invalid_request_error",
+                "An assistant message with 'tool_calls' must be followed by tool messages "
+                f"responding to each 'tool_call_id'. Missing: {sorted(pending)}",
+            )
+        if role in ("system", "developer", "user"):
+            out.append(Message("user" if role == "user" else "system", str(m.get("content"))))
+        elif role == "assistant":
+            calls = []
+            for c in m.get("tool_calls") or []:
+                arguments = c["function"]["arguments"]
+                if not isinstance(arguments, str):
+                    raise WireError(400, "invalid_request_error", "arguments must be a string")
+                calls.append(ToolCall(c["id"], c["function"]["name"], json.loads(arguments)))
+            pending = {c.id for c in calls}
+            out.append(Message("assistant", m.get("content") or "", tuple(calls)))
+        elif role == "tool":
+            call_id = m.get("tool_call_id")
+            if call_id not in pending:
+                raise WireError(400, "invalid_request_error", f"unexpected tool_call_id {call_id}")
+            pending.discard(call_id)
+            out.append(Message("tool", str(m.get("content")), tool_call_id=call_id))
+        else:
+            raise WireError(400, "invalid_request_error", f"unknown role {role!r}")
+    return out
+
+
+def _check_strict(schema: Any, name: str, where: str = "root") -> None:
+    if isinstance(schema, list):
+        for i, item in enumerate(schema):
+            _check_strict(item, name, f"{where}[{i}]")
+        return
+    if not isinstance(schema, dict):
+        return
+    bad = _STRICT_REJECTS & set(schema)
+    if bad:
+        raise _schema_error(name, where, f"{sorted(bad)[0]} is not permitted")
+    if schema.get("type") == "object":
+        props = schema.get("properties", {})
+        if schema.get("additionalProperties") is not False:
+            raise _schema_error(name, where, "'additionalProperties' is required to be false")
+        missing = set(props) - set(schema.get("required", []))
+        if missing:
+            raise _schema_error(
+                name, where, f"'required' must include every key in properties: {sorted(missing)}"
+            )
+    for key, value in schema.items():
+        if key in ("properties", "$defs"):
+            for sub_name, sub in value.items():
+                _check_strict(sub, name, f"{where}.{sub_name}")
+        elif key in ("items", "anyOf"):
+            _check_strict(value, name, f"{where}.{key}")
+
+
+def _schema_error(name: str, where: str, what: str) -> WireError:
+    return WireError(
+        400,
+        "invalid_request_error",
+        f"Invalid schema for response_format '{name}': {where}: {what}",
+    )
+
+
+def completion(reply: Reply, call: WireCall, *, usage: bool = True) -> dict[str, Any]:
+    """A ``chat.completion`` object for ``reply``."""
+    message: dict[str, Any] = {"role": "assistant", "content": reply.text or None}
+    if reply.raw_output is not None:
+        message["content"] = reply.raw_output
+    elif reply.output is not None:
+        data = conform(call.schema or {}, reply.output) if call.strict else reply.output
+        message["content"] = json.dumps(data)
+    if reply.tool_calls:
+        message["tool_calls"] = [
+            {
+                "id": call_id or f"call_{i}",
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(args)},
+            }
+            for i, (call_id, name, args) in enumerate(reply.tool_calls)
+        ]
+    finish = reply.finish or ("tool_calls" if reply.tool_calls else "stop")
+    body: dict[str, Any] = {
+        "id": f"chatcmpl-{time.monotonic_ns()}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": call.model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+    }
+    if usage:
+        prompt, out = reply.tokens(call)
+        body["usage"] = {
+            "prompt_tokens": prompt,
+            "completion_tokens": out,
+            "total_tokens": prompt + out,
+            "prompt_tokens_details": {"cached_tokens": reply.cached_tokens},
+            "completion_tokens_details": {"reasoning_tokens": reply.reasoning_tokens},
+        }
+    return body
+
+
+def error(status: int, kind: str, message: str) -> dict[str, Any]:
+    """An OpenAI error body."""
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}

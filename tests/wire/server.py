@@ -1,0 +1,330 @@
+"""A local HTTP server speaking OpenAI's and Anthropic's wire formats, with injected faults.
+
+``POST /v1/chat/completions`` answers as OpenAI does and ``POST /v1/messages`` as Anthropic does
+(streamed when asked, as hierplan's adapter always asks). Either path accepts the key as
+``Authorization: Bearer`` or ``x-api-key``. A :class:`Faults` plan decides, request by request,
+whether to misbehave and how:
+
+=============  ===============================================================================
+rate_limit     429 with ``retry-after`` (and ``retry-after-ms``)
+server_error   500
+overloaded     529 ``overloaded_error`` (Anthropic) / 503 (OpenAI)
+stream_error   an ``error`` event inside a 200 stream (Anthropic; 500 for OpenAI)
+slow           the reply starts after ``slow_s`` seconds, past the client's timeout
+malformed      a 200 whose JSON (or one streamed event) does not parse
+no_usage       a good reply without usage
+truncated      the connection closes halfway through the body
+bad_request    400 with the provider's message
+unauthorized   401 whatever the key
+=============  ===============================================================================
+
+Every request is logged as a :class:`Hit`. The server runs in its own threads, so it serves any
+client: async tests, the CLI in a subprocess, benchmarks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import random
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import ModuleType
+from typing import Any
+
+from . import anthropic_wire, openai_wire
+from .backends import Backend, WireError
+
+FAULT_KINDS = (
+    "rate_limit",
+    "server_error",
+    "overloaded",
+    "slow",
+    "malformed",
+    "no_usage",
+    "truncated",
+)
+"""The faults of a random plan: the ones the issue lists."""
+
+NOT_FAILURES = frozenset({"no_usage"})
+"""Faults after which the attempt still succeeds."""
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One request: which API, the fault injected (if any) and the status sent."""
+
+    provider: str
+    fault: str | None
+    status: int
+
+
+class Faults:
+    """Which request misbehaves: a script first, then a seeded random draw at ``rate``."""
+
+    def __init__(self) -> None:
+        self._script: list[str | None] = []
+        self.rate = 0.0
+        self.kinds: tuple[str, ...] = FAULT_KINDS
+        self._rng = random.Random(0)
+        self._lock = threading.Lock()
+
+    def script(self, kinds: Iterable[str | None]) -> Faults:
+        """The next requests get these faults (``None``: answer normally), in order."""
+        with self._lock:
+            self._script.extend(kinds)
+        return self
+
+    def random(self, rate: float, kinds: Sequence[str] = FAULT_KINDS, seed: int = 0) -> Faults:
+        """After the script, each request misbehaves with probability ``rate``."""
+        with self._lock:
+            self.rate, self.kinds, self._rng = rate, tuple(kinds), random.Random(seed)
+        return self
+
+    def next(self) -> str | None:
+        """The fault of the next request."""
+        with self._lock:
+            if self._script:
+                return self._script.pop(0)
+            if self.rate and self._rng.random() < self.rate:
+                return self._rng.choice(self.kinds)
+            return None
+
+
+class WireServer:
+    """The server on ``127.0.0.1`` (a free port); a context manager that starts and stops it.
+
+    >>> with WireServer(ScriptBackend([Reply(text="hi")])) as server:  # doctest: +SKIP
+    ...     base_url = server.openai_base_url
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        api_keys: Iterable[str] = ("test-key",),
+        retry_after_s: float = 0.05,
+        retry_after_ms: bool = True,
+        slow_s: float = 1.0,
+    ) -> None:
+        self.backend = backend
+        self.api_keys = frozenset(api_keys)
+        self.retry_after_s = retry_after_s
+        self.retry_after_ms = retry_after_ms
+        self.slow_s = slow_s
+        self.faults = Faults()
+        self.hits: list[Hit] = []
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+        self._http = _HTTPServer(("127.0.0.1", 0), _Handler)
+        self._http.wire = self
+        self._thread = threading.Thread(target=self._http.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:<port>`` (Anthropic's base URL)."""
+        host, port = self._http.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    @property
+    def openai_base_url(self) -> str:
+        """The base URL an OpenAI client takes (with ``/v1``)."""
+        return self.url + "/v1"
+
+    @property
+    def anthropic_base_url(self) -> str:
+        """The base URL an Anthropic client takes."""
+        return self.url
+
+    def base_url(self, provider: str) -> str:
+        """The base URL for ``provider`` (``openai`` or ``anthropic``)."""
+        return self.openai_base_url if provider == "openai" else self.anthropic_base_url
+
+    def start(self) -> WireServer:
+        """Start serving in a background thread."""
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the socket."""
+        self._http.shutdown()
+        self._http.server_close()
+
+    def __enter__(self) -> WireServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def count(self, fault: str | None = None) -> int:
+        """Requests that got ``fault`` (all requests when ``None``)."""
+        with self._lock:
+            return sum(1 for h in self.hits if fault is None or h.fault == fault)
+
+    def failures(self) -> int:
+        """Requests whose fault made the attempt fail."""
+        with self._lock:
+            return sum(1 for h in self.hits if h.fault and h.fault not in NOT_FAILURES)
+
+    def log(self, hit: Hit) -> None:
+        with self._lock:
+            self.hits.append(hit)
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    wire: WireServer
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that gave up on a slow reply resets its connection: expected, not news.
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+
+
+_FORMATS: dict[str, tuple[str, ModuleType]] = {
+    "/v1/chat/completions": ("openai", openai_wire),
+    "/v1/messages": ("anthropic", anthropic_wire),
+}
+_ERRORS = {
+    "openai": {
+        "rate_limit": (429, "rate_limit_exceeded", "Rate limit reached; try again later."),
+        "server_error": (500, "server_error", "The server had an error processing your request."),
+        "overloaded": (503, "server_error", "The engine is currently overloaded."),
+        "stream_error": (500, "server_error", "The server had an error processing your request."),
+        "bad_request": (400, "invalid_request_error", "This model's maximum context is exceeded."),
+        "unauthorized": (401, "invalid_api_key", "Incorrect API key provided."),
+    },
+    "anthropic": {
+        "rate_limit": (429, "rate_limit_error", "Number of requests has exceeded your rate limit."),
+        "server_error": (500, "api_error", "Internal server error"),
+        "overloaded": (529, "overloaded_error", "Overloaded"),
+        "bad_request": (400, "invalid_request_error", "prompt is too long: 250000 tokens"),
+        "unauthorized": (401, "authentication_error", "invalid x-api-key"),
+    },
+}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _HTTPServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return  # quiet: tests read the hit log instead
+
+    def do_POST(self) -> None:
+        wire = self.server.wire
+        raw = self.rfile.read(int(self.headers.get("content-length") or 0))
+        found = _FORMATS.get(self.path.split("?")[0])
+        if found is None:
+            self._json(404, {"error": {"message": f"no route {self.path}"}})
+            return
+        provider, fmt = found
+        if not self._authorized(wire):
+            kind = "authentication_error" if provider == "anthropic" else "invalid_api_key"
+            wire.log(Hit(provider, None, 401))
+            self._json(401, fmt.error(401, kind, "invalid or missing API key"))
+            return
+        fault = wire.faults.next()
+        try:
+            call = fmt.parse(json.loads(raw))
+            status = self._respond(wire, provider, fmt, call, fault)
+        except WireError as exc:
+            status = exc.status
+            self._json(exc.status, fmt.error(exc.status, exc.kind, exc.message))
+        except Exception as exc:  # a backend bug or a used-up script: loud, and not retried
+            wire.errors.append(f"{type(exc).__name__}: {exc}")
+            status = 400
+            self._json(400, fmt.error(400, "invalid_request_error", f"wire server: {exc}"))
+        wire.log(Hit(provider, fault, status))
+
+    def _authorized(self, wire: WireServer) -> bool:
+        bearer = self.headers.get("authorization", "")
+        key = bearer.removeprefix("Bearer ") if bearer.startswith("Bearer ") else None
+        return (key or self.headers.get("x-api-key")) in wire.api_keys
+
+    def _respond(
+        self, wire: WireServer, provider: str, fmt: ModuleType, call: Any, fault: str | None
+    ) -> int:
+        errors = _ERRORS[provider]
+        if fault == "stream_error" and provider == "openai":
+            fault = "server_error"
+        if fault in errors and fault != "stream_error":
+            status, kind, message = errors[fault]
+            headers = {}
+            if fault == "rate_limit":
+                headers["retry-after"] = str(math.ceil(wire.retry_after_s))
+                if wire.retry_after_ms:
+                    headers["retry-after-ms"] = str(int(wire.retry_after_s * 1000))
+            self._json(status, fmt.error(status, kind, message), headers)
+            return status
+        if fault == "slow":
+            time.sleep(wire.slow_s)
+        reply = wire.backend.answer(call)
+        usage = fault != "no_usage"
+        if provider == "anthropic" and call.body.get("stream"):
+            self._stream(anthropic_wire.events(reply, call, usage=usage), fault)
+        elif provider == "anthropic":
+            self._json(200, anthropic_wire.message(reply, call, usage=usage), fault=fault)
+        else:
+            self._json(200, openai_wire.completion(reply, call, usage=usage), fault=fault)
+        return 200
+
+    def _json(
+        self,
+        status: int,
+        body: dict[str, Any],
+        headers: dict[str, str] | None = None,
+        fault: str | None = None,
+    ) -> None:
+        data = json.dumps(body).encode()
+        if fault == "malformed":
+            data = data[: len(data) // 2]
+        try:
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.end_headers()
+            if fault == "truncated":
+                self.wfile.write(data[: len(data) // 2])
+                self._hang_up()
+                return
+            self.wfile.write(data)
+        except OSError:
+            self.close_connection = True  # the client gave up (a slow reply): nothing to do
+
+    def _stream(self, events: list[tuple[str, str]], fault: str | None) -> None:
+        if fault == "malformed":
+            events = [*events[:2], ("content_block_start", "{not json"), *events[2:]]
+        if fault == "stream_error":
+            error = anthropic_wire.error(529, "overloaded_error", "Overloaded")
+            events = [events[0], ("error", json.dumps(error))]
+        cut = len(events) // 2 if fault == "truncated" else len(events)
+        try:
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            for name, data in events[:cut]:
+                chunk = f"event: {name}\ndata: {data}\n\n".encode()
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            if fault == "truncated":
+                self.wfile.flush()
+                self._hang_up()
+                return
+            self.wfile.write(b"0\r\n\r\n")
+        except OSError:
+            self.close_connection = True
+
+    def _hang_up(self) -> None:
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
