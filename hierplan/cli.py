@@ -125,6 +125,22 @@ def run_command(
     ] = False,
     sim_profile: ProfileOpt = "typical",
     sim_latency_scale: LatencyOpt = 1.0,
+    base_url: Annotated[
+        str | None,
+        typer.Option(
+            "--base-url",
+            help="API base URL: an OpenAI-compatible server (vLLM, Ollama, llama.cpp, LiteLLM) "
+            "for openai:<model>, or a gateway for anthropic:<model>.",
+        ),
+    ] = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option("--timeout", min=0.001, help="Seconds one model call may wait (120)."),
+    ] = None,
+    model_retries: Annotated[
+        int | None,
+        typer.Option("--model-retries", min=0, help="Retries of a failed model call (3)."),
+    ] = None,
 ) -> None:
     """Plan and run a goal (or a scenario), write DIR/run.json, and show the tree with costs."""
     console = Console()
@@ -140,6 +156,9 @@ def run_command(
             raise UserInputError("no goal: give GOAL, --goal-file FILE or --scenario NAME")
         _check_choices(str(options.get("strategy", strategy)), sim_profile)
         model = str(options.pop("model", model))
+        model_options = _model_options(model, base_url, timeout)
+        if model_retries is not None:
+            options["model_retries"] = model_retries
         settings = RunSettings.model_validate(
             {
                 "strategy": strategy,
@@ -164,7 +183,23 @@ def run_command(
         sim_profile=sim_profile,
         sim_latency_scale=sim_latency_scale,
         workdir=run_dir if scenario else None,
+        model_options=model_options,
     )
+
+
+def _model_options(model: str, base_url: str | None, timeout: float | None) -> dict[str, Any]:
+    """Provider options from ``--base-url`` and ``--timeout`` (only for provider models)."""
+    options: dict[str, Any] = {}
+    if base_url is not None:
+        options["base_url"] = base_url
+    if timeout is not None:
+        options["timeout_s"] = timeout
+    if options and model.strip().lower().startswith("sim"):
+        raise UserInputError(
+            "--base-url and --timeout apply to real models (--model openai:<model> or "
+            "anthropic:<model>), not to the simulator"
+        )
+    return options
 
 
 def _check_choices(strategy: str, sim_profile: str) -> None:

@@ -9,7 +9,9 @@ from .server import FAULT_KINDS, NOT_FAILURES, Faults, Hit, WireServer
 
 __all__ = [
     "FAULT_KINDS",
+    "MODELS",
     "NOT_FAILURES",
+    "TEST_KEY",
     "Faults",
     "Hit",
     "OracleBackend",
@@ -19,4 +21,15 @@ __all__ = [
     "WireError",
     "WireServer",
     "conform",
+    "model_options",
 ]
+
+MODELS = {"openai": "openai:gpt-5-mini", "anthropic": "anthropic:claude-haiku-4-5"}
+"""A priced model of each provider, as the runs over the wire name them."""
+
+TEST_KEY = "test-key"
+
+
+def model_options(server: WireServer, provider: str, **extra: object) -> dict[str, object]:
+    """``model_options`` that point a run's ``provider`` model at ``server``."""
+    return {"base_url": server.base_url(provider), "api_key": TEST_KEY, **extra}

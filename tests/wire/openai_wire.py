@@ -37,7 +37,7 @@ def parse(body: dict[str, Any]) -> WireCall:
             raise WireError(400, "invalid_request_error", "response_format needs a json_schema")
         schema_name, schema, strict = spec["name"], spec["schema"], bool(spec.get("strict"))
         if strict:
-            _check_strict(schema, schema_name)
+            check_strict(schema, schema_name)
     tools = []
     for tool in body.get("tools", []):
         function = tool.get("function", {}) if tool.get("type") == "function" else {}
@@ -82,10 +82,10 @@ def _messages(raw: list[dict[str, Any]]) -> list[Message]:
     return out
 
 
-def _check_strict(schema: Any, name: str, where: str = "root") -> None:
+def check_strict(schema: Any, name: str, where: str = "root") -> None:
     if isinstance(schema, list):
         for i, item in enumerate(schema):
-            _check_strict(item, name, f"{where}[{i}]")
+            check_strict(item, name, f"{where}[{i}]")
         return
     if not isinstance(schema, dict):
         return
@@ -104,9 +104,9 @@ def _check_strict(schema: Any, name: str, where: str = "root") -> None:
     for key, value in schema.items():
         if key in ("properties", "$defs"):
             for sub_name, sub in value.items():
-                _check_strict(sub, name, f"{where}.{sub_name}")
+                check_strict(sub, name, f"{where}.{sub_name}")
         elif key in ("items", "anyOf"):
-            _check_strict(value, name, f"{where}.{key}")
+            check_strict(value, name, f"{where}.{key}")
 
 
 def _schema_error(name: str, where: str, what: str) -> WireError:

@@ -10,7 +10,7 @@ rate_limit     429 with ``retry-after`` (and ``retry-after-ms``)
 server_error   500
 overloaded     529 ``overloaded_error`` (Anthropic) / 503 (OpenAI)
 stream_error   an ``error`` event inside a 200 stream (Anthropic; 500 for OpenAI)
-slow           the reply starts after ``slow_s`` seconds, past the client's timeout
+slow           nothing for ``slow_s`` seconds (past the client's timeout), then no answer
 malformed      a 200 whose JSON (or one streamed event) does not parse
 no_usage       a good reply without usage
 truncated      the connection closes halfway through the body
@@ -35,11 +35,10 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import ModuleType
 from typing import Any
 
 from . import anthropic_wire, openai_wire
-from .backends import Backend, WireError
+from .backends import Backend, Reply, WireError
 
 FAULT_KINDS = (
     "rate_limit",
@@ -124,7 +123,9 @@ class WireServer:
         self._lock = threading.Lock()
         self._http = _HTTPServer(("127.0.0.1", 0), _Handler)
         self._http.wire = self
-        self._thread = threading.Thread(target=self._http.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self._http.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
 
     @property
     def url(self) -> str:
@@ -159,8 +160,10 @@ class WireServer:
     def __enter__(self) -> WireServer:
         return self.start()
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: object, *exc: object) -> None:
         self.stop()
+        if kind is None and self.errors:
+            raise AssertionError(f"the wire server hit errors: {self.errors}")
 
     def count(self, fault: str | None = None) -> int:
         """Requests that got ``fault`` (all requests when ``None``)."""
@@ -188,7 +191,7 @@ class _HTTPServer(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
-_FORMATS: dict[str, tuple[str, ModuleType]] = {
+_FORMATS: dict[str, tuple[str, Any]] = {
     "/v1/chat/completions": ("openai", openai_wire),
     "/v1/messages": ("anthropic", anthropic_wire),
 }
@@ -232,41 +235,38 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(401, fmt.error(401, kind, "invalid or missing API key"))
             return
         fault = wire.faults.next()
-        try:
-            call = fmt.parse(json.loads(raw))
-            status = self._respond(wire, provider, fmt, call, fault)
-        except WireError as exc:
-            status = exc.status
-            self._json(exc.status, fmt.error(exc.status, exc.kind, exc.message))
-        except Exception as exc:  # a backend bug or a used-up script: loud, and not retried
-            wire.errors.append(f"{type(exc).__name__}: {exc}")
-            status = 400
-            self._json(400, fmt.error(400, "invalid_request_error", f"wire server: {exc}"))
-        wire.log(Hit(provider, fault, status))
-
-    def _authorized(self, wire: WireServer) -> bool:
-        bearer = self.headers.get("authorization", "")
-        key = bearer.removeprefix("Bearer ") if bearer.startswith("Bearer ") else None
-        return (key or self.headers.get("x-api-key")) in wire.api_keys
-
-    def _respond(
-        self, wire: WireServer, provider: str, fmt: ModuleType, call: Any, fault: str | None
-    ) -> int:
-        errors = _ERRORS[provider]
         if fault == "stream_error" and provider == "openai":
             fault = "server_error"
-        if fault in errors and fault != "stream_error":
-            status, kind, message = errors[fault]
-            headers = {}
-            if fault == "rate_limit":
-                headers["retry-after"] = str(math.ceil(wire.retry_after_s))
-                if wire.retry_after_ms:
-                    headers["retry-after-ms"] = str(int(wire.retry_after_s * 1000))
-            self._json(status, fmt.error(status, kind, message), headers)
-            return status
+        try:
+            call = fmt.parse(json.loads(raw))
+        except WireError as exc:
+            wire.log(Hit(provider, fault, exc.status))
+            self._json(exc.status, fmt.error(exc.status, exc.kind, exc.message))
+            return
+        # Each request is logged before a byte of its answer leaves: a client that has its
+        # answer finds the request in the log.
+        error = None if fault == "stream_error" else _ERRORS[provider].get(str(fault))
+        if error is not None:
+            status, kind, message = error
+            wire.log(Hit(provider, fault, status))
+            self._json(status, fmt.error(status, kind, message), self._retry_headers(fault))
+            return
         if fault == "slow":
-            time.sleep(wire.slow_s)
-        reply = wire.backend.answer(call)
+            wire.log(Hit(provider, fault, 200))
+            time.sleep(wire.slow_s)  # the client has given up by now: no answer is spent
+            self._json(200, {"late": True})
+            return
+        try:
+            # A broken reply needs no answer: the backend's answers are kept for the retry.
+            broken = fault in ("malformed", "truncated", "stream_error")
+            reply = Reply(text="(an answer that never arrives whole)") if broken else None
+            reply = reply or wire.backend.answer(call)
+        except Exception as exc:  # a backend bug or a used-up script: loud, and not retried
+            wire.errors.append(f"{type(exc).__name__}: {exc}")
+            wire.log(Hit(provider, fault, 400))
+            self._json(400, fmt.error(400, "invalid_request_error", f"wire server: {exc}"))
+            return
+        wire.log(Hit(provider, fault, 200))
         usage = fault != "no_usage"
         if provider == "anthropic" and call.body.get("stream"):
             self._stream(anthropic_wire.events(reply, call, usage=usage), fault)
@@ -274,7 +274,20 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(200, anthropic_wire.message(reply, call, usage=usage), fault=fault)
         else:
             self._json(200, openai_wire.completion(reply, call, usage=usage), fault=fault)
-        return 200
+
+    def _authorized(self, wire: WireServer) -> bool:
+        bearer = self.headers.get("authorization", "")
+        key = bearer.removeprefix("Bearer ") if bearer.startswith("Bearer ") else None
+        return (key or self.headers.get("x-api-key")) in wire.api_keys
+
+    def _retry_headers(self, fault: str | None) -> dict[str, str]:
+        wire = self.server.wire
+        if fault != "rate_limit":
+            return {}
+        headers = {"retry-after": str(math.ceil(wire.retry_after_s))}
+        if wire.retry_after_ms:
+            headers["retry-after-ms"] = str(int(wire.retry_after_s * 1000))
+        return headers
 
     def _json(
         self,

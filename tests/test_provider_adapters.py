@@ -1,0 +1,341 @@
+"""The OpenAI and Anthropic adapters, one request at a time, through the real SDKs and the wire.
+
+Each test runs the official SDK against the local wire server, which checks requests the way
+the providers do (tool results paired with tool calls, strict schemas, alternating turns).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from types import SimpleNamespace
+from typing import Any
+
+import openai
+import pytest
+from wire import MODELS, TEST_KEY, Reply, ScriptBackend, WireServer
+
+from hierplan.agents.models import resolve_model
+from hierplan.agents.models.base import (
+    Message,
+    Model,
+    ModelRequest,
+    OutputSchema,
+    ToolSpec,
+    Usage,
+)
+from hierplan.agents.models.openai import OpenAIModel
+from hierplan.agents.planner import PLAN_SCHEMA
+from hierplan.errors import ModelAuthError, ModelError
+from hierplan.hierarchy.plan import Plan
+
+PROVIDERS = ("openai", "anthropic")
+ADD = ToolSpec(
+    "add",
+    "Add two integers.",
+    {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "required": ["a", "b"],
+        "additionalProperties": False,
+    },
+)
+PLAN = {
+    "goal": "Count the rows of two tables",
+    "steps": [
+        {
+            "id": "a",
+            "title": "Count A",
+            "instruction": "Count a",
+            "tool": "count",
+            "args": {"t": 1},
+        },
+        {
+            "id": "b",
+            "title": "Count B",
+            "instruction": "Count b",
+            "depends_on": ["a"],
+            "kind": "subgoal",
+            "estimate_usd": 0.25,
+        },
+    ],
+    "rationale": "a before b",
+}
+
+
+def ask(*content: str) -> tuple[Message, ...]:
+    return (Message("system", "You help."), *(Message("user", c) for c in content))
+
+
+def adapter(server: WireServer, provider: str, **options: Any) -> Model:
+    return resolve_model(
+        MODELS[provider], base_url=server.base_url(provider), api_key=TEST_KEY, **options
+    )
+
+
+async def one(server: WireServer, provider: str, request: ModelRequest, **options: Any) -> Any:
+    model = adapter(server, provider, **options)
+    try:
+        return await model.request(request)
+    finally:
+        await model.aclose()  # type: ignore[attr-defined]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_text_reply_maps_usage_with_cached_and_reasoning_tokens(provider: str) -> None:
+    reply = Reply(
+        text="done", input_tokens=120, output_tokens=30, cached_tokens=100, reasoning_tokens=12
+    )
+    with WireServer(ScriptBackend([reply])) as server:
+        response = await one(server, provider, ModelRequest(ask("Say done")))
+    assert response.text == "done"
+    assert response.usage == Usage(120, 30, cached_input_tokens=100, reasoning_tokens=12)
+    assert response.model == MODELS[provider]
+    assert response.flags == [] and not response.simulated and response.finish_reason == "stop"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_reply_without_usage_has_none_and_a_flag(provider: str) -> None:
+    with WireServer(ScriptBackend([Reply(text="done")])) as server:
+        server.faults.script(["no_usage"])
+        response = await one(server, provider, ModelRequest(ask("Say done")))
+    assert response.text == "done"
+    assert response.usage is None
+    assert "no_usage" in response.flags
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_tool_calls_and_results_round_trip(provider: str) -> None:
+    prefix = "toolu_" if provider == "anthropic" else "call_"
+    calls = [(prefix + "1", "add", {"a": 2, "b": 3}), (prefix + "2", "add", {"a": 4, "b": 5})]
+    backend = ScriptBackend([Reply(text="Adding.", tool_calls=calls), Reply(text="5 and 9")])
+    with WireServer(backend) as server:
+        model = adapter(server, provider)
+        first = await model.request(ModelRequest(ask("Add 2+3 and 4+5"), tools=(ADD,)))
+        assert [(c.id, c.name, dict(c.arguments)) for c in first.tool_calls] == calls
+        assert first.finish_reason == "tool_calls"
+        followup = (
+            *ask("Add 2+3 and 4+5"),
+            Message("assistant", first.text, first.tool_calls),
+            Message("tool", "5", tool_call_id=calls[0][0]),
+            Message("tool", "ERROR: tool 'add' failed", tool_call_id=calls[1][0]),
+        )
+        second = await model.request(ModelRequest(followup, tools=(ADD,)))
+        await model.aclose()  # type: ignore[attr-defined]
+    assert second.text == "5 and 9"
+    seen = backend.calls[1]
+    assert seen.tools == ["add"]
+    assert [(m.role, m.tool_call_id, m.content) for m in seen.messages if m.role == "tool"] == [
+        ("tool", calls[0][0], "5"),
+        ("tool", calls[1][0], "ERROR: tool 'add' failed"),
+    ]
+    assistant = next(m for m in seen.messages if m.role == "assistant")
+    assert [c.arguments for c in assistant.tool_calls] == [c[2] for c in calls]
+    if provider == "anthropic":
+        # tool results go back in one user turn; a failed tool is marked as an error
+        turn = seen.body["messages"][-1]
+        assert turn["role"] == "user"
+        assert [b.get("is_error", False) for b in turn["content"]] == [False, True]
+    else:
+        assert json.loads(seen.body["messages"][2]["tool_calls"][0]["function"]["arguments"]) == {
+            "a": 2,
+            "b": 3,
+        }
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_plan_comes_back_as_structured_output(provider: str) -> None:
+    backend = ScriptBackend([Reply(output=PLAN)])
+    request = ModelRequest(
+        ask("Plan it"), output_schema=OutputSchema("plan", PLAN_SCHEMA), phase="planning"
+    )
+    with WireServer(backend) as server:
+        response = await one(server, provider, request)
+    assert Plan.model_validate(response.output) == Plan.model_validate(PLAN)
+    assert response.tool_calls == ()
+    body = backend.calls[0].body
+    if provider == "openai":
+        fmt = body["response_format"]
+        assert fmt["type"] == "json_schema" and fmt["json_schema"]["strict"] is True
+        assert fmt["json_schema"]["name"] == "plan"
+        # the model wrote every property (null when absent) and args as a JSON string
+        assert '"args": "{\\"t\\": 1}"' in response.text
+    else:
+        assert body["tool_choice"] == {"type": "tool", "name": "plan"}
+        assert body["tools"][0]["input_schema"] == PLAN_SCHEMA
+        assert response.finish_reason == "stop"
+
+
+@pytest.mark.anyio
+async def test_the_wire_refuses_a_schema_that_is_not_strict() -> None:
+    # The check the adapter's strict schema passes in every other test can fail.
+    with WireServer(ScriptBackend([])) as server:
+        client = openai.AsyncOpenAI(
+            api_key=TEST_KEY, base_url=server.openai_base_url, max_retries=0
+        )
+        with pytest.raises(openai.BadRequestError, match="response_format 'plan'"):
+            await client.chat.completions.create(
+                model="gpt-5-mini",
+                messages=[{"role": "user", "content": "plan"}],
+                response_format={
+                    "type": "json_schema",
+                    "json_schema": {"name": "plan", "schema": PLAN_SCHEMA, "strict": True},
+                },
+            )
+        await client.close()
+
+
+@pytest.mark.anyio
+async def test_openai_token_field_follows_the_server() -> None:
+    with WireServer(ScriptBackend([Reply(text="a"), Reply(text="b")])) as server:
+        await one(server, "openai", ModelRequest(ask("x"), max_tokens=77))
+        await one(
+            server,
+            "openai",
+            ModelRequest(ask("x"), max_tokens=88),
+            max_tokens_field="max_completion_tokens",
+        )
+        bodies = [c.body for c in server.backend.calls]  # type: ignore[attr-defined]
+    assert bodies[0]["max_tokens"] == 77 and "max_completion_tokens" not in bodies[0]
+    assert bodies[1]["max_completion_tokens"] == 88 and "max_tokens" not in bodies[1]
+    assert OpenAIModel("gpt-5-mini", api_key="k").token_field == "max_completion_tokens"
+
+
+@pytest.mark.anyio
+async def test_anthropic_streams_so_large_max_tokens_are_not_refused() -> None:
+    backend = ScriptBackend([Reply(text="long answer")])
+    with WireServer(backend) as server:
+        response = await one(server, "anthropic", ModelRequest(ask("x"), max_tokens=128_000))
+    assert response.text == "long answer"
+    assert backend.calls[0].body["stream"] is True
+    assert backend.calls[0].max_tokens == 128_000
+
+
+RETRYABLE = ("rate_limit", "server_error", "overloaded", "slow", "malformed", "truncated")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("kind", [*RETRYABLE, "stream_error"])
+async def test_faults_become_retryable_model_errors(provider: str, kind: str) -> None:
+    with WireServer(ScriptBackend([Reply(text="x")]), slow_s=1.0) as server:
+        server.faults.script([kind])
+        with pytest.raises(ModelError) as caught:
+            await one(server, provider, ModelRequest(ask("x")), timeout_s=0.3)
+    error = caught.value
+    assert error.retryable, str(error)
+    assert str(error).startswith(MODELS[provider] + ": ")
+    assert error.retry_after == (0.05 if kind == "rate_limit" else None)
+    if kind in ("rate_limit", "server_error", "overloaded"):
+        assert "HTTP " in str(error)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_retry_after_in_whole_seconds(provider: str) -> None:
+    with WireServer(ScriptBackend([]), retry_after_s=2, retry_after_ms=False) as server:
+        server.faults.script(["rate_limit"])
+        with pytest.raises(ModelError) as caught:
+            await one(server, provider, ModelRequest(ask("x")))
+    assert caught.value.retry_after == 2.0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_bad_request_is_not_retryable_and_keeps_the_providers_message(provider: str) -> None:
+    with WireServer(ScriptBackend([])) as server:
+        server.faults.script(["bad_request"])
+        with pytest.raises(ModelError) as caught:
+            await one(server, provider, ModelRequest(ask("x")))
+    assert not caught.value.retryable
+    assert "HTTP 400: invalid_request_error:" in str(caught.value)
+    assert ("maximum context" if provider == "openai" else "prompt is too long") in str(
+        caught.value
+    )
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_wrong_key_is_an_auth_error(provider: str) -> None:
+    with WireServer(ScriptBackend([])) as server:
+        model = resolve_model(
+            MODELS[provider], base_url=server.base_url(provider), api_key="wrong-key"
+        )
+        with pytest.raises(ModelAuthError, match=r"HTTP 401: .*invalid or missing API key"):
+            await model.request(ModelRequest(ask("x")))
+        await model.aclose()  # type: ignore[attr-defined]
+        assert server.count() == 1
+
+
+def test_the_wire_accepts_bearer_and_x_api_key_on_both_paths() -> None:
+    backend = ScriptBackend([Reply(text="a"), Reply(text="b"), Reply(text="c")])
+    bodies = {
+        "/v1/chat/completions": {"model": "m", "messages": [{"role": "user", "content": "x"}]},
+        "/v1/messages": {
+            "model": "m",
+            "max_tokens": 5,
+            "messages": [{"role": "user", "content": "x"}],
+        },
+    }
+    with WireServer(backend) as server:
+        statuses = []
+        for path, header in (
+            ("/v1/chat/completions", {"x-api-key": TEST_KEY}),
+            ("/v1/messages", {"Authorization": f"Bearer {TEST_KEY}"}),
+            ("/v1/messages", {"x-api-key": TEST_KEY}),
+        ):
+            req = urllib.request.Request(
+                server.url + path,
+                data=json.dumps(bodies[path]).encode(),
+                headers={"content-type": "application/json", **header},
+            )
+            with urllib.request.urlopen(req, timeout=5) as reply:
+                statuses.append(reply.status)
+    assert statuses == [200, 200, 200]
+
+
+def test_unreadable_tool_arguments_are_a_retryable_error_with_usage() -> None:
+    model = OpenAIModel("gpt-5-mini", api_key="k")
+    completion = SimpleNamespace(
+        model="gpt-5-mini",
+        usage=SimpleNamespace(prompt_tokens=10, completion_tokens=3),
+        choices=[
+            SimpleNamespace(
+                finish_reason="tool_calls",
+                message=SimpleNamespace(
+                    content=None,
+                    refusal=None,
+                    tool_calls=[
+                        SimpleNamespace(
+                            id="c1", function=SimpleNamespace(name="add", arguments='{"a": 1')
+                        )
+                    ],
+                ),
+            )
+        ],
+    )
+    with pytest.raises(ModelError, match="arguments of tool call 'add' are not JSON") as caught:
+        model.parse_completion(completion, ModelRequest(ask("x")))
+    assert caught.value.retryable and caught.value.usage == Usage(10, 3)
+
+
+def test_a_refusal_is_text_with_a_flag_and_no_output() -> None:
+    model = OpenAIModel("gpt-5-mini", api_key="k")
+    completion = SimpleNamespace(
+        model="gpt-5-mini",
+        usage=None,
+        choices=[
+            SimpleNamespace(
+                finish_reason="stop",
+                message=SimpleNamespace(content=None, refusal="I can't help.", tool_calls=None),
+            )
+        ],
+    )
+    request = ModelRequest(ask("x"), output_schema=OutputSchema("plan", PLAN_SCHEMA))
+    response = model.parse_completion(completion, request)
+    assert (response.text, response.output) == ("I can't help.", None)
+    assert response.flags == ["refusal", "no_usage"]

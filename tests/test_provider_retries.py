@@ -1,0 +1,289 @@
+"""Provider faults inside a run: retried and counted, or failed fast with the provider's message.
+
+A small run (one plan, one executor answer) goes over the wire; the server injects a fault into
+a chosen request and logs every request it gets. The run record must hold one call record per
+request the server saw: the SDKs' own retries are off, and hierplan's one retry loop records
+every attempt.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+from wire import MODELS, Reply, ScriptBackend, WireServer, model_options
+
+import hierplan
+from hierplan.agents.models.anthropic import AnthropicModel
+from hierplan.agents.models.base import Model, ModelRequest, ModelResponse
+from hierplan.agents.models.openai import OpenAIModel
+from hierplan.errors import ModelAuthError, ModelError
+from hierplan.hierarchy.context import _retry_delay
+from hierplan.hierarchy.events import RunEvent, StepRetried
+from hierplan.hierarchy.record import CallRecord, RunResult
+
+PROVIDERS = ("openai", "anthropic")
+GOAL = "Greet the user"
+PLAN = {
+    "goal": GOAL,
+    "steps": [{"id": "greet", "title": "Greet", "instruction": "Say hello to the user"}],
+}
+RETRIED = ("rate_limit", "server_error", "overloaded", "slow", "malformed", "truncated")
+
+
+def script() -> ScriptBackend:
+    return ScriptBackend([Reply(output=PLAN), Reply(text="hello")])
+
+
+async def mini_run(
+    server: WireServer, provider: str, *, timeout_s: float = 0.4, **settings: Any
+) -> RunResult:
+    return await hierplan.run(
+        GOAL,
+        model=MODELS[provider],
+        settings=hierplan.RunSettings(retry_backoff_s=0, **settings),
+        model_options=model_options(server, provider, timeout_s=timeout_s),
+    )
+
+
+def calls(result: RunResult) -> list[CallRecord]:
+    return [call for node in result.nodes() for call in node.calls]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("kind", RETRIED)
+@pytest.mark.parametrize("at", [0, 1], ids=["planner", "executor"])
+async def test_each_fault_is_retried_and_every_attempt_recorded(
+    provider: str, kind: str, at: int
+) -> None:
+    with WireServer(script(), slow_s=1.0) as server:
+        server.faults.script([None] * at + [kind])
+        result = await mini_run(server, provider)
+        hits = server.count()
+    assert result.status == "succeeded", result.error
+    assert result.answer == "hello"
+    records = calls(result)
+    assert len(records) == hits == 3
+    failed = [c for c in records if not c.ok]
+    assert len(failed) == 1 and "failed" in failed[0].flags and failed[0].attempt == 1
+    node = [n for n in result.nodes() if n.calls][at]
+    assert [(c.attempt, c.ok) for c in node.calls] == [(1, False), (2, True)]
+    assert all(c.ok and c.usage.input_tokens > 0 for c in records if c is not failed[0])
+
+
+@pytest.mark.anyio
+async def test_an_error_event_inside_an_anthropic_stream_is_retried() -> None:
+    with WireServer(script()) as server:
+        server.faults.script(["stream_error"])
+        result = await mini_run(server, "anthropic")
+        assert server.count() == 3
+    assert result.status == "succeeded"
+    assert [c.ok for c in calls(result)] == [False, True, True]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_reply_without_usage_is_recorded_and_flagged(provider: str) -> None:
+    with WireServer(script()) as server:
+        server.faults.script(["no_usage"])
+        result = await mini_run(server, provider)
+    records = calls(result)
+    assert result.status == "succeeded" and len(records) == 2
+    assert "no_usage" in records[0].flags and records[0].ok
+    assert records[0].usage.total_tokens == 0
+    assert "no_usage" not in records[1].flags and records[1].usage.total_tokens > 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_bad_request_fails_fast_with_the_providers_message(provider: str) -> None:
+    with WireServer(script()) as server:
+        server.faults.script(["bad_request"])
+        result = await mini_run(server, provider)
+        assert server.count() == 1
+    assert result.status == "failed"
+    assert result.error is not None and "HTTP 400: invalid_request_error" in result.error
+    assert [c.ok for c in calls(result)] == [False]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("at", [0, 1], ids=["planner", "executor"])
+async def test_an_unauthorized_key_stops_the_run_with_the_providers_message(
+    provider: str, at: int
+) -> None:
+    with WireServer(script()) as server:
+        server.faults.script([None] * at + ["unauthorized"])
+        with pytest.raises(ModelAuthError, match=r"HTTP 401: .*(API key|x-api-key)"):
+            await mini_run(server, provider)
+        assert server.count() == at + 1
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_retry_after_is_honoured(provider: str) -> None:
+    events: list[RunEvent] = []
+    with WireServer(script(), retry_after_s=1, retry_after_ms=False) as server:
+        server.faults.script(["rate_limit"])
+        started = time.perf_counter()
+        result = await hierplan.run(
+            GOAL,
+            model=MODELS[provider],
+            settings=hierplan.RunSettings(retry_backoff_s=0),
+            model_options=model_options(server, provider),
+            listeners=[events.append],
+        )
+        elapsed = time.perf_counter() - started
+    assert result.status == "succeeded"
+    assert elapsed >= 1.0
+    retried = [e for e in events if isinstance(e, StepRetried)]
+    assert [e.delay_s for e in retried] == [1.0]
+    assert "HTTP 429" in retried[0].error
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_retry_after_beyond_the_cap_fails_the_call_at_once(provider: str) -> None:
+    with WireServer(script(), retry_after_s=30, retry_after_ms=False) as server:
+        server.faults.script(["rate_limit"])
+        result = await mini_run(server, provider, model_retry_max_delay_s=5)
+        assert server.count() == 1
+    assert result.status == "failed"
+    assert result.error is not None
+    assert "asked to wait 30 s, more than model_retry_max_delay_s=5" in result.error
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_timed_out_attempt_is_abandoned_after_timeout_s(provider: str) -> None:
+    with WireServer(script(), slow_s=3.0) as server:
+        server.faults.script(["slow"])
+        started = time.perf_counter()
+        result = await mini_run(server, provider, timeout_s=0.3)
+        elapsed = time.perf_counter() - started
+    assert result.status == "succeeded"
+    assert elapsed < 2.0  # the 3 s reply was not waited for
+    failed = [c for c in calls(result) if not c.ok]
+    assert len(failed) == 1 and 0.25 < failed[0].duration_s < 1.5
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_exhausted_retries_fail_the_node_not_the_process(provider: str) -> None:
+    with WireServer(script()) as server:
+        server.faults.script(["server_error", "server_error"])
+        result = await mini_run(server, provider, model_retries=1)
+        assert server.count() == 2
+    assert result.status == "failed"
+    assert result.error is not None and "planning failed" in result.error
+    assert "HTTP 500" in result.error
+
+
+class CountingInstrument(hierplan.Instrument):
+    """Wraps every node's model and counts the attempts that pass through (as budgets do)."""
+
+    def __init__(self) -> None:
+        self.attempts = 0
+        self.failures = 0
+
+    def wrap_model(self, model: Model, node: hierplan.NodeContext) -> Model:
+        outer = self
+
+        class Counted:
+            name, provider = model.name, model.provider
+            priced_as, simulated = model.priced_as, model.simulated
+
+            async def request(self, request: ModelRequest) -> ModelResponse:
+                outer.attempts += 1
+                try:
+                    return await model.request(request)
+                except ModelError:
+                    outer.failures += 1
+                    raise
+
+        return Counted()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_every_attempt_passes_through_the_instruments(provider: str) -> None:
+    counter = CountingInstrument()
+    with WireServer(script(), slow_s=1.0) as server:
+        server.faults.script(["rate_limit", "truncated", None, "malformed"])
+        result = await hierplan.run(
+            GOAL,
+            model=MODELS[provider],
+            settings=hierplan.RunSettings(retry_backoff_s=0),
+            model_options=model_options(server, provider, timeout_s=0.4),
+            instruments=[counter],
+        )
+        hits = server.count()
+    assert result.status == "succeeded"
+    assert counter.attempts == hits == len(calls(result)) == 5
+    assert counter.failures == 3
+
+
+@asynccontextmanager
+async def closes_counted(monkeypatch: pytest.MonkeyPatch) -> Any:
+    closed: list[str] = []
+    for cls in (OpenAIModel, AnthropicModel):
+        original = cls.aclose
+
+        async def aclose(self: Any, original: Any = original) -> None:
+            closed.append(self.name)
+            await original(self)
+
+        monkeypatch.setattr(cls, "aclose", aclose)
+    yield closed
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_run_closes_the_models_it_opened_whatever_the_outcome(
+    provider: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with closes_counted(monkeypatch) as closed:
+        with WireServer(script()) as server:
+            await mini_run(server, provider)
+            assert closed == [MODELS[provider]]
+            server.faults.script(["unauthorized"])
+            with pytest.raises(ModelAuthError):
+                await mini_run(server, provider)
+    assert closed == [MODELS[provider]] * 2
+
+
+@pytest.mark.anyio
+async def test_one_client_serves_planner_and_executor_and_given_models_stay_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with closes_counted(monkeypatch) as closed:
+        with WireServer(script()) as server:
+            result = await hierplan.run(
+                GOAL,
+                model=MODELS["openai"],
+                executor_model=MODELS["openai"],
+                model_options=model_options(server, "openai"),
+            )
+            assert result.status == "succeeded" and closed == [MODELS["openai"]]
+            mine = OpenAIModel("gpt-5-mini", api_key="test-key", base_url=server.openai_base_url)
+            server.backend.script.extend([Reply(output=PLAN), Reply(text="hello")])  # type: ignore[attr-defined]
+            await hierplan.run(GOAL, model=mine)
+            assert closed == [MODELS["openai"]]  # the caller's model is the caller's to close
+            await mine.aclose()
+
+
+def test_retry_delay_honours_retry_after_caps_and_jitters() -> None:
+    settings = hierplan.RunSettings(retry_backoff_s=1.0, model_retry_max_delay_s=10)
+    plain = ModelError("x", retryable=True)
+    for attempt, (low, high) in {1: (0.5, 1.0), 2: (1.0, 2.0), 3: (2.0, 4.0)}.items():
+        delays = [_retry_delay(settings, attempt, plain) for _ in range(50)]
+        assert all(d is not None and low <= d <= high for d in delays)
+        assert len(set(delays)) > 1  # jittered
+    capped = [_retry_delay(settings, 10, plain) for _ in range(20)]
+    assert all(d is not None and 5.0 <= d <= 10.0 for d in capped)
+    asked = ModelError("x", retryable=True, retry_after=7.5)
+    assert _retry_delay(settings, 1, asked) == 7.5
+    assert _retry_delay(settings, 1, ModelError("x", retryable=True, retry_after=11)) is None
