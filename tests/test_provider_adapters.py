@@ -166,8 +166,21 @@ async def test_plan_comes_back_as_structured_output(provider: str) -> None:
         assert '"args": "{\\"t\\": 1}"' in response.text
     else:
         assert body["tool_choice"] == {"type": "tool", "name": "plan"}
+        assert body["thinking"] == {"type": "disabled"}  # the API refuses thinking + forced tool
         assert body["tools"][0]["input_schema"] == PLAN_SCHEMA
         assert response.finish_reason == "stop"
+
+
+@pytest.mark.anyio
+async def test_anthropic_can_offer_the_plan_tool_without_forcing_it() -> None:
+    backend = ScriptBackend([Reply(output=PLAN)])
+    request = ModelRequest(ask("Plan it"), output_schema=OutputSchema("plan", PLAN_SCHEMA))
+    with WireServer(backend) as server:
+        response = await one(server, "anthropic", request, force_output_tool=False)
+    assert Plan.model_validate(response.output) == Plan.model_validate(PLAN)
+    body = backend.calls[0].body
+    assert "tool_choice" not in body and "thinking" not in body
+    assert [t["name"] for t in body["tools"]] == ["plan"]
 
 
 @pytest.mark.anyio

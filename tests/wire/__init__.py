@@ -4,7 +4,15 @@ See :mod:`wire.server` for the faults it injects and :mod:`wire.backends` for wh
 No test reaches a real provider: the adapters under test talk to this server on 127.0.0.1.
 """
 
-from .backends import OracleBackend, Reply, ScriptBackend, WireCall, WireError, conform
+from .backends import (
+    OracleBackend,
+    RepeatBackend,
+    Reply,
+    ScriptBackend,
+    WireCall,
+    WireError,
+    conform,
+)
 from .server import FAULT_KINDS, NOT_FAILURES, Faults, Hit, WireServer
 
 __all__ = [
@@ -15,6 +23,7 @@ __all__ = [
     "Faults",
     "Hit",
     "OracleBackend",
+    "RepeatBackend",
     "Reply",
     "ScriptBackend",
     "WireCall",

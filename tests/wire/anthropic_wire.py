@@ -39,8 +39,16 @@ def parse(body: dict[str, Any]) -> WireCall:
     if choice is not None and choice.get("type") == "tool":
         if choice.get("name") not in tools:
             raise WireError(400, "invalid_request_error", "tool_choice names no offered tool")
+        if body.get("thinking", {}).get("type") != "disabled":  # newer models think by default
+            raise WireError(
+                400,
+                "invalid_request_error",
+                "Thinking may not be enabled when tool_choice forces tool use.",
+            )
         schema_name = choice["name"]
         schema = tools[schema_name]["input_schema"]
+    elif "plan" in tools:  # offered, not forced: the model may still answer with it
+        schema_name, schema = "plan", tools["plan"]["input_schema"]
     names = [n for n in tools if n != schema_name]
     return WireCall("anthropic", model, messages, names, schema_name, schema, False, limit, body)
 

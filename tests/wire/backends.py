@@ -210,3 +210,17 @@ def _matches(schema: Mapping[str, Any], value: Any) -> bool:
         "boolean": isinstance(value, bool),
         "null": value is None,
     }.get(str(kind), value is not None)
+
+
+class RepeatBackend:
+    """Answers every call with the same reply (for benchmarks); counts the calls."""
+
+    def __init__(self, reply: Reply | Callable[[WireCall], Reply]) -> None:
+        self.reply = reply
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def answer(self, call: WireCall) -> Reply:
+        with self._lock:
+            self.calls += 1
+        return self.reply(call) if callable(self.reply) else self.reply

@@ -7,8 +7,11 @@
   events are accumulated here (text deltas and tool-input JSON joined once at the end), and a
   stream that stops before ``message_stop`` is a retryable failure, never a short answer.
 - Plans come back as a forced tool call: the plan schema is offered as a tool named ``plan`` and
-  ``tool_choice`` requires it; its ``input`` is the plan. Input that fails validation goes
-  through the planner's repair attempt.
+  ``tool_choice`` requires it; its ``input`` is the plan. The API refuses thinking together
+  with a forced tool, and newer models think by default, so a forced call also sends
+  ``thinking: {"type": "disabled"}``. With ``force_output_tool=False`` the tool is only offered
+  (for a model whose thinking cannot be turned off); a plan written as text is read too. Input
+  that fails validation goes through the planner's repair attempt.
 - Executors use ``tool_use`` blocks; tool results go back as ``tool_result`` blocks (marked
   ``is_error`` when the tool failed) in one user turn.
 - Usage: Anthropic's ``input_tokens`` leaves out cache reads and writes, so input is their sum
@@ -60,7 +63,8 @@ class AnthropicModel:
     ``api_key`` defaults to ``ANTHROPIC_API_KEY`` (a missing key fails here, before any work);
     ``base_url`` to ``ANTHROPIC_BASE_URL`` or Anthropic's API; ``timeout_s`` bounds the wait
     for each streamed event; ``priced_as`` names the price-table entry (default
-    ``anthropic:<model>``). One SDK client per instance; :meth:`aclose` closes it.
+    ``anthropic:<model>``); ``force_output_tool`` forces the structured-output tool (see the
+    module docstring). One SDK client per instance; :meth:`aclose` closes it.
     """
 
     def __init__(
@@ -71,8 +75,10 @@ class AnthropicModel:
         base_url: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         priced_as: str | None = None,
+        force_output_tool: bool = True,
     ) -> None:
         self.model_name = model_name
+        self.force_output_tool = force_output_tool
         self._name = f"anthropic:{model_name}"
         self._priced_as = priced_as or self._name
         self.timeout_s = check_timeout(timeout_s, self._name)
@@ -157,7 +163,9 @@ class AnthropicModel:
         tools = wire_tools(request.tools)
         if request.output_schema is not None:
             tools.append(output_tool(request.output_schema))
-            params["tool_choice"] = {"type": "tool", "name": request.output_schema.name}
+            if self.force_output_tool:
+                params["tool_choice"] = {"type": "tool", "name": request.output_schema.name}
+                params["thinking"] = {"type": "disabled"}
         if tools:
             params["tools"] = tools
         if request.temperature is not None:

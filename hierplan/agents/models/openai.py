@@ -46,7 +46,7 @@ from hierplan.agents.models.provider import (
     status_error,
     timeout_error,
 )
-from hierplan.agents.models.schema import decode_strict, strict_schema
+from hierplan.agents.models.schema import Decoder, strict_decoder, strict_schema
 
 API_KEY_VARIABLE = "OPENAI_API_KEY"
 BASE_URL_VARIABLE = "OPENAI_BASE_URL"
@@ -95,7 +95,7 @@ class OpenAIModel:
             timeout=self.timeout_s,
             max_retries=0,
         )
-        self._formats: dict[int, tuple[Mapping[str, Any], dict[str, Any]]] = {}
+        self._formats: dict[int, tuple[Mapping[str, Any], dict[str, Any], Decoder]] = {}
 
     @property
     def name(self) -> str:
@@ -153,12 +153,19 @@ class OpenAIModel:
         return params
 
     def _response_format(self, output: OutputSchema) -> dict[str, Any]:
-        # The plan schema is a module constant: rewrite it once, not on every planning call.
+        schema = self._format(output)[0]
+        return {"type": "json_schema", "json_schema": {"name": output.name, **schema}}
+
+    def _format(self, output: OutputSchema) -> tuple[dict[str, Any], Decoder]:
+        # The plan schema is a module constant: rewrite it and compile its decoder once, not
+        # on every planning call.
         cached = self._formats.get(id(output.schema))
         if cached is None or cached[0] is not output.schema:
-            cached = (output.schema, self._wire_schema(output))
+            wire = self._wire_schema(output)
+            decoder = strict_decoder(output.schema) if wire["strict"] else _unchanged
+            cached = (output.schema, wire, decoder)
             self._formats[id(output.schema)] = cached
-        return {"type": "json_schema", "json_schema": {"name": output.name, **cached[1]}}
+        return cached[1], cached[2]
 
     def _wire_schema(self, output: OutputSchema) -> dict[str, Any]:
         if self.strict_output:
@@ -192,7 +199,7 @@ class OpenAIModel:
             flags.append("no_usage")
         output = None
         if request.output_schema is not None and text and not refusal:
-            output = _structured(request.output_schema, text)
+            output = _structured(self._format(request.output_schema)[1], text)
         return ModelResponse(
             text=text,
             tool_calls=calls,
@@ -225,14 +232,18 @@ class OpenAIModel:
         return calls
 
 
-def _structured(output: OutputSchema, text: str) -> Any:
+def _structured(decode: Decoder, text: str) -> Any:
     """The structured output in ``text``, or ``None`` when it is not JSON (the planner then
     reads the text, fails to parse it, and asks for a repair with the error)."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
         return None
-    return decode_strict(output.schema, data)
+    return decode(data)
+
+
+def _unchanged(value: Any) -> Any:
+    return value
 
 
 def wire_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:

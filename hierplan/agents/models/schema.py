@@ -25,7 +25,7 @@ accepts:
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 # Keywords OpenAI's strict mode rejects; they are kept as words in the description.
@@ -140,78 +140,133 @@ def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
     return _described({"anyOf": [*inner, {"type": "null"}]}, description)
 
 
+Decoder = Callable[[Any], Any]
+
+
 def decode_strict(schema: Schema, value: Any) -> Any:
     """Output that follows ``strict_schema(schema)`` as data that follows ``schema``.
 
     Nulls sent for optional, non-nullable properties are removed and JSON strings standing for
     open objects are parsed. Anything unexpected is passed through unchanged for the validator
-    to report.
+    to report. To decode many outputs of one schema, build the decoder once with
+    :func:`strict_decoder`.
     """
-    return _decode(schema, value, schema)
+    return strict_decoder(schema)(value)
 
 
-def _resolve(schema: Schema, root: Schema) -> Schema:
-    seen = 0
-    while "$ref" in schema and seen < 32:
-        ref = str(schema["$ref"])
-        target: Any = root
-        for part in ref.removeprefix("#/").split("/") if ref != "#" else ():
-            target = target.get(part, {}) if isinstance(target, Mapping) else {}
-        schema = target if isinstance(target, Mapping) else {}
-        seen += 1
-    return schema
+def strict_decoder(schema: Schema) -> Decoder:
+    """A function doing :func:`decode_strict` for ``schema``, compiled once (the planner's
+    hot path decodes every plan with it)."""
+    return _Compiler(schema).compile(schema) or _identity
 
 
-def _decode(schema: Schema, value: Any, root: Schema) -> Any:
-    schema = _resolve(schema, root)
-    branches = [*schema.get("anyOf", ()), *schema.get("oneOf", ())]
-    if branches:
-        for branch in branches:
-            resolved = _resolve(branch, root)
-            if _fits(resolved, value):
-                return _decode(resolved, value, root)
-        return value
-    if is_open_object(schema) and isinstance(value, str):
-        try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError:
-            return value
-        return parsed if isinstance(parsed, dict) else value
-    properties = schema.get("properties")
-    if isinstance(value, dict) and isinstance(properties, Mapping):
-        required = set(schema.get("required", ()))
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            sub = properties.get(key)
-            if sub is None:
-                out[key] = item
-            elif item is None and key not in required and not is_nullable(_resolve(sub, root)):
-                continue
-            else:
-                out[key] = _decode(sub, item, root)
-        return out
-    items = schema.get("items")
-    if isinstance(value, list) and isinstance(items, Mapping):
-        return [_decode(items, item, root) for item in value]
+def _identity(value: Any) -> Any:
     return value
 
 
-def _fits(schema: Schema, value: Any) -> bool:
-    """Whether ``value`` has the JSON type ``schema`` names (an open object fits a string)."""
-    if "anyOf" in schema or "oneOf" in schema:
-        return True
-    kind = schema.get("type")
-    kinds = kind if isinstance(kind, list) else [kind]
-    if is_open_object(schema) and isinstance(value, str):
-        return True
-    checks = {
-        "null": value is None,
-        "object": isinstance(value, dict),
-        "array": isinstance(value, list),
-        "string": isinstance(value, str),
-        "boolean": isinstance(value, bool),
-        "integer": isinstance(value, int) and not isinstance(value, bool),
-        "number": isinstance(value, int | float) and not isinstance(value, bool),
-        None: True,
-    }
-    return any(checks.get(k, False) for k in kinds)
+class _Compiler:
+    """Turns a schema into nested decoding closures; ``None`` means "nothing to do here"."""
+
+    def __init__(self, root: Schema) -> None:
+        self.root = root
+        self.refs: dict[str, Decoder | None] = {}
+
+    def resolve(self, schema: Schema) -> Schema:
+        seen = 0
+        while "$ref" in schema and seen < 32:
+            target: Any = self.root
+            ref = str(schema["$ref"])
+            for part in ref.removeprefix("#/").split("/") if ref != "#" else ():
+                target = target.get(part, {}) if isinstance(target, Mapping) else {}
+            schema = target if isinstance(target, Mapping) else {}
+            seen += 1
+        return schema
+
+    def compile(self, schema: Schema) -> Decoder | None:
+        if "$ref" in schema:
+            return self._ref(str(schema["$ref"]))
+        branches = [*schema.get("anyOf", ()), *schema.get("oneOf", ())]
+        if branches:
+            return self._union(branches)
+        if is_open_object(schema):
+            return _parse_object
+        properties = schema.get("properties")
+        if isinstance(properties, Mapping):
+            return self._object(properties, set(schema.get("required", ())))
+        items = schema.get("items")
+        if isinstance(items, Mapping):
+            item = self.compile(items)
+            if item is not None:
+                return lambda value: [item(v) for v in value] if isinstance(value, list) else value
+        return None
+
+    def _ref(self, ref: str) -> Decoder | None:
+        if ref in self.refs:  # recursive schemas: the decoder refers to itself
+            return lambda value: (self.refs[ref] or _identity)(value)
+        self.refs[ref] = None
+        self.refs[ref] = self.compile(self.resolve({"$ref": ref}))
+        return self.refs[ref]
+
+    def _union(self, branches: list[Schema]) -> Decoder | None:
+        options = [(_type_check(self.resolve(b)), self.compile(b)) for b in branches]
+        if all(decoder is None for _, decoder in options):
+            return None
+
+        def decode(value: Any) -> Any:
+            for fits, decoder in options:
+                if fits(value):
+                    return value if decoder is None else decoder(value)
+            return value
+
+        return decode
+
+    def _object(self, properties: Mapping[str, Any], required: set[str]) -> Decoder:
+        fields: dict[str, tuple[Decoder | None, bool]] = {}
+        for name, sub in properties.items():
+            optional_not_null = name not in required and not is_nullable(self.resolve(sub))
+            fields[name] = (self.compile(sub), optional_not_null)
+
+        def decode(value: Any) -> Any:
+            if not isinstance(value, dict):
+                return value
+            out: dict[str, Any] = {}
+            for key, item in value.items():
+                decoder, drop_null = fields.get(key, (None, False))
+                if item is None and drop_null:
+                    continue
+                out[key] = item if decoder is None or item is None else decoder(item)
+            return out
+
+        return decode
+
+
+def _parse_object(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError:
+        return value
+    return parsed if isinstance(parsed, dict) else value
+
+
+_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "null": lambda v: v is None,
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "string": lambda v: isinstance(v, str),
+    "boolean": lambda v: isinstance(v, bool),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+}
+
+
+def _type_check(schema: Schema) -> Callable[[Any], bool]:
+    """Whether a value has the JSON type ``schema`` names (an open object fits a string)."""
+    if "anyOf" in schema or "oneOf" in schema or "type" not in schema:
+        return lambda value: True
+    if is_open_object(schema):
+        return lambda value: isinstance(value, str | dict)
+    kind = schema["type"]
+    checks = [_CHECKS[k] for k in (kind if isinstance(kind, list) else [kind]) if k in _CHECKS]
+    return lambda value: any(check(value) for check in checks)
