@@ -352,3 +352,11 @@ def test_a_refusal_is_text_with_a_flag_and_no_output() -> None:
     response = model.parse_completion(completion, request)
     assert (response.text, response.output) == ("I can't help.", None)
     assert response.flags == ["refusal", "no_usage"]
+
+
+def test_models_that_always_think_are_not_forced_to_call_the_plan_tool() -> None:
+    fable = resolve_model("anthropic:claude-fable-5", api_key="k")
+    haiku = resolve_model("anthropic:claude-haiku-4-5", api_key="k")
+    request = ModelRequest(ask("Plan it"), output_schema=OutputSchema("plan", PLAN_SCHEMA))
+    assert "tool_choice" not in fable.build_params(request)  # type: ignore[attr-defined]
+    assert haiku.build_params(request)["tool_choice"]["name"] == "plan"  # type: ignore[attr-defined]

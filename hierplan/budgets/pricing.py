@@ -10,15 +10,45 @@ same token counts would have cost there.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hierplan.agents.models.base import Usage
 
-PRICE_TABLE_VERSION = "2025-11-01"
+PRICE_TABLE_VERSION = "2026-12-02"
 
+# The providers' own pages are the canonical sources. Where a figure was checked against a
+# second, dated page (the providers' pages cannot be fetched from every machine), that page is
+# named too. Standard tier, short context; "cached" is a prompt-cache read.
 _OPENAI_SOURCE = "https://openai.com/api/pricing/"
-_ANTHROPIC_SOURCE = "https://docs.anthropic.com/en/docs/about-claude/pricing"
+_ANTHROPIC_SOURCE = "https://platform.claude.com/docs/en/about-claude/pricing"
+
+
+def _checked(canonical: str, page: str) -> str:
+    return f"{canonical} (checked against {page})"
+
+
+_OPENAI_2026 = _checked(
+    _OPENAI_SOURCE, "https://tokenmix.ai/blog/openai-api-cost-2026-gpt-5-5-5-4-nano-batch"
+)
+_OPENAI_PRO = _checked(_OPENAI_SOURCE, "https://www.morphllm.com/openai-api-pricing")
+_OPENAI_52 = _checked(
+    _OPENAI_SOURCE, "https://nicolalazzari.ai/articles/openai-api-pricing-explained-2026"
+)
+_OPENAI_51 = _checked(_OPENAI_SOURCE, "https://nativeai.agency/hub/tools/openai-api/model-families")
+_CLAUDE_48 = _checked(
+    _ANTHROPIC_SOURCE,
+    "https://dev.to/hiyoyok/claude-api-cheatsheet-2026-models-pricing-limits-in-one-place-4jf2",
+)
+_CLAUDE_46 = _checked(_ANTHROPIC_SOURCE, "https://deploybase.ai/articles/claude-api-pricing")
+_CLAUDE_5 = _checked(
+    _ANTHROPIC_SOURCE,
+    "https://dev.to/tokenmixai/claude-fable-5-for-developers-api-changes-pricing-migration-notes-2f0n",
+)
+_SONNET_5 = _checked(
+    _ANTHROPIC_SOURCE, "https://kissapi.ai/blog/claude-sonnet-5-api-migration-guide-2026.html"
+)
 
 
 @dataclass(slots=True, frozen=True)
@@ -50,18 +80,31 @@ class Price:
         ) / 1_000_000
 
 
-def _openai(inp: float, out: float, cached: float, as_of: str = "2025-08-07") -> Price:
-    return Price(inp, out, cached, _OPENAI_SOURCE, as_of)
+def _openai(
+    inp: float, out: float, cached: float | None, as_of: str, source: str = _OPENAI_SOURCE
+) -> Price:
+    return Price(inp, out, cached, source, as_of)
 
 
-def _anthropic(inp: float, out: float, cached: float, as_of: str = "2025-11-24") -> Price:
-    return Price(inp, out, cached, _ANTHROPIC_SOURCE, as_of)
+def _anthropic(
+    inp: float, out: float, cached: float, as_of: str, source: str = _ANTHROPIC_SOURCE
+) -> Price:
+    return Price(inp, out, cached, source, as_of)
 
 
 DEFAULT_PRICES: Mapping[str, Price] = {
-    "openai:gpt-5": _openai(1.25, 10.00, 0.125),
-    "openai:gpt-5-mini": _openai(0.25, 2.00, 0.025),
-    "openai:gpt-5-nano": _openai(0.05, 0.40, 0.005),
+    "openai:gpt-5.5": _openai(5.00, 30.00, 0.50, "2026-06-04", _OPENAI_2026),
+    "openai:gpt-5.5-pro": _openai(30.00, 180.00, None, "2026-06-01", _OPENAI_PRO),
+    "openai:gpt-5.4": _openai(2.50, 15.00, 0.25, "2026-06-04", _OPENAI_2026),
+    "openai:gpt-5.4-mini": _openai(0.75, 4.50, 0.075, "2026-06-04", _OPENAI_2026),
+    "openai:gpt-5.4-nano": _openai(0.20, 1.25, 0.02, "2026-06-04", _OPENAI_2026),
+    "openai:gpt-5.4-pro": _openai(30.00, 180.00, None, "2026-06-01", _OPENAI_PRO),
+    "openai:gpt-5.2": _openai(1.75, 14.00, 0.175, "2026-03-01", _OPENAI_52),
+    "openai:gpt-5.2-pro": _openai(21.00, 168.00, None, "2026-03-01", _OPENAI_52),
+    "openai:gpt-5.1": _openai(1.25, 10.00, 0.125, "2026-03-01", _OPENAI_51),
+    "openai:gpt-5": _openai(1.25, 10.00, 0.125, "2025-08-07"),
+    "openai:gpt-5-mini": _openai(0.25, 2.00, 0.025, "2025-08-07"),
+    "openai:gpt-5-nano": _openai(0.05, 0.40, 0.005, "2025-08-07"),
     "openai:gpt-4.1": _openai(2.00, 8.00, 0.50, "2025-04-14"),
     "openai:gpt-4.1-mini": _openai(0.40, 1.60, 0.10, "2025-04-14"),
     "openai:gpt-4.1-nano": _openai(0.10, 0.40, 0.025, "2025-04-14"),
@@ -69,7 +112,13 @@ DEFAULT_PRICES: Mapping[str, Price] = {
     "openai:gpt-4o-mini": _openai(0.15, 0.60, 0.075, "2024-07-18"),
     "openai:o3": _openai(2.00, 8.00, 0.50, "2025-06-10"),
     "openai:o4-mini": _openai(1.10, 4.40, 0.275, "2025-04-16"),
-    "anthropic:claude-opus-4-5": _anthropic(5.00, 25.00, 0.50),
+    "anthropic:claude-fable-5": _anthropic(10.00, 50.00, 1.00, "2026-06-10", _CLAUDE_5),
+    "anthropic:claude-mythos-5": _anthropic(10.00, 50.00, 1.00, "2026-06-10", _CLAUDE_5),
+    "anthropic:claude-sonnet-5": _anthropic(3.00, 15.00, 0.30, "2026-09-01", _SONNET_5),
+    "anthropic:claude-opus-4-8": _anthropic(5.00, 25.00, 0.50, "2026-05-29", _CLAUDE_48),
+    "anthropic:claude-opus-4-6": _anthropic(5.00, 25.00, 0.50, "2026-03-21", _CLAUDE_46),
+    "anthropic:claude-sonnet-4-6": _anthropic(3.00, 15.00, 0.30, "2026-05-29", _CLAUDE_48),
+    "anthropic:claude-opus-4-5": _anthropic(5.00, 25.00, 0.50, "2025-11-24"),
     "anthropic:claude-opus-4-1": _anthropic(15.00, 75.00, 1.50, "2025-08-05"),
     "anthropic:claude-sonnet-4-5": _anthropic(3.00, 15.00, 0.30, "2025-09-29"),
     "anthropic:claude-sonnet-4": _anthropic(3.00, 15.00, 0.30, "2025-05-22"),
@@ -80,10 +129,14 @@ DEFAULT_PRICES: Mapping[str, Price] = {
 DEFAULT_SIMULATED_PRICED_AS = "openai:gpt-5-mini"
 
 
+_SNAPSHOT = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{8})$")
+
+
 class PriceTable:
     """Look up prices by model string; dated snapshots fall back to their base model.
 
-    ``openai:gpt-4.1-mini-2025-04-14`` finds ``openai:gpt-4.1-mini``. Overrides (from
+    ``openai:gpt-4.1-mini-2025-04-14`` finds ``openai:gpt-4.1-mini``; any other unknown name
+    (``openai:gpt-5.5-pro-preview``) has no price. Overrides (from
     ``--price-in/--price-out`` or the library) take precedence over the table.
     """
 
@@ -110,12 +163,11 @@ class PriceTable:
         except KeyError:
             pass
         found = self._prices.get(model)
-        if found is None:
+        snapshot = _SNAPSHOT.search(model)
+        if found is None and snapshot is not None:
             # Dated snapshots ("gpt-4.1-mini-2025-04-14", "claude-sonnet-4-5-20250929") share
-            # the base model's price: take the longest table key that prefixes the name.
-            candidates = [key for key in self._prices if model.startswith(key + "-")]
-            if candidates:
-                found = self._prices[max(candidates, key=len)]
+            # the base model's price. Only a date: "gpt-5.5-pro" is not "gpt-5.5" (6x dearer).
+            found = self._prices.get(model[: snapshot.start()])
         self._cache[model] = found
         return found
 

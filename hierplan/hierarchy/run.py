@@ -131,33 +131,19 @@ async def run(
         },
     )
     chosen = get_strategy(run_settings.strategy)
-    opened: dict[str, Model] = {}
-
-    def make(spec: str | Model, oracle: Oracle | None) -> Model:
-        # One provider model (and SDK client) per model string per run, closed when it ends.
-        if isinstance(spec, str) and spec in opened:
-            return opened[spec]
-        built = resolve_model(
-            spec,
-            oracle=oracle,
-            profile=sim_profile,
-            seed=run_settings.seed,
-            latency_scale=sim_latency_scale,
-            **(model_options or {}),
-        )
-        if isinstance(spec, str) and built.provider != "sim":
-            opened[spec] = built
-        return built
-
+    models = _Models(
+        profile=sim_profile,
+        seed=run_settings.seed,
+        latency_scale=sim_latency_scale,
+        **(model_options or {}),
+    )
     try:
         # Provider models first: a missing API key fails before the scenario is set up.
-        for spec in (model, executor_model):
-            if isinstance(spec, str) and parse_model_string(spec).provider != "sim":
-                make(spec, None)
+        models.open_providers(model, executor_model)
         prepared = await _prepare(goal, scenario, tools, oracle, workdir, run_settings.seed)
-        planner_model = make(model, prepared.oracle)
+        planner_model = models.get(model, prepared.oracle)
         exec_model = (
-            planner_model if executor_model is None else make(executor_model, prepared.oracle)
+            planner_model if executor_model is None else models.get(executor_model, prepared.oracle)
         )
         if planner_model.provider == "sim" and prepared.oracle is None:
             raise UserInputError(f"the goal {prepared.goal[:120]!r} is free text. {COVERAGE_HINT}")
@@ -178,8 +164,36 @@ async def run(
         )
         return await _execute(ctx, chosen, prepared)
     finally:
-        for opened_model in opened.values():
-            await close_model(opened_model)
+        await models.aclose()
+
+
+class _Models:
+    """The models a run resolves from strings: one provider model (and SDK client) per model
+    string, opened before anything else and closed when the run ends."""
+
+    def __init__(self, **options: Any) -> None:
+        self.options = options
+        self.opened: dict[str, Model] = {}
+
+    def open_providers(self, *specs: str | Model | None) -> None:
+        """Resolve the provider models among ``specs`` now (keys are checked here)."""
+        for spec in specs:
+            if isinstance(spec, str) and parse_model_string(spec).provider != "sim":
+                self.get(spec, None)
+
+    def get(self, spec: str | Model, oracle: Oracle | None) -> Model:
+        """The model for ``spec``; a simulator is built anew on ``oracle`` each time."""
+        if isinstance(spec, str) and spec in self.opened:
+            return self.opened[spec]
+        built = resolve_model(spec, oracle=oracle, **self.options)
+        if isinstance(spec, str) and built.provider != "sim":
+            self.opened[spec] = built
+        return built
+
+    async def aclose(self) -> None:
+        """Close what was opened (models passed in as objects are their owner's to close)."""
+        for opened in self.opened.values():
+            await close_model(opened)
 
 
 async def _execute(ctx: RunContext, chosen: Strategy, prepared: _Prepared) -> RunResult:

@@ -9,9 +9,10 @@
 - Plans come back as a forced tool call: the plan schema is offered as a tool named ``plan`` and
   ``tool_choice`` requires it; its ``input`` is the plan. The API refuses thinking together
   with a forced tool, and newer models think by default, so a forced call also sends
-  ``thinking: {"type": "disabled"}``. With ``force_output_tool=False`` the tool is only offered
-  (for a model whose thinking cannot be turned off); a plan written as text is read too. Input
-  that fails validation goes through the planner's repair attempt.
+  ``thinking: {"type": "disabled"}``. Models whose thinking cannot be turned off (Fable,
+  Mythos) are only offered the tool (``force_output_tool=False``, also an option); a plan they
+  write as text is read too. Input that fails validation goes through the planner's repair
+  attempt.
 - Executors use ``tool_use`` blocks; tool results go back as ``tool_result`` blocks (marked
   ``is_error`` when the tool failed) in one user turn.
 - Usage: Anthropic's ``input_tokens`` leaves out cache reads and writes, so input is their sum
@@ -51,6 +52,8 @@ from hierplan.agents.models.provider import (
 )
 
 API_KEY_VARIABLE = "ANTHROPIC_API_KEY"
+ALWAYS_THINKING = ("claude-fable", "claude-mythos")
+"""Models whose thinking cannot be turned off, so no tool can be forced on them."""
 
 # Error types the API may send inside a stream that started with HTTP 200.
 _RETRYABLE_TYPES = {"overloaded_error": 529, "api_error": 500, "rate_limit_error": 429}
@@ -63,8 +66,9 @@ class AnthropicModel:
     ``api_key`` defaults to ``ANTHROPIC_API_KEY`` (a missing key fails here, before any work);
     ``base_url`` to ``ANTHROPIC_BASE_URL`` or Anthropic's API; ``timeout_s`` bounds the wait
     for each streamed event; ``priced_as`` names the price-table entry (default
-    ``anthropic:<model>``); ``force_output_tool`` forces the structured-output tool (see the
-    module docstring). One SDK client per instance; :meth:`aclose` closes it.
+    ``anthropic:<model>``); ``force_output_tool`` forces the structured-output tool (default:
+    unless the model always thinks; see the module docstring). One SDK client per instance;
+    :meth:`aclose` closes it.
     """
 
     def __init__(
@@ -75,10 +79,14 @@ class AnthropicModel:
         base_url: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         priced_as: str | None = None,
-        force_output_tool: bool = True,
+        force_output_tool: bool | None = None,
     ) -> None:
         self.model_name = model_name
-        self.force_output_tool = force_output_tool
+        self.force_output_tool = (
+            not model_name.startswith(ALWAYS_THINKING)
+            if force_output_tool is None
+            else force_output_tool
+        )
         self._name = f"anthropic:{model_name}"
         self._priced_as = priced_as or self._name
         self.timeout_s = check_timeout(timeout_s, self._name)

@@ -1,0 +1,51 @@
+"""The price table's provider entries: sourced, dated, and unknown models fail closed."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from hierplan.agents.models.base import Usage
+from hierplan.budgets.pricing import DEFAULT_PRICES, PriceTable
+
+
+def test_every_entry_names_its_source_and_date() -> None:
+    for model, price in DEFAULT_PRICES.items():
+        assert model.split(":")[0] in ("openai", "anthropic")
+        assert price.source.startswith("https://"), model
+        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", price.as_of), model
+        assert 0 < price.input_per_mtok <= price.output_per_mtok, model
+        cached = price.cached_input_per_mtok
+        assert cached is None or cached < price.input_per_mtok, model
+
+
+@pytest.mark.parametrize(
+    ("model", "entry"),
+    [
+        ("openai:gpt-5.4-mini-2026-03-17", "openai:gpt-5.4-mini"),
+        ("openai:gpt-4.1-mini-2025-04-14", "openai:gpt-4.1-mini"),
+        ("anthropic:claude-haiku-4-5-20251001", "anthropic:claude-haiku-4-5"),
+        ("anthropic:claude-sonnet-4-5-20250929", "anthropic:claude-sonnet-4-5"),
+        ("openai:gpt-5.5-pro", "openai:gpt-5.5-pro"),
+    ],
+)
+def test_dated_snapshots_take_their_base_models_price(model: str, entry: str) -> None:
+    assert PriceTable().lookup(model) == DEFAULT_PRICES[entry]
+
+
+@pytest.mark.parametrize(
+    "model",
+    ["openai:gpt-5.5-preview", "openai:gpt-5-chat-latest", "anthropic:claude-opus-5", "openai:x"],
+)
+def test_other_unknown_models_have_no_price(model: str) -> None:
+    # "gpt-5.5-preview" is not "gpt-5.5": a guessed price could be far off, so none is given
+    assert PriceTable().lookup(model) is None
+    assert PriceTable().cost(model, Usage(1000, 1000)) is None
+
+
+def test_cached_input_is_charged_at_the_cache_rate() -> None:
+    table = PriceTable()
+    usage = Usage(input_tokens=1_000_000, output_tokens=0, cached_input_tokens=800_000)
+    assert table.cost("openai:gpt-5.4", usage) == pytest.approx(0.2 * 2.50 + 0.8 * 0.25)
+    assert table.cost("anthropic:claude-opus-4-8", usage) == pytest.approx(0.2 * 5 + 0.8 * 0.5)
