@@ -27,6 +27,8 @@ from hierplan.budgets.pricing import Price, PriceTable
 from hierplan.errors import (
     BudgetExceeded,
     HierplanError,
+    ModelAuthError,
+    ModelError,
     PlanValidationError,
     StepFailed,
     UserInputError,
@@ -64,6 +66,8 @@ __all__ = [
     "LLMExecutor",
     "LLMPlanner",
     "Model",
+    "ModelAuthError",
+    "ModelError",
     "ModelRequest",
     "ModelResponse",
     "NodeContext",

@@ -218,3 +218,20 @@ async def test_without_a_base_url_no_request_leaves_the_machine(provider: str) -
     with pytest.raises(ModelError, match="connection failed"):
         await model.request(ModelRequest((Message("user", "hi"),)))
     await model.aclose()  # type: ignore[attr-defined]
+
+
+def test_the_cli_stops_on_a_refused_key_with_the_providers_message(tmp_path: Path) -> None:
+    with WireServer(ScriptBackend([])) as server:
+        result = runner.invoke(
+            app,
+            [
+                *("run", GOAL, "--model", MODELS["openai"]),
+                *("--base-url", server.openai_base_url, "-y", "-o", str(tmp_path / "run")),
+            ],
+            env={"OPENAI_API_KEY": "sk-wrong"},
+        )
+        assert server.count() == 1
+    assert result.exit_code == 2
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith("error: openai:gpt-5-mini: HTTP 401: invalid_api_key:")
+    assert hierplan.ModelAuthError.__name__ in hierplan.__all__
