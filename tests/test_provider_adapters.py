@@ -360,3 +360,34 @@ def test_models_that_always_think_are_not_forced_to_call_the_plan_tool() -> None
     request = ModelRequest(ask("Plan it"), output_schema=OutputSchema("plan", PLAN_SCHEMA))
     assert "tool_choice" not in fable.build_params(request)  # type: ignore[attr-defined]
     assert haiku.build_params(request)["tool_choice"]["name"] == "plan"  # type: ignore[attr-defined]
+
+
+@pytest.mark.anyio
+async def test_thinking_blocks_go_back_with_the_turn_that_called_tools() -> None:
+    calls = [("toolu_1", "add", {"a": 2, "b": 3})]
+    backend = ScriptBackend(
+        [
+            Reply(thinking="2+3: use the tool.", tool_calls=calls, reasoning_tokens=7),
+            Reply(text="5"),
+        ]
+    )
+    with WireServer(backend) as server:
+        options = {"base_url": server.anthropic_base_url, "api_key": TEST_KEY}
+        model = resolve_model("anthropic:claude-sonnet-5", **options)  # thinks by default
+        first = await model.request(ModelRequest(ask("Add 2+3"), tools=(ADD,)))
+        assert first.text == "" and first.usage is not None and first.usage.reasoning_tokens == 7
+        followup = (
+            *ask("Add 2+3"),
+            Message("assistant", first.text, first.tool_calls),
+            Message("tool", "5", tool_call_id="toolu_1"),
+        )
+        second = await model.request(ModelRequest(followup, tools=(ADD,)))
+        assert second.text == "5"
+        sent = backend.calls[1].body["messages"][1]["content"]
+        assert [b["type"] for b in sent] == ["thinking", "tool_use"]
+        # Without the blocks (another client never saw them) the API refuses the turn.
+        other = resolve_model("anthropic:claude-sonnet-5", **options)
+        with pytest.raises(ModelError, match=r"HTTP 400: .*Expected `thinking`"):
+            await other.request(ModelRequest(followup, tools=(ADD,)))
+        for m in (model, other):
+            await m.aclose()  # type: ignore[attr-defined]

@@ -145,3 +145,20 @@ async def test_a_sub_planner_out_of_retries_fails_alone_and_its_parent_replans(
     assert len(failed) == 1 and failed[0].kind == "planner" and failed[0].depth == 2
     assert failed[0].error is not None and "HTTP 500" in failed[0].error
     assert [v.reason for v in result.tree.plan_versions] == ["initial", "replan"]
+
+
+@pytest.mark.anyio
+async def test_a_whole_run_on_a_model_that_thinks(scenario: tuple[Path, ScenarioEnv]) -> None:
+    # Sonnet 5 thinks by default: the plan tool is forced with thinking off, and executors'
+    # tool loops must send each turn's thinking blocks back.
+    workdir, env = scenario
+    with WireServer(OracleBackend(env.oracle, thinking=True)) as server:
+        result = await hierplan.run(
+            scenario="data_migration",
+            model="anthropic:claude-sonnet-5",
+            workdir=workdir,
+            model_options=model_options(server, "anthropic"),
+        )
+        assert server.count() == len(calls(result))
+    assert result.status == "succeeded", result.error
+    assert result.verification is not None and result.verification["ok"]

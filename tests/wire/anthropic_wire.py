@@ -7,6 +7,7 @@ by a ``tool_result`` in the next user turn, and a forced ``tool_choice`` naming 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from typing import Any
@@ -16,6 +17,21 @@ from hierplan.agents.models.base import Message, ToolCall
 from .backends import Reply, WireCall, WireError
 
 _STOP = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens"}
+THINKING_BY_DEFAULT = ("claude-sonnet-5", "claude-fable", "claude-mythos")
+"""Models that think unless told not to, as the API's newer models do."""
+
+
+def signature(thinking: str) -> str:
+    """The signature the server puts on a thinking block (checked when it comes back)."""
+    return hashlib.sha256(f"wire:{thinking}".encode()).hexdigest()[:24]
+
+
+def thinks(body: dict[str, Any]) -> bool:
+    """Whether the request runs with thinking on."""
+    kind = body.get("thinking", {}).get("type")
+    if kind is not None:
+        return kind != "disabled"
+    return str(body.get("model", "")).startswith(THINKING_BY_DEFAULT)
 
 
 def parse(body: dict[str, Any]) -> WireCall:
@@ -30,6 +46,8 @@ def parse(body: dict[str, Any]) -> WireCall:
         system = "".join(block.get("text", "") for block in system)
     messages = [Message("system", system)] if system else []
     messages += _messages(raw)
+    if thinks(body):
+        _check_thinking_kept(raw)
     tools = {t["name"]: t for t in body.get("tools", [])}
     for tool in tools.values():
         if tool.get("input_schema", {}).get("type") != "object":
@@ -84,6 +102,8 @@ def _messages(raw: list[dict[str, Any]]) -> list[Message]:
                 calls.append(ToolCall(block["id"], block["name"], block["input"]))
             elif kind == "tool_result" and role == "user":
                 out.append(Message("tool", _result_text(block), tool_call_id=block["tool_use_id"]))
+            elif kind in ("thinking", "redacted_thinking") and role == "assistant":
+                continue  # checked by _check_thinking_kept; not part of the conversation text
             else:
                 raise WireError(400, "invalid_request_error", f"unexpected block {kind!r}")
         if role == "assistant":
@@ -92,6 +112,27 @@ def _messages(raw: list[dict[str, Any]]) -> list[Message]:
         elif text:
             out.append(Message("user", "\n".join(text)))
     return out
+
+
+def _check_thinking_kept(raw: list[dict[str, Any]]) -> None:
+    last = next((t for t in reversed(raw) if t["role"] == "assistant"), None)
+    if last is None or isinstance(last["content"], str):
+        return
+    blocks = last["content"]
+    if not any(b.get("type") == "tool_use" for b in blocks):
+        return
+    first = blocks[0]
+    if first.get("type") != "thinking" or first.get("signature") != signature(
+        first.get("thinking", "")
+    ):
+        raise WireError(
+            400,
+            "invalid_request_error",
+            "messages: Expected `thinking` or `redacted_thinking`, but found "
+            f"`{first.get('type')}`. When `thinking` is enabled, a final `assistant` message "
+            "must start with a thinking block (preceding the lastmost set of `tool_use` and "
+            "`tool_result` blocks).",
+        )
 
 
 def _result_text(block: dict[str, Any]) -> str:
@@ -103,6 +144,10 @@ def _result_text(block: dict[str, Any]) -> str:
 
 def _blocks(reply: Reply, call: WireCall) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
+    if reply.thinking:
+        blocks.append(
+            {"type": "thinking", "thinking": reply.thinking, "signature": signature(reply.thinking)}
+        )
     if reply.text:
         blocks.append({"type": "text", "text": reply.text})
     if reply.output is not None or reply.raw_output is not None:
@@ -176,6 +221,12 @@ def events(reply: Reply, call: WireCall, *, usage: bool = True) -> list[tuple[st
         if block["type"] == "text":
             head = {"type": "text", "text": ""}
             deltas = [{"type": "text_delta", "text": part} for part in _pieces(block["text"])]
+        elif block["type"] == "thinking":
+            head = {"type": "thinking", "thinking": "", "signature": ""}
+            deltas = [
+                *({"type": "thinking_delta", "thinking": p} for p in _pieces(block["thinking"])),
+                {"type": "signature_delta", "signature": block["signature"]},
+            ]
         else:
             head = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
             deltas = [

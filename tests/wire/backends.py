@@ -50,13 +50,15 @@ class Reply:
     """An answer before encoding: text, tool calls ``(id, name, args)`` or structured output.
 
     Token counts left ``None`` are estimated from the request and the answer. ``raw_output``
-    replaces the encoded structured output verbatim (to send output that is not JSON).
+    replaces the encoded structured output verbatim (to send output that is not JSON);
+    ``thinking`` is sent as a signed thinking block (Anthropic).
     """
 
     text: str = ""
     tool_calls: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     output: Any = None
     raw_output: str | None = None
+    thinking: str = ""
     input_tokens: int | None = None
     output_tokens: int | None = None
     cached_tokens: int = 0
@@ -113,9 +115,10 @@ class OracleBackend:
     conversation is already a repair, to exercise the planner's repair attempt.
     """
 
-    def __init__(self, oracle: Oracle, *, invalid_plans: int = 0) -> None:
+    def __init__(self, oracle: Oracle, *, invalid_plans: int = 0, thinking: bool = False) -> None:
         self.oracle = oracle
         self.invalid_plans = invalid_plans
+        self.thinking = thinking
         self.calls = 0
         self.repairs = 0
         self._lock = threading.Lock()
@@ -133,6 +136,7 @@ class OracleBackend:
         return Reply(
             text=action.text,
             tool_calls=[(prefix + c.id, c.name, dict(c.arguments)) for c in action.tool_calls],
+            thinking=f"Next: {prompt.instruction[:60]}" if self.thinking else "",
         )
 
     def _plan(self, call: WireCall) -> Reply:

@@ -14,7 +14,9 @@
   write as text is read too. Input that fails validation goes through the planner's repair
   attempt.
 - Executors use ``tool_use`` blocks; tool results go back as ``tool_result`` blocks (marked
-  ``is_error`` when the tool failed) in one user turn.
+  ``is_error`` when the tool failed) in one user turn. A model that thinks (by default, as newer
+  ones do) gets its thinking blocks back with the turn that called the tools, as the API
+  requires.
 - Usage: Anthropic's ``input_tokens`` leaves out cache reads and writes, so input is their sum
   and ``cached_input_tokens`` the cache reads; thinking tokens are reasoning tokens. A reply
   without usage has ``usage=None`` and the flag ``no_usage``.
@@ -24,6 +26,7 @@
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,6 +97,7 @@ class AnthropicModel:
         self._client = anthropic.AsyncAnthropic(
             api_key=key, base_url=base_url, timeout=self.timeout_s, max_retries=0
         )
+        self._thinking = _ThinkingBlocks()
 
     @property
     def name(self) -> str:
@@ -159,7 +163,7 @@ class AnthropicModel:
 
     def build_params(self, request: ModelRequest) -> dict[str, Any]:
         """The keyword arguments of ``messages.create`` for ``request`` (always streamed)."""
-        system, messages = wire_messages(request.messages)
+        system, messages = wire_messages(request.messages, self._thinking)
         params: dict[str, Any] = {
             "model": self.model_name,
             "max_tokens": request.max_tokens,
@@ -200,6 +204,9 @@ class AnthropicModel:
                     answered = True
                     continue
                 calls.append(ToolCall(block.id, block.name, self._arguments(block, raw, usage)))
+        thinking = [t for t in (b.thinking() for b in reply.blocks) if t is not None]
+        if thinking and calls:
+            self._thinking.remember(calls[0].id, thinking)
         flags: list[str] = []
         finish = _STOP_REASONS.get(reply.stop_reason, reply.stop_reason or "stop")
         if answered and not calls and finish == "tool_calls":
@@ -249,6 +256,20 @@ class _Block:
     id: str = ""
     name: str = ""
     parts: list[str] = field(default_factory=list)
+    signature: str = ""
+    data: str = ""
+
+    def thinking(self) -> dict[str, Any] | None:
+        """The block as the API wants it back, if it is (redacted) thinking."""
+        if self.kind == "thinking":
+            return {
+                "type": "thinking",
+                "thinking": "".join(self.parts),
+                "signature": self.signature,
+            }
+        if self.kind == "redacted_thinking":
+            return {"type": "redacted_thinking", "data": self.data}
+        return None
 
 
 @dataclass(slots=True)
@@ -278,6 +299,7 @@ class _Reply:
                     str(getattr(block, "type", "") or ""),
                     str(getattr(block, "id", "") or ""),
                     str(getattr(block, "name", "") or ""),
+                    data=str(getattr(block, "data", "") or ""),
                 )
             )
         elif kind == "content_block_delta":
@@ -297,6 +319,10 @@ class _Reply:
             self.blocks[index].parts.append(str(getattr(delta, "text", "")))
         elif kind == "input_json_delta":
             self.blocks[index].parts.append(str(getattr(delta, "partial_json", "")))
+        elif kind == "thinking_delta":
+            self.blocks[index].parts.append(str(getattr(delta, "thinking", "")))
+        elif kind == "signature_delta":
+            self.blocks[index].signature = str(getattr(delta, "signature", ""))
 
     def _usage(self, raw: Any) -> None:
         # message_delta counts are cumulative and optional: a present count replaces the
@@ -332,7 +358,30 @@ class _Reply:
         )
 
 
-def wire_messages(messages: Sequence[Message]) -> tuple[str, list[dict[str, Any]]]:
+class _ThinkingBlocks:
+    """The thinking blocks of recent replies, by the id of the reply's first tool call.
+
+    With thinking on, the API wants an assistant turn that called tools sent back starting with
+    its thinking blocks, signatures intact. hierplan's messages carry no provider data, so the
+    adapter keeps them here and puts them back when that turn is sent again.
+    """
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.limit = limit
+        self._blocks: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+
+    def remember(self, call_id: str, blocks: list[dict[str, Any]]) -> None:
+        self._blocks[call_id] = blocks
+        while len(self._blocks) > self.limit:
+            self._blocks.popitem(last=False)
+
+    def get(self, call_id: str) -> list[dict[str, Any]]:
+        return self._blocks.get(call_id, [])
+
+
+def wire_messages(
+    messages: Sequence[Message], thinking: _ThinkingBlocks | None = None
+) -> tuple[str, list[dict[str, Any]]]:
     """hierplan messages as Anthropic's ``system`` text and alternating ``messages``."""
     system = "\n\n".join(m.content for m in messages if m.role == "system" and m.content)
     out: list[dict[str, Any]] = []
@@ -352,6 +401,8 @@ def wire_messages(messages: Sequence[Message]) -> tuple[str, list[dict[str, Any]
             blocks.append(block)
         elif m.content:
             blocks.append({"type": "text", "text": m.content})
+        if m.tool_calls and thinking is not None:
+            blocks[:0] = thinking.get(m.tool_calls[0].id)
         for call in m.tool_calls:
             use = {"type": "tool_use", "id": call.id, "name": call.name}
             blocks.append({**use, "input": dict(call.arguments)})
