@@ -25,7 +25,9 @@ from hierplan.hierarchy.plan import DEFAULT_MAX_DEPTH, DEFAULT_MAX_STEPS, load_p
 from hierplan.hierarchy.record import RunResult
 from hierplan.hierarchy.run import run as run_goal
 from hierplan.scenarios import scenarios
+from hierplan.tracing.html import write_html
 from hierplan.tracing.report import plan_tree, print_run
+from hierplan.tracing.setup import TRACE_HELP, configure_tracing
 
 app = typer.Typer(
     name="hierplan",
@@ -48,6 +50,13 @@ ProfileOpt = Annotated[
 ]
 LatencyOpt = Annotated[
     float, typer.Option("--sim-latency-scale", min=0.0, help="Scale simulated latency (0 = none).")
+]
+TraceOpt = Annotated[list[str] | None, typer.Option("--trace", help=TRACE_HELP)]
+TraceContentOpt = Annotated[
+    bool,
+    typer.Option(
+        "--trace-content", help="Record prompts and completions in the trace (off by default)."
+    ),
 ]
 
 
@@ -86,12 +95,28 @@ def _finish(console: Console, result: RunResult, out: Path, started: float) -> N
     raise typer.Exit(_exit_code(result))
 
 
-def _execute(console: Console, out: Path, approver: Approver, **kwargs: Any) -> NoReturn:
+def _execute(
+    console: Console,
+    out: Path,
+    approver: Approver,
+    trace: list[str] | None = None,
+    trace_content: bool = False,
+    **kwargs: Any,
+) -> NoReturn:
     started = time.monotonic()
+    try:
+        tracing = configure_tracing(trace, capture_content=trace_content or None)
+    except HierplanError as exc:
+        _fail(str(exc))
+    if tracing is not None:
+        kwargs["instruments"] = tracing.instruments
     try:
         result = anyio.run(lambda: _run_with_console(console, approver=approver, **kwargs))
     except HierplanError as exc:
         _fail(str(exc))
+    finally:
+        if tracing is not None:
+            tracing.shutdown()
     _finish(console, result, out, started)
 
 
@@ -141,6 +166,8 @@ def run_command(
         int | None,
         typer.Option("--model-retries", min=0, help="Retries of a failed model call (3)."),
     ] = None,
+    trace: TraceOpt = None,
+    trace_content: TraceContentOpt = False,
 ) -> None:
     """Plan and run a goal (or a scenario), write DIR/run.json, and show the tree with costs."""
     console = Console()
@@ -184,6 +211,8 @@ def run_command(
         sim_latency_scale=sim_latency_scale,
         workdir=run_dir if scenario else None,
         model_options=model_options,
+        trace=trace,
+        trace_content=trace_content,
     )
 
 
@@ -231,6 +260,8 @@ def demo_command(
     seed: SeedOpt = 0,
     sim_profile: ProfileOpt = "typical",
     sim_latency_scale: LatencyOpt = 1.0,
+    trace: TraceOpt = None,
+    trace_content: TraceContentOpt = False,
 ) -> None:
     """Migrate the sample shop database on the offline simulator (the data-migration scenario)."""
     console = Console()
@@ -253,18 +284,31 @@ def demo_command(
         sim_profile=sim_profile,
         sim_latency_scale=sim_latency_scale,
         workdir=out,
+        trace=trace,
+        trace_content=trace_content,
     )
 
 
 @app.command("view")
 def view_command(
     run_json: Annotated[Path, typer.Argument(help="A run.json written by run, demo or batch.")],
+    html: Annotated[
+        Path | None,
+        typer.Option("--html", help="Write a self-contained HTML report to this file instead."),
+    ] = None,
 ) -> None:
     """Show a finished run: the tree with status, tokens and cost at each node and level."""
     try:
         result = RunResult.load(run_json)
+        if html is not None:
+            path = write_html(result, html)
     except HierplanError as exc:
         _fail(str(exc))
+    except OSError as exc:
+        _fail(f"cannot write {html}: {exc.strerror or exc}")
+    if html is not None:
+        Console().print(f"HTML report: {path}", highlight=False, markup=False)
+        return
     print_run(result, Console())
 
 

@@ -1,0 +1,274 @@
+"""Exporter wiring for the CLI's ``--trace``: console, OTLP over HTTP, or a JSON-lines file.
+
+``--trace`` takes one target per use and may be repeated:
+
+- ``console``: finished spans (and, at exit, metrics) as JSON on stderr;
+- ``otlp`` or ``otlp=URL``: spans and metrics over OTLP/HTTP (the ``otlp`` extra:
+  ``pip install 'hierplan[otlp]'``). Without a URL the standard ``OTEL_EXPORTER_OTLP_*``
+  variables decide where (default ``http://localhost:4318``); a URL is the collector's base
+  address (``/v1/traces`` and ``/v1/metrics`` are added) or the full traces address. Headers,
+  timeouts, compression and certificates always come from the standard variables, and
+  ``OTEL_METRICS_EXPORTER=none`` turns the metrics export off (for backends that take traces only);
+- ``jsonl=PATH``: one finished span per line in ``PATH`` (see :class:`JsonLinesSpanExporter`).
+
+:func:`configure_tracing` builds SDK providers of its own and never registers them globally, so
+it cannot interfere with an application's OpenTelemetry set-up. The service name is
+``hierplan`` unless ``OTEL_SERVICE_NAME`` says otherwise; ``OTEL_RESOURCE_ATTRIBUTES`` is honoured.
+
+>>> with configure_tracing(["jsonl=runs/spans.jsonl"]) as setup:  # doctest: +SKIP
+...     hierplan.run_sync(scenario="data_migration", instruments=setup.instruments)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    ConsoleMetricExporter,
+    MetricExporter,
+    MetricReader,
+    PeriodicExportingMetricReader,
+)
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SpanExporter,
+    SpanExportResult,
+)
+
+from hierplan.errors import UserInputError
+from hierplan.hierarchy.context import Instrument
+from hierplan.tracing.otel import Tracing
+
+TRACE_HELP = (
+    "Export an OpenTelemetry trace: console, otlp[=URL] or jsonl=PATH (repeatable). "
+    "OTLP needs the otlp extra; OTEL_EXPORTER_OTLP_* variables are honoured."
+)
+_TARGETS_HINT = "use console, otlp, otlp=URL or jsonl=PATH"
+OTLP_INSTALL_HINT = "pip install 'hierplan[otlp]'"
+
+
+@dataclass(slots=True, frozen=True)
+class TraceTarget:
+    """One parsed ``--trace`` value: ``kind`` is console, otlp or jsonl; ``value`` its URL/path."""
+
+    kind: str
+    value: str | None = None
+
+
+def parse_trace_target(spec: str) -> TraceTarget:
+    """Parse one ``--trace`` value; a bad one raises :class:`UserInputError` saying why.
+
+    >>> parse_trace_target("otlp=http://127.0.0.1:4318")
+    TraceTarget(kind='otlp', value='http://127.0.0.1:4318')
+    """
+    kind, sep, value = spec.strip().partition("=")
+    kind = kind.strip().lower()
+    value = value.strip()
+    if kind == "console" and not sep:
+        return TraceTarget("console")
+    if kind == "otlp":
+        if sep and not value.startswith(("http://", "https://")):
+            raise UserInputError(
+                f"--trace {spec!r}: the OTLP address must start with http:// or https://"
+            )
+        return TraceTarget("otlp", value or None)
+    if kind == "jsonl":
+        if not value:
+            raise UserInputError(f"--trace {spec!r} names no file: write it as jsonl=PATH")
+        return TraceTarget("jsonl", value)
+    raise UserInputError(f"unknown --trace target {spec!r}: {_TARGETS_HINT}")
+
+
+class JsonLinesSpanExporter(SpanExporter):
+    """Writes one finished span per line as JSON.
+
+    Each line has ``name``, ``trace_id`` and ``span_id`` (hex), ``parent_span_id`` (hex or
+    null), ``kind``, ``start_time`` and ``end_time`` (nanoseconds since the epoch), ``status``
+    (``code`` and ``description``), ``attributes``, ``events`` (``name``, ``time``,
+    ``attributes``) and ``resource``. Lines are written whole and flushed per batch.
+    """
+
+    def __init__(self, path: Path) -> None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file: IO[str] | None = path.open("a", encoding="utf-8")
+        except OSError as exc:
+            raise UserInputError(
+                f"--trace jsonl={path}: cannot open the file ({exc.strerror or exc})"
+            ) from None
+        self.path = path
+        self._lock = threading.Lock()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        """Append ``spans`` to the file."""
+        lines = "".join(json.dumps(span_to_dict(s), default=str) + "\n" for s in spans)
+        with self._lock:
+            if self._file is None:
+                return SpanExportResult.FAILURE
+            self._file.write(lines)
+            self._file.flush()
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        """Close the file."""
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Everything is flushed on export already."""
+        return True
+
+
+def span_to_dict(span: ReadableSpan) -> dict[str, Any]:
+    """A finished span as the JSON-ready dict that ``jsonl`` writes."""
+    context = span.get_span_context()
+    parent = span.parent
+    return {
+        "name": span.name,
+        "trace_id": f"{context.trace_id:032x}" if context else None,
+        "span_id": f"{context.span_id:016x}" if context else None,
+        "parent_span_id": f"{parent.span_id:016x}" if parent else None,
+        "kind": span.kind.name,
+        "start_time": span.start_time,
+        "end_time": span.end_time,
+        "status": {
+            "code": span.status.status_code.name,
+            "description": span.status.description,
+        },
+        "attributes": _plain(span.attributes),
+        "events": [
+            {"name": e.name, "time": e.timestamp, "attributes": _plain(e.attributes)}
+            for e in span.events
+        ],
+        "resource": _plain(span.resource.attributes),
+    }
+
+
+def _plain(attributes: Any) -> dict[str, Any]:
+    return {
+        k: list(v) if isinstance(v, tuple | list) else v for k, v in dict(attributes or {}).items()
+    }
+
+
+@dataclass
+class TraceSetup:
+    """Providers built for the CLI, and the :class:`Tracing` instrument that uses them.
+
+    Pass :attr:`instruments` to :func:`hierplan.run`; call :meth:`shutdown` (or use it as a
+    context manager) after the run so that every span and metric is exported.
+    """
+
+    tracing: Tracing
+    tracer_provider: TracerProvider
+    meter_provider: MeterProvider | None = None
+    targets: list[TraceTarget] = field(default_factory=list)
+
+    @property
+    def instruments(self) -> list[Instrument]:
+        """The instruments to pass to :func:`hierplan.run`."""
+        return [self.tracing]
+
+    def shutdown(self) -> None:
+        """Export what is left and close the exporters."""
+        self.tracer_provider.shutdown()
+        if self.meter_provider is not None:
+            self.meter_provider.shutdown()
+
+    def __enter__(self) -> TraceSetup:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.shutdown()
+
+
+def _otlp_url(base: str, signal: str) -> str:
+    base = base.rstrip("/")
+    for known in ("/v1/traces", "/v1/metrics"):
+        if base.endswith(known):
+            base = base[: -len(known)]
+    return f"{base}/v1/{signal}"
+
+
+def _otlp_exporters(target: TraceTarget) -> tuple[SpanExporter, MetricExporter | None]:
+    try:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    except ImportError:
+        raise UserInputError(
+            f"--trace otlp needs the OTLP exporter, which is not installed: {OTLP_INSTALL_HINT}"
+        ) from None
+    metrics_off = os.environ.get("OTEL_METRICS_EXPORTER", "").strip().lower() == "none"
+    if target.value is None:
+        spans = OTLPSpanExporter()
+        return spans, None if metrics_off else OTLPMetricExporter()
+    spans = OTLPSpanExporter(endpoint=_otlp_url(target.value, "traces"))
+    if metrics_off:
+        return spans, None
+    return spans, OTLPMetricExporter(endpoint=_otlp_url(target.value, "metrics"))
+
+
+def _resource() -> Resource:
+    return Resource.create({SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME") or "hierplan"})
+
+
+def configure_tracing(
+    specs: Sequence[str] | None,
+    *,
+    capture_content: bool | None = None,
+    console_stream: IO[str] | None = None,
+) -> TraceSetup | None:
+    """Build providers and exporters for ``--trace`` values; ``None`` when there are none.
+
+    Bad values raise :class:`UserInputError` before anything is opened or sent.
+    """
+    targets = [parse_trace_target(s) for s in specs or ()]
+    if not targets:
+        return None
+    resource = _resource()
+    span_exporters: list[SpanExporter] = []
+    metric_exporters: list[MetricExporter] = []
+    stream = console_stream or sys.stderr
+    for target in targets:
+        if target.kind == "otlp":
+            spans, metric = _otlp_exporters(target)
+            span_exporters.append(spans)
+            if metric is not None:
+                metric_exporters.append(metric)
+    for target in targets:  # files last, so that a bad OTLP set-up leaves no file behind
+        if target.kind == "console":
+            span_exporters.append(ConsoleSpanExporter(out=stream))
+            metric_exporters.append(ConsoleMetricExporter(out=stream))
+        elif target.kind == "jsonl":
+            span_exporters.append(JsonLinesSpanExporter(Path(target.value or "")))
+    tracer_provider = TracerProvider(resource=resource)
+    for exporter in span_exporters:
+        tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
+    meter_provider = None
+    if metric_exporters:
+        readers: list[MetricReader] = [PeriodicExportingMetricReader(e) for e in metric_exporters]
+        meter_provider = MeterProvider(resource=resource, metric_readers=readers)
+    tracing = Tracing(
+        tracer_provider=tracer_provider,
+        meter_provider=meter_provider,
+        capture_content=capture_content,
+    )
+    return TraceSetup(tracing, tracer_provider, meter_provider, targets)
