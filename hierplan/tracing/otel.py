@@ -125,7 +125,7 @@ _SECRET = re.compile(
     r"(sk-[A-Za-z0-9_\-]{16,}"  # OpenAI and Anthropic keys
     r"|AKIA[0-9A-Z]{16}"  # AWS access key ids
     r"|(?i:bearer)\s+[A-Za-z0-9._\-]{16,}"
-    r"|(?i:api[_-]?key|secret|password|token)\s*[:=]\s*[\"']?[^\s\"',}]{8,})"
+    r"|(?i:api[_-]?key|secret|password|token)[\"']?\s*[:=]\s*[\"']?[^\s\"',}]{8,})"
 )
 
 
@@ -273,6 +273,8 @@ class Tracing(Instrument):
             del self._runs[run]
             if state.root is not None:
                 span.set_attributes(_workflow_rollups(state.root, run))
+                if self.capture_content:
+                    span.set_attribute("hierplan.goal", self.content(state.root.goal))
                 if state.root.status in FAILED_STATUSES:
                     span.set_status(Status(StatusCode.ERROR, state.root.error or state.root.status))
             span.end()

@@ -1,0 +1,384 @@
+"""Tracing: the whole span tree, cost invariants, events, errors, content and metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+import pytest
+from opentelemetry.sdk.metrics.export import HistogramDataPoint, NumberDataPoint
+from opentelemetry.sdk.trace import ReadableSpan
+from tracing_support import ScriptedRun, Telemetry, children_of, descendants, span_tree
+
+import hierplan
+from hierplan import Instrument, Model, ModelRequest, ModelResponse, NodeContext, RunEvent
+from hierplan.hierarchy.context import RunContext
+from hierplan.tracing.otel import DURATION_BUCKETS, TOKEN_BUCKETS, Tracing, redact
+
+SNAPSHOT = Path(__file__).parent / "snapshots" / "trace_scripted.json"
+
+
+def _chat_cost(span: ReadableSpan) -> float:
+    return float((span.attributes or {}).get("gen_ai.usage.cost", 0.0))  # type: ignore[arg-type]
+
+
+def _attr(span: ReadableSpan, key: str) -> Any:
+    return (span.attributes or {})[key]
+
+
+@pytest.fixture(scope="module")
+def migration() -> Iterator[tuple[hierplan.RunResult, list[ReadableSpan]]]:
+    """The data-migration demo (three levels, a replan), traced once for several tests."""
+    telemetry = Telemetry()
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as where:
+        result = hierplan.run_sync(
+            scenario="data_migration",
+            sim_latency_scale=0,
+            workdir=Path(where),
+            instruments=[telemetry.tracing()],
+        )
+    assert result.status == "succeeded", result.error
+    yield result, telemetry.finished()
+
+
+@pytest.mark.anyio
+async def test_span_tree_of_a_three_level_run_matches_the_snapshot() -> None:
+    telemetry = Telemetry()
+    scripted = ScriptedRun()
+    result = await hierplan.run(instruments=[telemetry.tracing()], **scripted.run_options())
+    assert result.status == "succeeded", result.error
+    assert {n.depth for n in result.nodes()} == {1, 2, 3}
+    tree = span_tree(telemetry.finished())
+    if os.environ.get("HIERPLAN_UPDATE_SNAPSHOTS") == "1":
+        SNAPSHOT.parent.mkdir(exist_ok=True)
+        SNAPSHOT.write_text(json.dumps(tree, indent=1, sort_keys=True) + "\n")
+    assert tree == json.loads(SNAPSHOT.read_text())
+
+
+def _check_cost_invariants(result: hierplan.RunResult, spans: list[ReadableSpan]) -> None:
+    index = children_of(spans)
+    chats = [s for s in spans if _attr(s, "gen_ai.operation.name") == "chat"]
+    totals = result.totals()
+    assert len(chats) == totals["calls"]
+    assert sum(_chat_cost(s) for s in chats) == pytest.approx(totals["cost_usd"], abs=1e-12)
+    assert sum(_attr(s, "gen_ai.usage.input_tokens") for s in chats) == totals["input_tokens"]
+    assert sum(_attr(s, "gen_ai.usage.output_tokens") for s in chats) == totals["output_tokens"]
+    # cost is on chat spans only, so a backend summing the trace counts each call once
+    for span in spans:
+        if span not in chats:
+            assert "gen_ai.usage.cost" not in (span.attributes or {}), span.name
+            assert "llm.cost.total" not in (span.attributes or {}), span.name
+            assert "gen_ai.usage.input_tokens" not in (span.attributes or {}), span.name
+    # every rollup equals the chat spans below it, and the record's subtree
+    rolled = [s for s in spans if "gen_ai.aggregated_usage.cost" in (s.attributes or {})]
+    assert rolled
+    for span in rolled:
+        below = [d for d in descendants(span, index) if d in chats]
+        assert _attr(span, "gen_ai.aggregated_usage.cost") == pytest.approx(
+            sum(_chat_cost(d) for d in below), abs=1e-12
+        ), span.name
+        assert _attr(span, "gen_ai.aggregated_usage.input_tokens") == sum(
+            _attr(d, "gen_ai.usage.input_tokens") for d in below
+        )
+        assert _attr(span, "hierplan.calls") == len(below)
+        if _attr(span, "gen_ai.operation.name") == "invoke_agent":
+            node = result.tree.find(_attr(span, "hierplan.node.path"))
+            assert _attr(span, "hierplan.cost.subtree_usd") == node.subtree_cost_usd
+            assert _attr(span, "hierplan.cost.node_usd") == node.cost_usd
+    workflow = index[None][0]
+    for level in result.levels():
+        depth = level["depth"]
+        assert _attr(workflow, f"hierplan.level.{depth}.cost_usd") == pytest.approx(
+            level["cost_usd"], abs=1e-12
+        )
+
+
+@pytest.mark.anyio
+async def test_costs_add_up_in_the_scripted_run() -> None:
+    telemetry = Telemetry()
+    result = await hierplan.run(instruments=[telemetry.tracing()], **ScriptedRun().run_options())
+    _check_cost_invariants(result, telemetry.finished())
+
+
+def test_costs_add_up_in_the_data_migration_run(
+    migration: tuple[hierplan.RunResult, list[ReadableSpan]],
+) -> None:
+    result, spans = migration
+    _check_cost_invariants(result, spans)
+    assert result.totals()["cost_usd"] > 0
+
+
+def test_data_migration_trace_has_the_plan_tree(
+    migration: tuple[hierplan.RunResult, list[ReadableSpan]],
+) -> None:
+    result, spans = migration
+    index = children_of(spans)
+    (workflow,) = index[None]
+    assert workflow.name == "invoke_workflow hierplan"
+    agents = {_attr(s, "hierplan.node.path"): s for s in spans if s.name.startswith("invoke_agent")}
+    assert set(agents) == {n.path for n in result.nodes()}
+    for node in result.nodes():
+        span = agents[node.path]
+        assert span.name == f"invoke_agent {node.kind}"
+        assert _attr(span, "hierplan.node.depth") == node.depth
+        assert _attr(span, "hierplan.simulated") is True
+        parent = span.parent
+        assert parent is not None
+        expected = workflow if node.depth == 1 else agents[node.path.rpartition(".")[0]]
+        assert parent.span_id == expected.context.span_id  # type: ignore[union-attr]
+        plans = [c for c in index[span.context.span_id] if c.name == "plan planner"]  # type: ignore[union-attr]
+        assert len(plans) == len(node.plan_versions)
+        for plan in plans:
+            (chat,) = index[plan.context.span_id]  # type: ignore[union-attr]
+            assert chat.name == "chat sim" and chat.kind.name == "CLIENT"
+            assert _attr(chat, "hierplan.phase") == "planning"
+    replanned = [s for s in spans for e in s.events if e.name == "hierplan.replanned"]
+    assert replanned, "the demo replans once; the replan shows as a span event"
+
+
+@pytest.mark.anyio
+async def test_failures_set_span_status() -> None:
+    telemetry = Telemetry()
+    await hierplan.run(instruments=[telemetry.tracing()], **ScriptedRun().run_options())
+    spans = telemetry.finished()
+    by_path: dict[tuple[str, str], list[ReadableSpan]] = {}
+    for span in spans:
+        key = (span.name, str((span.attributes or {}).get("hierplan.node.path")))
+        by_path.setdefault(key, []).append(span)
+    (broken_leaf,) = by_path[("invoke_agent executor", "1.2.1")]
+    assert broken_leaf.status.status_code.name == "ERROR"
+    assert "broken tool" in (broken_leaf.status.description or "")
+    assert _attr(broken_leaf, "hierplan.node.status") == "failed"
+    (broken_tool,) = by_path[("execute_tool broken", "1.2.1")]
+    assert broken_tool.status.status_code.name == "ERROR"
+    assert _attr(broken_tool, "error.type") == "ToolArgsError"
+    first, second, third = by_path[("chat test-model", "1.1.2")]
+    assert first.status.status_code.name == "ERROR"
+    assert _attr(first, "error.type") == "ModelError"
+    assert _attr(first, "gen_ai.usage.input_tokens") == 300  # the failed attempt's usage counts
+    assert second.status.status_code.name == third.status.status_code.name == "UNSET"
+    (retrying,) = by_path[("invoke_agent executor", "1.1.2")]
+    (event,) = [e for e in retrying.events if e.name == "hierplan.step_retried"]
+    assert (event.attributes or {})["hierplan.error"] == "overloaded"
+    (flaky,) = by_path[("invoke_agent executor", "1.1.3")]
+    assert [e.name for e in flaky.events] == ["hierplan.step_retried"]
+    (replanning,) = by_path[("invoke_agent planner", "1.2")]
+    (replan,) = [e for e in replanning.events if e.name == "hierplan.replanned"]
+    assert (replan.attributes or {})["hierplan.diff"] == "+1 -1 ~0 (added: r2; removed: r)"
+
+
+class BudgetReserved(RunEvent):
+    """Stands in for an event type another part of hierplan may add (budgets)."""
+
+    type: Literal["budget_reserved"] = "budget_reserved"
+    usd: float
+    tokens: int
+
+
+class _Reserving:
+    """A model wrapper that emits a budget-like event before each call, as budgets would."""
+
+    def __init__(self, inner: Model, node: NodeContext) -> None:
+        self.inner = inner
+        self.node = node
+        self.name, self.provider = inner.name, inner.provider
+        self.priced_as, self.simulated = inner.priced_as, inner.simulated
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        run = self.node.run
+        run.bus.emit(BudgetReserved(run_id=run.run_id, path=self.node.path, usd=0.25, tokens=77))
+        return await self.inner.request(request)
+
+
+class EventSource(Instrument):
+    """Emits a budget-like event per model call, and events for paths without an open span."""
+
+    def wrap_model(self, model: Model, node: NodeContext) -> Model:
+        return _Reserving(model, node)  # type: ignore[return-value]
+
+    def run_scope(self, run: RunContext) -> AbstractAsyncContextManager[None]:
+        @asynccontextmanager
+        async def scope() -> AsyncIterator[None]:
+            yield
+            # the root's span has ended; the event goes to the workflow span
+            run.bus.emit(BudgetReserved(run_id=run.run_id, path="1.9.9", usd=1.0, tokens=1))
+
+        return scope()
+
+    def node_scope(self, node: NodeContext) -> AbstractAsyncContextManager[None]:
+        @asynccontextmanager
+        async def scope() -> AsyncIterator[None]:
+            if node.path == "1.1":
+                # a node that never ran: the event goes to its nearest open ancestor (1.1)
+                run = node.run
+                run.bus.emit(BudgetReserved(run_id=run.run_id, path="1.1.7", usd=0.5, tokens=5))
+            yield
+
+        return scope()
+
+
+@pytest.mark.anyio
+async def test_any_bus_event_lands_on_the_span_of_its_node() -> None:
+    telemetry = Telemetry()
+    scripted = ScriptedRun()
+    # Tracing opens its scopes first, so the event source's scopes run inside them.
+    instruments = [telemetry.tracing(), EventSource()]
+    result = await hierplan.run(instruments=instruments, **scripted.run_options())
+    assert result.status == "succeeded"
+    spans = telemetry.finished()
+
+    def events_of(span: ReadableSpan) -> list[dict[str, Any]]:
+        return [
+            dict(e.attributes or {}) for e in span.events if e.name == "hierplan.budget_reserved"
+        ]
+
+    agents = {_attr(s, "hierplan.node.path"): s for s in spans if s.name.startswith("invoke_agent")}
+    calls_per_node = {n.path: len(n.calls) for n in result.nodes()}
+    for path, span in agents.items():
+        own = [e for e in events_of(span) if e["hierplan.node.path"] == path]
+        assert len(own) == calls_per_node[path], path
+        for event in own:
+            assert event["hierplan.usd"] == 0.25 and event["hierplan.tokens"] == 77
+    orphan = [e for e in events_of(agents["1.1"]) if e["hierplan.node.path"] == "1.1.7"]
+    assert orphan == [{"hierplan.node.path": "1.1.7", "hierplan.usd": 0.5, "hierplan.tokens": 5}]
+    (workflow,) = [s for s in spans if s.parent is None]
+    assert [e["hierplan.node.path"] for e in events_of(workflow)] == ["1.9.9"]
+
+
+SECRET = "sk-ant-api03-abcdefghijklmnopqrstuvwxyz0123456789"
+
+
+@pytest.mark.anyio
+async def test_content_is_recorded_only_on_opt_in_and_secrets_never() -> None:
+    for capture in (False, True):
+        telemetry = Telemetry()
+        scripted = ScriptedRun()
+        options = scripted.run_options()
+        options["goal"] = f"Sum and report (key {SECRET})"
+        await hierplan.run(instruments=[telemetry.tracing(capture_content=capture)], **options)
+        spans = telemetry.finished()
+        text = json.dumps([dict(s.attributes or {}) for s in spans], default=str)
+        text += json.dumps([dict(e.attributes or {}) for s in spans for e in s.events], default=str)
+        assert SECRET not in text
+        chats = [s for s in spans if s.kind.name == "CLIENT"]
+        tools = [s for s in spans if s.name.startswith("execute_tool")]
+        if not capture:
+            assert "Sum and report" not in text
+            assert all("gen_ai.input.messages" not in (s.attributes or {}) for s in chats)
+            continue
+        assert "[REDACTED]" in _attr(spans[-1], "hierplan.goal")
+        for chat in chats:
+            messages = json.loads(_attr(chat, "gen_ai.input.messages"))
+            assert messages[0]["role"] == "user"
+            assert json.loads(_attr(chat, "gen_ai.system_instructions"))[0]["type"] == "text"
+        answered = [c for c in chats if "gen_ai.output.messages" in (c.attributes or {})]
+        outputs = [json.loads(_attr(c, "gen_ai.output.messages"))[0] for c in answered]
+        calls = [p for o in outputs for p in o["parts"] if p["type"] == "tool_call"]
+        assert calls == [
+            {"type": "tool_call", "id": "call-1", "name": "add", "arguments": {"a": 2, "b": 3}}
+        ]
+        add = [t for t in tools if _attr(t, "gen_ai.tool.call.id") == "call-1"]
+        assert json.loads(_attr(add[0], "gen_ai.tool.call.arguments")) == {"a": 2, "b": 3}
+
+
+def test_redact_hides_key_shapes() -> None:
+    assert redact(f"use {SECRET} now") == "use [REDACTED] now"
+    assert redact("Authorization: Bearer abcdefghijklmnopqrstu") == "Authorization: [REDACTED]"
+    assert redact('{"api_key": "abcd1234efgh"}') == '{"[REDACTED]"}'
+    assert redact("AKIAABCDEFGHIJKLMNOP") == "[REDACTED]"
+    assert redact("add 2 and 3, then skip the tokenizer") == "add 2 and 3, then skip the tokenizer"
+
+
+def _points(telemetry: Telemetry, name: str) -> list[Any]:
+    data = telemetry.reader.get_metrics_data()
+    assert data is not None
+    found = [
+        metric
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == name
+    ]
+    assert len(found) == 1, name
+    return list(found[0].data.data_points)
+
+
+@pytest.mark.anyio
+async def test_metrics_use_the_conventions_buckets_and_add_up() -> None:
+    telemetry = Telemetry()
+    result = await hierplan.run(instruments=[telemetry.tracing()], **ScriptedRun().run_options())
+    totals = result.totals()
+    tokens = _points(telemetry, "gen_ai.client.token.usage")
+    assert all(isinstance(p, HistogramDataPoint) for p in tokens)
+    assert {tuple(p.explicit_bounds) for p in tokens} == {tuple(float(b) for b in TOKEN_BUCKETS)}
+    by_type: dict[str, float] = {}
+    for point in tokens:
+        kind = str(point.attributes["gen_ai.token.type"])
+        by_type[kind] = by_type.get(kind, 0) + point.sum
+        assert point.attributes["gen_ai.operation.name"] == "chat"
+        assert point.attributes["gen_ai.provider.name"] == "function"
+    assert by_type == {"input": totals["input_tokens"], "output": totals["output_tokens"]}
+    durations = _points(telemetry, "gen_ai.client.operation.duration")
+    assert {tuple(p.explicit_bounds) for p in durations} == {DURATION_BUCKETS}
+    assert sum(p.count for p in durations) == totals["calls"]
+    failed = [p for p in durations if "error.type" in p.attributes]
+    assert [(p.attributes["error.type"], p.count) for p in failed] == [("ModelError", 1)]
+    costs = _points(telemetry, "hierplan.client.cost")
+    assert all(isinstance(p, NumberDataPoint) for p in costs)
+    by_key = {
+        (p.attributes["hierplan.node.depth"], p.attributes["hierplan.phase"]): p.value
+        for p in costs
+    }
+    assert by_key == pytest.approx(
+        {(1, "planning"): 0.00065, (2, "planning"): 0.00195, (3, "execution"): 0.0003575}
+    )
+    assert sum(by_key.values()) == pytest.approx(totals["cost_usd"])
+
+
+@pytest.mark.anyio
+async def test_one_instrument_traces_concurrent_runs_apart() -> None:
+    telemetry = Telemetry()
+    tracing = telemetry.tracing()
+    results: dict[str, hierplan.RunResult] = {}
+
+    async def one(run_id: str) -> None:
+        options = ScriptedRun().run_options()
+        options["run_id"] = run_id
+        results[run_id] = await hierplan.run(instruments=[tracing], **options)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one, "first")
+        tg.start_soon(one, "second")
+    spans = telemetry.finished()
+    roots = [s for s in spans if s.parent is None]
+    assert sorted(_attr(r, "hierplan.run_id") for r in roots) == ["first", "second"]
+    for root in roots:
+        trace_spans = [s for s in spans if s.context.trace_id == root.context.trace_id]  # type: ignore[union-attr]
+        _check_cost_invariants(results[_attr(root, "hierplan.run_id")], trace_spans)
+
+
+def test_without_an_sdk_tracing_records_nothing_and_runs_the_same() -> None:
+    # No provider given and none registered: the API's no-op tracer, and the run is unchanged.
+    scripted = ScriptedRun()
+    result = hierplan.run_sync(instruments=[Tracing()], **scripted.run_options())
+    assert result.status == "succeeded"
+    assert result.totals()["calls"] == 7
+
+
+def test_tracing_sets_the_anthropic_switch_only_when_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ANTHROPIC_OPEN_TELEMETRY", raising=False)
+    Tracing()
+    assert os.environ["ANTHROPIC_OPEN_TELEMETRY"] == "false"
+    monkeypatch.setenv("ANTHROPIC_OPEN_TELEMETRY", "true")
+    Tracing()
+    assert os.environ["ANTHROPIC_OPEN_TELEMETRY"] == "true"
+    monkeypatch.delenv("ANTHROPIC_OPEN_TELEMETRY")
+    Tracing(provider_spans=True)
+    assert "ANTHROPIC_OPEN_TELEMETRY" not in os.environ
