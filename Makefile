@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test lint typecheck pytest clean
+.PHONY: demo test lint typecheck pytest e2e clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,5 +35,23 @@ typecheck: $(DEV_STAMP)
 pytest: $(DEV_STAMP)
 	$(BIN)/pytest -q
 
+E2E_STAMP := $(VENV)/.installed-e2e
+PHOENIX_VENV := .venv-phoenix
+
+$(E2E_STAMP): pyproject.toml $(DEV_STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,e2e]'
+	touch $@
+
+# Phoenix pins anthropic<2, so it gets a virtualenv of its own; the tests start it from there.
+$(PHOENIX_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(PHOENIX_VENV)
+	$(PHOENIX_VENV)/bin/python -m pip install --quiet -e '.[phoenix]'
+	touch $@
+
+## e2e: the HTML report in Chromium (/usr/bin/chromium: apt-get install chromium) and the
+## demo's trace in Arize Phoenix; installs playwright and Phoenix, never a browser download
+e2e: $(E2E_STAMP) $(PHOENIX_VENV)/.installed
+	HIERPLAN_PHOENIX=$(PHOENIX_VENV)/bin/phoenix $(BIN)/pytest -q -m e2e
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PHOENIX_VENV) runs .pytest_cache .mypy_cache .ruff_cache

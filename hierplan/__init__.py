@@ -48,6 +48,7 @@ from hierplan.hierarchy.plan import Plan, Step, critical_path, topological_order
 from hierplan.hierarchy.record import NodeRecord, RunResult
 from hierplan.hierarchy.run import run, run_sync
 from hierplan.hierarchy.strategies import STRATEGIES
+from hierplan.tracing.otel import Tracing
 
 __version__ = "0.1.0"
 
@@ -90,6 +91,7 @@ __all__ = [
     "Tool",
     "ToolCall",
     "ToolExecutor",
+    "Tracing",
     "Usage",
     "UserInputError",
     "__version__",

@@ -307,7 +307,7 @@ def view_command(
     except OSError as exc:
         _fail(f"cannot write {html}: {exc.strerror or exc}")
     if html is not None:
-        Console().print(f"HTML report: {path}", highlight=False, markup=False)
+        Console().print(f"HTML report: {path}", highlight=False, markup=False, soft_wrap=True)
         return
     print_run(result, Console())
 

@@ -93,11 +93,15 @@ def _check_cost_invariants(result: hierplan.RunResult, spans: list[ReadableSpan]
             assert _attr(span, "hierplan.cost.subtree_usd") == node.subtree_cost_usd
             assert _attr(span, "hierplan.cost.node_usd") == node.cost_usd
     workflow = index[None][0]
-    for level in result.levels():
-        depth = level["depth"]
-        assert _attr(workflow, f"hierplan.level.{depth}.cost_usd") == pytest.approx(
-            level["cost_usd"], abs=1e-12
-        )
+    levels = result.levels()
+    assert [level["depth"] for level in levels] == list(range(1, len(levels) + 1))
+    assert list(_attr(workflow, "hierplan.level.cost_usd")) == pytest.approx(
+        [level["cost_usd"] for level in levels], abs=1e-12
+    )
+    assert list(_attr(workflow, "hierplan.level.nodes")) == [level["nodes"] for level in levels]
+    assert list(_attr(workflow, "hierplan.level.input_tokens")) == [
+        level["input_tokens"] for level in levels
+    ]
 
 
 @pytest.mark.anyio

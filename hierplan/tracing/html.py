@@ -72,7 +72,11 @@ def _subtree_costs(root: NodeRecord) -> dict[str, float]:
     costs: dict[str, float] = {}
 
     def visit(node: NodeRecord) -> float:
-        total = node.cost_usd + sum(visit(c) for c in node.children)
+        # The same order of additions as run.json's subtree_cost_usd, so the figures are equal
+        # to the last bit.
+        total = node.cost_usd
+        for child in node.children:
+            total += visit(child)
         costs[node.path] = total
         return total
 

@@ -46,14 +46,15 @@ import json
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from importlib import metadata
+from types import TracebackType
 from typing import Any
 
 import anyio
-from opentelemetry import metrics, trace
+from opentelemetry import context, metrics, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
@@ -210,7 +211,7 @@ class Tracing(Instrument):
         self.cost = meter.create_counter(
             COST_METRIC, unit="USD", description="Cost of model calls in USD."
         )
-        self._runs: dict[RunContext, _RunTrace] = {}
+        self.runs: dict[RunContext, _RunTrace] = {}
         if not provider_spans:
             os.environ.setdefault(ANTHROPIC_SPANS_ENV, "false")
 
@@ -222,158 +223,19 @@ class Tracing(Instrument):
 
     def run_scope(self, run: RunContext) -> AbstractAsyncContextManager[None]:
         """The ``invoke_workflow hierplan`` span around the whole run."""
-        return self._run_span(run)
+        return _RunScope(self, run)
 
     def node_scope(self, node: NodeContext) -> AbstractAsyncContextManager[None]:
         """The ``invoke_agent planner|executor`` span around one node."""
-        return self._node_span(node)
+        return _NodeScope(self, node)
 
     def planning_scope(self, node: NodeContext, reason: str) -> AbstractAsyncContextManager[None]:
         """The ``plan <agent>`` span around one planning round."""
-        return self._plan_span(node, reason)
+        return _PlanScope(self, node, reason)
 
     def tool_scope(self, node: NodeContext, call: ToolCall) -> AbstractAsyncContextManager[None]:
         """The ``execute_tool <tool>`` span around one tool call."""
-        return self._tool_span(node, call)
-
-    # -- spans -----------------------------------------------------------------------------
-
-    @asynccontextmanager
-    async def _run_span(self, run: RunContext) -> AsyncIterator[None]:
-        settings = run.settings
-        attributes: dict[str, AttributeValue] = {
-            "gen_ai.operation.name": "invoke_workflow",
-            "gen_ai.workflow.name": "hierplan",
-            "openinference.span.kind": "CHAIN",
-            "hierplan.run_id": run.run_id,
-            "hierplan.strategy": settings.strategy,
-            "hierplan.max_depth": settings.max_depth,
-            "hierplan.concurrency": settings.concurrency,
-            "hierplan.seed": settings.seed,
-            "hierplan.planner_model": run.planner_model.name,
-            "hierplan.executor_model": run.executor_model.name,
-            "hierplan.price_table": run.pricing.version,
-        }
-        if run.planner_model.simulated or run.executor_model.simulated:
-            attributes["hierplan.simulated"] = True
-        span = self.tracer.start_span(
-            "invoke_workflow hierplan", kind=SpanKind.INTERNAL, attributes=attributes
-        )
-        state = _RunTrace(run, span)
-        self._runs[run] = state
-        unsubscribe = run.bus.subscribe(_listener(self, state))
-        try:
-            with trace.use_span(span, record_exception=False, set_status_on_exception=False):
-                yield
-        except BaseException as exc:
-            _set_error(span, exc)
-            raise
-        finally:
-            unsubscribe()
-            del self._runs[run]
-            if state.root is not None:
-                span.set_attributes(_workflow_rollups(state.root, run))
-                if self.capture_content:
-                    span.set_attribute("hierplan.goal", self.content(state.root.goal))
-                if state.root.status in FAILED_STATUSES:
-                    span.set_status(Status(StatusCode.ERROR, state.root.error or state.root.status))
-            span.end()
-
-    @asynccontextmanager
-    async def _node_span(self, node: NodeContext) -> AsyncIterator[None]:
-        state = self._runs.get(node.run)
-        record = node.record
-        kind = record.kind
-        attributes = _agent_attributes(node)
-        if self.capture_content:
-            attributes["hierplan.goal"] = self.content(record.goal)
-        span = self.tracer.start_span(
-            f"invoke_agent {kind}", kind=SpanKind.INTERNAL, attributes=attributes
-        )
-        if state is not None:
-            state.spans[record.path] = span
-            if node.parent is None:
-                state.root = record
-        status = None
-        try:
-            with trace.use_span(span, record_exception=False, set_status_on_exception=False):
-                yield
-        except anyio.get_cancelled_exc_class():
-            status = "cancelled"
-            raise
-        except BaseException as exc:
-            status = record.status if record.status != "running" else "failed"
-            span.set_attribute("error.type", type(exc).__qualname__)
-            raise
-        finally:
-            if state is not None:
-                state.spans.pop(record.path, None)
-            self._end_node_span(span, record, status or record.status)
-
-    def _end_node_span(self, span: Span, record: NodeRecord, status: str) -> None:
-        span.set_attributes(_subtree_rollups(record))
-        span.set_attribute("hierplan.node.status", status)
-        if record.attempts:
-            span.set_attribute("hierplan.node.attempts", record.attempts)
-        if record.plan_versions:
-            span.set_attribute("hierplan.plan.versions", len(record.plan_versions))
-        if self.capture_content and record.output:
-            span.set_attribute("hierplan.output", self.content(record.output))
-        if status in FAILED_STATUSES:
-            span.set_status(Status(StatusCode.ERROR, (record.error or status)[:1000]))
-        span.end()
-
-    @asynccontextmanager
-    async def _plan_span(self, node: NodeContext, reason: str) -> AsyncIterator[None]:
-        record = node.record
-        before = _call_totals(record, "planning")
-        span = self.tracer.start_span(
-            f"plan {record.kind}",
-            kind=SpanKind.INTERNAL,
-            attributes={
-                "gen_ai.operation.name": "plan",
-                "openinference.span.kind": "CHAIN",
-                "gen_ai.agent.name": record.kind,
-                "gen_ai.agent.id": f"{node.run.run_id}:{record.path}",
-                "hierplan.node.path": record.path,
-                "hierplan.node.depth": record.depth,
-                "hierplan.plan.reason": reason,
-                "hierplan.plan.version": len(record.plan_versions) + 1,
-            },
-        )
-        try:
-            with trace.use_span(span, record_exception=False, set_status_on_exception=False):
-                yield
-        except BaseException as exc:
-            _set_error(span, exc)
-            raise
-        finally:
-            after = _call_totals(record, "planning")
-            span.set_attributes(_delta_rollups(before, after))
-            span.end()
-
-    @asynccontextmanager
-    async def _tool_span(self, node: NodeContext, call: ToolCall) -> AsyncIterator[None]:
-        attributes: dict[str, AttributeValue] = {
-            "gen_ai.operation.name": "execute_tool",
-            "gen_ai.tool.name": call.name,
-            "gen_ai.tool.call.id": call.id,
-            "gen_ai.tool.type": "function",
-            "hierplan.node.path": node.path,
-        }
-        if self.capture_content:
-            attributes["gen_ai.tool.call.arguments"] = self.content(_json(call.arguments))
-        span = self.tracer.start_span(
-            f"execute_tool {call.name}", kind=SpanKind.INTERNAL, attributes=attributes
-        )
-        try:
-            with trace.use_span(span, record_exception=False, set_status_on_exception=False):
-                yield
-        except BaseException as exc:
-            _set_error(span, exc)
-            raise
-        finally:
-            span.end()
+        return _ToolScope(self, node, call)
 
     # -- events and content ----------------------------------------------------------------
 
@@ -409,6 +271,208 @@ def _listener(tracing: Tracing, state: _RunTrace) -> Callable[[RunEvent], None]:
         tracing.attach_event(state, event)
 
     return listener
+
+
+class _SpanScope(AbstractAsyncContextManager[None]):
+    """A span made current for the scope's duration. Subclasses say how it starts and ends.
+
+    Small classes rather than ``@asynccontextmanager`` generators: these wrap every leaf, and a
+    generator-based context manager costs several times more per use.
+    """
+
+    __slots__ = ("_span", "_token", "tracing")
+
+    def __init__(self, tracing: Tracing) -> None:
+        self.tracing = tracing
+
+    def start(self) -> Span:
+        """Start the span (when the scope is entered)."""
+        raise NotImplementedError
+
+    def finish(self, span: Span, exc: BaseException | None) -> None:
+        """Add what is known at the end; ``exc`` is what ended the scope, if anything."""
+        if exc is not None:
+            _set_error(span, exc)
+
+    async def __aenter__(self) -> None:
+        self._span = self.start()
+        self._token = context.attach(trace.set_span_in_context(self._span))
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        context.detach(self._token)
+        span = self._span
+        try:
+            if span.is_recording():
+                self.finish(span, exc)
+        finally:
+            span.end()
+
+
+class _RunScope(_SpanScope):
+    __slots__ = ("run", "state", "unsubscribe")
+
+    def __init__(self, tracing: Tracing, run: RunContext) -> None:
+        super().__init__(tracing)
+        self.run = run
+
+    def start(self) -> Span:
+        run = self.run
+        settings = run.settings
+        attributes: dict[str, AttributeValue] = {
+            "gen_ai.operation.name": "invoke_workflow",
+            "gen_ai.workflow.name": "hierplan",
+            "openinference.span.kind": "CHAIN",
+            "hierplan.run_id": run.run_id,
+            "hierplan.strategy": settings.strategy,
+            "hierplan.max_depth": settings.max_depth,
+            "hierplan.concurrency": settings.concurrency,
+            "hierplan.seed": settings.seed,
+            "hierplan.planner_model": run.planner_model.name,
+            "hierplan.executor_model": run.executor_model.name,
+            "hierplan.price_table": run.pricing.version,
+        }
+        if run.planner_model.simulated or run.executor_model.simulated:
+            attributes["hierplan.simulated"] = True
+        span = self.tracing.tracer.start_span(
+            "invoke_workflow hierplan", kind=SpanKind.INTERNAL, attributes=attributes
+        )
+        self.state = _RunTrace(run, span)
+        self.tracing.runs[run] = self.state
+        self.unsubscribe = run.bus.subscribe(_listener(self.tracing, self.state))
+        return span
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.unsubscribe()
+        del self.tracing.runs[self.run]
+        await super().__aexit__(exc_type, exc, tb)
+
+    def finish(self, span: Span, exc: BaseException | None) -> None:
+        super().finish(span, exc)
+        root = self.state.root
+        if root is None:
+            return
+        span.set_attributes(_workflow_rollups(root, self.run))
+        if self.tracing.capture_content:
+            span.set_attribute("hierplan.goal", self.tracing.content(root.goal))
+        if root.status in FAILED_STATUSES:
+            span.set_status(Status(StatusCode.ERROR, (root.error or root.status)[:1000]))
+
+
+class _NodeScope(_SpanScope):
+    __slots__ = ("node", "state")
+
+    def __init__(self, tracing: Tracing, node: NodeContext) -> None:
+        super().__init__(tracing)
+        self.node = node
+
+    def start(self) -> Span:
+        node = self.node
+        record = node.record
+        attributes = _agent_attributes(node)
+        if self.tracing.capture_content:
+            attributes["hierplan.goal"] = self.tracing.content(record.goal)
+        span = self.tracing.tracer.start_span(
+            f"invoke_agent {record.kind}", kind=SpanKind.INTERNAL, attributes=attributes
+        )
+        self.state = self.tracing.runs.get(node.run)
+        if self.state is not None:
+            self.state.spans[record.path] = span
+            if node.parent is None:
+                self.state.root = record
+        return span
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.state is not None:
+            self.state.spans.pop(self.node.record.path, None)
+        await super().__aexit__(exc_type, exc, tb)
+
+    def finish(self, span: Span, exc: BaseException | None) -> None:
+        record = self.node.record
+        status = record.status
+        if exc is not None:
+            if isinstance(exc, anyio.get_cancelled_exc_class()):
+                status = "cancelled"
+            else:
+                # node_lifecycle marks the record failed only after this scope has closed
+                status = "failed" if status == "running" else status
+                span.set_attribute("error.type", type(exc).__qualname__)
+        span.set_attributes(_node_rollups(record))
+        span.set_attribute("hierplan.node.status", status)
+        if self.tracing.capture_content and record.output:
+            span.set_attribute("hierplan.output", self.tracing.content(record.output))
+        if status in FAILED_STATUSES:
+            span.set_status(Status(StatusCode.ERROR, redact(record.error or status)[:1000]))
+
+
+class _PlanScope(_SpanScope):
+    __slots__ = ("before", "node", "reason")
+
+    def __init__(self, tracing: Tracing, node: NodeContext, reason: str) -> None:
+        super().__init__(tracing)
+        self.node = node
+        self.reason = reason
+
+    def start(self) -> Span:
+        node = self.node
+        record = node.record
+        self.before = _call_totals(record, "planning")
+        return self.tracing.tracer.start_span(
+            f"plan {record.kind}",
+            kind=SpanKind.INTERNAL,
+            attributes={
+                "gen_ai.operation.name": "plan",
+                "openinference.span.kind": "CHAIN",
+                "gen_ai.agent.name": record.kind,
+                "gen_ai.agent.id": f"{node.run.run_id}:{record.path}",
+                "hierplan.node.path": record.path,
+                "hierplan.node.depth": record.depth,
+                "hierplan.plan.reason": self.reason,
+                "hierplan.plan.version": len(record.plan_versions) + 1,
+            },
+        )
+
+    def finish(self, span: Span, exc: BaseException | None) -> None:
+        super().finish(span, exc)
+        span.set_attributes(_delta_rollups(self.before, _call_totals(self.node.record, "planning")))
+
+
+class _ToolScope(_SpanScope):
+    __slots__ = ("call", "node")
+
+    def __init__(self, tracing: Tracing, node: NodeContext, call: ToolCall) -> None:
+        super().__init__(tracing)
+        self.node = node
+        self.call = call
+
+    def start(self) -> Span:
+        call = self.call
+        attributes: dict[str, AttributeValue] = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": call.name,
+            "gen_ai.tool.call.id": call.id,
+            "gen_ai.tool.type": "function",
+            "hierplan.node.path": self.node.path,
+        }
+        if self.tracing.capture_content:
+            attributes["gen_ai.tool.call.arguments"] = self.tracing.content(_json(call.arguments))
+        return self.tracing.tracer.start_span(
+            f"execute_tool {call.name}", kind=SpanKind.INTERNAL, attributes=attributes
+        )
 
 
 class TracedModel:
@@ -552,23 +616,24 @@ class TracedModel:
 def _agent_attributes(node: NodeContext) -> dict[str, AttributeValue]:
     record = node.record
     run = node.run
-    model = run.planner_model if record.kind == "planner" else run.executor_model
     attributes: dict[str, AttributeValue] = {
         "gen_ai.operation.name": "invoke_agent",
         "gen_ai.agent.name": record.kind,
         "gen_ai.agent.id": f"{run.run_id}:{record.path}",
-        "gen_ai.provider.name": model.provider,
-        "gen_ai.request.model": model.name.partition(":")[2] or model.name,
         "hierplan.node.path": record.path,
         "hierplan.node.depth": record.depth,
-        "hierplan.node.kind": record.kind,
-        "hierplan.strategy": run.settings.strategy,
     }
-    if record.step_id is not None:
-        attributes["hierplan.step.id"] = record.step_id
-    if record.tool is not None:
-        attributes["hierplan.step.tool"] = record.tool
-    if model.simulated:
+    step = node.step
+    if step is not None:
+        attributes["hierplan.step.id"] = step.id
+        if step.tool is not None:
+            attributes["hierplan.step.tool"] = step.tool
+    # A step with a tool and its arguments runs without a model: no model to name.
+    if step is None or step.tool is None or step.args is None or record.kind == "planner":
+        model = run.planner_model if record.kind == "planner" else run.executor_model
+        attributes["gen_ai.provider.name"] = model.provider
+        attributes["gen_ai.request.model"] = model.name.partition(":")[2] or model.name
+    if run.planner_model.simulated or run.executor_model.simulated:
         attributes["hierplan.simulated"] = True
     return attributes
 
@@ -584,8 +649,10 @@ class _Totals:
     execution_cost_usd: float = 0.0
     calls: int = 0
     unpriced_calls: int = 0
+    nodes: int = 0
 
     def add(self, record: NodeRecord) -> None:
+        self.nodes += 1
         usage = record.usage
         self.input_tokens += usage.input_tokens
         self.output_tokens += usage.output_tokens
@@ -617,7 +684,6 @@ def _subtree_rollups(record: NodeRecord) -> dict[str, AttributeValue]:
     for node in record.walk():
         totals.add(node)
     attributes = totals.aggregated()
-    attributes["hierplan.cost.node_usd"] = record.cost_usd
     if record.children:
         attributes["hierplan.children"] = len(record.children)
     for key, value in (record.budget or {}).items():
@@ -627,19 +693,37 @@ def _subtree_rollups(record: NodeRecord) -> dict[str, AttributeValue]:
     return attributes
 
 
+def _node_rollups(record: NodeRecord) -> dict[str, AttributeValue]:
+    """What an agent span ends with. A leaf that made no model call (a direct tool step) gets
+    no usage rollups: all of them would be zero, and leaves are the hot path."""
+    if record.calls or record.children:
+        attributes = _subtree_rollups(record)
+        attributes["hierplan.cost.node_usd"] = record.cost_usd
+    else:
+        attributes = {"hierplan.calls": 0}
+        if record.budget:
+            attributes.update(_subtree_rollups(record))
+    if record.attempts > 1:
+        attributes["hierplan.node.attempts"] = record.attempts
+    if record.plan_versions:
+        attributes["hierplan.plan.versions"] = len(record.plan_versions)
+    return attributes
+
+
 def _workflow_rollups(root: NodeRecord, run: RunContext) -> dict[str, AttributeValue]:
     attributes = _subtree_rollups(root)
-    del attributes["hierplan.cost.node_usd"]
     levels: dict[int, _Totals] = {}
     count = 0
     for node in root.walk():
         count += 1
         levels.setdefault(node.depth, _Totals()).add(node)
-    for depth, totals in sorted(levels.items()):
-        attributes[f"hierplan.level.{depth}.cost_usd"] = totals.cost_usd
-        attributes[f"hierplan.level.{depth}.input_tokens"] = totals.input_tokens
-        attributes[f"hierplan.level.{depth}.output_tokens"] = totals.output_tokens
-    attributes["hierplan.levels"] = len(levels)
+    # One list per figure, index i for depth i + 1: backends such as Phoenix read numeric key
+    # segments ("hierplan.level.1.cost") as list indexes and would show them shifted.
+    ordered = [levels[d] for d in sorted(levels)]
+    attributes["hierplan.level.cost_usd"] = [t.cost_usd for t in ordered]
+    attributes["hierplan.level.input_tokens"] = [t.input_tokens for t in ordered]
+    attributes["hierplan.level.output_tokens"] = [t.output_tokens for t in ordered]
+    attributes["hierplan.level.nodes"] = [t.nodes for t in ordered]
     attributes["hierplan.nodes"] = count
     attributes["hierplan.node.status"] = root.status
     attributes["hierplan.peak_concurrent_leaves"] = run.peak_leaves

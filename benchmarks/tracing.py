@@ -1,0 +1,184 @@
+"""Tracing overhead per leaf: the OpenTelemetry SDK (batch processor, no-op exporter) against
+tracing off, in one process, as a ratio.
+
+    .venv/bin/python benchmarks/tracing.py [--leaves 1000] [--repeats 7]
+
+The workload is one flat DAG plan of ``--leaves`` tool steps (a tool that returns at once), run
+with the ``dag`` strategy on a function model: almost all of the time is per-leaf orchestration,
+which is what tracing adds to. Configurations alternate run by run so that drift hits all alike;
+each figure is the median over ``--repeats`` runs.
+
+- ``off``: no instrument (the baseline);
+- ``api``: :class:`Tracing` with no SDK installed (the API's no-op tracer and meter);
+- ``sdk-traces``: SDK tracer provider, BatchSpanProcessor, no-op exporter; no-op meter;
+- ``sdk``: as ``sdk-traces`` plus an SDK meter provider (periodic reader, no-op exporter).
+
+Target: the ``sdk`` overhead at most 60 µs per leaf.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anyio
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+    PeriodicExportingMetricReader,
+)
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+import hierplan
+from hierplan import FunctionModel, Instrument, ModelRequest, ModelResponse, RunSettings, Usage
+from hierplan.tracing.otel import Tracing
+
+
+class NoOpSpanExporter(SpanExporter):
+    """Takes spans and does nothing with them."""
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+
+class NoOpMetricExporter(MetricExporter):
+    """Takes metrics and does nothing with them."""
+
+    def __init__(self) -> None:
+        super().__init__(preferred_temporality={}, preferred_aggregation={})
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        return None
+
+
+_ = AggregationTemporality  # the exporter keeps the SDK's default temporality
+
+
+def _plan(leaves: int) -> dict[str, Any]:
+    steps = [
+        {"id": f"s{i}", "title": f"step {i}", "instruction": "noop", "tool": "noop", "args": {}}
+        for i in range(leaves)
+    ]
+    return {"goal": "many leaves", "steps": steps}
+
+
+def _options(leaves: int) -> dict[str, Any]:
+    plan = _plan(leaves)
+
+    def answer(request: ModelRequest) -> ModelResponse:
+        return ModelResponse(output=plan, usage=Usage(1000, 500))
+
+    @hierplan.tool
+    async def noop() -> str:
+        """Returns at once."""
+        return "ok"
+
+    return {
+        "goal": "many leaves",
+        "strategy": "dag",
+        "model": FunctionModel(answer, priced_as="openai:gpt-5-mini"),
+        "tools": [noop],
+        "settings": RunSettings(max_steps=leaves, concurrency=8, plan_concurrency=8),
+    }
+
+
+Setup = Callable[[], tuple[list[Instrument], Callable[[], None]]]
+
+
+def _off() -> tuple[list[Instrument], Callable[[], None]]:
+    return [], lambda: None
+
+
+def _api() -> tuple[list[Instrument], Callable[[], None]]:
+    return [Tracing()], lambda: None
+
+
+def _sdk_traces() -> tuple[list[Instrument], Callable[[], None]]:
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(NoOpSpanExporter()))
+    return [Tracing(tracer_provider=provider)], provider.shutdown
+
+
+def _sdk() -> tuple[list[Instrument], Callable[[], None]]:
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(NoOpSpanExporter()))
+    reader = PeriodicExportingMetricReader(NoOpMetricExporter(), export_interval_millis=60_000)
+    meters = MeterProvider(metric_readers=[reader])
+
+    def close() -> None:
+        provider.shutdown()
+        meters.shutdown()
+
+    return [Tracing(tracer_provider=provider, meter_provider=meters)], close
+
+
+CONFIGS: dict[str, Setup] = {"off": _off, "api": _api, "sdk-traces": _sdk_traces, "sdk": _sdk}
+
+
+async def _one(leaves: int, setup: Setup) -> float:
+    instruments, close = setup()
+    options = _options(leaves)
+    gc.collect()
+    started = time.perf_counter()
+    result = await hierplan.run(instruments=instruments, **options)
+    elapsed = time.perf_counter() - started
+    close()  # after the clock: exporting happens off the run's path
+    assert result.status == "succeeded", result.error
+    assert len(result.tree.children) == leaves
+    return elapsed
+
+
+async def measure(leaves: int, repeats: int) -> dict[str, list[float]]:
+    """Run every configuration ``repeats`` times, alternating; seconds per run."""
+    times: dict[str, list[float]] = {name: [] for name in CONFIGS}
+    for name, setup in CONFIGS.items():  # warm-up: imports, caches
+        await _one(min(leaves, 50), setup)
+    for _ in range(repeats):
+        for name, setup in CONFIGS.items():
+            times[name].append(await _one(leaves, setup))
+    return times
+
+
+def main() -> None:
+    """Print the table and a JSON summary."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--leaves", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    times = anyio.run(measure, args.leaves, args.repeats)
+    base = statistics.median(times["off"])
+    summary: dict[str, Any] = {"leaves": args.leaves, "repeats": args.repeats}
+    print(f"{args.leaves} leaves per run, median of {args.repeats} runs per configuration")
+    print(f"{'config':<11} {'run ms':>9} {'µs/leaf':>9} {'overhead µs/leaf':>17} {'ratio':>7}")
+    for name, values in times.items():
+        median = statistics.median(values)
+        per_leaf = median / args.leaves * 1e6
+        overhead = (median - base) / args.leaves * 1e6
+        ratio = median / base
+        print(f"{name:<11} {median * 1e3:>9.1f} {per_leaf:>9.1f} {overhead:>17.1f} {ratio:>7.2f}")
+        summary[name] = {"run_s": median, "overhead_us_per_leaf": overhead, "ratio": ratio}
+    target = 60.0
+    sdk = summary["sdk"]["overhead_us_per_leaf"]
+    print(f"sdk overhead {sdk:.1f} µs per leaf (target ≤ {target:.0f} µs)")
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

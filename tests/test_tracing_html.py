@@ -1,0 +1,186 @@
+"""The HTML report without a browser: structure, figures, escaping (with fuzzing), the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hierplan.agents.models.base import Usage
+from hierplan.hierarchy.plan import Plan, Step, diff_plans
+from hierplan.hierarchy.record import CallRecord, NodeRecord, PlanVersion, RunResult
+from hierplan.tracing.html import render_html
+from hierplan.tracing.report import money
+
+HIERPLAN = [sys.executable, "-c", "from hierplan.cli import main; main()"]
+HOSTILE = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
+# Tags the report itself writes; anything else would have come from the run's content.
+OWN_TAGS = {
+    "html", "head", "meta", "title", "style", "script", "body", "h1", "h2", "p", "table",
+    "tr", "th", "td", "span", "pre", "div", "details", "summary", "b", "button",
+}  # fmt: skip
+
+
+class Tags(HTMLParser):
+    """Collects start tags and their attribute names."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[str] = []
+        self.attributes: set[str] = set()
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append(tag)
+        self.attributes.update(name for name, _ in attrs)
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+
+def sample_run(text: str = "Migrate the shop", *, budget: bool = True) -> RunResult:
+    """A small three-level run record with two plan versions and a failure."""
+    now = time.time()
+    v1 = Plan(
+        goal=text,
+        steps=[
+            Step(id="a", title=text[:200] or "a", instruction=text or "a", kind="subgoal"),
+            Step(id="b", title="Copy", instruction="copy", tool="copy_rows", depends_on=["a"]),
+        ],
+    )
+    v2 = Plan(
+        goal=text,
+        steps=[
+            Step(id="a", title=text[:200] or "a", instruction=text or "a", kind="subgoal"),
+            Step(id="c", title="Copy again", instruction="copy", tool="copy_rows"),
+        ],
+    )
+    leaf = NodeRecord(
+        path="1.1.1", kind="executor", goal=text, depth=3, status="failed", error=text,
+        started_at=now + 0.1, finished_at=now + 0.4, output=text, tool="copy_rows",
+    )  # fmt: skip
+    leaf.add_call(
+        CallRecord("execution", "sim", "execute", Usage(100, 10), 0.00012, now + 0.1, 0.2)
+    )
+    middle = NodeRecord(
+        path="1.1", kind="planner", goal=text, depth=2, status="partial", children=[leaf],
+        started_at=now + 0.05, finished_at=now + 0.5, step_id="a",
+    )  # fmt: skip
+    middle.add_call(CallRecord("planning", "sim", "plan", Usage(500, 80), 0.0009, now, 0.1))
+    root = NodeRecord(
+        path="1", kind="planner", goal=text, depth=1, status="succeeded", children=[middle],
+        started_at=now, finished_at=now + 1.0,
+        budget={"usd": 0.5, "spent_usd": 0.2, "note": text} if budget else None,
+        plan_versions=[
+            PlanVersion(1, v1, "initial", now, "approved", "auto", note=text),
+            PlanVersion(2, v2, "replan", now, "rejected", "reviewer", note=text,
+                        problems=[text], diff=diff_plans(v1, v2)),
+        ],
+    )  # fmt: skip
+    root.add_call(CallRecord("planning", "sim", "plan", Usage(1000, 200), 0.0021, now, 0.1))
+    return RunResult(
+        run_id="r1", goal=text, strategy="hierarchical", model="sim", simulated=True,
+        status="partial", answer=text, tree=root, started_at=now, finished_at=now + 1.0,
+        error=text, verification={"ok": False, "summary": text}, price_table="2025-11-01",
+    )  # fmt: skip
+
+
+def test_report_has_every_node_level_and_cost() -> None:
+    result = sample_run()
+    page = render_html(result)
+    record = result.to_dict()
+    for node in result.nodes():
+        assert f'data-path="{node.path}"' in page
+    # subtree costs as run.json has them, shown and machine-readable
+    stack = [record["tree"]]
+    while stack:
+        node = stack.pop()
+        stack.extend(node["children"])
+        assert f'data-cost="{node["subtree_cost_usd"]!r}">{money(node["subtree_cost_usd"])}' in page
+    for level in record["levels"]:
+        assert f'data-cost="{level["cost_usd"]!r}">{money(level["cost_usd"])}' in page
+    assert 'id="total-cost" data-cost="' + repr(record["totals"]["cost_usd"]) in page
+    assert "+1 -1 ~0 (added: c; removed: b)" in page
+    assert 'class="d-added" data-step="c"' in page and 'class="d-removed" data-step="b"' in page
+    assert 'budget <span class="budget">usd=0.5, spent_usd=0.2' in page
+    assert page.count('class="tl-row"') == 3
+    assert "SIMULATED" in page
+
+
+def test_report_is_self_contained() -> None:
+    page = render_html(sample_run())
+    for needle in ("http://", "https://", "src=", "href=", "@import", "url("):
+        assert needle not in page
+
+
+def _check_inert(page: str, text: str) -> None:
+    parser = Tags()
+    parser.feed(page)
+    assert set(parser.tags) <= OWN_TAGS
+    assert parser.tags.count("script") == 1
+    assert not any(a.startswith("on") for a in parser.attributes)
+    # the content is there, as text
+    assert text.strip() == "" or any(text.strip()[:20] in t for t in parser.text)
+
+
+def test_hostile_content_is_escaped() -> None:
+    page = render_html(sample_run(HOSTILE))
+    assert HOSTILE not in page
+    assert "&lt;script&gt;window.__pwned = 1&lt;/script&gt;" in page
+    _check_inert(page, HOSTILE)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(min_size=1, max_size=300))
+def test_any_content_stays_text(text: str) -> None:
+    if not text.strip():
+        text = "x" + text
+    page = render_html(sample_run(text))
+    _check_inert(page, text)
+
+
+def test_view_writes_the_report(tmp_path: Path) -> None:
+    run_json = sample_run(HOSTILE).write(tmp_path / "run.json")
+    out = tmp_path / "report" / "report.html"
+    done = subprocess.run(
+        [*HIERPLAN, "view", str(run_json), "--html", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"HTML report: {out}"
+    page = out.read_text()
+    assert page.startswith("<!DOCTYPE html>") and HOSTILE not in page
+
+
+def test_view_of_a_bad_record_fails_in_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "run.json"
+    bad.write_text(json.dumps({"run_id": 1}))
+    done = subprocess.run(
+        [*HIERPLAN, "view", str(bad), "--html", str(tmp_path / "r.html")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert "is not a hierplan run record" in done.stderr
+    assert not (tmp_path / "r.html").exists()
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    good = sample_run().write(tmp_path / "good.json")
+    done = subprocess.run(
+        [*HIERPLAN, "view", str(good), "--html", str(blocker / "r.html")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().startswith(f"error: cannot write {blocker / 'r.html'}")
