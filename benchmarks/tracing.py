@@ -29,7 +29,6 @@ from typing import Any
 import anyio
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
-    AggregationTemporality,
     MetricExporter,
     MetricExportResult,
     MetricsData,
@@ -66,9 +65,6 @@ class NoOpMetricExporter(MetricExporter):
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
         return None
-
-
-_ = AggregationTemporality  # the exporter keeps the SDK's default temporality
 
 
 def _plan(leaves: int) -> dict[str, Any]:
@@ -148,7 +144,7 @@ async def _one(leaves: int, setup: Setup) -> float:
 async def measure(leaves: int, repeats: int) -> dict[str, list[float]]:
     """Run every configuration ``repeats`` times, alternating; seconds per run."""
     times: dict[str, list[float]] = {name: [] for name in CONFIGS}
-    for name, setup in CONFIGS.items():  # warm-up: imports, caches
+    for setup in CONFIGS.values():  # warm-up: imports, caches
         await _one(min(leaves, 50), setup)
     for _ in range(repeats):
         for name, setup in CONFIGS.items():

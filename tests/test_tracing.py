@@ -127,8 +127,10 @@ def test_data_migration_trace_has_the_plan_tree(
     (workflow,) = index[None]
     assert workflow.name == "invoke_workflow hierplan"
     agents = {_attr(s, "hierplan.node.path"): s for s in spans if s.name.startswith("invoke_agent")}
-    assert set(agents) == {n.path for n in result.nodes()}
-    for node in result.nodes():
+    started = [n for n in result.nodes() if n.started_at is not None]
+    assert set(agents) == {n.path for n in started}
+    assert len(agents) == len(started)  # one span per node that ran
+    for node in started:
         span = agents[node.path]
         assert span.name == f"invoke_agent {node.kind}"
         assert _attr(span, "hierplan.node.depth") == node.depth
@@ -150,7 +152,7 @@ def test_data_migration_trace_has_the_plan_tree(
 @pytest.mark.anyio
 async def test_failures_set_span_status() -> None:
     telemetry = Telemetry()
-    await hierplan.run(instruments=[telemetry.tracing()], **ScriptedRun().run_options())
+    result = await hierplan.run(instruments=[telemetry.tracing()], **ScriptedRun().run_options())
     spans = telemetry.finished()
     by_path: dict[tuple[str, str], list[ReadableSpan]] = {}
     for span in spans:
@@ -173,9 +175,12 @@ async def test_failures_set_span_status() -> None:
     assert (event.attributes or {})["hierplan.error"] == "overloaded"
     (flaky,) = by_path[("invoke_agent executor", "1.1.3")]
     assert [e.name for e in flaky.events] == ["hierplan.step_retried"]
+    dropped = result.tree.find("1.2.2")
+    assert dropped.status == "cancelled" and dropped.started_at is None
+    assert ("invoke_agent executor", "1.2.2") not in by_path  # it never ran: no span
     (replanning,) = by_path[("invoke_agent planner", "1.2")]
     (replan,) = [e for e in replanning.events if e.name == "hierplan.replanned"]
-    assert (replan.attributes or {})["hierplan.diff"] == "+1 -1 ~0 (added: r2; removed: r)"
+    assert (replan.attributes or {})["hierplan.diff"] == "+1 -2 ~0 (added: r2; removed: r, after)"
 
 
 class BudgetReserved(RunEvent):

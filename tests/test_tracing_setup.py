@@ -20,7 +20,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from tracing_support import ScriptedRun
+from tracing_support import ScriptedRun, ran
 
 import hierplan
 from hierplan.errors import UserInputError
@@ -176,7 +176,9 @@ def test_demo_exports_over_otlp_and_to_a_jsonl_file(tmp_path: Path, receiver: Re
         record["totals"]["cost_usd"], abs=1e-12
     )
     agents = [line for line in lines if line["name"].startswith("invoke_agent")]
-    assert len(agents) == record["totals"]["nodes"]
+    assert sorted(a["attributes"]["hierplan.node.path"] for a in agents) == sorted(
+        ran(record["tree"])
+    )
     # the same spans arrived over OTLP/HTTP, with the metrics
     received = receiver.spans()
     assert sorted(s.span_id.hex() for s in received) == sorted(ids)

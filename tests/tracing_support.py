@@ -92,6 +92,14 @@ REPORT_PLAN = _plan(
         "tool": "broken",
         "args": {},
     },
+    {
+        "id": "after",
+        "title": "After",
+        "instruction": "Add 1 and 1",
+        "tool": "add",
+        "args": {"a": 1, "b": 1},
+        "depends_on": ["r"],
+    },
 )
 REPORT_REPLAN = _plan(
     "Report the sum",
@@ -111,8 +119,9 @@ class ScriptedRun:
     Root ``1`` plans two sub-goals; ``1.1`` runs a direct tool step, an LLM executor step whose
     first model attempt fails with a retryable error (a model retry) and which then calls a tool,
     and a flaky tool step that succeeds on its second try (a step retry); ``1.2`` runs a broken
-    tool, fails and replans. Answers depend on the node path only, so concurrency cannot change
-    them.
+    tool, fails and replans, which drops the step that waited for it (node ``1.2.2`` never runs:
+    it has a record, cancelled, but no span). Answers depend on the node path only, so
+    concurrency cannot change them.
     """
 
     def __init__(self) -> None:
@@ -241,3 +250,15 @@ def descendants(
     for child in index.get(span.context.span_id, []):
         yield child
         yield from descendants(child, index)
+
+
+def ran(tree: dict[str, Any]) -> list[str]:
+    """Paths of the nodes of a run.json tree that started. A pending node that a replan dropped
+    or replaced never ran: it is in the record (cancelled) but has no span."""
+    stack, out = [tree], []
+    while stack:
+        node = stack.pop()
+        stack.extend(node["children"])
+        if node["started_at"] is not None:
+            out.append(node["path"])
+    return out

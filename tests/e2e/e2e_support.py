@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 HIERPLAN = [sys.executable, "-c", "from hierplan.cli import main; main()"]
@@ -29,3 +30,14 @@ def hierplan(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
     done = subprocess.run([*HIERPLAN, *args], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, f"hierplan {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
     return done
+
+
+def ran(tree: dict[str, Any]) -> list[str]:
+    """Paths of the nodes of a run.json tree that started (only those have spans)."""
+    stack, out = [tree], []
+    while stack:
+        node = stack.pop()
+        stack.extend(node["children"])
+        if node["started_at"] is not None:
+            out.append(node["path"])
+    return out
