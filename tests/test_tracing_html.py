@@ -109,6 +109,7 @@ def test_report_has_every_node_level_and_cost() -> None:
     assert "+1 -1 ~0 (added: c; removed: b)" in page
     assert 'class="d-added" data-step="c"' in page and 'class="d-removed" data-step="b"' in page
     assert 'budget <span class="budget">usd=0.5, spent_usd=0.2' in page
+    assert '<td class="budget">usd=0.5, spent_usd=0.2</td>' in page  # per level (depth 1)
     assert page.count('class="tl-row"') == 3
     assert "SIMULATED" in page
 

@@ -125,16 +125,34 @@ def _summary(result: RunResult) -> str:
     return f'<table id="summary">{body}</table>'
 
 
+def _level_budgets(root: NodeRecord) -> dict[int, dict[str, float]]:
+    """Numeric budget figures summed per depth (empty when no node has a budget)."""
+    out: dict[int, dict[str, float]] = {}
+    for node in root.walk():
+        for key, value in (node.budget or {}).items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                row = out.setdefault(node.depth, {})
+                row[key] = row.get(key, 0) + value
+    return out
+
+
 def _levels(result: RunResult) -> str:
+    budgets = _level_budgets(result.tree)
     rows = []
     for row in result.levels():
+        budget = ""
+        if budgets:
+            figures = budgets.get(row["depth"], {})
+            budget = (
+                f'<td class="budget">{e(", ".join(f"{k}={v:g}" for k, v in figures.items()))}</td>'
+            )
         rows.append(
             f'<tr data-depth="{row["depth"]}"><td>{row["depth"]}</td>'
             f'<td class="num">{row["nodes"]}</td>'
             f'<td class="num">{row["input_tokens"]:,}</td>'
             f'<td class="num">{row["output_tokens"]:,}</td>'
             f'<td class="num level-cost" data-cost="{row["cost_usd"]!r}">'
-            f"{e(money(row['cost_usd']))}</td></tr>"
+            f"{e(money(row['cost_usd']))}</td>{budget}</tr>"
         )
     totals = result.totals()
     rows.append(
@@ -142,11 +160,12 @@ def _levels(result: RunResult) -> str:
         f'<th class="num">{totals["input_tokens"]:,}</th>'
         f'<th class="num">{totals["output_tokens"]:,}</th>'
         f'<th class="num" data-cost="{totals["cost_usd"]!r}">{e(money(totals["cost_usd"]))}'
-        "</th></tr>"
+        f"</th>{'<th></th>' if budgets else ''}</tr>"
     )
     head = (
         '<tr><th>depth</th><th class="num">nodes</th><th class="num">input tokens</th>'
-        '<th class="num">output tokens</th><th class="num">cost</th></tr>'
+        '<th class="num">output tokens</th><th class="num">cost</th>'
+        f"{'<th>budget (sum)</th>' if budgets else ''}</tr>"
     )
     return f'<table id="levels">{head}{"".join(rows)}</table>'
 
