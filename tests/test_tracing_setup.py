@@ -147,7 +147,8 @@ def test_demo_exports_over_otlp_and_to_a_jsonl_file(tmp_path: Path, receiver: Re
         text=True,
         timeout=300,
     )
-    assert done.returncode == 0, done.stderr
+    # 1 is a run that did not succeed (the simulator's noise); it is traced all the same
+    assert done.returncode in (0, 1) and done.stderr == "", done.stderr
     record = json.loads((tmp_path / "demo" / "run.json").read_text())
     lines = [json.loads(line) for line in spans_file.read_text().splitlines()]
     fields = {

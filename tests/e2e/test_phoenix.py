@@ -167,22 +167,41 @@ def test_the_demo_in_phoenix(phoenix: str, tmp_path: Path) -> None:
     assert len(chats) == record["totals"]["calls"]
     for chat in chats:
         attributes = chat["attributes"]
-        assert attributes["llm.token_count.prompt"] == attributes["gen_ai.usage.input_tokens"]
-        assert attributes["llm.token_count.completion"] == attributes["gen_ai.usage.output_tokens"]
+        # Phoenix's own token attributes, mapped from the GenAI ones
+        assert attributes.get("llm.token_count.prompt") == attributes.get(
+            "gen_ai.usage.input_tokens"
+        )
+        assert attributes.get("llm.token_count.completion") == attributes.get(
+            "gen_ai.usage.output_tokens"
+        )
         assert stored[chat["parent_id"]]["name"].split()[0] in ("plan", "invoke_agent")
     assert (
-        sum(c["attributes"]["llm.token_count.prompt"] for c in chats)
+        sum(c["attributes"].get("llm.token_count.prompt", 0) for c in chats)
         == (record["totals"]["input_tokens"])
     )
     assert (
-        sum(c["attributes"]["llm.token_count.completion"] for c in chats)
+        sum(c["attributes"].get("llm.token_count.completion", 0) for c in chats)
         == (record["totals"]["output_tokens"])
     )
-    assert sum(c["attributes"]["llm.cost.total"] for c in chats) == pytest.approx(
+    assert sum(c["attributes"].get("llm.cost.total", 0.0) for c in chats) == pytest.approx(
         record["totals"]["cost_usd"], abs=1e-12
     )
     assert root["attributes"]["gen_ai.aggregated_usage.cost"] == pytest.approx(
         record["totals"]["cost_usd"], abs=1e-12
     )
-    replans = [e for s in stored.values() for e in s["events"] if e["name"] == "hierplan.replanned"]
-    assert replans and replans[0]["attributes"]["hierplan.diff"]
+    replans = sorted(
+        e["attributes"]["hierplan.node.path"]
+        for s in stored.values()
+        for e in s["events"]
+        if e["name"] == "hierplan.replanned"
+    )
+    assert replans == sorted(_replanned_paths(record["tree"]))
+
+
+def _replanned_paths(tree: dict[str, Any]) -> list[str]:
+    stack, out = [tree], []
+    while stack:
+        node = stack.pop()
+        stack.extend(node["children"])
+        out.extend(node["path"] for v in node["plan_versions"] if v["reason"] == "replan")
+    return out
