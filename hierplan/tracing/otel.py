@@ -622,6 +622,7 @@ def _agent_attributes(node: NodeContext) -> dict[str, AttributeValue]:
         "gen_ai.agent.id": f"{run.run_id}:{record.path}",
         "hierplan.node.path": record.path,
         "hierplan.node.depth": record.depth,
+        "hierplan.strategy": run.settings.strategy,
     }
     step = node.step
     if step is not None:
