@@ -400,3 +400,25 @@ def test_tracing_sets_the_anthropic_switch_only_when_unset(monkeypatch: pytest.M
     monkeypatch.delenv("ANTHROPIC_OPEN_TELEMETRY")
     Tracing(provider_spans=True)
     assert "ANTHROPIC_OPEN_TELEMETRY" not in os.environ
+
+
+def test_a_tracing_bug_never_breaks_the_run(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import hierplan.tracing.otel as otel
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("bug in tracing")
+
+    monkeypatch.setattr(otel, "_node_rollups", broken)
+    monkeypatch.setattr(otel, "_attribute_value", broken)
+    monkeypatch.setattr(otel.TracedModel, "_record", broken)
+    telemetry = Telemetry()
+    result = hierplan.run_sync(instruments=[telemetry.tracing()], **ScriptedRun().run_options())
+    assert result.status == "succeeded"
+    spans = telemetry.finished()
+    assert len(spans) == 26  # every span still ended and was exported
+    messages = {r.getMessage().split(" %")[0] for r in caplog.records}
+    assert any("could not finish span" in m for m in messages)
+    assert any("could not record event" in m for m in messages)
+    assert any("could not record a model call" in m for m in messages)

@@ -43,6 +43,7 @@ when it is created, before the run builds its clients; a value the user set is l
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import time
@@ -121,6 +122,8 @@ SPAN_LIKE_EVENTS = frozenset(
 )
 _EVENT_BASE_FIELDS = frozenset({"type", "run_id", "path", "at"})
 FAILED_STATUSES = frozenset({"failed", "partial", "rejected", "budget_exhausted"})
+EVENT_TEXT_LIMIT = 2000
+_log = logging.getLogger(__name__)
 
 _SECRET = re.compile(
     r"(sk-[A-Za-z0-9_\-]{16,}"  # OpenAI and Anthropic keys
@@ -248,6 +251,8 @@ class Tracing(Instrument):
             if name in _EVENT_BASE_FIELDS or value is None:
                 continue
             converted = _attribute_value(value)
+            if isinstance(converted, str):
+                converted = redact(converted)[:EVENT_TEXT_LIMIT]
             if converted is not None:
                 attributes[f"hierplan.{name}"] = converted
             elif self.capture_content:
@@ -268,7 +273,10 @@ def _listener(tracing: Tracing, state: _RunTrace) -> Callable[[RunEvent], None]:
     """The bus listener of one run: events to span events."""
 
     def listener(event: RunEvent) -> None:
-        tracing.attach_event(state, event)
+        try:
+            tracing.attach_event(state, event)
+        except Exception:  # tracing must never break a run
+            _log.exception("hierplan tracing: could not record event %s", event.type)
 
     return listener
 
@@ -309,6 +317,8 @@ class _SpanScope(AbstractAsyncContextManager[None]):
         try:
             if span.is_recording():
                 self.finish(span, exc)
+        except Exception:  # tracing must never break a run
+            _log.exception("hierplan tracing: could not finish span %r", span)
         finally:
             span.end()
 
@@ -541,19 +551,35 @@ class TracedModel:
                 response = await self.inner.request(request)
         except BaseException as exc:
             usage = exc.usage if isinstance(exc, ModelError) else None
-            self._record(span, request, started, usage, None, exc)
-            span.end()
+            self._finish(span, request, started, usage, None, exc)
             raise
-        self._record(span, request, started, response.usage, response.model, None)
-        span.set_attribute("gen_ai.response.finish_reasons", [response.finish_reason])
-        if response.flags:
-            span.set_attribute("hierplan.flags", list(response.flags))
-        if tracing.capture_content:
-            span.set_attribute(
-                "gen_ai.output.messages", _output_messages(response, tracing.content)
-            )
-        span.end()
+        self._finish(span, request, started, response.usage, response.model, None, response)
         return response
+
+    def _finish(
+        self,
+        span: Span,
+        request: ModelRequest,
+        started: float,
+        usage: Usage | None,
+        response_model: str | None,
+        error: BaseException | None,
+        response: ModelResponse | None = None,
+    ) -> None:
+        try:
+            self._record(span, request, started, usage, response_model, error)
+            if response is not None:
+                span.set_attribute("gen_ai.response.finish_reasons", [response.finish_reason])
+                if response.flags:
+                    span.set_attribute("hierplan.flags", list(response.flags))
+                if self._tracing.capture_content:
+                    span.set_attribute(
+                        "gen_ai.output.messages", _output_messages(response, self._tracing.content)
+                    )
+        except Exception:  # tracing must never break a run
+            _log.exception("hierplan tracing: could not record a model call")
+        finally:
+            span.end()
 
     def _record(
         self,
