@@ -42,10 +42,12 @@ $(E2E_STAMP): pyproject.toml $(DEV_STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,e2e]'
 	touch $@
 
-# Phoenix pins anthropic<2, so it gets a virtualenv of its own; the tests start it from there.
+# Phoenix pins anthropic<2 (hierplan needs 2.x), so the phoenix extra's packages go into a
+# virtualenv of their own, without hierplan; the tests start `phoenix serve` from there.
+PHOENIX_EXTRA = import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["phoenix"])
 $(PHOENIX_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(PHOENIX_VENV)
-	$(PHOENIX_VENV)/bin/python -m pip install --quiet -e '.[phoenix]'
+	$(PHOENIX_VENV)/bin/python -m pip install --quiet $$($(PHOENIX_VENV)/bin/python -c '$(PHOENIX_EXTRA)')
 	touch $@
 
 ## e2e: the HTML report in Chromium (/usr/bin/chromium: apt-get install chromium) and the

@@ -16,7 +16,15 @@ from opentelemetry.sdk.trace import ReadableSpan
 from tracing_support import ScriptedRun, Telemetry, children_of, descendants, span_tree
 
 import hierplan
-from hierplan import Instrument, Model, ModelRequest, ModelResponse, NodeContext, RunEvent
+from hierplan import (
+    Instrument,
+    Model,
+    ModelRequest,
+    ModelResponse,
+    NodeContext,
+    PriceTable,
+    RunEvent,
+)
 from hierplan.hierarchy.context import RunContext
 from hierplan.tracing.otel import DURATION_BUCKETS, TOKEN_BUCKETS, Tracing, redact
 
@@ -57,7 +65,13 @@ async def test_span_tree_of_a_three_level_run_matches_the_snapshot() -> None:
     result = await hierplan.run(instruments=[telemetry.tracing()], **scripted.run_options())
     assert result.status == "succeeded", result.error
     assert {n.depth for n in result.nodes()} == {1, 2, 3}
-    tree = span_tree(telemetry.finished())
+    spans = telemetry.finished()
+    (workflow,) = [s for s in spans if s.parent is None]
+    assert _attr(workflow, "hierplan.price_table") == result.price_table == PriceTable().version
+    assert (
+        _attr(workflow, "hierplan.peak_concurrent_leaves") == result.stats["peak_concurrent_leaves"]
+    )
+    tree = span_tree(spans)
     if os.environ.get("HIERPLAN_UPDATE_SNAPSHOTS") == "1":
         SNAPSHOT.parent.mkdir(exist_ok=True)
         SNAPSHOT.write_text(json.dumps(tree, indent=1, sort_keys=True) + "\n")

@@ -20,8 +20,9 @@ from hierplan.tracing.otel import Tracing
 
 PRICED_AS = "openai:gpt-5-mini"
 
-# Attributes whose values depend on timing, not on what the run did.
-VOLATILE = frozenset({"hierplan.peak_concurrent_leaves"})
+# Attributes whose values depend on timing or on the price table's date, not on what the run
+# did (tests check them on their own).
+VOLATILE = frozenset({"hierplan.peak_concurrent_leaves", "hierplan.price_table"})
 
 
 @dataclass
