@@ -13,7 +13,13 @@ import anyio
 import pytest
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, NumberDataPoint
 from opentelemetry.sdk.trace import ReadableSpan
-from tracing_support import ScriptedRun, Telemetry, children_of, descendants, span_tree
+from tracing_support import (
+    ScriptedRun,
+    Telemetry,
+    check_cost_invariants,
+    children_of,
+    span_tree,
+)
 
 import hierplan
 from hierplan import (
@@ -78,60 +84,18 @@ async def test_span_tree_of_a_three_level_run_matches_the_snapshot() -> None:
     assert tree == json.loads(SNAPSHOT.read_text())
 
 
-def _check_cost_invariants(result: hierplan.RunResult, spans: list[ReadableSpan]) -> None:
-    index = children_of(spans)
-    chats = [s for s in spans if _attr(s, "gen_ai.operation.name") == "chat"]
-    totals = result.totals()
-    assert len(chats) == totals["calls"]
-    assert sum(_chat_cost(s) for s in chats) == pytest.approx(totals["cost_usd"], abs=1e-12)
-    assert sum(_attr(s, "gen_ai.usage.input_tokens") for s in chats) == totals["input_tokens"]
-    assert sum(_attr(s, "gen_ai.usage.output_tokens") for s in chats) == totals["output_tokens"]
-    # cost is on chat spans only, so a backend summing the trace counts each call once
-    for span in spans:
-        if span not in chats:
-            assert "gen_ai.usage.cost" not in (span.attributes or {}), span.name
-            assert "llm.cost.total" not in (span.attributes or {}), span.name
-            assert "gen_ai.usage.input_tokens" not in (span.attributes or {}), span.name
-    # every rollup equals the chat spans below it, and the record's subtree
-    rolled = [s for s in spans if "gen_ai.aggregated_usage.cost" in (s.attributes or {})]
-    assert rolled
-    for span in rolled:
-        below = [d for d in descendants(span, index) if d in chats]
-        assert _attr(span, "gen_ai.aggregated_usage.cost") == pytest.approx(
-            sum(_chat_cost(d) for d in below), abs=1e-12
-        ), span.name
-        assert _attr(span, "gen_ai.aggregated_usage.input_tokens") == sum(
-            _attr(d, "gen_ai.usage.input_tokens") for d in below
-        )
-        assert _attr(span, "hierplan.calls") == len(below)
-        if _attr(span, "gen_ai.operation.name") == "invoke_agent":
-            node = result.tree.find(_attr(span, "hierplan.node.path"))
-            assert _attr(span, "hierplan.cost.subtree_usd") == node.subtree_cost_usd
-            assert _attr(span, "hierplan.cost.node_usd") == node.cost_usd
-    workflow = index[None][0]
-    levels = result.levels()
-    assert [level["depth"] for level in levels] == list(range(1, len(levels) + 1))
-    assert list(_attr(workflow, "hierplan.level.cost_usd")) == pytest.approx(
-        [level["cost_usd"] for level in levels], abs=1e-12
-    )
-    assert list(_attr(workflow, "hierplan.level.nodes")) == [level["nodes"] for level in levels]
-    assert list(_attr(workflow, "hierplan.level.input_tokens")) == [
-        level["input_tokens"] for level in levels
-    ]
-
-
 @pytest.mark.anyio
 async def test_costs_add_up_in_the_scripted_run() -> None:
     telemetry = Telemetry()
     result = await hierplan.run(instruments=[telemetry.tracing()], **ScriptedRun().run_options())
-    _check_cost_invariants(result, telemetry.finished())
+    check_cost_invariants(result, telemetry.finished())
 
 
 def test_costs_add_up_in_the_data_migration_run(
     migration: tuple[hierplan.RunResult, list[ReadableSpan]],
 ) -> None:
     result, spans = migration
-    _check_cost_invariants(result, spans)
+    check_cost_invariants(result, spans)
     assert result.totals()["cost_usd"] > 0
 
 
@@ -393,7 +357,7 @@ async def test_one_instrument_traces_concurrent_runs_apart() -> None:
     assert sorted(_attr(r, "hierplan.run_id") for r in roots) == ["first", "second"]
     for root in roots:
         trace_spans = [s for s in spans if s.context.trace_id == root.context.trace_id]  # type: ignore[union-attr]
-        _check_cost_invariants(results[_attr(root, "hierplan.run_id")], trace_spans)
+        check_cost_invariants(results[_attr(root, "hierplan.run_id")], trace_spans)
 
 
 def test_without_an_sdk_tracing_records_nothing_and_runs_the_same() -> None:

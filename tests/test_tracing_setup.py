@@ -1,14 +1,12 @@
 """``--trace`` wiring: targets, the JSON-lines file, OTLP/HTTP to a loopback receiver, the
-console, bad input, and no duplicate span from the Anthropic SDK."""
+console and bad input."""
 
 from __future__ import annotations
 
 import io
 import json
-import os
 import subprocess
 import sys
-import textwrap
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -220,91 +218,3 @@ def test_console_target_writes_spans_and_metrics_to_its_stream() -> None:
     text = stream.getvalue()
     assert text.count('"name": "invoke_agent executor"') == 5
     assert '"name": "gen_ai.client.token.usage"' in text
-
-
-ANTHROPIC_CHECK = textwrap.dedent(
-    """
-    import json, sys, threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    import anthropic
-    from opentelemetry import trace
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    import hierplan
-    from hierplan import FunctionModel, ModelResponse, Usage
-    from hierplan.tracing.otel import Tracing
-
-    REPLY = {
-        "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-haiku-4-5",
-        "content": [{"type": "text", "text": "done"}], "stop_reason": "end_turn",
-        "stop_sequence": None, "usage": {"input_tokens": 11, "output_tokens": 3},
-    }
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            body = json.dumps(REPLY).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)  # an application that registers a global provider
-
-    tracing = Tracing(provider_spans=sys.argv[1] == "keep")  # before the client exists
-    client = anthropic.AsyncAnthropic(
-        api_key="sk-ant-test-key-0123456789abcdef", base_url=f"http://127.0.0.1:{server.server_port}"
-    )
-
-    async def call(request):
-        message = await client.messages.create(
-            model="claude-haiku-4-5", max_tokens=64,
-            messages=[{"role": "user", "content": "hi"}],
-        )
-        return ModelResponse(
-            text=message.content[0].text,
-            usage=Usage(message.usage.input_tokens, message.usage.output_tokens),
-            model=message.model,
-        )
-
-    model = FunctionModel(call, name="anthropic:claude-haiku-4-5")
-    hierplan.run_sync("say done", strategy="react", model=model, instruments=[tracing])
-    spans = exporter.get_finished_spans()
-    print(json.dumps({
-        "chats": sorted(s.instrumentation_scope.name for s in spans if s.kind.name == "CLIENT"),
-        "text": json.dumps([dict(s.attributes) for s in spans], default=str),
-    }))
-    """
-)
-
-
-@pytest.mark.parametrize(("mode", "scopes"), [("default", ["hierplan"]), ("keep", None)])
-def test_no_duplicate_chat_span_from_the_anthropic_sdk(
-    mode: str, scopes: list[str] | None, tmp_path: Path
-) -> None:
-    script = tmp_path / "check.py"
-    script.write_text(ANTHROPIC_CHECK)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
-    done = subprocess.run(
-        [sys.executable, str(script), mode], capture_output=True, text=True, env=env, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    out = json.loads(done.stdout.strip().splitlines()[-1])
-    if scopes is not None:
-        assert out["chats"] == scopes
-    else:
-        # With the SDK's spans kept, its chat span duplicates hierplan's: what the default avoids.
-        assert len(out["chats"]) == 2 and "hierplan" in out["chats"]
-    assert "sk-ant-test-key" not in out["text"]

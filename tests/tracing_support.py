@@ -8,12 +8,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+import hierplan
 from hierplan import FunctionModel, ModelRequest, ModelResponse, ToolCall, Usage, tool
 from hierplan.errors import ModelError, ToolArgsError
 from hierplan.tracing.otel import Tracing
@@ -263,3 +265,54 @@ def ran(tree: dict[str, Any]) -> list[str]:
         if node["started_at"] is not None:
             out.append(node["path"])
     return out
+
+
+def check_cost_invariants(result: hierplan.RunResult, spans: list[ReadableSpan]) -> None:
+    """Chat spans add up to the run record; every rollup equals the chat spans below it."""
+    index = children_of(spans)
+    chats = [s for s in spans if _attr(s, "gen_ai.operation.name") == "chat"]
+    totals = result.totals()
+    assert len(chats) == totals["calls"]
+    assert sum(_chat_cost(s) for s in chats) == pytest.approx(totals["cost_usd"], abs=1e-12)
+    assert sum(_attr(s, "gen_ai.usage.input_tokens") for s in chats) == totals["input_tokens"]
+    assert sum(_attr(s, "gen_ai.usage.output_tokens") for s in chats) == totals["output_tokens"]
+    # cost is on chat spans only, so a backend summing the trace counts each call once
+    for span in spans:
+        if span not in chats:
+            assert "gen_ai.usage.cost" not in (span.attributes or {}), span.name
+            assert "llm.cost.total" not in (span.attributes or {}), span.name
+            assert "gen_ai.usage.input_tokens" not in (span.attributes or {}), span.name
+    # every rollup equals the chat spans below it, and the record's subtree
+    rolled = [s for s in spans if "gen_ai.aggregated_usage.cost" in (s.attributes or {})]
+    assert rolled
+    for span in rolled:
+        below = [d for d in descendants(span, index) if d in chats]
+        assert _attr(span, "gen_ai.aggregated_usage.cost") == pytest.approx(
+            sum(_chat_cost(d) for d in below), abs=1e-12
+        ), span.name
+        assert _attr(span, "gen_ai.aggregated_usage.input_tokens") == sum(
+            _attr(d, "gen_ai.usage.input_tokens") for d in below
+        )
+        assert _attr(span, "hierplan.calls") == len(below)
+        if _attr(span, "gen_ai.operation.name") == "invoke_agent":
+            node = result.tree.find(_attr(span, "hierplan.node.path"))
+            assert _attr(span, "hierplan.cost.subtree_usd") == node.subtree_cost_usd
+            assert _attr(span, "hierplan.cost.node_usd") == node.cost_usd
+    workflow = index[None][0]
+    levels = result.levels()
+    assert [level["depth"] for level in levels] == list(range(1, len(levels) + 1))
+    assert list(_attr(workflow, "hierplan.level.cost_usd")) == pytest.approx(
+        [level["cost_usd"] for level in levels], abs=1e-12
+    )
+    assert list(_attr(workflow, "hierplan.level.nodes")) == [level["nodes"] for level in levels]
+    assert list(_attr(workflow, "hierplan.level.input_tokens")) == [
+        level["input_tokens"] for level in levels
+    ]
+
+
+def _chat_cost(span: ReadableSpan) -> float:
+    return float((span.attributes or {}).get("gen_ai.usage.cost", 0.0))  # type: ignore[arg-type]
+
+
+def _attr(span: ReadableSpan, key: str) -> Any:
+    return (span.attributes or {})[key]

@@ -598,6 +598,8 @@ class TracedModel:
             "gen_ai.request.model": self._request_model,
         }
         if response_model:
+            # adapters report "provider:model"; the conventions want the provider's model name
+            response_model = response_model.removeprefix(f"{provider}:")
             span.set_attribute("gen_ai.response.model", response_model)
             metric_attributes["gen_ai.response.model"] = response_model
         if error is not None:
