@@ -15,8 +15,10 @@ one (``priced_as``). Every response is flagged ``simulated``.
 The simulator never pretends to understand free text: a request no oracle covers raises
 :class:`SimulatorCoverageError` pointing at the real providers.
 
-Randomness is keyed by the request's content (and how many times that same request was made), not
-by call order, so a run is reproducible from its seed whatever the concurrency.
+Randomness is keyed by the node that asks (its path and phase) and how many times it asked
+before, never by call order across nodes, so the noise of a seeded run does not depend on
+concurrency. (Tool outcomes that depend on timing, such as a foreign-key race after a dropped
+dependency, still can.)
 """
 
 from __future__ import annotations
@@ -185,14 +187,18 @@ class SimulatedModel:
         return True
 
     def _rng(self, request: ModelRequest) -> random.Random:
-        digest = sha256()
-        for m in request.messages:
-            digest.update(m.role.encode())
-            digest.update(m.content.encode())
-            for call in m.tool_calls:
-                digest.update(call.name.encode())
-                digest.update(json.dumps(call.arguments, sort_keys=True, default=str).encode())
-        key = digest.hexdigest()
+        # Draws are keyed by the node that asks and how many times it asked before, not by the
+        # prompt text: prompts carry results whose order and wording depend on timing (which
+        # of two parallel steps finished first), and a seeded run must draw the same noise
+        # whatever the concurrency. Requests from outside a run fall back to the text.
+        if request.node_path:
+            key = f"{request.node_path}|{request.phase}"
+        else:
+            digest = sha256()
+            for m in request.messages:
+                digest.update(m.role.encode())
+                digest.update(m.content.encode())
+            key = digest.hexdigest()
         count = self._seen.get(key, 0)
         self._seen[key] = count + 1
         return random.Random(f"{self.seed}:{key}:{count}")
