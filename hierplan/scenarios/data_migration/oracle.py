@@ -5,7 +5,9 @@ kinds of sub-goal it phrases itself ("Create the schema of tables ...", "Copy th
 ...", "Create the indexes of tables ...", "Verify tables ..."), parsed from the text so that a
 plan edited by a person still gets sensible answers. On a replan it reads the failure: a missing
 target table gets a ``create_table`` step, a verification mismatch gets the copies or indexes
-that fix it.
+that fix it. When a reviewer rejects its root plan, it proposes its other sound layout (index and
+verify each group of tables as soon as it is copied) instead of the same plan again; it does not
+read the reason, which only a real model can act on.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from hierplan.agents.models.simulated import Action
 from hierplan.agents.prompts import PlanPrompt, StepPrompt, one_line
 from hierplan.hierarchy.plan import Plan, Step
 
+REJECTED_PREFIX = "The reviewer rejected"
 ROOT_GOAL = (
     "Migrate every table of the sample shop database (source.db) into target.db: schema, rows "
     "and indexes; then verify that row counts, checksums and indexes match the source."
@@ -86,13 +89,19 @@ class MigrationOracle:
         """The plan for the root goal or one of the oracle's sub-goals."""
         goal = one_line(prompt.goal)
         if goal == one_line(ROOT_GOAL):
-            steps = self._root_steps() if prompt.allow_subgoals else self._flat_steps()
-            return Plan(
-                goal=goal,
-                steps=steps,
-                rationale="Schema first, then data in foreign-key order, then indexes, then "
-                "verification.",
+            rejected = (prompt.feedback or "").startswith(REJECTED_PREFIX)
+            if prompt.allow_subgoals:
+                steps = self._per_group_steps() if rejected else self._root_steps()
+            else:
+                steps = self._flat_steps()
+            rationale = (
+                "Schema first, then data in foreign-key order; each group is indexed and "
+                "verified as soon as it is copied."
+                if rejected and prompt.allow_subgoals
+                else "Schema first, then data in foreign-key order, then indexes, then "
+                "verification."
             )
+            return Plan(goal=goal, steps=steps, rationale=rationale)
         parsed = parse_instruction(goal)
         if parsed is None:
             return None
@@ -160,6 +169,32 @@ class MigrationOracle:
                 estimate_tokens=8000,
             )
         )
+        return steps
+
+    def _per_group_steps(self) -> list[Step]:
+        """The alternative root layout: each group is indexed and verified once copied."""
+        steps = [s for s in self._root_steps() if s.id not in ("indexes", "verify")]
+        for name, ts in self.groups:
+            steps.append(
+                Step(
+                    id=f"indexes_{name}",
+                    title=f"Index {name} data",
+                    instruction=instruction("indexes", ts),
+                    kind="subgoal",
+                    depends_on=[f"copy_{name}"],
+                    estimate_tokens=2000 + 300 * len(ts),
+                )
+            )
+            steps.append(
+                Step(
+                    id=f"verify_{name}",
+                    title=f"Verify {name} data",
+                    instruction=instruction("verify", ts),
+                    kind="subgoal",
+                    depends_on=[f"indexes_{name}"],
+                    estimate_tokens=2000 + 600 * len(ts),
+                )
+            )
         return steps
 
     def _flat_steps(self) -> list[Step]:
