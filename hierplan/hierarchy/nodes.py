@@ -381,7 +381,6 @@ async def obtain_plan(
         invalid, rejections = restored.invalid, restored.rejections
         previous, progress, reason = _resumed_context(node, restored)
     while True:
-        await pause.wait_if_paused()
         with pause.working():
             if pending is None:
                 plan = await _propose(node, policy, inputs, previous, progress, failure, feedback)
@@ -514,7 +513,6 @@ async def run_child(
     child: NodeContext, step: Step, inputs: Mapping[str, StepResult], policy: PlanPolicy
 ) -> StepResult:
     """Run one step's child node the way the policy says."""
-    await child.run.pause.wait_if_paused()
     if child.record.kind == "executor":
         return await run_task_node(child, step, inputs)
     if policy.as_needed:

@@ -1,9 +1,11 @@
 """Pausing a run at the gate, its checkpoint, and restoring a run from one.
 
 Pause: when an approver answers :class:`~hierplan.hierarchy.gate.Defer`, the node keeps its plan as
-``pending`` and the run starts nothing new: steps and sub-planners that have not started wait, no
-new planning round begins, and the steps already running finish (their results are kept). Once
-nothing runs any more, the run stops with status ``paused``. With a checkpoint directory,
+``pending`` and the run starts no new step: steps that have not started wait, and the steps
+already running finish (their results are kept). Planning that is due goes on to its gate, so
+that every plan that can wait for a decision at that moment is saved at once (sub-goals that
+became ready together are decided together); no tool runs for them. Once no step and no planning
+round runs any more, the run stops with status ``paused``. With a checkpoint directory,
 :func:`write_checkpoint` saves the run record, every finished step's result, and each pending plan
 (also as YAML, for people to read and edit).
 
@@ -11,9 +13,10 @@ Resume: a :class:`Restore` rebuilds the run from a checkpoint. A node's approved
 without calling the planner, finished steps keep their results and do not run again, and a pending
 plan gets the decision given to :func:`hierplan.resume` (or goes to the approver again).
 
-Only leaf steps and planning rounds count as running work (:meth:`PauseControl.working`): a step
-records its result before it stops counting, so when the count reaches zero every finished step's
-result is in hand and the run can be stopped at once.
+Only leaf steps and planning rounds count as running work (:meth:`PauseControl.working`); a step
+records its result before it stops counting. When the count reaches zero, the pause waits until
+every task of the loop is blocked (tasks just scheduled get to start their work or reach a wait),
+checks the count again, and only then stops the run.
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ RESUMING_FILE = "checkpoint.resuming.json"
 PENDING_DIR = "pending"
 CHECKPOINT_FORMAT = 1
 ENDED = frozenset({"failed", "cancelled", "rejected", "budget_exhausted", "partial"})
+# How long to wait for every task to block before a pause checks its count anyway (a host
+# application may have tasks that never block).
+SETTLE_TIMEOUT_S = 5.0
 
 
 def rejection_feedback(reason: str) -> str:
@@ -101,6 +107,8 @@ class PauseControl:
         self.restore = restore
         self.results: dict[str, StepResult] = dict(restore.results) if restore else {}
         self._taken: set[tuple[str, str]] = set()
+        self._idle = anyio.Event()
+        self._draining = False
 
     @property
     def paused(self) -> bool:
@@ -118,17 +126,33 @@ class PauseControl:
             self._stop_if_idle()
 
     async def wait_if_paused(self) -> None:
-        """Called before anything new starts: while the run pauses, wait to be cancelled."""
+        """Called before a step starts: while the run pauses, wait to be cancelled."""
         if self.pausing:
             await anyio.sleep_forever()
 
     async def hold(self) -> None:
-        """A plan waits for an outside decision: pause the run and wait to be cancelled."""
+        """A plan waits for an outside decision: pause the run and wait to be cancelled.
+
+        The first plan held also watches the run and stops it once nothing runs any more.
+        """
         if self.scope is None:
             raise RuntimeError("a plan was deferred outside a run: use hierplan.run()")
         self.pausing = True
         self._stop_if_idle()
+        if not self._draining:
+            self._draining = True
+            await self._drain(self.scope)
         await anyio.sleep_forever()
+
+    async def _drain(self, scope: anyio.CancelScope) -> None:
+        while True:
+            await self._idle.wait()
+            with anyio.move_on_after(SETTLE_TIMEOUT_S):
+                await anyio.wait_all_tasks_blocked()
+            if self.busy == 0:
+                scope.cancel()
+                return
+            self._idle = anyio.Event()
 
     def restore_decision(self, path: str) -> Decision | None:
         """The outside decision for node ``path``'s pending plan, if one was given."""
@@ -139,8 +163,8 @@ class PauseControl:
         self.results[path] = result
 
     def _stop_if_idle(self) -> None:
-        if self.pausing and self.busy == 0 and self.scope is not None:
-            self.scope.cancel()
+        if self.pausing and self.busy == 0:
+            self._idle.set()
 
     def _take(self, kind: str, node: NodeContext) -> bool:
         """True the first time ``kind`` is restored for ``node`` in a resumed run."""

@@ -91,7 +91,8 @@ async def resume(
     plan, or to node ``node``'s only. With no decision the pending plans go to the approver
     again. ``overrides`` are :func:`hierplan.run` arguments that cannot be saved (an
     ``approver``, ``tools``, model objects, ``listeners``, ``instruments``); the rest comes
-    from the checkpoint.
+    from the checkpoint. As in :func:`hierplan.run`, plans are approved automatically unless
+    an ``approver`` is given: pass the same approver to keep reviewing later plans.
 
     >>> result = await hierplan.resume(Path("runs/mig"), Approve(by="alice"))  # doctest: +SKIP
     """
