@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Protocol, TextIO, TypeVar
+from typing import Protocol, TextIO, TypeVar, cast
 
 import anyio
 import anyio.from_thread
@@ -88,7 +88,7 @@ class ConsoleReviewer:
         self.console = console
         self.editor = editor
         self.display = display
-        self.stream = stream
+        self.stream = None if stream is None else cast(TextIO, _UntilEnd(stream))
         self.by = f"console:{who or reviewer_name()}"
         self.lock = anyio.Lock()
         self.quitting = False
@@ -142,6 +142,20 @@ class ConsoleReviewer:
         """The editor to run, from ``editor``, ``$VISUAL``, ``$EDITOR``, else ``vi``."""
         chosen = self.editor or os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
         return shlex.split(chosen)
+
+
+class _UntilEnd:
+    """A stream of answers that raises :class:`EOFError` at its end, as a terminal does."""
+
+    def __init__(self, inner: TextIO) -> None:
+        self.inner = inner
+
+    def readline(self) -> str:
+        """The next line; ``EOFError`` when there is none."""
+        line = self.inner.readline()
+        if not line:
+            raise EOFError
+        return line
 
 
 class _Session:

@@ -61,7 +61,7 @@ def step_label(step: Step) -> Text:
     label.append(short(step.title, 60))
     if step.tool:
         label.append(f"  tool={step.tool}", style="blue")
-        if step.args:
+        if step.args is not None:
             label.append(f" {short(json.dumps(step.args, default=str), 50)}", style="blue")
     if step.tools is not None:
         label.append(f"  tools: {', '.join(step.tools) or 'none'}", style="blue")
