@@ -223,3 +223,30 @@ def _walk(node: dict[str, Any]) -> list[dict[str, Any]]:
     for child in node["children"]:
         out.extend(_walk(child))
     return out
+
+
+def test_budget_threshold_pauses_only_for_costly_subgoals(tmp_path: Path, source_db: Path) -> None:
+    """``tokens>5000``: the root plan, then the sub-goals whose estimate is above 5,000 tokens."""
+    run_dir = migration_dir(source_db, tmp_path / "budget")
+    code, out = start(run_dir, "--review-policy", "tokens>5000", "--sim-profile", "ideal")
+    waited: list[list[str]] = []
+    while code == PAUSED:
+        waited.append(json.loads((run_dir / CHECKPOINT_FILE).read_text())["pending"])
+        code, out = hierplan("resume", run_dir, "--approve")
+        assert len(waited) < 10, out
+    assert code == 0, out
+    data = record(run_dir)
+    estimates = {n["path"]: n["step_id"] for n in data["tree"]["children"]}
+    assert [[estimates.get(p, p) for p in w] for w in waited] == [
+        ["1"],
+        ["copy_reference"],  # 5,500 tokens
+        ["copy_orders"],  # 5,500
+        ["verify"],  # 8,000
+    ]
+    auto = {
+        n["step_id"]
+        for n in data["tree"]["children"]
+        if n["plan_versions"] and n["plan_versions"][0]["decided_by"].startswith("auto")
+    }
+    assert auto == {"schema", "copy_customers", "copy_catalog", "indexes"}  # 4,000 each
+    assert data["verification"]["ok"]

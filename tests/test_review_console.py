@@ -62,13 +62,15 @@ open(path, "w").write(yaml.safe_dump(data, sort_keys=False))
 
 
 class Session:
-    """``hierplan run --review`` in a pseudo-terminal, with what it showed as plain text."""
+    """``hierplan run --review`` (or ``demo --review``) in a pseudo-terminal, with what it
+    showed as plain text."""
 
-    def __init__(self, tmp: Path, source: Path, *args: str, **env: str) -> None:
+    def __init__(self, tmp: Path, source: Path, *args: str, demo: bool = False, **env: str) -> None:
         self.dir = migration_dir(source, tmp / "run")
         self.log = io.StringIO()
         environ = dict(os.environ, TERM="xterm-256color", NO_COLOR="1", COLUMNS="110", **env)
-        command = ["run", "--scenario", "data_migration", "--review", "-o", str(self.dir)]
+        start = ["demo"] if demo else ["run", "--scenario", "data_migration"]
+        command = [*start, "--review", "-o", str(self.dir)]
         self.child = pexpect.spawn(
             HIERPLAN,
             [*command, "--sim-latency-scale", "0", *args],
@@ -142,8 +144,8 @@ def _executors(record: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def test_approve(tmp_path: Path, source_db: Path) -> None:
-    session = Session(tmp_path, source_db)
+def test_approve_in_the_demo(tmp_path: Path, source_db: Path) -> None:
+    session = Session(tmp_path, source_db, demo=True)
     shown = session.expect(PROMPT)
     assert shows("Review: plan for node 1 (root), version 1 (initial)", shown)
     assert shows("wave 3 (2 in parallel)", shown)
