@@ -10,6 +10,7 @@ import json
 import os
 import re
 import sqlite3
+import subprocess
 import sys
 import threading
 import time
@@ -329,3 +330,42 @@ async def test_closed_input_pauses(tmp_path: Path) -> None:
     assert result.status == "paused"
     assert result.tree.plan_versions[0].note == "input closed at the console"
     assert "Input closed: pausing for hierplan resume." in screen.file.getvalue()  # type: ignore[attr-defined]
+
+
+def test_resume_asks_at_the_console(tmp_path: Path, source_db: Path) -> None:
+    """A run paused for review elsewhere, decided at a terminal with ``resume --review``."""
+    run_dir = migration_dir(source_db, tmp_path / "run")
+    paused = subprocess.run(
+        [
+            *(HIERPLAN, "run", "--scenario", "data_migration", "--pause-for-review"),
+            *("-o", str(run_dir), "--sim-latency-scale", "0"),
+        ],
+        capture_output=True,
+        timeout=90,
+    )
+    assert paused.returncode == 3
+    child = pexpect.spawn(
+        HIERPLAN,
+        ["resume", str(run_dir), "--review"],
+        env=dict(os.environ, TERM="xterm-256color", NO_COLOR="1", COLUMNS="110"),
+        dimensions=(50, 110),
+        encoding="utf-8",
+        timeout=90,
+    )
+    log = io.StringIO()
+    child.logfile_read = log
+    child.expect(PROMPT)
+    assert shows(
+        "Review: plan for node 1 (root), version 1 (initial)", ANSI.sub("", log.getvalue())
+    )
+    child.sendline("a")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0, log.getvalue()[-2000:]
+    record = json.loads((run_dir / "run.json").read_text())
+    history = [(h["decision"], h["by"]) for h in record["tree"]["plan_versions"][0]["history"]]
+    assert history == [
+        ("pending", "pause"),
+        ("approved", f"console:{console_module.reviewer_name()}"),
+    ]
+    assert record["verification"]["ok"]

@@ -182,30 +182,45 @@ async def run(
         if restore is not None:
             policy = getattr(chosen, "policy", None)
             check_decisions(ctx, restore, flat=bool(policy is not None and policy.flat))
-        invocation = {
-            "goal": prepared.goal,
-            "scenario": prepared.scenario,
-            "model": model if isinstance(model, str) else None,
-            "executor_model": executor_model if isinstance(executor_model, str) else None,
-            "executor_model_object": not isinstance(executor_model, str | None),
-            "settings": run_settings.model_dump(mode="json"),
-            "sim_profile": (
-                sim_profile if isinstance(sim_profile, str) else sim_profile.model_dump()
-            ),
-            "sim_latency_scale": sim_latency_scale,
-            "workdir": None if prepared.workdir is None else str(prepared.workdir),
-            "tools": sorted(ctx.toolbox.names()),
-            "model_options": _saved_options(model_options),
-        }
         result = await _execute(ctx, chosen, prepared)
     finally:
         await models.aclose()
     if result.status == "paused":
         if checkpoint_dir is not None:
-            write_checkpoint(checkpoint_dir, result, ctx.pause, invocation, checkpoint_extra)
+            invocation = {
+                "goal": prepared.goal,
+                "scenario": prepared.scenario,
+                "model": model if isinstance(model, str) else None,
+                "executor_model": executor_model if isinstance(executor_model, str) else None,
+                "executor_model_object": not isinstance(executor_model, str | None),
+                "sim_profile": sim_profile,
+                "sim_latency_scale": sim_latency_scale,
+                "model_options": _saved_options(model_options),
+            }
+            write_checkpoint(
+                checkpoint_dir,
+                result,
+                ctx.pause,
+                _invocation(ctx, prepared, invocation),
+                checkpoint_extra,
+            )
         else:
             result.error = "paused for a review, but no checkpoint_dir was given to resume from"
     return result
+
+
+def _invocation(ctx: RunContext, prepared: _Prepared, given: dict[str, Any]) -> dict[str, Any]:
+    """How to start this run again (for ``resume``): what can be saved, and nothing secret."""
+    profile = given["sim_profile"]
+    return {
+        **given,
+        "goal": prepared.goal,
+        "scenario": prepared.scenario,
+        "settings": ctx.settings.model_dump(mode="json"),
+        "sim_profile": profile if isinstance(profile, str) else profile.model_dump(),
+        "workdir": None if prepared.workdir is None else str(prepared.workdir),
+        "tools": sorted(ctx.toolbox.names()),
+    }
 
 
 class _Models:
