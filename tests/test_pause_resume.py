@@ -20,6 +20,9 @@ from review_support import (
 
 import hierplan
 from hierplan import Approve, CallbackApprover, Defer, Edit, GateContext, Plan, Reject
+from hierplan.agents.models.base import ModelRequest, ModelResponse
+from hierplan.agents.models.scripted import FunctionModel
+from hierplan.agents.prompts import parse_step_prompt
 from hierplan.errors import UserInputError
 from hierplan.hierarchy.events import NodeStarted
 from hierplan.hierarchy.pause import CHECKPOINT_FILE, PENDING_DIR, RESUMING_FILE
@@ -258,3 +261,35 @@ async def test_pause_without_checkpoint_dir_says_so() -> None:
     )
     assert result.status == "paused"
     assert result.error is not None and "no checkpoint_dir" in result.error
+
+
+@pytest.mark.anyio
+async def test_as_needed_resumes_its_decomposition_without_a_second_attempt(
+    tmp_path: Path,
+) -> None:
+    planner = fanout_planner(2)
+    attempts: list[str] = []
+
+    def answer(request: ModelRequest) -> ModelResponse:
+        if request.phase == "planning":
+            return planner.function(request)  # type: ignore[return-value]
+        step = parse_step_prompt(request.messages)
+        assert step is not None
+        attempts.append(step.instruction)
+        if step.instruction == ROOT_GOAL:
+            return ModelResponse(text="FAILED: too big to do at once")
+        return ModelResponse(text=f"did {step.instruction}")
+
+    model = FunctionModel(answer)
+    common = {
+        "model": model,
+        "strategy": "as-needed",
+        "approver": PolicyApprover(PauseForReview(), "root"),
+    }
+    first = await hierplan.run(ROOT_GOAL, checkpoint_dir=tmp_path, **common)
+    assert first.status == "paused"
+    assert attempts == [ROOT_GOAL]
+    result = await hierplan.resume(tmp_path, Approve(by="fay"), **common)
+    assert result.status == "succeeded", result.error
+    assert attempts == [ROOT_GOAL, part_goal(1), part_goal(2)]  # the root is not tried again
+    assert model.calls == 1 + 1 + 2  # one attempt, one plan, two sub-goal attempts

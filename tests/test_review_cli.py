@@ -250,3 +250,13 @@ def test_budget_threshold_pauses_only_for_costly_subgoals(tmp_path: Path, source
     }
     assert auto == {"schema", "copy_customers", "copy_catalog", "indexes"}  # 4,000 each
     assert data["verification"]["ok"]
+
+
+def test_a_new_run_in_the_directory_forgets_the_paused_one(paused: Path) -> None:
+    code, out = hierplan(
+        "run", "--scenario", "data_migration", "--yes", "-o", paused, "--sim-latency-scale", "0"
+    )
+    assert code == 0, out
+    assert not (paused / CHECKPOINT_FILE).exists() and not (paused / PENDING_DIR).exists()
+    code, out = hierplan("resume", paused, "--approve")
+    assert code == 2 and "not paused" in out

@@ -445,6 +445,17 @@ def _pending_yaml(run_dir: Path, result: RunResult, node: NodeRecord, version: P
     return "".join(f"# {line}\n" for line in head) + plan_to_yaml(version.plan)
 
 
+def clear_checkpoint(run_dir: Path) -> None:
+    """Forget a paused run in ``run_dir``: a new run there makes its checkpoint stale."""
+    for name in (CHECKPOINT_FILE, RESUMING_FILE):
+        (run_dir / name).unlink(missing_ok=True)
+    folder = run_dir / PENDING_DIR
+    for stale in folder.glob("*.yaml"):
+        stale.unlink()
+    if folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
+
+
 def load_checkpoint(run_dir: Path) -> Checkpoint:
     """Read ``run_dir/checkpoint.json``; a clear error says why a run cannot be resumed."""
     path = run_dir / CHECKPOINT_FILE

@@ -12,7 +12,6 @@ anything ran, the checkpoint is put back.
 
 from __future__ import annotations
 
-import contextlib
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -24,9 +23,9 @@ from hierplan.hierarchy.context import RunSettings
 from hierplan.hierarchy.gate import Decision, Edit
 from hierplan.hierarchy.pause import (
     CHECKPOINT_FILE,
-    PENDING_DIR,
     RESUMING_FILE,
     Checkpoint,
+    clear_checkpoint,
     load_checkpoint,
 )
 from hierplan.hierarchy.record import RunResult
@@ -112,11 +111,7 @@ async def resume(
         raise
     resuming.unlink()
     if result.status != "paused":
-        folder = run_dir / PENDING_DIR
-        for stale in folder.glob("*.yaml"):
-            stale.unlink()
-        with contextlib.suppress(OSError):
-            folder.rmdir()
+        clear_checkpoint(run_dir)
     return result
 
 

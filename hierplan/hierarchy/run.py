@@ -30,7 +30,12 @@ from hierplan.errors import ModelAuthError, StepFailed, UserInputError
 from hierplan.hierarchy.context import Instrument, NodeContext, RunContext, RunSettings
 from hierplan.hierarchy.events import EventBus, Listener, RunFinished
 from hierplan.hierarchy.gate import Approver, Gate
-from hierplan.hierarchy.pause import Restore, check_decisions, write_checkpoint
+from hierplan.hierarchy.pause import (
+    Restore,
+    check_decisions,
+    clear_checkpoint,
+    write_checkpoint,
+)
 from hierplan.hierarchy.record import NodeRecord, RunResult, RunStatus
 from hierplan.hierarchy.strategies import Strategy, get_strategy
 from hierplan.scenarios import Scenario, ScenarioEnv, get_scenario
@@ -182,6 +187,8 @@ async def run(
         if restore is not None:
             policy = getattr(chosen, "policy", None)
             check_decisions(ctx, restore, flat=bool(policy is not None and policy.flat))
+        elif checkpoint_dir is not None:
+            clear_checkpoint(checkpoint_dir)  # a new run in the same directory
         result = await _execute(ctx, chosen, prepared)
     finally:
         await models.aclose()
