@@ -7,33 +7,39 @@ the run paused for a plan review (continue it with ``hierplan resume``); 130 whe
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Annotated, Any, Literal, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import anyio
 import typer
 from rich.console import Console
-from rich.text import Text
 
 from hierplan.agents.models.simulated import PROFILES
 from hierplan.console import RunConsole
 from hierplan.errors import HierplanError, UserInputError
 from hierplan.goals import load_goal_file
 from hierplan.hierarchy.context import STRATEGY_NAMES, RunSettings
-from hierplan.hierarchy.gate import Approve, Approver, AutoApprove, Decision, Edit, Reject
-from hierplan.hierarchy.pause import PENDING_DIR, load_checkpoint, pending_versions
+from hierplan.hierarchy.pause import load_checkpoint
 from hierplan.hierarchy.plan import DEFAULT_MAX_DEPTH, DEFAULT_MAX_STEPS, load_plan, validate_plan
 from hierplan.hierarchy.record import RunResult
 from hierplan.hierarchy.resume import resume as resume_run
 from hierplan.hierarchy.run import run as run_goal
-from hierplan.review import ConsoleReviewer, PauseForReview, PolicyApprover, ReviewPolicy
 from hierplan.review.console import reviewer_name
+from hierplan.review.options import (
+    EXIT_PAUSED,
+    PauseOpt,
+    PolicyOpt,
+    ReviewOpt,
+    ReviewSetup,
+    print_paused,
+    resume_decision,
+    review_setup,
+    saved_mode,
+)
 from hierplan.review.policy import POLICY_HELP
-from hierplan.review.render import diff_view
 from hierplan.scenarios import scenarios
 from hierplan.tracing.report import plan_tree, print_run
 
@@ -60,75 +66,6 @@ LatencyOpt = Annotated[
     float, typer.Option("--sim-latency-scale", min=0.0, help="Scale simulated latency (0 = none).")
 ]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Approve every plan without asking.")]
-ReviewOpt = Annotated[
-    bool,
-    typer.Option(
-        "--review", help="Review plans here before they run: approve, edit, reject or quit."
-    ),
-]
-PauseOpt = Annotated[
-    bool,
-    typer.Option(
-        "--pause-for-review",
-        help="Do not ask here: pause at the first plan that needs review, save it in the run "
-        "directory and exit with status 3; continue with hierplan resume.",
-    ),
-]
-PolicyOpt = Annotated[
-    str,
-    typer.Option(
-        "--review-policy",
-        help=f"Which plans are reviewed: {POLICY_HELP} (the root plan and sub-goals whose "
-        "budget exceeds it).",
-    ),
-]
-EXIT_PAUSED = 3
-ReviewMode = Literal["auto", "console", "pause"]
-
-
-@dataclass(slots=True, frozen=True)
-class ReviewSetup:
-    """How a CLI run reviews plans: not at all, at this console, or by pausing."""
-
-    mode: ReviewMode
-    policy: ReviewPolicy
-
-    def approver(self, console: Console, display: RunConsole) -> Approver:
-        """The approver for this setup."""
-        if self.mode == "console":
-            return PolicyApprover(ConsoleReviewer(console, display=display), self.policy)
-        if self.mode == "pause":
-            return PolicyApprover(PauseForReview(), self.policy)
-        return AutoApprove()
-
-    def saved(self) -> dict[str, str]:
-        """What a checkpoint keeps, so that ``resume`` reviews the same way."""
-        return {"review": self.mode, "review_policy": str(self.policy)}
-
-
-def _review_setup(
-    *, yes: bool, review: bool, pause: bool, policy: str, default: ReviewMode | None
-) -> ReviewSetup:
-    """The review setup from the flags; ``default`` applies when none is given."""
-    if yes + review + pause > 1:
-        raise UserInputError("choose one of --yes, --review and --pause-for-review")
-    chosen: ReviewMode | None = (
-        "auto" if yes else "console" if review else "pause" if pause else default
-    )
-    if chosen is None:
-        chosen = "console" if sys.stdin.isatty() else None
-        if chosen is None:
-            raise UserInputError(
-                "the plan needs approval before it runs: pass --yes to approve it "
-                "automatically, --pause-for-review to decide later with hierplan resume, or "
-                "run in a terminal to be asked"
-            )
-    if chosen == "console" and not sys.stdin.isatty():
-        raise UserInputError(
-            "reviewing at the console needs a terminal: use --pause-for-review to decide later "
-            "with hierplan resume, or --yes"
-        )
-    return ReviewSetup(chosen, ReviewPolicy.parse(policy))
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
@@ -158,58 +95,27 @@ def _finish(console: Console, result: RunResult, out: Path, started: float) -> N
     console.print("  ".join(stats), style="dim", highlight=False)
     console.print(f"run record: {path}", highlight=False)
     if result.status == "paused":
-        _print_paused(console, result, out)
+        print_paused(console, result, out)
         raise typer.Exit(EXIT_PAUSED)
     raise typer.Exit(_exit_code(result))
 
 
-def _print_paused(console: Console, result: RunResult, out: Path) -> None:
-    waiting = pending_versions(result.tree)
-    for node, version in waiting:
-        earlier = [
-            v for v in node.plan_versions if v.version < version.version and v.reason != "edit"
-        ]
-        if earlier:
-            console.print(
-                Text(f"node {node.path}: plan v{version.version} replaces v{earlier[-1].version}")
-            )
-            console.print(diff_view(earlier[-1].plan, version.plan, version.diff))
-    pending = [node.path for node, _ in waiting]
-    console.print(
-        f"paused: {len(pending)} plan(s) wait for a decision: "
-        + ", ".join(f"node {p} ({out / PENDING_DIR / (p + '.yaml')})" for p in pending),
-        style="yellow",
-        markup=False,
-        highlight=False,
-    )
-    console.print(
-        f"continue with: hierplan resume {out} --approve | --reject REASON | --plan FILE "
-        "[--node PATH]",
-        markup=False,
-        highlight=False,
-    )
-
-
-def _execute(
-    console: Console, out: Path, setup: ReviewSetup, start: Start, *, simulated: bool
-) -> NoReturn:
-    started = time.monotonic()
+async def _run_with_console(
+    console: Console, *, setup: ReviewSetup, start: Start = run_goal, **kwargs: Any
+) -> RunResult:
+    simulated = str(kwargs.get("model", "sim")).startswith("sim")
     display = RunConsole(console, simulated=simulated, show_root_plan=setup.mode != "console")
-    approver = setup.approver(console, display)
-
-    async def main() -> RunResult:
-        try:
-            return await start(
-                listeners=[display],
-                approver=approver,
-                checkpoint_dir=out,
-                checkpoint_extra=setup.saved(),
-            )
-        finally:
-            display.stop()
-
     try:
-        result = anyio.run(main)
+        approver = setup.approver(console, display)
+        return await start(listeners=[display], approver=approver, **kwargs)
+    finally:
+        display.stop()
+
+
+def _execute(console: Console, out: Path, setup: ReviewSetup, **kwargs: Any) -> NoReturn:
+    started = time.monotonic()
+    try:
+        result = anyio.run(lambda: _run_with_console(console, setup=setup, **kwargs))
     except HierplanError as exc:
         _fail(str(exc))
     except KeyboardInterrupt:
@@ -294,7 +200,7 @@ def run_command(
                 **options,
             }
         )
-        setup = _review_setup(
+        setup = review_setup(
             yes=yes,
             review=review,
             pause=pause_for_review,
@@ -304,22 +210,20 @@ def run_command(
     except HierplanError as exc:
         _fail(str(exc))
     run_dir = out or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
-    arguments: dict[str, Any] = {
-        "goal": goal,
-        "scenario": scenario,
-        "model": model,
-        "settings": settings,
-        "sim_profile": sim_profile,
-        "sim_latency_scale": sim_latency_scale,
-        "workdir": run_dir if scenario else None,
-        "model_options": model_options,
-    }
     _execute(
         console,
         run_dir,
         setup,
-        lambda **extra: run_goal(**arguments, **extra),
-        simulated=model.startswith("sim"),
+        goal=goal,
+        scenario=scenario,
+        model=model,
+        settings=settings,
+        sim_profile=sim_profile,
+        sim_latency_scale=sim_latency_scale,
+        workdir=run_dir if scenario else None,
+        model_options=model_options,
+        checkpoint_dir=run_dir,
+        checkpoint_extra=setup.saved(),
     )
 
 
@@ -368,7 +272,7 @@ def demo_command(
     console = Console()
     try:
         _check_choices(strategy, sim_profile)
-        setup = _review_setup(
+        setup = review_setup(
             yes=yes,
             review=review,
             pause=pause_for_review,
@@ -383,14 +287,18 @@ def demo_command(
         "real tools and real data.",
         highlight=False,
     )
-    arguments: dict[str, Any] = {
-        "scenario": "data_migration",
-        "settings": RunSettings.model_validate({"strategy": strategy, "seed": seed}),
-        "sim_profile": sim_profile,
-        "sim_latency_scale": sim_latency_scale,
-        "workdir": out,
-    }
-    _execute(console, out, setup, lambda **extra: run_goal(**arguments, **extra), simulated=True)
+    _execute(
+        console,
+        out,
+        setup,
+        scenario="data_migration",
+        settings=RunSettings.model_validate({"strategy": strategy, "seed": seed}),
+        sim_profile=sim_profile,
+        sim_latency_scale=sim_latency_scale,
+        workdir=out,
+        checkpoint_dir=out,
+        checkpoint_extra=setup.saved(),
+    )
 
 
 @app.command("resume")
@@ -430,54 +338,27 @@ def resume_command(
     console = Console()
     try:
         who = by or f"{reviewer_name()} via hierplan resume"
-        decision = _resume_decision(approve, reject, plan_file, who, review=review)
+        decision = resume_decision(approve, reject, plan_file, who, review=review)
         checkpoint = load_checkpoint(run_dir)
         saved = checkpoint.extra
         flags = yes or review or pause_for_review
-        setup = _review_setup(
+        setup = review_setup(
             yes=yes,
             review=review,
             pause=pause_for_review,
             policy=review_policy or str(saved.get("review_policy", "root")),
-            default=None if flags else _saved_mode(saved),
+            default=None if flags else saved_mode(saved),
         )
     except HierplanError as exc:
         _fail(str(exc))
-    model = str(checkpoint.invocation.get("model") or "")
     _execute(
         console,
         run_dir,
         setup,
-        lambda **extra: resume_run(run_dir, decision, node=node, **extra),
-        simulated=model.startswith("sim"),
+        start=partial(resume_run, run_dir, decision, node=node),
+        model=checkpoint.invocation.get("model") or "sim",
+        checkpoint_extra=setup.saved(),
     )
-
-
-def _saved_mode(saved: dict[str, Any]) -> ReviewMode:
-    mode = saved.get("review", "pause")
-    return mode if mode in ("auto", "console", "pause") else "pause"
-
-
-def _resume_decision(
-    approve: bool, reject: str | None, plan_file: Path | None, who: str, *, review: bool
-) -> Decision | None:
-    given = approve + (reject is not None) + (plan_file is not None)
-    if given > 1:
-        raise UserInputError("give only one of --approve, --reject REASON and --plan FILE")
-    if approve:
-        return Approve(by=who)
-    if reject is not None:
-        if not reject.strip():
-            raise UserInputError("--reject needs a reason: the planner uses it for the next plan")
-        return Reject(reject.strip(), by=who)
-    if plan_file is not None:
-        return Edit(load_plan(plan_file), by=who, note=f"edited plan from {plan_file}")
-    if not review:
-        raise UserInputError(
-            "give a decision: --approve, --reject REASON or --plan FILE (or --review to decide "
-            "at the console)"
-        )
-    return None
 
 
 @app.command("view")
