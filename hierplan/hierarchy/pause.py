@@ -107,7 +107,7 @@ class PauseControl:
         self.restore = restore
         self.results: dict[str, StepResult] = dict(restore.results) if restore else {}
         self._taken: set[tuple[str, str]] = set()
-        self._idle = anyio.Event()
+        self._idle: anyio.Event | None = None  # made inside the event loop, when first needed
         self._draining = False
 
     @property
@@ -138,6 +138,8 @@ class PauseControl:
         if self.scope is None:
             raise RuntimeError("a plan was deferred outside a run: use hierplan.run()")
         self.pausing = True
+        if self._idle is None:
+            self._idle = anyio.Event()
         self._stop_if_idle()
         if not self._draining:
             self._draining = True
@@ -146,6 +148,7 @@ class PauseControl:
 
     async def _drain(self, scope: anyio.CancelScope) -> None:
         while True:
+            assert self._idle is not None
             await self._idle.wait()
             with anyio.move_on_after(SETTLE_TIMEOUT_S):
                 await anyio.wait_all_tasks_blocked()
@@ -163,7 +166,7 @@ class PauseControl:
         self.results[path] = result
 
     def _stop_if_idle(self) -> None:
-        if self.pausing and self.busy == 0:
+        if self.pausing and self.busy == 0 and self._idle is not None:
             self._idle.set()
 
     def _take(self, kind: str, node: NodeContext) -> bool:
