@@ -39,6 +39,7 @@ from hierplan.hierarchy.gate import (
     Approve,
     AutoApprove,
     CallbackApprover,
+    Defer,
     Edit,
     Gate,
     GateContext,
@@ -46,8 +47,10 @@ from hierplan.hierarchy.gate import (
 )
 from hierplan.hierarchy.plan import Plan, Step, critical_path, topological_order, validate_plan
 from hierplan.hierarchy.record import NodeRecord, RunResult
+from hierplan.hierarchy.resume import resume, resume_sync
 from hierplan.hierarchy.run import run, run_sync
 from hierplan.hierarchy.strategies import STRATEGIES
+from hierplan.review import ConsoleReviewer, PauseForReview, PolicyApprover, ReviewPolicy
 from hierplan.tracing.otel import Tracing
 
 __version__ = "0.1.0"
@@ -58,6 +61,8 @@ __all__ = [
     "AutoApprove",
     "BudgetExceeded",
     "CallbackApprover",
+    "ConsoleReviewer",
+    "Defer",
     "Edit",
     "FunctionModel",
     "Gate",
@@ -74,11 +79,14 @@ __all__ = [
     "NodeContext",
     "NodeRecord",
     "NoiseProfile",
+    "PauseForReview",
     "Plan",
     "PlanValidationError",
+    "PolicyApprover",
     "Price",
     "PriceTable",
     "Reject",
+    "ReviewPolicy",
     "RunContext",
     "RunEvent",
     "RunResult",
@@ -97,6 +105,8 @@ __all__ = [
     "__version__",
     "critical_path",
     "resolve_model",
+    "resume",
+    "resume_sync",
     "run",
     "run_sync",
     "tool",

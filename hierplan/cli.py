@@ -1,13 +1,15 @@
-"""The ``hierplan`` command: run, demo, view, validate, scenarios.
+"""The ``hierplan`` command: run, demo, resume, view, validate, scenarios.
 
 Exit status: 0 when the run succeeded (and its verification, if any, passed); 1 when it failed,
-was partial or rejected; 2 for bad input, always with a one-line reason and no traceback.
+was partial or rejected; 2 for bad input, always with a one-line reason and no traceback; 3 when
+the run paused for a plan review (continue it with ``hierplan resume``); 130 when interrupted.
 """
 
 from __future__ import annotations
 
-import sys
 import time
+from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -16,14 +18,28 @@ import typer
 from rich.console import Console
 
 from hierplan.agents.models.simulated import PROFILES
-from hierplan.console import ConfirmRootPlan, RunConsole
+from hierplan.console import RunConsole
 from hierplan.errors import HierplanError, UserInputError
 from hierplan.goals import load_goal_file
 from hierplan.hierarchy.context import STRATEGY_NAMES, RunSettings
-from hierplan.hierarchy.gate import Approver, AutoApprove
+from hierplan.hierarchy.pause import load_checkpoint
 from hierplan.hierarchy.plan import DEFAULT_MAX_DEPTH, DEFAULT_MAX_STEPS, load_plan, validate_plan
 from hierplan.hierarchy.record import RunResult
+from hierplan.hierarchy.resume import resume as resume_run
 from hierplan.hierarchy.run import run as run_goal
+from hierplan.review.console import reviewer_name
+from hierplan.review.options import (
+    EXIT_PAUSED,
+    PauseOpt,
+    PolicyOpt,
+    ReviewOpt,
+    ReviewSetup,
+    print_paused,
+    resume_decision,
+    review_setup,
+    saved_mode,
+)
+from hierplan.review.policy import POLICY_HELP
 from hierplan.scenarios import scenarios
 from hierplan.tracing.html import write_html
 from hierplan.tracing.report import plan_tree, print_run
@@ -58,6 +74,7 @@ TraceContentOpt = Annotated[
         "--trace-content", help="Record prompts and completions in the trace (off by default)."
     ),
 ]
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Approve every plan without asking.")]
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
@@ -70,13 +87,7 @@ def _exit_code(result: RunResult) -> int:
     return 0 if result.status == "succeeded" and verified else 1
 
 
-async def _run_with_console(console: Console, *, approver: Approver, **kwargs: Any) -> RunResult:
-    simulated = str(kwargs.get("model", "sim")).startswith("sim")
-    display = RunConsole(console, simulated=simulated)
-    try:
-        return await run_goal(listeners=[display], approver=approver, **kwargs)
-    finally:
-        display.stop()
+Start = Callable[..., Awaitable[RunResult]]
 
 
 def _finish(console: Console, result: RunResult, out: Path, started: float) -> NoReturn:
@@ -92,13 +103,28 @@ def _finish(console: Console, result: RunResult, out: Path, started: float) -> N
         stats.append(f"rows migrated per second {details['rows_per_second']:,}")
     console.print("  ".join(stats), style="dim", highlight=False)
     console.print(f"run record: {path}", highlight=False)
+    if result.status == "paused":
+        print_paused(console, result, out)
+        raise typer.Exit(EXIT_PAUSED)
     raise typer.Exit(_exit_code(result))
+
+
+async def _run_with_console(
+    console: Console, *, setup: ReviewSetup, start: Start = run_goal, **kwargs: Any
+) -> RunResult:
+    simulated = str(kwargs.get("model", "sim")).startswith("sim")
+    display = RunConsole(console, simulated=simulated, show_root_plan=setup.mode != "console")
+    try:
+        approver = setup.approver(console, display)
+        return await start(listeners=[display], approver=approver, **kwargs)
+    finally:
+        display.stop()
 
 
 def _execute(
     console: Console,
     out: Path,
-    approver: Approver,
+    setup: ReviewSetup,
     trace: list[str] | None = None,
     trace_content: bool = False,
     **kwargs: Any,
@@ -111,9 +137,11 @@ def _execute(
     if tracing is not None:
         kwargs["instruments"] = tracing.instruments
     try:
-        result = anyio.run(lambda: _run_with_console(console, approver=approver, **kwargs))
+        result = anyio.run(lambda: _run_with_console(console, setup=setup, **kwargs))
     except HierplanError as exc:
         _fail(str(exc))
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
     finally:
         if tracing is not None:
             tracing.shutdown()
@@ -145,9 +173,10 @@ def run_command(
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="Run directory (default runs/<id>).")
     ] = None,
-    yes: Annotated[
-        bool, typer.Option("--yes", "-y", help="Approve every plan without asking.")
-    ] = False,
+    yes: YesOpt = False,
+    review: ReviewOpt = False,
+    pause_for_review: PauseOpt = False,
+    review_policy: PolicyOpt = "root",
     sim_profile: ProfileOpt = "typical",
     sim_latency_scale: LatencyOpt = 1.0,
     base_url: Annotated[
@@ -169,7 +198,10 @@ def run_command(
     trace: TraceOpt = None,
     trace_content: TraceContentOpt = False,
 ) -> None:
-    """Plan and run a goal (or a scenario), write DIR/run.json, and show the tree with costs."""
+    """Plan and run a goal (or a scenario), write DIR/run.json, and show the tree with costs.
+
+    In a terminal the root plan is reviewed before it runs unless --yes is given.
+    """
     console = Console()
     options: dict[str, Any] = {}
     try:
@@ -195,14 +227,20 @@ def run_command(
                 **options,
             }
         )
-        approver = _approver(console, yes)
+        setup = review_setup(
+            yes=yes,
+            review=review,
+            pause=pause_for_review,
+            policy=review_policy,
+            default=None,
+        )
     except HierplanError as exc:
         _fail(str(exc))
     run_dir = out or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     _execute(
         console,
         run_dir,
-        approver,
+        setup,
         goal=goal,
         scenario=scenario,
         model=model,
@@ -211,6 +249,8 @@ def run_command(
         sim_latency_scale=sim_latency_scale,
         workdir=run_dir if scenario else None,
         model_options=model_options,
+        checkpoint_dir=run_dir,
+        checkpoint_extra=setup.saved(),
         trace=trace,
         trace_content=trace_content,
     )
@@ -242,17 +282,6 @@ def _check_choices(strategy: str, sim_profile: str) -> None:
         )
 
 
-def _approver(console: Console, yes: bool) -> Approver:
-    if yes:
-        return AutoApprove()
-    if not sys.stdin.isatty():
-        raise UserInputError(
-            "the plan needs approval before it runs: pass --yes to approve it automatically, "
-            "or run in a terminal to be asked"
-        )
-    return ConfirmRootPlan(console)
-
-
 @app.command("demo")
 def demo_command(
     out: Annotated[Path, typer.Option("--out", "-o", help="Run directory.")] = DEMO_OUT,
@@ -260,13 +289,27 @@ def demo_command(
     seed: SeedOpt = 0,
     sim_profile: ProfileOpt = "typical",
     sim_latency_scale: LatencyOpt = 1.0,
+    yes: YesOpt = False,
+    review: ReviewOpt = False,
+    pause_for_review: PauseOpt = False,
+    review_policy: PolicyOpt = "root",
     trace: TraceOpt = None,
     trace_content: TraceContentOpt = False,
 ) -> None:
-    """Migrate the sample shop database on the offline simulator (the data-migration scenario)."""
+    """Migrate the sample shop database on the offline simulator (the data-migration scenario).
+
+    Plans are approved automatically unless --review or --pause-for-review is given.
+    """
     console = Console()
     try:
         _check_choices(strategy, sim_profile)
+        setup = review_setup(
+            yes=yes,
+            review=review,
+            pause=pause_for_review,
+            policy=review_policy,
+            default="auto",
+        )
     except UserInputError as exc:
         _fail(str(exc))
     console.print(
@@ -278,14 +321,76 @@ def demo_command(
     _execute(
         console,
         out,
-        AutoApprove(),
+        setup,
         scenario="data_migration",
         settings=RunSettings.model_validate({"strategy": strategy, "seed": seed}),
         sim_profile=sim_profile,
         sim_latency_scale=sim_latency_scale,
         workdir=out,
+        checkpoint_dir=out,
+        checkpoint_extra=setup.saved(),
         trace=trace,
         trace_content=trace_content,
+    )
+
+
+@app.command("resume")
+def resume_command(
+    run_dir: Annotated[Path, typer.Argument(help="The directory of a paused run.")],
+    approve: Annotated[
+        bool, typer.Option("--approve", help="Approve the pending plan(s) as they are.")
+    ] = False,
+    reject: Annotated[
+        str | None,
+        typer.Option("--reject", metavar="REASON", help="Reject; the reason goes to the planner."),
+    ] = None,
+    plan_file: Annotated[
+        Path | None,
+        typer.Option("--plan", metavar="FILE", help="Run this edited plan (YAML or JSON) instead."),
+    ] = None,
+    node: Annotated[
+        str | None,
+        typer.Option("--node", metavar="PATH", help="Decide for this node only (e.g. 1.3)."),
+    ] = None,
+    by: Annotated[
+        str | None, typer.Option("--by", help="Who decides, for the audit trail.")
+    ] = None,
+    yes: YesOpt = False,
+    review: ReviewOpt = False,
+    pause_for_review: PauseOpt = False,
+    review_policy: Annotated[
+        str | None,
+        typer.Option("--review-policy", help=f"{POLICY_HELP}; default: as the run was started."),
+    ] = None,
+) -> None:
+    """Continue a paused run with a decision on its pending plan(s).
+
+    Later plans are reviewed the way the run was started, unless --yes, --review or
+    --pause-for-review says otherwise.
+    """
+    console = Console()
+    try:
+        who = by or f"{reviewer_name()} via hierplan resume"
+        decision = resume_decision(approve, reject, plan_file, who, review=review)
+        checkpoint = load_checkpoint(run_dir)
+        saved = checkpoint.extra
+        flags = yes or review or pause_for_review
+        setup = review_setup(
+            yes=yes,
+            review=review,
+            pause=pause_for_review,
+            policy=review_policy or str(saved.get("review_policy", "root")),
+            default=None if flags else saved_mode(saved),
+        )
+    except HierplanError as exc:
+        _fail(str(exc))
+    _execute(
+        console,
+        run_dir,
+        setup,
+        start=partial(resume_run, run_dir, decision, node=node),
+        model=checkpoint.invocation.get("model") or "sim",
+        checkpoint_extra=setup.saved(),
     )
 
 

@@ -1,15 +1,17 @@
 """What ``hierplan run`` and ``demo`` show while a run goes: plans, replans, progress.
 
 :class:`RunConsole` is an event listener: it prints the root plan when it is proposed, one line per
-sub-plan and replan, and a progress line for the executor steps. :class:`ConfirmRootPlan` is the
-simple console approver: it asks once, for the root plan; sub-plans are approved automatically.
+sub-plan and replan, and a progress line for the executor steps. While a plan is reviewed at the
+console (:class:`hierplan.review.ConsoleReviewer`) it stands aside: the progress line stops and
+its output is held back until the review ends.
 """
 
 from __future__ import annotations
 
-from functools import partial
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
-import anyio.to_thread
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -19,7 +21,6 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
-from rich.prompt import Confirm
 
 from hierplan.hierarchy.events import (
     ModelCalled,
@@ -30,7 +31,6 @@ from hierplan.hierarchy.events import (
     Replanned,
     RunEvent,
 )
-from hierplan.hierarchy.gate import Approve, Decision, GateContext, Reject
 from hierplan.hierarchy.plan import Plan
 from hierplan.tracing.report import money, plan_tree, short
 
@@ -38,9 +38,11 @@ from hierplan.tracing.report import money, plan_tree, short
 class RunConsole:
     """Prints a run as it happens (an :class:`~hierplan.hierarchy.events.EventBus` listener)."""
 
-    def __init__(self, console: Console, *, simulated: bool) -> None:
+    def __init__(self, console: Console, *, simulated: bool, show_root_plan: bool = True) -> None:
         self.console = console
         self.simulated = simulated
+        self.show_root_plan = show_root_plan
+        self._held: list[tuple[tuple[Any, ...], dict[str, Any]]] | None = None
         self.progress = Progress(
             SpinnerColumn(),
             TextColumn("[bold]steps"),
@@ -61,8 +63,13 @@ class RunConsole:
 
     def __call__(self, event: RunEvent) -> None:
         """Handle one event."""
-        out = self.progress.console
-        if isinstance(event, PlanProposed) and event.path == "1" and event.version == 1:
+        out = self
+        if (
+            isinstance(event, PlanProposed)
+            and event.path == "1"
+            and event.version == 1
+            and self.show_root_plan
+        ):
             tag = " [SIMULATED]" if self.simulated else ""
             out.print(plan_tree(Plan.model_validate(event.plan), title=f"plan for node 1{tag}"))
         elif isinstance(event, PlanDecided):
@@ -78,8 +85,9 @@ class RunConsole:
             self.started += 1
             self.running += 1
             if not self.live:
-                self.progress.start()
                 self.live = True
+                if self._held is None:
+                    self.progress.start()
         elif isinstance(event, NodeFinished):
             self._finished(event)
         elif isinstance(event, ModelCalled) and event.cost_usd:
@@ -91,9 +99,41 @@ class RunConsole:
             info=f"running {self.running}  cost {money(self.cost)}",
         )
 
+    def print(self, *objects: Any, **options: Any) -> None:
+        """Print above the progress line, or hold it back while a review is on screen."""
+        if self._held is not None:
+            self._held.append((objects, options))
+        else:
+            self.progress.console.print(*objects, **options)
+
+    @contextmanager
+    def suspended(self) -> Iterator[None]:
+        """Stop the progress line and hold output back (a plan review is on screen)."""
+        if self._held is not None:
+            yield
+            return
+        self._held = []
+        if self.live:
+            self.progress.stop()
+        try:
+            yield
+        finally:
+            held, self._held = self._held, None
+            for objects, options in held:
+                self.progress.console.print(*objects, **options)
+            if self.live:
+                self.progress.start()
+
     def _decided(self, event: PlanDecided) -> None:
-        out = self.progress.console
-        if event.decision in ("invalid", "rejected"):
+        out = self
+        if event.decision == "pending":
+            out.print(
+                f"  plan {event.path} v{event.version} waits for a decision ({event.decided_by})",
+                style="yellow",
+                markup=False,
+                highlight=False,
+            )
+        elif event.decision in ("invalid", "rejected"):
             why = "; ".join(event.problems) or event.note
             out.print(
                 f"  plan {event.path} v{event.version} {event.decision}: {short(why, 150)}",
@@ -111,7 +151,7 @@ class RunConsole:
 
     def _finished(self, event: NodeFinished) -> None:
         if event.status in ("failed", "budget_exhausted") and event.error:
-            self.progress.console.print(
+            self.print(
                 f"  node {event.path} {event.status}: {short(event.error, 140)}",
                 style="red",
                 markup=False,
@@ -127,19 +167,3 @@ class RunConsole:
         if self.live:
             self.progress.stop()
             self.live = False
-
-
-class ConfirmRootPlan:
-    """Asks on the console before the root plan runs; sub-plans are approved automatically."""
-
-    def __init__(self, console: Console) -> None:
-        self.console = console
-
-    async def review(self, plan: Plan, ctx: GateContext) -> Decision:
-        """Ask "Run this plan?" for the root; approve the rest."""
-        if ctx.path != "1":
-            return Approve(by="auto (sub-plan)")
-        ok = await anyio.to_thread.run_sync(
-            partial(Confirm.ask, "Run this plan?", console=self.console, default=False)
-        )
-        return Approve(by="console") if ok else Reject("declined at the console", by="console")

@@ -29,6 +29,7 @@ from hierplan.budgets.pricing import PriceTable
 from hierplan.errors import ModelError
 from hierplan.hierarchy.events import EventBus, ModelCalled, StepRetried
 from hierplan.hierarchy.gate import Gate
+from hierplan.hierarchy.pause import PauseControl, Restore
 from hierplan.hierarchy.plan import DEFAULT_MAX_DEPTH, DEFAULT_MAX_STEPS, Step
 from hierplan.hierarchy.record import CallRecord, NodeKind, NodeRecord
 
@@ -129,6 +130,7 @@ class RunContext:
         bus: EventBus | None = None,
         gate: Gate | None = None,
         planner: LLMPlanner | None = None,
+        restore: Restore | None = None,
     ) -> None:
         self.run_id = run_id
         self.settings = settings
@@ -140,6 +142,7 @@ class RunContext:
         self.bus = bus or EventBus(run_id)
         self.gate = gate or Gate()
         self.planner = planner or LLMPlanner()
+        self.pause = PauseControl(restore)
         self.tool_executor = ToolExecutor()
         self.llm_executor = LLMExecutor()
         self.leaf_limiter = anyio.CapacityLimiter(settings.concurrency)

@@ -2,18 +2,24 @@
 
 First the validators (structure: ids, dependencies, cycles, size, depth; tools allowed for this
 node; tool arguments against each tool's schema), then the approver. The approver's decision is
-one of :class:`Approve`, :class:`Edit` (a replacement plan, validated again) or :class:`Reject`
-(the reason goes back to the planner). :class:`AutoApprove` approves everything;
-:class:`CallbackApprover` asks a function (sync or async), for platforms that review elsewhere.
+one of :class:`Approve`, :class:`Edit` (a replacement plan, validated again), :class:`Reject`
+(the reason goes back to the planner) or :class:`Defer` (no decision now: the run pauses and keeps
+the plan for a decision from outside, see :func:`hierplan.resume`). :class:`AutoApprove` approves
+everything; :class:`CallbackApprover` asks a function (sync or async), for platforms that review
+elsewhere. An approver may check an edit itself with :meth:`GateContext.validate` before it
+returns it; every edit the validators refuse is kept for the audit trail.
 """
 
 from __future__ import annotations
 
 import inspect
 import re
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
+
+import anyio
 
 from hierplan.agents.tools import Toolbox
 from hierplan.errors import ToolArgsError
@@ -23,8 +29,23 @@ REF_PATTERN = re.compile(r"\$([A-Za-z0-9_][A-Za-z0-9_.\-]{0,63})")
 
 
 @dataclass(slots=True, frozen=True)
+class RefusedEdit:
+    """An edited plan the validators refused, with their findings (kept for the audit trail)."""
+
+    plan: Plan
+    problems: tuple[str, ...]
+    at: float
+
+
+@dataclass(slots=True, frozen=True)
 class GateContext:
-    """What the gate and the approver know about the plan under review."""
+    """What the gate and the approver know about the plan under review.
+
+    ``step`` is the step of the parent's plan that made this node (``None`` at the root);
+    ``budget`` is the node's budget when a budget instrument set one; ``previous`` and ``diff``
+    describe the version this plan replaces. ``problems`` holds the validators' findings on the
+    approver's last edit, when it was refused.
+    """
 
     path: str
     goal: str
@@ -39,6 +60,27 @@ class GateContext:
     diff: PlanDiff | None = None
     budget: dict[str, Any] | None = None
     problems: tuple[str, ...] = ()
+    step: Step | None = None
+    validators: tuple[Validator, ...] = ()
+    refused: list[RefusedEdit] = field(default_factory=list)
+
+    @property
+    def is_root(self) -> bool:
+        """Whether this is the root plan of the run."""
+        return self.depth == 1
+
+    def validate(self, plan: Plan) -> list[PlanProblem]:
+        """Every problem the gate's validators find in ``plan`` (an edit, usually).
+
+        A plan with problems is recorded as a refused edit, so that the audit trail shows what
+        a reviewer tried even when they fix it before deciding.
+        """
+        problems: list[PlanProblem] = []
+        for validator in self.validators:
+            problems.extend(validator(plan, self))
+        if problems:
+            self.refused.append(RefusedEdit(plan, tuple(str(p) for p in problems), time.time()))
+        return problems
 
 
 @dataclass(slots=True, frozen=True)
@@ -66,14 +108,22 @@ class Reject:
     by: str = "callback"
 
 
-Decision = Approve | Edit | Reject
+@dataclass(slots=True, frozen=True)
+class Defer:
+    """No decision now: the run pauses, keeps the plan, and waits for ``hierplan resume``."""
+
+    by: str = "pause"
+    note: str = ""
+
+
+Decision = Approve | Edit | Reject | Defer
 
 
 class Approver(Protocol):
     """Decides on a valid plan. ``review`` may take as long as a human needs."""
 
     async def review(self, plan: Plan, ctx: GateContext) -> Decision:
-        """Approve, edit or reject ``plan``."""
+        """Approve, edit, reject or defer ``plan``."""
         ...
 
 
@@ -89,25 +139,52 @@ ReviewFunction = Callable[[Plan, GateContext], Decision | Awaitable[Decision]]
 
 
 class CallbackApprover:
-    """Asks a function (sync or async) for each decision.
+    """Asks a function (sync or async) for each decision: the hook for embedding hierplan.
+
+    The function gets the plan and its :class:`GateContext` (node path, goal, depth, version,
+    the previous version and the diff after a replan, the node's budget) and returns
+    :class:`Approve`, :class:`Edit`, :class:`Reject` or :class:`Defer`. An async function may
+    wait as long as a reviewer needs (a chat reply, a ticket): the rest of the run goes on
+    meanwhile, and several sub-goals may wait at once. With ``timeout_s``, a decision that takes
+    longer becomes ``on_timeout`` (by default :class:`Defer`: the run pauses and can be resumed).
 
     >>> async def review(plan, ctx):
     ...     return Approve(by="ticket-123") if len(plan.steps) < 10 else Reject("too long")
     >>> approver = CallbackApprover(review)
     """
 
-    def __init__(self, function: ReviewFunction, *, name: str = "callback") -> None:
+    def __init__(
+        self,
+        function: ReviewFunction,
+        *,
+        name: str = "callback",
+        timeout_s: float | None = None,
+        on_timeout: Decision | None = None,
+    ) -> None:
         self.function = function
         self.name = name
+        self.timeout_s = timeout_s
+        self.on_timeout: Decision = on_timeout or Defer(
+            by=name, note=f"no decision within {timeout_s} s"
+        )
 
     async def review(self, plan: Plan, ctx: GateContext) -> Decision:
         """Call the function and return its decision."""
+        if self.timeout_s is None:
+            decision = await self._call(plan, ctx)
+        else:
+            with anyio.move_on_after(self.timeout_s):
+                return await self._call(plan, ctx)
+            decision = self.on_timeout
+        return decision
+
+    async def _call(self, plan: Plan, ctx: GateContext) -> Decision:
         result = self.function(plan, ctx)
         decision = await result if inspect.isawaitable(result) else result
-        if not isinstance(decision, Approve | Edit | Reject):
+        if not isinstance(decision, Approve | Edit | Reject | Defer):
             raise TypeError(
                 f"review callback {self.name!r} returned {decision!r}; return Approve(), "
-                "Edit(plan) or Reject(reason)"
+                "Edit(plan), Reject(reason) or Defer()"
             )
         return decision
 
@@ -185,11 +262,12 @@ DEFAULT_VALIDATORS: tuple[Validator, ...] = (structure_validator, args_validator
 class GateOutcome:
     """What the gate decided, and on which plan."""
 
-    kind: Literal["approved", "edited", "rejected", "invalid"]
+    kind: Literal["approved", "edited", "rejected", "invalid", "pending"]
     plan: Plan
     by: str
     note: str = ""
     problems: list[str] = field(default_factory=list)
+    refused: list[RefusedEdit] = field(default_factory=list)
 
 
 class Gate:
@@ -221,26 +299,45 @@ class Gate:
             problems.extend(validator(plan, ctx))
         return problems
 
-    async def review(self, plan: Plan, ctx: GateContext) -> GateOutcome:
-        """Validate, then ask the approver; an invalid edit is sent back to the approver."""
+    async def review(
+        self, plan: Plan, ctx: GateContext, decision: Decision | None = None
+    ) -> GateOutcome:
+        """Validate, then ask the approver; an invalid edit is sent back to the approver.
+
+        ``decision``, when given, stands for the approver's first answer: a decision made
+        outside the run (``hierplan resume``). An invalid edit then goes to the approver.
+        """
+        ctx = replace(ctx, validators=self.validators, refused=[])
         problems = self.validate(plan, ctx)
         if problems:
             return GateOutcome("invalid", plan, "validators", problems=[str(p) for p in problems])
         for _ in range(self.max_edit_rounds):
-            decision = await self.approver.review(plan, ctx)
+            if decision is None:
+                decision = await self.approver.review(plan, ctx)
             if isinstance(decision, Approve):
-                return GateOutcome("approved", plan, decision.by, decision.note)
+                return GateOutcome(
+                    "approved", plan, decision.by, decision.note, refused=ctx.refused
+                )
             if isinstance(decision, Reject):
-                return GateOutcome("rejected", plan, decision.by, decision.reason)
-            edit_problems = [str(p) for p in self.validate(decision.plan, ctx)]
+                return GateOutcome(
+                    "rejected", plan, decision.by, decision.reason, refused=ctx.refused
+                )
+            if isinstance(decision, Defer):
+                return GateOutcome("pending", plan, decision.by, decision.note, refused=ctx.refused)
+            edit, decision = decision, None
+            edited = edit.plan
+            edit_problems = [str(p) for p in self.validate(edited, ctx)]
             if not edit_problems:
-                return GateOutcome("edited", decision.plan, decision.by, decision.note)
+                return GateOutcome("edited", edited, edit.by, edit.note, refused=ctx.refused)
+            if not ctx.refused or ctx.refused[-1].plan != edited:
+                ctx.refused.append(RefusedEdit(edited, tuple(edit_problems), time.time()))
             ctx = _with_problems(ctx, edit_problems)
         return GateOutcome(
             "rejected",
             plan,
             "validators",
             f"no valid edit after {self.max_edit_rounds} rounds: {'; '.join(ctx.problems)}",
+            refused=ctx.refused,
         )
 
 

@@ -11,7 +11,8 @@
 
 A :class:`PlanPolicy` says how a strategy uses them. Each node's life is wrapped by
 :func:`node_lifecycle`, which opens every instrument's node scope and keeps the record right on
-success, failure and cancellation.
+success, failure and cancellation. Pausing for a review and resuming from a checkpoint hook in
+through ``run.pause`` (:mod:`hierplan.hierarchy.pause`).
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ from hierplan.hierarchy.events import (
     StepRetried,
 )
 from hierplan.hierarchy.gate import GateContext, GateOutcome
+from hierplan.hierarchy.pause import PlanState, invalid_feedback, rejection_feedback
 from hierplan.hierarchy.plan import Plan, Step, diff_plans, topological_order
-from hierplan.hierarchy.record import NodeKind, PlanVersion
+from hierplan.hierarchy.record import DecisionRecord, NodeKind, PlanVersion
 from hierplan.hierarchy.scheduler import run_dag
 
 OUTPUT_LIMIT = 2000
@@ -96,8 +98,11 @@ async def node_lifecycle(node: NodeContext) -> AsyncIterator[None]:
         else:
             yield
     except anyio.get_cancelled_exc_class():
-        record.status = "cancelled"
-        record.error = record.error or "cancelled"
+        if run.pause.pausing:
+            record.status = "paused"
+        else:
+            record.status = "cancelled"
+            record.error = record.error or "cancelled"
         raise
     except BaseException as exc:
         if record.status == "running":
@@ -163,6 +168,16 @@ async def run_task_node(
     run = node.run
     settings = run.settings
     retries = settings.max_retries if max_retries is None else max_retries
+    await run.pause.wait_if_paused()
+    with run.pause.working():
+        return await _run_task_attempts(node, step, inputs, react, retries)
+
+
+async def _run_task_attempts(
+    node: NodeContext, step: Step, inputs: Mapping[str, StepResult], react: bool, retries: int
+) -> StepResult:
+    run = node.run
+    settings = run.settings
     async with node_lifecycle(node):
         attempt = 0
         while True:
@@ -186,6 +201,7 @@ async def run_task_node(
                 failure = _as_step_failure(exc)
             else:
                 _finish(node, "succeeded", output=result.text)
+                run.pause.finished(node.path, result)
                 return result
             if not failure.retryable or attempt > retries:
                 _finish(node, failure.status, error=str(failure))
@@ -208,6 +224,8 @@ def _gate_context(
     node: NodeContext, plan: Plan, version: PlanVersion, previous: Plan | None, policy: PlanPolicy
 ) -> GateContext:
     settings = node.run.settings
+    if previous is None and version.version > 1:
+        previous = _plan_before(node, version)
     return GateContext(
         path=node.path,
         goal=node.record.goal,
@@ -221,7 +239,18 @@ def _gate_context(
         previous=previous,
         diff=version.diff,
         budget=node.record.budget,
+        step=node.step,
     )
+
+
+def _plan_before(node: NodeContext, version: PlanVersion) -> Plan | None:
+    """The proposal ``version`` replaces (refused edits are not proposals)."""
+    earlier = [
+        v
+        for v in node.record.plan_versions
+        if v.version < version.version and not (v.reason == "edit" and v.decision == "invalid")
+    ]
+    return earlier[-1].plan if earlier else None
 
 
 def _add_version(node: NodeContext, plan: Plan, reason: str, previous: Plan | None) -> PlanVersion:
@@ -264,6 +293,11 @@ def _decide(node: NodeContext, version: PlanVersion, outcome: GateOutcome) -> No
     version.decided_at = time.time()
     version.note = outcome.note
     version.problems = list(outcome.problems)
+    version.history.append(
+        DecisionRecord(
+            outcome.kind, outcome.by, version.decided_at, outcome.note, list(outcome.problems)
+        )
+    )
     run = node.run
     if run.bus.active:
         run.bus.emit(
@@ -330,18 +364,38 @@ async def obtain_plan(
     """A plan the gate approved (or an approved edit of it).
 
     Invalid plans return to the planner with the validators' findings, rejected ones with the
-    reviewer's reason; past ``max_invalid_plans`` or ``max_rejections`` the node fails.
+    reviewer's reason; past ``max_invalid_plans`` or ``max_rejections`` the node fails. A
+    deferred plan pauses the run here. In a resumed run, the node's approved plan is used again
+    and a pending one gets the decision made outside the run.
     """
     settings = node.run.settings
+    pause = node.run.pause
     invalid = rejections = 0
     reason = "initial" if previous is None else "replan"
+    pending: PlanVersion | None = None
+    restored = pause.plan_state(node)
+    if restored is not None:
+        if restored.approved is not None:
+            return restored.approved
+        pending, feedback = restored.pending, restored.feedback
+        invalid, rejections = restored.invalid, restored.rejections
+        previous, progress, reason = _resumed_context(node, restored)
     while True:
-        plan = await _propose(node, policy, inputs, previous, progress, failure, feedback)
-        version = _add_version(node, plan, reason, previous or _last_plan(node))
-        outcome = await node.run.gate.review(
-            plan, _gate_context(node, plan, version, previous, policy)
-        )
-        _decide(node, version, outcome)
+        with pause.working():
+            if pending is None:
+                plan = await _propose(node, policy, inputs, previous, progress, failure, feedback)
+                version = _add_version(node, plan, reason, previous or _last_plan(node))
+                decision = None
+            else:
+                version, pending = pending, None
+                plan, decision = version.plan, pause.restore_decision(node.path)
+            outcome = await node.run.gate.review(
+                plan, _gate_context(node, plan, version, previous, policy), decision
+            )
+            _decide(node, version, outcome)
+            _record_refused(node, plan, outcome)
+        if outcome.kind == "pending":
+            await pause.hold()
         if outcome.kind == "approved":
             return plan
         if outcome.kind == "edited":
@@ -355,7 +409,7 @@ async def obtain_plan(
                     f"the planner proposed {invalid} invalid plans; last problems: "
                     + "; ".join(outcome.problems)
                 )
-            feedback = "Your last plan was invalid: " + "; ".join(outcome.problems)
+            feedback = invalid_feedback(outcome.problems)
         else:
             rejections += 1
             if rejections > settings.max_rejections:
@@ -363,8 +417,35 @@ async def obtain_plan(
                     f"plan rejected {rejections} times; last reason: {outcome.note}",
                     status="rejected",
                 )
-            feedback = f"The reviewer rejected your last plan: {outcome.note}"
+            feedback = rejection_feedback(outcome.note)
         reason = "retry"
+
+
+def _resumed_context(
+    node: NodeContext, restored: PlanState
+) -> tuple[Plan | None, Mapping[str, StepResult] | None, str]:
+    """``previous``, ``progress`` and the next version's reason for a restored node."""
+    if restored.previous is None:
+        return None, None, "retry"
+    return restored.previous, node.run.pause.done_for(node, restored.previous), "replan"
+
+
+def _record_refused(node: NodeContext, plan: Plan, outcome: GateOutcome) -> None:
+    """Keep every edit the validators refused as a plan version, for the audit trail."""
+    for refused in outcome.refused:
+        version = _add_version(node, refused.plan, "edit", plan)
+        version.created_at = refused.at
+        _decide(
+            node,
+            version,
+            GateOutcome(
+                "invalid",
+                refused.plan,
+                "validators",
+                f"edit by {outcome.by} refused",
+                problems=list(refused.problems),
+            ),
+        )
 
 
 def _last_plan(node: NodeContext) -> Plan | None:
@@ -435,8 +516,11 @@ async def run_child(
     if child.record.kind == "executor":
         return await run_task_node(child, step, inputs)
     if policy.as_needed:
-        return await run_as_needed_node(child, step, inputs, policy)
-    return await run_planner_node(child, policy, inputs)
+        result = await run_as_needed_node(child, step, inputs, policy)
+    else:
+        result = await run_planner_node(child, policy, inputs)
+    child.run.pause.finished(child.path, result)
+    return result
 
 
 async def execute_plan(
@@ -446,6 +530,9 @@ async def execute_plan(
     settings = node.run.settings
     children = _Children(node)
     done: dict[str, StepResult] = {}
+    restored = node.run.pause.restore_children(node, plan)
+    if restored is not None:
+        children.by_step, done = restored
     replans = 0
     limiter = anyio.CapacityLimiter(1 if policy.sequential else settings.plan_concurrency)
 
@@ -560,19 +647,28 @@ async def run_as_needed_node(
 ) -> StepResult:
     """ADaPT: attempt the step directly; decompose it into a plan only if the attempt fails."""
     async with node_lifecycle(node):
-        attempt = node.child(len(node.record.children) + 1, "executor", step.instruction, step)
-        try:
-            result = await run_task_node(attempt, step, inputs, max_retries=0)
-        except StepFailed as exc:
-            if exc.status == "budget_exhausted":
-                _finish(node, exc.status, error=str(exc))
-                raise
-            feedback = (
-                f"A direct attempt at this goal failed ({exc}); decompose it into smaller steps."
-            )
-        else:
-            _finish(node, "succeeded", output=result.text)
-            return result
+        start, earlier = node.run.pause.as_needed_start(node)
+        feedback: str | None = None
+        if start == "plan" and not node.record.plan_versions:
+            feedback = "A direct attempt at this goal failed; decompose it into smaller steps."
+        if start == "done" and earlier is not None:
+            _finish(node, "succeeded", output=earlier.text)
+            return earlier
+        if start == "attempt":
+            attempt = node.child(len(node.record.children) + 1, "executor", step.instruction, step)
+            try:
+                result = await run_task_node(attempt, step, inputs, max_retries=0)
+            except StepFailed as exc:
+                if exc.status == "budget_exhausted":
+                    _finish(node, exc.status, error=str(exc))
+                    raise
+                feedback = (
+                    f"A direct attempt at this goal failed ({exc}); decompose it into smaller "
+                    "steps."
+                )
+            else:
+                _finish(node, "succeeded", output=result.text)
+                return result
         try:
             plan = await obtain_plan(node, policy, inputs, feedback=feedback)
         except StepFailed as exc:

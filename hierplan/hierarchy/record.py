@@ -33,8 +33,9 @@ NodeStatus = Literal[
     "cancelled",
     "rejected",
     "budget_exhausted",
+    "paused",
 ]
-RunStatus = Literal["succeeded", "partial", "failed", "rejected", "cancelled"]
+RunStatus = Literal["succeeded", "partial", "failed", "rejected", "cancelled", "paused"]
 FINISHED_OK: frozenset[str] = frozenset({"succeeded"})
 
 
@@ -59,12 +60,28 @@ class CallRecord:
 
 
 @dataclass(slots=True)
+class DecisionRecord:
+    """One decision on a plan version, for the audit trail: what, who or what decided, when.
+
+    ``decision`` is ``approved``, ``edited``, ``rejected``, ``invalid`` or ``pending`` (the run
+    paused for a decision from outside); ``problems`` are the validators' findings.
+    """
+
+    decision: str
+    by: str
+    at: float
+    note: str = ""
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class PlanVersion:
     """One version of a node's plan and how it came about.
 
     ``reason`` is ``initial``, ``repair``, ``replan``, ``edit`` or ``retry`` (a new plan after a
-    rejection or invalid plan). ``decision`` is the gate's: ``approved``, ``edited``,
-    ``rejected``, ``invalid``; ``decided_by`` names who or what decided.
+    rejection or invalid plan). ``decision`` is the gate's latest: ``approved``, ``edited``,
+    ``rejected``, ``invalid`` or ``pending``; ``decided_by`` names who or what decided.
+    ``history`` keeps every decision in order (a paused plan is ``pending``, then decided).
     """
 
     version: int
@@ -77,6 +94,7 @@ class PlanVersion:
     note: str = ""
     problems: list[str] = field(default_factory=list)
     diff: PlanDiff | None = None
+    history: list[DecisionRecord] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -7,9 +7,10 @@ event loop.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from functools import partial
@@ -29,6 +30,12 @@ from hierplan.errors import ModelAuthError, StepFailed, UserInputError
 from hierplan.hierarchy.context import Instrument, NodeContext, RunContext, RunSettings
 from hierplan.hierarchy.events import EventBus, Listener, RunFinished
 from hierplan.hierarchy.gate import Approver, Gate
+from hierplan.hierarchy.pause import (
+    Restore,
+    check_decisions,
+    clear_checkpoint,
+    write_checkpoint,
+)
 from hierplan.hierarchy.record import NodeRecord, RunResult, RunStatus
 from hierplan.hierarchy.strategies import Strategy, get_strategy
 from hierplan.scenarios import Scenario, ScenarioEnv, get_scenario
@@ -41,6 +48,7 @@ class _Prepared:
     oracle: Oracle | None
     env: ScenarioEnv | None
     scenario: str | None
+    workdir: Path | None = None
 
 
 async def _prepare(
@@ -50,6 +58,7 @@ async def _prepare(
     oracle: Oracle | None,
     workdir: Path | None,
     seed: int,
+    reopen: bool = False,
 ) -> _Prepared:
     extra = list(tools)
     if scenario is None:
@@ -59,13 +68,15 @@ async def _prepare(
     found = get_scenario(scenario) if isinstance(scenario, str) else scenario
     where = workdir or Path("runs") / "scenarios" / found.name
     where.mkdir(parents=True, exist_ok=True)
-    env = await anyio.to_thread.run_sync(partial(found.setup, where, seed=seed))
+    make_env = found.reopen if reopen else found.setup
+    env = await anyio.to_thread.run_sync(partial(make_env, where, seed=seed))
     return _Prepared(
         goal.strip() if goal else env.goal,
         [*env.tools, *extra],
         oracle or env.oracle,
         env,
         found.name,
+        where,
     )
 
 
@@ -108,6 +119,9 @@ async def run(
     workdir: Path | None = None,
     run_id: str | None = None,
     model_options: dict[str, Any] | None = None,
+    checkpoint_dir: Path | None = None,
+    checkpoint_extra: Mapping[str, Any] | None = None,
+    restore: Restore | None = None,
 ) -> RunResult:
     """Run ``goal`` (or a scenario's goal) with a strategy and return the run record.
 
@@ -120,6 +134,11 @@ async def run(
     ``partial``, ``failed`` or ``rejected`` result, never an exception. Bad input (an unknown
     scenario or strategy, an empty goal, a free-text goal for the simulator) raises
     :class:`~hierplan.errors.UserInputError` before anything runs.
+
+    When an approver defers a plan (:class:`~hierplan.Defer`), the run pauses: the result's
+    status is ``paused``, and with ``checkpoint_dir`` the run is saved there for
+    :func:`hierplan.resume` (``checkpoint_extra`` is kept with it). ``restore`` is how
+    :func:`hierplan.resume` continues a paused run.
     """
     run_settings = _settings(
         settings,
@@ -140,14 +159,16 @@ async def run(
     try:
         # Provider models first: a missing API key fails before the scenario is set up.
         models.open_providers(model, executor_model)
-        prepared = await _prepare(goal, scenario, tools, oracle, workdir, run_settings.seed)
+        prepared = await _prepare(
+            goal, scenario, tools, oracle, workdir, run_settings.seed, reopen=restore is not None
+        )
         planner_model = models.get(model, prepared.oracle)
         exec_model = (
             planner_model if executor_model is None else models.get(executor_model, prepared.oracle)
         )
         if planner_model.provider == "sim" and prepared.oracle is None:
             raise UserInputError(f"the goal {prepared.goal[:120]!r} is free text. {COVERAGE_HINT}")
-        rid = run_id or uuid.uuid4().hex[:12]
+        rid = restore.record.run_id if restore else run_id or uuid.uuid4().hex[:12]
         bus = EventBus(rid)
         for listener in listeners:
             bus.subscribe(listener)
@@ -161,10 +182,52 @@ async def run(
             instruments=instruments,
             bus=bus,
             gate=gate or Gate(approver),
+            restore=restore,
         )
-        return await _execute(ctx, chosen, prepared)
+        if restore is not None:
+            policy = getattr(chosen, "policy", None)
+            check_decisions(ctx, restore, flat=bool(policy is not None and policy.flat))
+        elif checkpoint_dir is not None:
+            clear_checkpoint(checkpoint_dir)  # a new run in the same directory
+        result = await _execute(ctx, chosen, prepared)
     finally:
         await models.aclose()
+    if result.status == "paused":
+        if checkpoint_dir is not None:
+            invocation = {
+                "goal": prepared.goal,
+                "scenario": prepared.scenario,
+                "model": model if isinstance(model, str) else None,
+                "executor_model": executor_model if isinstance(executor_model, str) else None,
+                "executor_model_object": not isinstance(executor_model, str | None),
+                "sim_profile": sim_profile,
+                "sim_latency_scale": sim_latency_scale,
+                "model_options": _saved_options(model_options),
+            }
+            write_checkpoint(
+                checkpoint_dir,
+                result,
+                ctx.pause,
+                _invocation(ctx, prepared, invocation),
+                checkpoint_extra,
+            )
+        else:
+            result.error = "paused for a review, but no checkpoint_dir was given to resume from"
+    return result
+
+
+def _invocation(ctx: RunContext, prepared: _Prepared, given: dict[str, Any]) -> dict[str, Any]:
+    """How to start this run again (for ``resume``): what can be saved, and nothing secret."""
+    profile = given["sim_profile"]
+    return {
+        **given,
+        "goal": prepared.goal,
+        "scenario": prepared.scenario,
+        "settings": ctx.settings.model_dump(mode="json"),
+        "sim_profile": profile if isinstance(profile, str) else profile.model_dump(),
+        "workdir": None if prepared.workdir is None else str(prepared.workdir),
+        "tools": sorted(ctx.toolbox.names()),
+    }
 
 
 class _Models:
@@ -197,9 +260,13 @@ class _Models:
 
 
 async def _execute(ctx: RunContext, chosen: Strategy, prepared: _Prepared) -> RunResult:
-    record = NodeRecord(path="1", kind=chosen.root_kind, goal=prepared.goal, depth=1)
+    restore = ctx.pause.restore
+    if restore is not None:
+        record = restore.record.tree
+    else:
+        record = NodeRecord(path="1", kind=chosen.root_kind, goal=prepared.goal, depth=1)
     root = NodeContext(ctx, record, allowed_tools=ctx.toolbox.names())
-    started = time.time()
+    started = restore.record.started_at if restore else time.time()
     status: RunStatus = "succeeded"
     answer = ""
     error: str | None = None
@@ -208,18 +275,24 @@ async def _execute(ctx: RunContext, chosen: Strategy, prepared: _Prepared) -> Ru
         for scope in scopes:
             if scope is not None:
                 await stack.enter_async_context(scope)
-        try:
-            answer = (await chosen.run(root)).text
-        except StepFailed as exc:
-            status = _run_status(record)
-            answer = record.output or ""
-            error = str(exc)
-        except BaseExceptionGroup as group:
-            # A refused API key stops the run from any depth: surface it, not the task groups.
-            refused = group.subgroup(ModelAuthError)
-            if refused is None:
-                raise
-            raise _first_leaf(refused) from None
+        # A deferred plan pauses the run: the pause control cancels this scope once no step
+        # and no planning round is running any more.
+        with anyio.CancelScope() as pause_scope:
+            ctx.pause.scope = pause_scope
+            try:
+                answer = (await chosen.run(root)).text
+            except StepFailed as exc:
+                status = _run_status(record)
+                answer = record.output or ""
+                error = str(exc)
+            except BaseExceptionGroup as group:
+                # A refused API key stops the run from any depth: surface it, not the task groups.
+                refused = group.subgroup(ModelAuthError)
+                if refused is None:
+                    raise
+                raise _first_leaf(refused) from None
+        if ctx.pause.paused:
+            status, answer, error = "paused", "", None
     models = {ctx.planner_model.name, ctx.executor_model.name}
     result = RunResult(
         run_id=ctx.run_id,
@@ -243,7 +316,7 @@ async def _execute(ctx: RunContext, chosen: Strategy, prepared: _Prepared) -> Ru
         },
         price_table=ctx.pricing.version,
     )
-    if prepared.env is not None:
+    if prepared.env is not None and status != "paused":
         verdict = await anyio.to_thread.run_sync(prepared.env.verify)
         result.verification = verdict.to_dict()
     if ctx.bus.active:
@@ -262,6 +335,19 @@ async def _execute(ctx: RunContext, chosen: Strategy, prepared: _Prepared) -> Ru
 def _first_leaf(group: BaseExceptionGroup[Any]) -> BaseException:
     first = group.exceptions[0]
     return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
+
+
+_SECRET = re.compile(r"key|token|secret|password|auth|header|cookie", re.I)
+
+
+def _saved_options(options: dict[str, Any] | None) -> dict[str, Any]:
+    """Provider options a checkpoint may keep: never keys or other secrets (they come from the
+    environment again on resume), only plain values."""
+    return {
+        k: v
+        for k, v in (options or {}).items()
+        if not _SECRET.search(k) and isinstance(v, str | int | float | bool)
+    }
 
 
 def _run_status(root: NodeRecord) -> RunStatus:

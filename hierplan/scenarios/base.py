@@ -15,6 +15,7 @@ from typing import Any
 
 from hierplan.agents.models.simulated import Oracle
 from hierplan.agents.tools import Tool
+from hierplan.errors import UserInputError
 
 
 @dataclass(slots=True)
@@ -52,3 +53,7 @@ class Scenario(ABC):
     @abstractmethod
     def setup(self, workdir: Path, *, seed: int = 0) -> ScenarioEnv:
         """Create the scenario's world in ``workdir`` (blocking; run it in a thread)."""
+
+    def reopen(self, workdir: Path, *, seed: int = 0) -> ScenarioEnv:
+        """The world a paused run left in ``workdir``, as it is (for ``hierplan resume``)."""
+        raise UserInputError(f"scenario {self.name!r} cannot continue a paused run")

@@ -6,13 +6,15 @@ user wrote (goals, errors, answers) is printed as text, never as rich markup.
 
 from __future__ import annotations
 
+import time
+
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
 from hierplan.hierarchy.plan import Plan
-from hierplan.hierarchy.record import NodeRecord, RunResult
+from hierplan.hierarchy.record import DecisionRecord, NodeRecord, PlanVersion, RunResult
 
 STATUS_STYLE = {
     "succeeded": "green",
@@ -23,6 +25,14 @@ STATUS_STYLE = {
     "budget_exhausted": "yellow",
     "pending": "bright_black",
     "running": "cyan",
+    "paused": "yellow",
+}
+DECISION_STYLE = {
+    "approved": "green",
+    "edited": "cyan",
+    "rejected": "magenta",
+    "invalid": "red",
+    "pending": "yellow",
 }
 
 
@@ -129,10 +139,64 @@ def summary_lines(result: RunResult) -> Text:
     return text
 
 
+def audit_table(result: RunResult) -> Table | None:
+    """Every plan version and each decision on it: what, who or what decided, when, and why.
+
+    Validators' findings and reviewers' notes are shown with the decision they led to; a
+    version that replaced another shows the diff. ``None`` when no node planned.
+    """
+    table = Table(title="Plan reviews (audit trail)", show_lines=False)
+    for name in ("node", "v", "reason", "decision", "by", "at"):
+        table.add_column(name, no_wrap=name != "by")
+    table.add_column("details", overflow="fold", ratio=1)
+    for node in result.nodes():
+        for version in node.plan_versions:
+            history = version.history or []
+            diff = version.diff.summary() if version.diff is not None else ""
+            if not history and version.decision is not None:
+                history = [_legacy_decision(version)]
+            for i, entry in enumerate(history or [None]):
+                first = i == 0
+                decision = "" if entry is None else entry.decision
+                details = (
+                    "" if entry is None else "; ".join(filter(None, [entry.note, *entry.problems]))
+                )
+                if first and diff:
+                    details = f"diff {diff}" + (f"; {details}" if details else "")
+                table.add_row(
+                    node.path if first else "",
+                    str(version.version) if first else "",
+                    version.reason if first else "",
+                    Text(decision, style=DECISION_STYLE.get(decision, "")),
+                    Text("" if entry is None else entry.by),
+                    "" if entry is None else _clock(entry.at),
+                    Text(short(details, 160)),
+                )
+    return table if table.row_count else None
+
+
+def _legacy_decision(version: PlanVersion) -> DecisionRecord:
+    return DecisionRecord(
+        version.decision or "",
+        version.decided_by or "",
+        version.decided_at or version.created_at,
+        version.note,
+        list(version.problems),
+    )
+
+
+def _clock(at: float) -> str:
+    return time.strftime("%m-%d %H:%M:%S", time.localtime(at))
+
+
 def render_run(result: RunResult) -> RenderableType:
     """Everything ``hierplan view`` shows."""
     title = Text(f"run {result.run_id}: {short(result.goal, 90)}", style="bold")
-    return Group(title, node_tree(result.tree), levels_table(result), summary_lines(result))
+    parts: list[RenderableType] = [title, node_tree(result.tree), levels_table(result)]
+    audit = audit_table(result)
+    if audit is not None:
+        parts.append(audit)
+    return Group(*parts, summary_lines(result))
 
 
 def plan_tree(plan: Plan, *, title: str = "plan") -> Tree:

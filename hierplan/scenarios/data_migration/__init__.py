@@ -26,10 +26,15 @@ class DataMigration(Scenario):
 
     def setup(self, workdir: Path, *, seed: int = 0) -> ScenarioEnv:
         """Build (or reuse) the source database and start from an empty target."""
-        source = build_source(workdir / "source.db", seed=0)
         target = workdir / "target.db"
         for suffix in ("", "-wal", "-shm"):
             Path(f"{target}{suffix}").unlink(missing_ok=True)
+        return self.reopen(workdir, seed=seed)
+
+    def reopen(self, workdir: Path, *, seed: int = 0) -> ScenarioEnv:
+        """The source and the target as they are: what a paused run has migrated stays."""
+        source = build_source(workdir / "source.db", seed=0)
+        target = workdir / "target.db"
         db = Databases(source, target)
         with closing(db.read()) as conn:
             parents = {

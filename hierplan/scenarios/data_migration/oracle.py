@@ -5,7 +5,9 @@ kinds of sub-goal it phrases itself ("Create the schema of tables ...", "Copy th
 ...", "Create the indexes of tables ...", "Verify tables ..."), parsed from the text so that a
 plan edited by a person still gets sensible answers. On a replan it reads the failure: a missing
 target table gets a ``create_table`` step, a verification mismatch gets the copies or indexes
-that fix it.
+that fix it. When a reviewer rejects its root plan, it proposes its other sound layout (index and
+verify each group of tables as soon as it is copied) instead of the same plan again; it does not
+read the reason, which only a real model can act on.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from hierplan.agents.models.simulated import Action
 from hierplan.agents.prompts import PlanPrompt, StepPrompt, one_line
 from hierplan.hierarchy.plan import Plan, Step
 
+REJECTED_PREFIX = "The reviewer rejected"
 ROOT_GOAL = (
     "Migrate every table of the sample shop database (source.db) into target.db: schema, rows "
     "and indexes; then verify that row counts, checksums and indexes match the source."
@@ -50,6 +53,7 @@ _KIND_OF = {
     "Verify": "verify",
 }
 _NO_TABLE = re.compile(r"has no table '([a-z0-9_]+)'")
+_FK_FAILED = re.compile(r"copying '([a-z0-9_]+)' violated a foreign key")
 _MISMATCH = re.compile(r"([a-z0-9_]+) \((missing table|[a-z ,]+)\)")
 
 
@@ -86,13 +90,19 @@ class MigrationOracle:
         """The plan for the root goal or one of the oracle's sub-goals."""
         goal = one_line(prompt.goal)
         if goal == one_line(ROOT_GOAL):
-            steps = self._root_steps() if prompt.allow_subgoals else self._flat_steps()
-            return Plan(
-                goal=goal,
-                steps=steps,
-                rationale="Schema first, then data in foreign-key order, then indexes, then "
-                "verification.",
+            rejected = (prompt.feedback or "").startswith(REJECTED_PREFIX)
+            if prompt.allow_subgoals:
+                steps = self._per_group_steps() if rejected else self._root_steps()
+            else:
+                steps = self._flat_steps()
+            rationale = (
+                "Schema first, then data in foreign-key order; each group is indexed and "
+                "verified as soon as it is copied."
+                if rejected and prompt.allow_subgoals
+                else "Schema first, then data in foreign-key order, then indexes, then "
+                "verification."
             )
+            return Plan(goal=goal, steps=steps, rationale=rationale)
         parsed = parse_instruction(goal)
         if parsed is None:
             return None
@@ -160,6 +170,32 @@ class MigrationOracle:
                 estimate_tokens=8000,
             )
         )
+        return steps
+
+    def _per_group_steps(self) -> list[Step]:
+        """The alternative root layout: each group is indexed and verified once copied."""
+        steps = [s for s in self._root_steps() if s.id not in ("indexes", "verify")]
+        for name, ts in self.groups:
+            steps.append(
+                Step(
+                    id=f"indexes_{name}",
+                    title=f"Index {name} data",
+                    instruction=instruction("indexes", ts),
+                    kind="subgoal",
+                    depends_on=[f"copy_{name}"],
+                    estimate_tokens=2000 + 300 * len(ts),
+                )
+            )
+            steps.append(
+                Step(
+                    id=f"verify_{name}",
+                    title=f"Verify {name} data",
+                    instruction=instruction("verify", ts),
+                    kind="subgoal",
+                    depends_on=[f"indexes_{name}"],
+                    estimate_tokens=2000 + 600 * len(ts),
+                )
+            )
         return steps
 
     def _flat_steps(self) -> list[Step]:
@@ -258,77 +294,71 @@ class MigrationOracle:
         ]
 
     def _repair(self, kind: str, tables: Sequence[str], failure: str) -> list[Step] | None:
-        missing = sorted(set(_NO_TABLE.findall(failure)) & set(self.tables))
-        if kind in ("copy", "indexes") and missing:
-            base = self._sub_steps(kind, tables)
-            creates = [
-                Step(
-                    id=f"create_{t}",
-                    title=f"Create {t}",
-                    instruction=f"Create table {t} in the target",
-                    tool="create_table",
-                    args={"table": t},
-                )
-                for t in missing
-            ]
-            prefix = "copy" if kind == "copy" else "index"
-            base = [
-                s.model_copy(
-                    update={
-                        "depends_on": [*s.depends_on, f"create_{s.id.removeprefix(prefix + '_')}"]
-                    }
-                )
-                if s.id.removeprefix(prefix + "_") in missing
-                else s
-                for s in base
-            ]
-            return [*creates, *base]
-        if kind != "verify":
-            return None
-        problems = {t: why for t, why in _MISMATCH.findall(failure) if t in self.tables}
-        if not problems:
-            return None
+        """A plan that fixes what ``failure`` reports, as a careful model would."""
+        if kind in ("copy", "indexes"):
+            missing = sorted(set(_NO_TABLE.findall(failure)) & set(self.tables))
+            if missing:
+                return self._repair_missing(kind, tables, missing)
+        if kind == "copy":
+            orphans = sorted(set(_FK_FAILED.findall(failure)) & set(self.tables))
+            if orphans:
+                return self._repair_parents(tables, orphans)
+        if kind == "verify":
+            problems = {t: why for t, why in _MISMATCH.findall(failure) if t in self.tables}
+            if problems:
+                return self._repair_verify(problems)
+        return None
+
+    def _repair_missing(self, kind: str, tables: Sequence[str], missing: list[str]) -> list[Step]:
+        """Create the target tables a copy or index step found missing, then go on."""
+        prefix = "copy" if kind == "copy" else "index"
+        base = [
+            _depend(s, f"create_{s.id.removeprefix(prefix + '_')}")
+            if s.id.removeprefix(prefix + "_") in missing
+            else s
+            for s in self._sub_steps(kind, tables)
+        ]
+        return [*(_task(f"create_{t}", "create_table", t) for t in missing), *base]
+
+    def _repair_parents(self, tables: Sequence[str], orphans: list[str]) -> list[Step]:
+        """Copy again every ancestor of tables whose rows lost their parents (a copy is
+        idempotent), then copy those tables."""
+        ancestors: set[str] = set()
+        stack = [p for t in orphans for p in self.parents[t]]
+        while stack:
+            table = stack.pop()
+            if table not in ancestors:
+                ancestors.add(table)
+                stack.extend(self.parents[table])
+        fixes = []
+        for t in self._fk_order(sorted(ancestors)):
+            deps = [f"fix_copy_{p}" for p in self.parents[t] if p in ancestors]
+            fixes.append(_task(f"fix_copy_{t}", "copy_rows", t, deps))
+        needed = [f"fix_copy_{p}" for t in orphans for p in self.parents[t]]
+        base = [
+            _depend(s, *needed) if s.id.removeprefix("copy_") in orphans else s
+            for s in self._sub_steps("copy", tables)
+        ]
+        return [*fixes, *base]
+
+    def _repair_verify(self, problems: Mapping[str, str]) -> list[Step]:
+        """Copy, create or index what verification found wrong, then verify it again."""
         steps: list[Step] = []
         for t, why in problems.items():
             deps: list[str] = []
             if "missing table" in why:
-                steps.append(
-                    Step(
-                        id=f"fix_create_{t}",
-                        title=f"Create {t}",
-                        instruction=f"Create table {t} in the target",
-                        tool="create_table",
-                        args={"table": t},
-                    )
-                )
+                steps.append(_task(f"fix_create_{t}", "create_table", t))
                 deps = [f"fix_create_{t}"]
             if "missing table" in why or "row count" in why or "checksum" in why:
-                steps.append(
-                    Step(
-                        id=f"fix_copy_{t}",
-                        title=f"Copy {t}",
-                        instruction=f"Copy the rows of {t} into the target",
-                        tool="copy_rows",
-                        args={"table": t},
-                        depends_on=deps,
-                    )
-                )
+                steps.append(_task(f"fix_copy_{t}", "copy_rows", t, deps))
                 deps = [f"fix_copy_{t}"]
-            steps.append(
-                Step(
-                    id=f"fix_index_{t}",
-                    title=f"Index {t}",
-                    instruction=f"Create the indexes of {t}",
-                    tool="create_indexes",
-                    args={"table": t},
-                    depends_on=deps,
-                )
-            )
+            steps.append(_task(f"fix_index_{t}", "create_indexes", t, deps))
+        again = instruction("verify", sorted(problems))
         steps.append(
             Step(
                 id="reverify",
                 title="Verify again",
-                instruction=instruction("verify", sorted(problems)),
+                instruction=again,
                 depends_on=[s.id for s in steps],
             )
         )
@@ -405,3 +435,27 @@ class MigrationOracle:
             if action is not None:
                 return action
         return self._act_verify(self.tables, done)
+
+
+_TOOL_TEXT = {
+    "create_table": ("Create {t}", "Create table {t} in the target"),
+    "copy_rows": ("Copy {t}", "Copy the rows of {t} into the target"),
+    "create_indexes": ("Index {t}", "Create the indexes of {t}"),
+}
+
+
+def _task(step_id: str, tool: str, table: str, depends_on: Sequence[str] = ()) -> Step:
+    title, text = _TOOL_TEXT[tool]
+    return Step(
+        id=step_id,
+        title=title.format(t=table),
+        instruction=text.format(t=table),
+        tool=tool,
+        args={"table": table},
+        depends_on=list(depends_on),
+    )
+
+
+def _depend(step: Step, *ids: str) -> Step:
+    extra = [i for i in ids if i not in step.depends_on]
+    return step.model_copy(update={"depends_on": [*step.depends_on, *extra]})

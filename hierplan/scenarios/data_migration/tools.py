@@ -264,10 +264,7 @@ def _copy(db: Databases, table: str, batch_size: int) -> dict[str, Any]:
                     with dst:
                         dst.executemany(insert, batch)
                 except sqlite3.IntegrityError as exc:
-                    raise ToolError(
-                        f"copying {table!r} violated a constraint ({exc}); rows copied before "
-                        "it are kept"
-                    ) from None
+                    raise ToolError(_integrity_message(src, table, exc)) from None
                 copied += len(batch)
         finally:
             src.close()
@@ -275,6 +272,19 @@ def _copy(db: Databases, table: str, batch_size: int) -> dict[str, Any]:
     finally:
         db.stats.end_copy(copied, time.perf_counter() - started)
     return {"table": table, "rows": copied}
+
+
+def _integrity_message(src: sqlite3.Connection, table: str, exc: sqlite3.IntegrityError) -> str:
+    # SQLite only says "FOREIGN KEY constraint failed"; name the parents so that whoever reads
+    # this knows what to copy first.
+    if "FOREIGN KEY" in str(exc):
+        parents = sorted({fk["references"] for fk in _foreign_keys(src, table)} - {table})
+        return (
+            f"copying {table!r} violated a foreign key: rows reference parent rows missing from "
+            f"{', '.join(parents) or 'its parent tables'}; copy those first. Rows copied before "
+            "the failing batch are kept."
+        )
+    return f"copying {table!r} violated a constraint ({exc}); rows copied before it are kept"
 
 
 def verify(db: Databases, table: str) -> dict[str, Any]:

@@ -1,0 +1,120 @@
+"""``resume(run_dir, decision) -> RunResult``: continue a run that paused for a review.
+
+A paused run's directory holds ``checkpoint.json`` (the run record, finished step results, how
+the run was started) and ``pending/<node>.yaml`` for each plan waiting for a decision.
+:func:`resume` applies the decision (approve, edit, reject), rebuilds the run without planning
+or running again what was done, and goes on. The run may pause again at a later gate.
+
+A checkpoint is used once: while a resume runs it is renamed ``checkpoint.resuming.json``; the
+resumed run writes a new checkpoint if it pauses again. If the resume stops on bad input before
+anything ran, the checkpoint is put back.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from hierplan.errors import UserInputError
+from hierplan.hierarchy.context import RunSettings
+from hierplan.hierarchy.gate import Decision, Edit
+from hierplan.hierarchy.pause import (
+    CHECKPOINT_FILE,
+    RESUMING_FILE,
+    Checkpoint,
+    clear_checkpoint,
+    load_checkpoint,
+)
+from hierplan.hierarchy.record import RunResult
+from hierplan.hierarchy.run import run
+
+
+def decisions_for(
+    checkpoint: Checkpoint, decision: Decision | None, node: str | None
+) -> dict[str, Decision]:
+    """The decision per pending node: for ``node`` only, or for every pending plan."""
+    pending = checkpoint.pending
+    if not pending:
+        raise UserInputError("the checkpoint has no pending plan: nothing to decide")
+    if node is not None:
+        if node not in pending:
+            raise UserInputError(f"node {node} has no pending plan; pending: {', '.join(pending)}")
+        return {} if decision is None else {node: decision}
+    if decision is None:
+        return {}
+    if isinstance(decision, Edit) and len(pending) > 1:
+        raise UserInputError(
+            f"{len(pending)} plans are pending ({', '.join(pending)}): say which one the edited "
+            "plan is for (--node PATH)"
+        )
+    return dict.fromkeys(pending, decision)
+
+
+def run_arguments(checkpoint: Checkpoint, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The arguments of :func:`hierplan.run` that continue the checkpoint's run."""
+    inv = checkpoint.invocation
+    if inv.get("model") is None and "model" not in overrides:
+        raise UserInputError("the paused run used a model object, not a name: pass model=")
+    if inv.get("executor_model_object") and "executor_model" not in overrides:
+        raise UserInputError("the paused run used an executor model object: pass executor_model=")
+    workdir = inv.get("workdir")
+    kwargs: dict[str, Any] = {
+        "goal": inv.get("goal"),
+        "scenario": inv.get("scenario"),
+        "model": inv.get("model"),
+        "executor_model": inv.get("executor_model"),
+        "settings": RunSettings.model_validate(inv.get("settings", {})),
+        "sim_profile": inv.get("sim_profile", "typical"),
+        "sim_latency_scale": inv.get("sim_latency_scale", 1.0),
+        "workdir": None if workdir is None else Path(workdir),
+        "model_options": inv.get("model_options") or None,
+    }
+    kwargs.update(overrides)
+    return kwargs
+
+
+async def resume(
+    run_dir: Path,
+    decision: Decision | None = None,
+    *,
+    node: str | None = None,
+    **overrides: Any,
+) -> RunResult:
+    """Continue the paused run in ``run_dir`` with ``decision`` on its pending plan(s).
+
+    ``decision`` is :class:`~hierplan.Approve`, :class:`~hierplan.Edit` or
+    :class:`~hierplan.Reject` (its reason goes to the planner); it applies to every pending
+    plan, or to node ``node``'s only. With no decision the pending plans go to the approver
+    again. ``overrides`` are :func:`hierplan.run` arguments that cannot be saved (an
+    ``approver``, ``tools``, model objects, ``listeners``, ``instruments``); the rest comes
+    from the checkpoint. As in :func:`hierplan.run`, plans are approved automatically unless
+    an ``approver`` is given: pass the same approver to keep reviewing later plans.
+
+    >>> result = await hierplan.resume(Path("runs/mig"), Approve(by="alice"))  # doctest: +SKIP
+    """
+    checkpoint = load_checkpoint(run_dir)
+    restore = checkpoint.restore(decisions_for(checkpoint, decision, node))
+    kwargs = run_arguments(checkpoint, overrides)
+    kwargs.setdefault("checkpoint_extra", checkpoint.extra)
+    kwargs.pop("checkpoint_dir", None)  # a resumed run saves its next pause where it was
+    saved = run_dir / CHECKPOINT_FILE
+    resuming = run_dir / RESUMING_FILE
+    saved.replace(resuming)
+    try:
+        result = await run(checkpoint_dir=run_dir, restore=restore, **kwargs)
+    except UserInputError:
+        # Raised before anything ran (bad decision, missing tools): the checkpoint stays valid.
+        resuming.replace(saved)
+        raise
+    resuming.unlink()
+    if result.status != "paused":
+        clear_checkpoint(run_dir)
+    return result
+
+
+def resume_sync(run_dir: Path, decision: Decision | None = None, **kwargs: Any) -> RunResult:
+    """:func:`resume` for sync callers (starts its own event loop)."""
+    return anyio.run(partial(resume, run_dir, decision, **kwargs))

@@ -1,0 +1,122 @@
+"""Which plans a person reviews, and the approvers that send plans to them or pause the run.
+
+>>> policy = ReviewPolicy.parse("tokens>5000")
+>>> str(policy)
+'tokens>5000'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from hierplan.errors import UserInputError
+from hierplan.hierarchy.gate import Approve, Approver, Decision, Defer, GateContext
+from hierplan.hierarchy.plan import Plan
+
+PolicyScope = Literal["root", "all", "usd", "tokens"]
+POLICY_HELP = "root, all, usd>AMOUNT or tokens>COUNT"
+
+
+@dataclass(slots=True, frozen=True)
+class ReviewPolicy:
+    """Which plans go to the reviewer: the root plan only, every level, or costly sub-goals.
+
+    ``root``: the root plan (and its replans). ``all``: every plan at every level. ``usd>X`` or
+    ``tokens>N``: the root plan and every sub-goal whose budget exceeds the threshold. A
+    sub-goal's budget is its node's allocated budget when a budget instrument set one, else the
+    planner's estimate on its step (``estimate_usd``, ``estimate_tokens``). A sub-goal whose
+    budget is unknown is reviewed: an unknown cost is not known to be small.
+    """
+
+    scope: PolicyScope = "root"
+    threshold: float = 0.0
+
+    @classmethod
+    def parse(cls, text: str) -> ReviewPolicy:
+        """``root``, ``all``, ``usd>0.05`` or ``tokens>20000``; a clear error otherwise."""
+        spec = text.strip().lower().replace(" ", "")
+        if spec in ("root", "all"):
+            return cls(spec)  # type: ignore[arg-type]
+        unit, sep, number = spec.partition(">")
+        if sep and unit in ("usd", "tokens"):
+            try:
+                value = float(number.lstrip("$"))
+            except ValueError:
+                value = -1.0
+            if value >= 0:
+                return cls(unit, value)  # type: ignore[arg-type]
+        raise UserInputError(
+            f"unknown review policy {text!r}: use {POLICY_HELP} (e.g. usd>0.05, tokens>20000)"
+        )
+
+    def __str__(self) -> str:
+        if self.scope in ("root", "all"):
+            return self.scope
+        number = f"{self.threshold:g}" if self.scope == "usd" else f"{int(self.threshold)}"
+        return f"{self.scope}>{number}"
+
+    def wants(self, ctx: GateContext) -> bool:
+        """Whether the plan in ``ctx`` goes to the reviewer."""
+        if ctx.is_root or self.scope == "all":
+            return True
+        if self.scope == "root":
+            return False
+        value = subgoal_budget(ctx, self.scope)
+        return value is None or value > self.threshold
+
+
+def subgoal_budget(ctx: GateContext, unit: Literal["usd", "tokens"]) -> float | None:
+    """A node's budget in ``unit``: allocated if known, else its step's estimate, else None."""
+    allocated = _allocated(ctx.budget, unit)
+    if allocated is not None:
+        return allocated
+    if ctx.step is None:
+        return None
+    estimate = ctx.step.estimate_usd if unit == "usd" else ctx.step.estimate_tokens
+    return None if estimate is None else float(estimate)
+
+
+def _allocated(budget: dict[str, Any] | None, unit: str) -> float | None:
+    """The allocated amount in a node's budget record, whichever common shape it has."""
+    if not budget:
+        return None
+    candidates: list[Any] = [
+        budget.get(f"allocated_{unit}"),
+        budget.get(f"{unit}_allocated"),
+        budget.get(f"{unit}_limit"),
+    ]
+    nested = budget.get(unit)
+    if isinstance(nested, dict):
+        candidates += [nested.get("allocated"), nested.get("limit")]
+    else:
+        candidates.append(nested)
+    allocated = budget.get("allocated")
+    if isinstance(allocated, dict):
+        candidates.append(allocated.get(unit))
+    for value in candidates:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    return None
+
+
+class PolicyApprover:
+    """Sends the plans ``policy`` selects to ``reviewer`` and approves the others itself."""
+
+    def __init__(self, reviewer: Approver, policy: ReviewPolicy | str = "root") -> None:
+        self.reviewer = reviewer
+        self.policy = ReviewPolicy.parse(policy) if isinstance(policy, str) else policy
+
+    async def review(self, plan: Plan, ctx: GateContext) -> Decision:
+        """Ask the reviewer, or approve with the policy named as the decider."""
+        if self.policy.wants(ctx):
+            return await self.reviewer.review(plan, ctx)
+        return Approve(by=f"auto (review policy {self.policy})")
+
+
+class PauseForReview:
+    """Defers every plan: the run pauses and waits for ``hierplan resume`` (reviews elsewhere)."""
+
+    async def review(self, plan: Plan, ctx: GateContext) -> Decision:
+        """Defer."""
+        return Defer(by="pause", note="waiting for a decision from hierplan resume")

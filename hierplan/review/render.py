@@ -1,0 +1,153 @@
+"""What a reviewer sees: the plan as a tree of parallel waves, and what changed since the last one.
+
+Everything a model or a person wrote (goals, titles, arguments) is rendered as text, never as
+rich markup.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.text import Text
+from rich.tree import Tree
+
+from hierplan.hierarchy.gate import GateContext
+from hierplan.hierarchy.plan import Plan, PlanDiff, Step, diff_plans, topological_order
+from hierplan.tracing.report import money, short
+
+COMPARED = (
+    "title",
+    "instruction",
+    "kind",
+    "depends_on",
+    "tool",
+    "args",
+    "tools",
+    "estimate_usd",
+    "estimate_tokens",
+)
+
+
+def waves(plan: Plan) -> list[list[Step]]:
+    """Steps grouped by how early they can start: wave 1 needs nothing, wave n waits for n-1."""
+    level: dict[str, int] = {}
+    steps = plan.step_map()
+    for step_id in topological_order(plan):
+        deps = [level[d] for d in steps[step_id].depends_on if d in level]
+        level[step_id] = 1 + max(deps, default=0)
+    out: list[list[Step]] = [[] for _ in range(max(level.values(), default=0))]
+    for step in plan.steps:
+        out[level[step.id] - 1].append(step)
+    return out
+
+
+def estimate_text(step: Step) -> str:
+    """The planner's cost estimate of a step, e.g. ``est. $0.0100, 5,500 tok``."""
+    parts = []
+    if step.estimate_usd is not None:
+        parts.append(money(step.estimate_usd))
+    if step.estimate_tokens is not None:
+        parts.append(f"{step.estimate_tokens:,} tok")
+    return "est. " + ", ".join(parts) if parts else ""
+
+
+def step_label(step: Step) -> Text:
+    """One step: id, kind, title, tool and args, dependencies, budget estimate."""
+    label = Text()
+    label.append(step.id, style="bold")
+    label.append(f" [{step.kind}] ", style="dim")
+    label.append(short(step.title, 60))
+    if step.tool:
+        label.append(f"  tool={step.tool}", style="blue")
+        if step.args is not None:
+            label.append(f" {short(json.dumps(step.args, default=str), 50)}", style="blue")
+    if step.tools is not None:
+        label.append(f"  tools: {', '.join(step.tools) or 'none'}", style="blue")
+    if step.depends_on:
+        label.append(f"  after {', '.join(step.depends_on)}", style="dim")
+    estimate = estimate_text(step)
+    if step.kind == "subgoal" and not estimate:
+        estimate = "budget: no estimate"
+    if estimate:
+        label.append(f"  {estimate}", style="magenta")
+    return label
+
+
+def plan_review_tree(plan: Plan, *, title: str) -> Tree:
+    """The plan as a tree: waves of steps that can run in parallel, each step with its details."""
+    tree = Tree(Text(f"{title}: {short(plan.goal, 90)}", style="bold"))
+    try:
+        groups = waves(plan)
+    except ValueError:  # a cycle: show the steps in plan order
+        groups = [list(plan.steps)]
+    for number, group in enumerate(groups, 1):
+        parallel = f" ({len(group)} in parallel)" if len(group) > 1 else ""
+        branch = tree.add(Text(f"wave {number}{parallel}", style="cyan"))
+        for step in group:
+            branch.add(step_label(step))
+    if plan.rationale:
+        tree.add(Text(f"why: {short(plan.rationale, 200)}", style="dim italic"))
+    return tree
+
+
+def _value(value: Any) -> str:
+    return short(json.dumps(value, default=str), 60)
+
+
+def diff_view(old: Plan, new: Plan, diff: PlanDiff | None = None) -> Text:
+    """Steps added, removed and changed from ``old`` to ``new``, one line each."""
+    diff = diff or diff_plans(old, new)
+    text = Text()
+    text.append(f"changes: {diff.summary()}\n", style="bold")
+    before, after = old.step_map(), new.step_map()
+    for step_id in diff.added:
+        text.append("  + ", style="green bold")
+        text.append_text(step_label(after[step_id]))
+        text.append("\n")
+    for step_id in diff.removed:
+        text.append("  - ", style="red bold")
+        text.append(f"{step_id} [{before[step_id].kind}] {short(before[step_id].title, 60)}\n")
+    for step_id in diff.changed:
+        a, b = before[step_id], after[step_id]
+        fields = [
+            f"{name}: {_value(getattr(a, name))} → {_value(getattr(b, name))}"
+            for name in COMPARED
+            if getattr(a, name) != getattr(b, name)
+        ]
+        text.append("  ~ ", style="yellow bold")
+        text.append(f"{step_id}: {'; '.join(fields)}\n")
+    if diff.empty:
+        text.append("  the steps are the same as before\n", style="dim")
+    return text
+
+
+def budget_text(budget: dict[str, Any] | None) -> str:
+    """A node's budget record on one line."""
+    if not budget:
+        return ""
+    return ", ".join(f"{k} {v}" for k, v in budget.items() if v is not None)
+
+
+def review_view(plan: Plan, ctx: GateContext, *, rejected: str | None = None) -> RenderableType:
+    """Everything shown before the question: header, diff (after a replan), the plan tree."""
+    where = "root" if ctx.is_root else f"depth {ctx.depth}"
+    head = Text()
+    head.append(f"Review: plan for node {ctx.path} ({where}), version {ctx.version}", style="bold")
+    head.append(f" ({ctx.reason})\n", style="dim")
+    head.append("goal: ", style="bold")
+    head.append(short(ctx.goal, 300) + "\n")
+    budget = budget_text(ctx.budget)
+    if budget:
+        head.append(f"node budget: {budget}\n", style="magenta")
+    if ctx.step is not None and estimate_text(ctx.step):
+        head.append(f"planner's estimate for this sub-goal: {estimate_text(ctx.step)}\n")
+    parts: list[RenderableType] = [head]
+    if ctx.previous is not None:
+        note = Text("This plan replaces the previous proposal", style="yellow")
+        if rejected:
+            note.append(f", which was rejected: {short(rejected, 200)}", style="yellow")
+        parts += [note, diff_view(ctx.previous, plan, ctx.diff)]
+    parts.append(plan_review_tree(plan, title=f"plan v{ctx.version}"))
+    return Group(*parts)

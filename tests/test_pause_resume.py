@@ -1,0 +1,295 @@
+"""Pausing at the gate and resuming from the checkpoint, through the library API."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anyio
+import pytest
+from review_support import (
+    ROOT_GOAL,
+    executor_starts,
+    fanout_planner,
+    migration_dir,
+    part_goal,
+    recording_tool,
+    run_kwargs,
+    source_db,
+)
+
+import hierplan
+from hierplan import Approve, CallbackApprover, Defer, Edit, GateContext, Plan, Reject
+from hierplan.agents.models.base import ModelRequest, ModelResponse
+from hierplan.agents.models.scripted import FunctionModel
+from hierplan.agents.prompts import parse_step_prompt
+from hierplan.errors import UserInputError
+from hierplan.hierarchy.events import NodeStarted
+from hierplan.hierarchy.pause import CHECKPOINT_FILE, PENDING_DIR, RESUMING_FILE
+from hierplan.hierarchy.plan import Step, load_plan
+from hierplan.review import PauseForReview, PolicyApprover
+
+__all__ = ["source_db"]
+
+
+async def _defer(plan: Plan, ctx: GateContext) -> Defer:
+    return Defer(by="test")
+
+
+@pytest.mark.anyio
+async def test_root_pause_runs_nothing_and_resume_does_not_plan_again(tmp_path: Path) -> None:
+    calls: list[str] = []
+    started: list[str] = []
+    model = fanout_planner(3)
+    result = await hierplan.run(
+        ROOT_GOAL,
+        model=model,
+        tools=[recording_tool(calls)],
+        approver=PolicyApprover(PauseForReview(), "root"),
+        listeners=[executor_starts(started)],
+        checkpoint_dir=tmp_path,
+    )
+    assert result.status == "paused"
+    assert calls == [] and started == []
+    assert model.calls == 1  # the root plan only
+    assert (tmp_path / CHECKPOINT_FILE).exists()
+    pending = load_plan(tmp_path / PENDING_DIR / "1.yaml")
+    assert [s.id for s in pending.steps] == ["part1", "part2", "part3"]
+
+    resumed = await hierplan.resume(
+        tmp_path,
+        Approve(by="alice"),
+        model=model,
+        tools=[recording_tool(calls)],
+        listeners=[executor_starts(started)],
+    )
+    assert resumed.status == "succeeded", resumed.error
+    assert resumed.run_id == result.run_id
+    assert sorted(calls) == [part_goal(i) for i in (1, 2, 3)]
+    assert model.calls == 1 + 3  # the root plan was not asked for again
+    root = resumed.tree.plan_versions
+    assert [(h.decision, h.by) for h in root[0].history] == [
+        ("pending", "pause"),
+        ("approved", "alice"),
+    ]
+    assert not (tmp_path / CHECKPOINT_FILE).exists()
+    assert not (tmp_path / RESUMING_FILE).exists()
+    assert not (tmp_path / PENDING_DIR).exists()
+
+
+@pytest.mark.anyio
+async def test_reject_on_resume_sends_the_reason_to_the_planner(tmp_path: Path) -> None:
+    prompts: list[str] = []
+    calls: list[str] = []
+    model = fanout_planner(2, prompts=prompts)
+    common = {
+        "model": model,
+        "tools": [recording_tool(calls)],
+        "approver": PolicyApprover(PauseForReview(), "root"),
+    }
+    first = await hierplan.run(ROOT_GOAL, checkpoint_dir=tmp_path, **common)
+    assert first.status == "paused"
+    second = await hierplan.resume(tmp_path, Reject("add a summary step", by="bob"), **common)
+    assert second.status == "paused"
+    assert "FEEDBACK: The reviewer rejected your last plan: add a summary step" in prompts[-1]
+    versions = second.tree.plan_versions
+    assert [v.decision for v in versions] == ["rejected", "pending"]
+    assert versions[1].reason == "retry"
+    assert versions[1].diff is not None and versions[1].diff.added == ("summary",)
+    assert calls == []
+    third = await hierplan.resume(tmp_path, Approve(by="bob"), **common)
+    assert third.status == "succeeded", third.error
+    assert sorted(calls) == sorted([part_goal(1), part_goal(2), "summary"])
+
+
+@pytest.mark.anyio
+async def test_edit_on_resume_runs_the_edited_plan(tmp_path: Path) -> None:
+    calls: list[str] = []
+    model = fanout_planner(3)
+    common = {"model": model, "tools": [recording_tool(calls)]}
+    await hierplan.run(ROOT_GOAL, approver=PauseForReview(), checkpoint_dir=tmp_path, **common)
+    pending = load_plan(tmp_path / PENDING_DIR / "1.yaml")
+    edited = pending.model_copy(update={"steps": pending.steps[:1]})
+    result = await hierplan.resume(tmp_path, Edit(edited, by="carol"), **common)
+    assert result.status == "succeeded", result.error
+    assert calls == [part_goal(1)]
+    versions = result.tree.plan_versions
+    assert [(v.reason, v.decision, v.decided_by) for v in versions] == [
+        ("initial", "edited", "carol"),
+        ("edit", "approved", "carol"),
+    ]
+
+
+@pytest.mark.anyio
+async def test_bad_resume_decisions_change_nothing(tmp_path: Path) -> None:
+    calls: list[str] = []
+    model = fanout_planner(2)
+    common = {"model": model, "tools": [recording_tool(calls)]}
+    await hierplan.run(ROOT_GOAL, approver=PauseForReview(), checkpoint_dir=tmp_path, **common)
+    saved = (tmp_path / CHECKPOINT_FILE).read_text()
+    cyclic = Plan(
+        goal=ROOT_GOAL,
+        steps=[
+            Step(id="a", title="A", instruction="a", depends_on=["b"]),
+            Step(id="b", title="B", instruction="b", depends_on=["a"]),
+        ],
+    )
+    with pytest.raises(UserInputError, match="dependency cycle among steps: a -> b -> a"):
+        await hierplan.resume(tmp_path, Edit(cyclic), **common)
+    unknown = Plan(
+        goal=ROOT_GOAL,
+        steps=[Step(id="a", title="A", instruction="a", tool="drop_everything", args={})],
+    )
+    with pytest.raises(UserInputError, match="'drop_everything', which is unknown"):
+        await hierplan.resume(tmp_path, Edit(unknown), **common)
+    with pytest.raises(UserInputError, match=r"node 1\.4 has no pending plan; pending: 1"):
+        await hierplan.resume(tmp_path, Approve(), node="1.4", **common)
+    with pytest.raises(UserInputError, match="pass the same tools"):
+        await hierplan.resume(tmp_path, Approve(), model=model)
+    assert (tmp_path / CHECKPOINT_FILE).read_text() == saved
+    assert calls == []
+    assert model.calls == 1
+
+
+@pytest.mark.anyio
+async def test_several_pending_subgoals_are_decided_one_node_at_a_time(tmp_path: Path) -> None:
+    calls: list[str] = []
+    model = fanout_planner(3)
+    common = {
+        "model": model,
+        "tools": [recording_tool(calls)],
+        "approver": PolicyApprover(PauseForReview(), "all"),
+    }
+    await hierplan.run(ROOT_GOAL, checkpoint_dir=tmp_path, **common)
+    second = await hierplan.resume(tmp_path, Approve(by="dan"), **common)
+    assert second.status == "paused"
+    pending = json.loads((tmp_path / CHECKPOINT_FILE).read_text())["pending"]
+    assert pending == ["1.1", "1.2", "1.3"]  # all three sub-goals reached the gate; none lost
+    with pytest.raises(UserInputError, match="3 plans are pending"):
+        await hierplan.resume(tmp_path, Edit(Plan(goal="x", steps=[])), **common)
+    # Deciding one node records its decision; the run stays paused while others wait.
+    third = await hierplan.resume(tmp_path, Approve(by="erin"), node="1.2", **common)
+    assert third.status == "paused"
+    assert calls == []
+    assert json.loads((tmp_path / CHECKPOINT_FILE).read_text())["pending"] == ["1.1", "1.3"]
+    last = await hierplan.resume(tmp_path, Approve(by="dan"), **common)
+    assert last.status == "succeeded", last.error
+    assert sorted(calls) == [part_goal(i) for i in (1, 2, 3)]
+    assert model.calls == 4  # root and three sub-goals, each planned once
+    deciders = {n.path: n.plan_versions[0].decided_by for n in last.tree.children}
+    assert deciders == {"1.1": "dan", "1.2": "erin", "1.3": "dan"}
+
+
+@pytest.mark.anyio
+async def test_running_steps_finish_and_are_not_run_again(tmp_path: Path, source_db: Path) -> None:
+    """copy_customers waits for a decision while copy_catalog's first copy is running."""
+    workdir = migration_dir(source_db, tmp_path / "run")
+    catalog_copying = anyio.Event()
+
+    def listen(event: hierplan.RunEvent) -> None:
+        if (
+            isinstance(event, NodeStarted)
+            and event.kind == "executor"
+            and event.goal == "Copy the rows of products into the target"
+        ):
+            catalog_copying.set()
+
+    async def review(plan: Plan, ctx: GateContext) -> Approve | Defer:
+        if ctx.step is not None and ctx.step.id == "copy_customers":
+            await catalog_copying.wait()
+            return Defer(by="ticket-7")
+        return Approve(by="auto")
+
+    first_starts: list[str] = []
+    first = await hierplan.run(
+        approver=CallbackApprover(review),
+        listeners=[listen, executor_starts(first_starts)],
+        checkpoint_dir=workdir,
+        **run_kwargs(workdir=workdir),
+    )
+    assert first.status == "paused"
+    customers = next(n for n in first.tree.children if n.step_id == "copy_customers")
+    catalog = next(n for n in first.tree.children if n.step_id == "copy_catalog")
+    assert customers.plan_versions[-1].decision == "pending"
+    copies = {c.goal: c.status for c in catalog.children}
+    # The copy that was running finished; the one that depends on it did not start.
+    assert copies == {
+        "Copy the rows of products into the target": "succeeded",
+        "Copy the rows of inventory into the target": "pending",
+    }
+    assert catalog.status == "paused"
+    assert not any("customers" in g and g.startswith("Copy the rows") for g in first_starts)
+
+    second_starts: list[str] = []
+    second = await hierplan.resume(
+        workdir, Approve(by="ticket-7"), listeners=[executor_starts(second_starts)]
+    )
+    assert second.status == "succeeded", second.error
+    assert second.verification is not None and second.verification["ok"]
+    assert not set(first_starts) & set(second_starts)  # nothing that ran ran again
+    every_copy = [g for g in first_starts + second_starts if g.startswith("Copy the rows")]
+    assert len(every_copy) == len(set(every_copy)) == 14
+    statuses = {n.status for n in second.nodes()}
+    assert statuses == {"succeeded"}
+
+
+@pytest.mark.anyio
+async def test_callback_timeout_defers(tmp_path: Path) -> None:
+    model = fanout_planner(1)
+
+    async def slow(plan: Plan, ctx: GateContext) -> Approve:
+        await anyio.sleep(30)
+        return Approve()
+
+    result = await hierplan.run(
+        ROOT_GOAL,
+        model=model,
+        tools=[recording_tool([])],
+        approver=CallbackApprover(slow, name="slow-ticket", timeout_s=0.05),
+        checkpoint_dir=tmp_path,
+    )
+    assert result.status == "paused"
+    decided = result.tree.plan_versions[0]
+    assert (decided.decision, decided.decided_by) == ("pending", "slow-ticket")
+    assert "no decision within 0.05 s" in decided.note
+
+
+@pytest.mark.anyio
+async def test_pause_without_checkpoint_dir_says_so() -> None:
+    result = await hierplan.run(
+        ROOT_GOAL, model=fanout_planner(1), tools=[recording_tool([])], approver=PauseForReview()
+    )
+    assert result.status == "paused"
+    assert result.error is not None and "no checkpoint_dir" in result.error
+
+
+@pytest.mark.anyio
+async def test_as_needed_resumes_its_decomposition_without_a_second_attempt(
+    tmp_path: Path,
+) -> None:
+    planner = fanout_planner(2)
+    attempts: list[str] = []
+
+    def answer(request: ModelRequest) -> ModelResponse:
+        if request.phase == "planning":
+            return planner.function(request)  # type: ignore[return-value]
+        step = parse_step_prompt(request.messages)
+        assert step is not None
+        attempts.append(step.instruction)
+        if step.instruction == ROOT_GOAL:
+            return ModelResponse(text="FAILED: too big to do at once")
+        return ModelResponse(text=f"did {step.instruction}")
+
+    model = FunctionModel(answer)
+    common = {
+        "model": model,
+        "strategy": "as-needed",
+        "approver": PolicyApprover(PauseForReview(), "root"),
+    }
+    first = await hierplan.run(ROOT_GOAL, checkpoint_dir=tmp_path, **common)
+    assert first.status == "paused"
+    assert attempts == [ROOT_GOAL]
+    result = await hierplan.resume(tmp_path, Approve(by="fay"), **common)
+    assert result.status == "succeeded", result.error
+    assert attempts == [ROOT_GOAL, part_goal(1), part_goal(2)]  # the root is not tried again
+    assert model.calls == 1 + 1 + 2  # one attempt, one plan, two sub-goal attempts

@@ -1,0 +1,264 @@
+"""``hierplan run --pause-for-review`` and ``hierplan resume`` end to end, for each decision."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from review_support import migration_dir, source_db
+from typer.testing import CliRunner
+
+from hierplan.cli import app
+from hierplan.hierarchy.pause import CHECKPOINT_FILE, PENDING_DIR, RESUMING_FILE
+
+__all__ = ["source_db"]
+
+runner = CliRunner()
+PAUSED = 3
+
+
+def hierplan(*args: str | Path) -> tuple[int, str]:
+    result = runner.invoke(app, [str(a) for a in args], env={"COLUMNS": "200"})
+    return result.exit_code, result.output
+
+
+def start(run_dir: Path, *extra: str) -> tuple[int, str]:
+    return hierplan(
+        "run",
+        "--scenario",
+        "data_migration",
+        "--pause-for-review",
+        "-o",
+        run_dir,
+        "--sim-latency-scale",
+        "0",
+        "--sim-profile",
+        "ideal",
+        *extra,
+    )
+
+
+def record(run_dir: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((run_dir / "run.json").read_text())
+    return data
+
+
+def tables(run_dir: Path) -> list[str]:
+    with closing(sqlite3.connect(run_dir / "target.db")) as conn:
+        return [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+
+
+def history(version: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(h["decision"], h["by"]) for h in version["history"]]
+
+
+@pytest.fixture
+def paused(tmp_path: Path, source_db: Path) -> Path:
+    """A data-migration run paused at its root plan: nothing has run."""
+    run_dir = migration_dir(source_db, tmp_path / "mig")
+    code, out = start(run_dir)
+    assert code == PAUSED, out
+    assert "paused: 1 plan(s) wait for a decision: node 1" in out
+    assert "continue with: hierplan resume" in out
+    assert record(run_dir)["status"] == "paused"
+    assert tables(run_dir) == []
+    assert (run_dir / CHECKPOINT_FILE).exists() and (run_dir / PENDING_DIR / "1.yaml").exists()
+    return run_dir
+
+
+def test_resume_approve(paused: Path) -> None:
+    code, out = hierplan("resume", paused, "--approve", "--by", "alice (TICKET-42)")
+    assert code == 0, out
+    data = record(paused)
+    assert data["status"] == "succeeded" and data["verification"]["ok"]
+    root = data["tree"]["plan_versions"]
+    assert [history(v) for v in root] == [[("pending", "pause"), ("approved", "alice (TICKET-42)")]]
+    assert not (paused / CHECKPOINT_FILE).exists()
+    assert not (paused / RESUMING_FILE).exists()
+    assert not (paused / PENDING_DIR).exists()
+    code, out = hierplan("resume", paused, "--approve")
+    assert code == 2 and "not paused" in out
+    code, out = hierplan("view", paused / "run.json")
+    assert code == 0
+    assert "Plan reviews (audit trail)" in out
+    assert "alice (TICKET-42)" in out and "pending" in out
+
+
+def test_resume_reject_then_approve(paused: Path) -> None:
+    reason = "index and verify each group as soon as it is copied"
+    code, out = hierplan("resume", paused, "--reject", reason)
+    assert code == PAUSED, out
+    assert "node 1: plan v2 replaces v1" in out
+    assert "changes: +8 -2 ~0" in out and "+ verify_catalog [subgoal]" in out
+    assert tables(paused) == []
+    pending = yaml.safe_load((paused / PENDING_DIR / "1.yaml").read_text())
+    assert "verify_orders" in [s["id"] for s in pending["steps"]]
+    code, out = hierplan("resume", paused, "--approve")
+    assert code == 0, out
+    data = record(paused)
+    versions = data["tree"]["plan_versions"]
+    assert [(v["reason"], v["decision"], v["note"]) for v in versions] == [
+        ("initial", "rejected", reason),
+        ("retry", "approved", ""),
+    ]
+    assert versions[1]["diff"]["removed"] == ["indexes", "verify"]
+    assert data["verification"]["ok"]
+
+
+def test_resume_with_an_edited_plan(paused: Path, tmp_path: Path) -> None:
+    plan = yaml.safe_load((paused / PENDING_DIR / "1.yaml").read_text())
+    plan["steps"].insert(
+        0,
+        {
+            "id": "inventory",
+            "title": "List the source tables",
+            "instruction": "List the source tables with their row counts",
+            "tool": "list_tables",
+            "args": {},
+        },
+    )
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(yaml.safe_dump(plan, sort_keys=False))
+    code, out = hierplan("resume", paused, "--plan", edited, "--by", "bob")
+    assert code == 0, out
+    data = record(paused)
+    versions = data["tree"]["plan_versions"]
+    assert [(v["reason"], v["decision"], v["decided_by"]) for v in versions] == [
+        ("initial", "edited", "bob"),
+        ("edit", "approved", "bob"),
+    ]
+    assert versions[1]["diff"]["added"] == ["inventory"]
+    listed = [n for n in data["tree"]["children"] if n["tool"] == "list_tables"]
+    assert [n["status"] for n in listed] == ["succeeded"]
+    assert data["verification"]["ok"]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("cycle", "dependency cycle among steps: schema -> copy_reference"),
+        ("tool", "step 'wipe' uses tool 'drop_database', which is unknown or not allowed"),
+        ("schema", "is not a valid plan: steps.0.depends_on"),
+    ],
+)
+def test_resume_refuses_a_bad_plan_and_keeps_the_checkpoint(
+    paused: Path, tmp_path: Path, change: str, message: str
+) -> None:
+    plan = yaml.safe_load((paused / PENDING_DIR / "1.yaml").read_text())
+    if change == "cycle":
+        plan["steps"][0]["depends_on"] = ["verify"]
+    elif change == "tool":
+        plan["steps"].append(
+            {"id": "wipe", "title": "Wipe", "instruction": "Drop", "tool": "drop_database"}
+        )
+    else:
+        plan["steps"][0]["depends_on"] = "verify"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(plan))
+    before = (paused / CHECKPOINT_FILE).read_text()
+    code, out = hierplan("resume", paused, "--plan", bad)
+    assert code == 2
+    assert message in out and "Traceback" not in out
+    assert (paused / CHECKPOINT_FILE).read_text() == before
+    assert tables(paused) == []
+
+
+def test_resume_flags_are_checked(paused: Path) -> None:
+    assert hierplan("resume", paused)[0] == 2
+    code, out = hierplan("resume", paused, "--approve", "--reject", "x")
+    assert code == 2 and "only one of" in out
+    code, out = hierplan("resume", paused, "--reject", " ")
+    assert code == 2 and "needs a reason" in out
+    code, out = hierplan("resume", paused, "--approve", "--node", "1.4")
+    assert code == 2 and "node 1.4 has no pending plan; pending: 1" in out
+    code, out = hierplan("resume", paused, "--approve", "--yes", "--review")
+    assert code == 2 and "choose one of --yes, --review and --pause-for-review" in out
+    code, out = hierplan("resume", paused, "--approve", "--review")
+    assert code == 2 and "needs a terminal" in out
+    code, out = hierplan("resume", paused.parent / "nowhere", "--approve")
+    assert code == 2 and "not a paused run directory" in out
+    assert tables(paused) == []
+
+
+def test_run_flags_are_checked(tmp_path: Path) -> None:
+    code, out = start(tmp_path / "x", "--review-policy", "sometimes")
+    assert code == 2 and "unknown review policy 'sometimes'" in out
+    code, out = hierplan("run", "--scenario", "data_migration", "-o", tmp_path / "y")
+    assert code == 2 and "--pause-for-review" in out
+    code, out = hierplan("demo", "--review", "-o", tmp_path / "z")
+    assert code == 2 and "needs a terminal" in out
+
+
+def test_every_level_paused_and_resumed_until_done(tmp_path: Path, source_db: Path) -> None:
+    """Policy ``all``: each round decides every plan waiting; running steps are never rerun."""
+    run_dir = migration_dir(source_db, tmp_path / "all")
+    code, out = start(run_dir, "--review-policy", "all", "--sim-profile", "ideal")
+    rounds = [record(run_dir)["tree"]["plan_versions"][0]["decision"]]
+    while code == PAUSED:
+        pending = json.loads((run_dir / CHECKPOINT_FILE).read_text())["pending"]
+        assert pending, out
+        code, out = hierplan("resume", run_dir, "--approve", "--by", f"round-{len(rounds)}")
+        rounds.append(",".join(pending))
+        assert len(rounds) < 20, out
+    assert code == 0, out
+    data = record(run_dir)
+    assert data["verification"]["ok"]
+    planners = [n for n in _walk(data["tree"]) if n["plan_versions"]]
+    assert len(planners) == 8
+    for node in planners:
+        decisions = history(node["plan_versions"][0])
+        assert decisions[0] == ("pending", "pause") and decisions[-1][0] == "approved"
+    assert "1.3,1.4" in rounds  # the two copies that become ready together wait together
+    leaves = [n for n in _walk(data["tree"]) if n["kind"] == "executor"]
+    assert {n["status"] for n in leaves} == {"succeeded"}
+    goals = [n["goal"] for n in leaves]
+    assert len(goals) == len(set(goals)) == 14 * 3 + 4  # nothing ran twice
+
+
+def _walk(node: dict[str, Any]) -> list[dict[str, Any]]:
+    out = [node]
+    for child in node["children"]:
+        out.extend(_walk(child))
+    return out
+
+
+def test_budget_threshold_pauses_only_for_costly_subgoals(tmp_path: Path, source_db: Path) -> None:
+    """``tokens>5000``: the root plan, then the sub-goals whose estimate is above 5,000 tokens."""
+    run_dir = migration_dir(source_db, tmp_path / "budget")
+    code, out = start(run_dir, "--review-policy", "tokens>5000", "--sim-profile", "ideal")
+    waited: list[list[str]] = []
+    while code == PAUSED:
+        waited.append(json.loads((run_dir / CHECKPOINT_FILE).read_text())["pending"])
+        code, out = hierplan("resume", run_dir, "--approve")
+        assert len(waited) < 10, out
+    assert code == 0, out
+    data = record(run_dir)
+    estimates = {n["path"]: n["step_id"] for n in data["tree"]["children"]}
+    assert [[estimates.get(p, p) for p in w] for w in waited] == [
+        ["1"],
+        ["copy_reference"],  # 5,500 tokens
+        ["copy_orders"],  # 5,500
+        ["verify"],  # 8,000
+    ]
+    auto = {
+        n["step_id"]
+        for n in data["tree"]["children"]
+        if n["plan_versions"] and n["plan_versions"][0]["decided_by"].startswith("auto")
+    }
+    assert auto == {"schema", "copy_customers", "copy_catalog", "indexes"}  # 4,000 each
+    assert data["verification"]["ok"]
+
+
+def test_a_new_run_in_the_directory_forgets_the_paused_one(paused: Path) -> None:
+    code, out = hierplan(
+        "run", "--scenario", "data_migration", "--yes", "-o", paused, "--sim-latency-scale", "0"
+    )
+    assert code == 0, out
+    assert not (paused / CHECKPOINT_FILE).exists() and not (paused / PENDING_DIR).exists()
+    code, out = hierplan("resume", paused, "--approve")
+    assert code == 2 and "not paused" in out
