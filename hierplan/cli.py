@@ -197,6 +197,28 @@ def run_command(
     ] = None,
     trace: TraceOpt = None,
     trace_content: TraceContentOpt = False,
+    budget_usd: Annotated[
+        float | None,
+        typer.Option("--budget-usd", min=0.0, help="Cap the run's cost in USD (exact)."),
+    ] = None,
+    budget_tokens: Annotated[
+        int | None,
+        typer.Option("--budget-tokens", min=0, help="Cap the run's tokens (input + output)."),
+    ] = None,
+    allocation: Annotated[
+        str,
+        typer.Option(
+            "--allocation", help="Split a budget among sub-goals: equal, weighted or on-demand."
+        ),
+    ] = "equal",
+    price_in: Annotated[
+        float | None,
+        typer.Option("--price-in", min=0.0, help="USD per 1M input tokens of the model."),
+    ] = None,
+    price_out: Annotated[
+        float | None,
+        typer.Option("--price-out", min=0.0, help="USD per 1M output tokens of the model."),
+    ] = None,
 ) -> None:
     """Plan and run a goal (or a scenario), write DIR/run.json, and show the tree with costs.
 
@@ -253,6 +275,11 @@ def run_command(
         checkpoint_extra=setup.saved(),
         trace=trace,
         trace_content=trace_content,
+        budget_usd=budget_usd,
+        budget_tokens=budget_tokens,
+        allocation=allocation,
+        price_in=price_in,
+        price_out=price_out,
     )
 
 

@@ -1,0 +1,47 @@
+"""Budgets: token and USD limits per node of the run tree, exact under concurrency.
+
+:mod:`hierplan.budgets.budget` holds :class:`Budget` and the :class:`Ledger` contract (with
+:class:`LocalLedger`); :mod:`hierplan.budgets.instrument` plugs them into a run;
+:mod:`hierplan.budgets.pricing` holds the price table.
+"""
+
+from __future__ import annotations
+
+from hierplan.budgets.budget import (
+    ALLOCATIONS,
+    PICO_PER_USD,
+    Account,
+    Balance,
+    Budget,
+    Draw,
+    Fixed,
+    Ledger,
+    LedgerError,
+    LocalLedger,
+    Outstanding,
+    Reservation,
+    Share,
+    pico_to_usd,
+    usd_to_pico,
+)
+from hierplan.budgets.pricing import Price, PriceTable
+
+__all__ = [
+    "ALLOCATIONS",
+    "PICO_PER_USD",
+    "Account",
+    "Balance",
+    "Budget",
+    "Draw",
+    "Fixed",
+    "Ledger",
+    "LedgerError",
+    "LocalLedger",
+    "Outstanding",
+    "Price",
+    "PriceTable",
+    "Reservation",
+    "Share",
+    "pico_to_usd",
+    "usd_to_pico",
+]

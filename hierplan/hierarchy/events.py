@@ -106,6 +106,59 @@ class ModelCalled(RunEvent):
     ok: bool = True
 
 
+class BudgetReserved(RunEvent):
+    """A model call's worst case was reserved from the node's budget before the call.
+
+    ``max_tokens`` is what the call may produce; ``requested_max_tokens`` is what was asked for
+    (larger when the budget lowered it). ``usd`` is ``None`` when USD is not tracked.
+    """
+
+    type: Literal["budget_reserved"] = "budget_reserved"
+    phase: str
+    tokens: int
+    usd: float | None
+    max_tokens: int
+    requested_max_tokens: int
+
+
+class BudgetSettled(RunEvent):
+    """A reservation was settled at the call's actual usage; the rest went back.
+
+    ``flags`` says what was unusual: ``no_usage`` (settled at the reserved worst case),
+    ``overrun`` (usage above the reservation), ``failed`` (the call failed, its usage counts),
+    ``released`` (nothing used: the call failed without usage or was cancelled).
+    """
+
+    type: Literal["budget_settled"] = "budget_settled"
+    phase: str
+    tokens: int
+    usd: float | None
+    reserved_tokens: int
+    reserved_usd: float | None
+    flags: list[str] = Field(default_factory=list)
+
+
+class BudgetExhausted(RunEvent):
+    """A call did not fit the node's budget, even with ``max_tokens`` at its floor; it was not
+    made. ``needed_*`` is the smallest reservation the call could have had."""
+
+    type: Literal["budget_exhausted"] = "budget_exhausted"
+    phase: str
+    needed_tokens: int
+    needed_usd: float | None
+    available_tokens: int | None
+    available_usd: float | None
+
+
+class BudgetOverrun(RunEvent):
+    """A call used more than was reserved for it (charged all the same, and flagged)."""
+
+    type: Literal["budget_overrun"] = "budget_overrun"
+    phase: str
+    tokens_over: int
+    usd_over: float | None
+
+
 class RunFinished(RunEvent):
     """The run finished."""
 

@@ -552,13 +552,18 @@ async def execute_plan(
         if outcome.complete:
             return _succeed(node, plan, done)
         failure = "; ".join(f"step {k!r} failed: {v}" for k, v in outcome.failed.items())
+        budget = any(f.status == "budget_exhausted" for f in outcome.failed.values())
         if not can_replan:
             children.retire(outcome.not_started, "not run: the node gave up")
-            return _give_up(node, plan, done, failure)
+            return _give_up(node, plan, done, failure, budget=budget)
         replans += 1
-        new_plan = await obtain_plan(
-            node, policy, inputs, previous=plan, progress=done, failure=failure
-        )
+        try:
+            new_plan = await obtain_plan(
+                node, policy, inputs, previous=plan, progress=done, failure=failure
+            )
+        except BudgetExceeded as exc:
+            children.retire(outcome.not_started, "not run: no budget left to replan")
+            return _give_up(node, plan, done, f"{failure}; cannot replan: {exc}", budget=True)
         done = _carry_over(plan, new_plan, done)
         plan = new_plan
 
@@ -595,12 +600,19 @@ async def _interleaved(
                 children.retire(
                     [s.id for s in plan.steps if s.id not in done], "not run: the node gave up"
                 )
-                return _give_up(node, plan, done, failure)
+                return _give_up(node, plan, done, failure, budget=exc.status == "budget_exhausted")
         if failure is None and all(s.id in done for s in plan.steps):
             return _succeed(node, plan, done)
-        new_plan = await obtain_plan(
-            node, policy, inputs, previous=plan, progress=done, failure=failure
-        )
+        try:
+            new_plan = await obtain_plan(
+                node, policy, inputs, previous=plan, progress=done, failure=failure
+            )
+        except BudgetExceeded as exc:
+            children.retire(
+                [s.id for s in plan.steps if s.id not in done], "not run: no budget left to replan"
+            )
+            why = f"{failure}; cannot replan: {exc}" if failure else f"cannot replan: {exc}"
+            return _give_up(node, plan, done, why, budget=True)
         done = _carry_over(plan, new_plan, done)
         plan = new_plan
         children.sync(plan, done, len(node.record.plan_versions), policy)
@@ -621,9 +633,16 @@ def _succeed(node: NodeContext, plan: Plan, done: Mapping[str, StepResult]) -> S
 
 
 def _give_up(
-    node: NodeContext, plan: Plan, done: Mapping[str, StepResult], failure: str
+    node: NodeContext,
+    plan: Plan,
+    done: Mapping[str, StepResult],
+    failure: str,
+    *,
+    budget: bool = False,
 ) -> StepResult:
-    status = "partial" if done else "failed"
+    # A node stopped by its budget is budget_exhausted (or partial, with results): the run
+    # then ends partial, not failed.
+    status = "partial" if done else ("budget_exhausted" if budget else "failed")
     answer = _answer(plan, done)
     _finish(node, status, output=answer or None, error=failure)
     raise StepFailed(failure, status=status)
@@ -639,7 +658,15 @@ async def run_planner_node(
         except StepFailed as exc:
             _finish(node, exc.status, error=str(exc))
             raise
+        except BudgetExceeded as exc:
+            raise _out_of_budget(node, exc) from None
         return await execute_plan(node, plan, policy, inputs)
+
+
+def _out_of_budget(node: NodeContext, exc: BudgetExceeded) -> StepFailed:
+    """The node could not pay for its plan: it ends budget_exhausted (no traceback)."""
+    _finish(node, "budget_exhausted", error=str(exc))
+    return StepFailed(str(exc), status="budget_exhausted")
 
 
 async def run_as_needed_node(
@@ -674,4 +701,6 @@ async def run_as_needed_node(
         except StepFailed as exc:
             _finish(node, exc.status, error=str(exc))
             raise
+        except BudgetExceeded as exc:
+            raise _out_of_budget(node, exc) from None
         return await execute_plan(node, plan, policy, inputs)

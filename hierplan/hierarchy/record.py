@@ -190,6 +190,7 @@ class RunResult:
     verification: dict[str, Any] | None = None
     stats: dict[str, Any] = field(default_factory=dict)
     price_table: str = ""
+    budget: dict[str, Any] | None = None
     format: int = RECORD_FORMAT
 
     @property
@@ -248,6 +249,33 @@ class RunResult:
             out["unpriced_calls"] += node.unpriced_calls
         return out
 
+    def not_done(self) -> list[dict[str, str]]:
+        """What the run did not get done: each step of the final plans whose node did not
+        succeed (the deepest planner that still has a plan says which), with its status and why.
+
+        Steps replaced or dropped by a replan are not listed; the plan that replaced them is.
+        """
+        out: list[dict[str, str]] = []
+        stack = [self.tree]
+        while stack:
+            node = stack.pop()
+            if node.status == "succeeded":
+                continue
+            plan = _final_plan(node)
+            if plan is None:
+                out.append(_undone(node.path, node.goal, node.status, node.error))
+                continue
+            latest = {c.step_id: c for c in node.children if c.step_id is not None}
+            below: list[NodeRecord] = []
+            for step in plan.steps:
+                child = latest.get(step.id)
+                if child is None:
+                    out.append(_undone(f"{node.path}:{step.id}", step.title, "not started", None))
+                elif child.status != "succeeded":
+                    below.append(child)
+            stack.extend(reversed(below))
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready record, with rollups and each node's subtree cost."""
         data: dict[str, Any] = _ADAPTER.dump_python(self, mode="json")
@@ -282,6 +310,18 @@ class RunResult:
                 f"{path} is not a hierplan run record ({exc.error_count()} problem(s); "
                 f"first at {where or 'top level'}: {first['msg']})"
             ) from None
+
+
+def _final_plan(node: NodeRecord) -> Plan | None:
+    """The last plan the gate approved (an edit is approved as a version of its own)."""
+    for version in reversed(node.plan_versions):
+        if version.decision == "approved":
+            return version.plan
+    return None
+
+
+def _undone(path: str, goal: str, status: str, error: str | None) -> dict[str, str]:
+    return {"path": path, "goal": goal, "status": status, "reason": error or status}
 
 
 def _add_subtree_costs(data: dict[str, Any], node: NodeRecord) -> float:

@@ -25,6 +25,12 @@ from hierplan.agents.models import resolve_model
 from hierplan.agents.models.base import Model, close_model, parse_model_string
 from hierplan.agents.models.simulated import COVERAGE_HINT, NoiseProfile, Oracle
 from hierplan.agents.tools import Tool, Toolbox
+from hierplan.budgets.instrument import (
+    BudgetInstrument,
+    prepare_budget,
+    priced_as_of,
+    with_price,
+)
 from hierplan.budgets.pricing import PriceTable
 from hierplan.errors import ModelAuthError, StepFailed, UserInputError
 from hierplan.hierarchy.context import Instrument, NodeContext, RunContext, RunSettings
@@ -122,6 +128,11 @@ async def run(
     checkpoint_dir: Path | None = None,
     checkpoint_extra: Mapping[str, Any] | None = None,
     restore: Restore | None = None,
+    budget_usd: float | None = None,
+    budget_tokens: int | None = None,
+    allocation: str = "equal",
+    price_in: float | None = None,
+    price_out: float | None = None,
 ) -> RunResult:
     """Run ``goal`` (or a scenario's goal) with a strategy and return the run record.
 
@@ -139,6 +150,11 @@ async def run(
     status is ``paused``, and with ``checkpoint_dir`` the run is saved there for
     :func:`hierplan.resume` (``checkpoint_extra`` is kept with it). ``restore`` is how
     :func:`hierplan.resume` continues a paused run.
+
+    ``budget_usd`` and ``budget_tokens`` cap the whole run (see :mod:`hierplan.budgets`);
+    ``allocation`` (``equal``, ``weighted``, ``on-demand``) splits a planner's budget among its
+    plan's steps; ``price_in``/``price_out`` (USD per million tokens) price the run's models.
+    A run stopped by its budget ends ``partial``; ``RunResult.not_done()`` says what is left.
     """
     run_settings = _settings(
         settings,
@@ -150,6 +166,20 @@ async def run(
         },
     )
     chosen = get_strategy(run_settings.strategy)
+    priced = [
+        priced_as_of(model),
+        priced_as_of(model if executor_model is None else executor_model),
+    ]
+    pricing = with_price(pricing or PriceTable(), price_in, price_out, priced)
+    budgeting = prepare_budget(
+        budget_usd=budget_usd,
+        budget_tokens=budget_tokens,
+        allocation=allocation,
+        pricing=pricing,
+        models=priced,
+    )
+    if budgeting is not None:
+        instruments = [*instruments, budgeting]
     models = _Models(
         profile=sim_profile,
         seed=run_settings.seed,
@@ -192,6 +222,10 @@ async def run(
         result = await _execute(ctx, chosen, prepared)
     finally:
         await models.aclose()
+    for instrument in ctx.instruments:
+        if isinstance(instrument, BudgetInstrument):
+            result.budget = instrument.summary(result.tree)
+            break
     if result.status == "paused":
         if checkpoint_dir is not None:
             invocation = {

@@ -7,6 +7,7 @@ user wrote (goals, errors, answers) is printed as text, never as rich markup.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
@@ -49,7 +50,30 @@ def short(text: str, limit: int = 70) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-def _node_label(node: NodeRecord) -> Text:
+def budget_text(budget: dict[str, Any]) -> str:
+    """A node's budget against its spend: ``spent/limit`` in tokens and USD."""
+    parts = []
+    tokens = budget.get("tokens") or {}
+    if tokens:
+        limit = tokens.get("limit")
+        spent = f"{tokens.get('spent', 0):,}"
+        parts.append(f"{spent}/{limit:,} tok" if limit is not None else f"{spent} tok")
+    usd = budget.get("usd")
+    if usd:
+        limit_usd = usd.get("limit")
+        spent_usd = money(usd.get("spent", 0.0))
+        parts.append(f"{spent_usd}/{money(limit_usd)}" if limit_usd is not None else spent_usd)
+    text = "budget spent " + ", ".join(parts)
+    if budget.get("grant") == "draw":
+        text += " (drawn from parent, capped)"
+    if budget.get("refused"):
+        text += f"; {budget['refused']} call(s) refused"
+    if (tokens.get("overrun") or 0) > 0:
+        text += "; OVERRUN"
+    return text
+
+
+def _node_label(node: NodeRecord, budgeted: bool = False) -> Text:
     label = Text()
     label.append(f"{node.path} ", style="bold")
     label.append(f"{node.kind} ", style="dim")
@@ -65,7 +89,9 @@ def _node_label(node: NodeRecord) -> Text:
     if node.tool:
         label.append(f"  tool={node.tool}", style="blue")
     if node.budget:
-        label.append(f"  budget={node.budget}", style="dim")
+        label.append(f"  {budget_text(node.budget)}", style="cyan")
+    elif budgeted and node.started_at is not None:
+        label.append("  tool step: no model calls, no budget", style="dim")
     if len(node.plan_versions) > 1:
         label.append(f"  plan v{len(node.plan_versions)}", style="yellow")
     if node.error and node.status != "succeeded":
@@ -75,13 +101,14 @@ def _node_label(node: NodeRecord) -> Text:
 
 def node_tree(root: NodeRecord, *, max_children: int = 40) -> Tree:
     """The run tree as a rich Tree (wide plans are cut to ``max_children`` per node)."""
-    tree = Tree(_node_label(root))
+    budgeted = root.budget is not None
+    tree = Tree(_node_label(root, budgeted))
     stack: list[tuple[NodeRecord, Tree]] = [(root, tree)]
     while stack:
         node, branch = stack.pop()
         shown = node.children[:max_children]
         for child in shown:
-            stack.append((child, branch.add(_node_label(child))))
+            stack.append((child, branch.add(_node_label(child, budgeted))))
         hidden = len(node.children) - len(shown)
         if hidden > 0:
             branch.add(Text(f"… {hidden} more", style="dim"))
@@ -108,6 +135,69 @@ def levels_table(result: RunResult) -> Table:
     return table
 
 
+def budget_table(budget: dict[str, Any]) -> Table:
+    """Budget against spend per depth (each node's budget covers its subtree)."""
+    usd = bool(budget.get("usd_tracked"))
+    limit = budget.get("limit") or {}
+    spent = budget.get("spent") or {}
+    table = Table(
+        title=f"Budget per level ({budget.get('policy', '')} allocation)", show_footer=True
+    )
+    table.add_column("depth", footer="run")
+    table.add_column("nodes", justify="right")
+    tok_limit = limit.get("tokens")
+    table.add_column(
+        "allocated tokens", justify="right", footer="" if tok_limit is None else f"{tok_limit:,}"
+    )
+    table.add_column("spent tokens", justify="right", footer=f"{spent.get('tokens', 0):,}")
+    if usd:
+        usd_limit = limit.get("usd")
+        table.add_column(
+            "allocated USD", justify="right", footer="" if usd_limit is None else money(usd_limit)
+        )
+        table.add_column("spent USD", justify="right", footer=money(spent.get("usd")))
+    for row in budget.get("levels", []):
+        cells = [
+            str(row["depth"]),
+            str(row["nodes"]),
+            f"{row['allocated_tokens']:,}" if tok_limit is not None else "unlimited",
+            f"{row['spent_tokens']:,}",
+        ]
+        if usd:
+            cells.append(
+                money(row["allocated_usd"]) if limit.get("usd") is not None else "unlimited"
+            )
+            cells.append(money(row["spent_usd"]))
+        table.add_row(*cells)
+    return table
+
+
+def _budget_summary(text: Text, budget: dict[str, Any]) -> None:
+    limit = budget.get("limit") or {}
+    spent = budget.get("spent") or {}
+    phases = budget.get("phases") or {}
+    caps = []
+    if limit.get("tokens") is not None:
+        caps.append(f"{spent.get('tokens', 0):,} of {limit['tokens']:,} tokens")
+    if limit.get("usd") is not None:
+        caps.append(f"{money(spent.get('usd'))} of {money(limit['usd'])}")
+    text.append("\nbudget: ", style="bold")
+    text.append("spent " + " and ".join(caps))
+    split = []
+    for phase in ("planning", "execution"):
+        figures = phases.get(phase) or {}
+        amount = f"{figures.get('tokens', 0):,} tok"
+        if figures.get("usd") is not None:
+            amount += f" {money(figures['usd'])}"
+        split.append(f"{phase} {amount}")
+    text.append(f" ({', '.join(split)})")
+    if budget.get("exhausted"):
+        text.append(f"; {len(budget['exhausted'])} node(s) ran out of budget", style="yellow")
+    overrun = budget.get("overrun") or {}
+    if overrun.get("tokens"):
+        text.append(f"; usage above reservations: {overrun['tokens']:,} tokens", style="red")
+
+
 def summary_lines(result: RunResult) -> Text:
     """Status, answer, model, and planning vs execution cost."""
     totals = result.totals()
@@ -128,8 +218,12 @@ def summary_lines(result: RunResult) -> Text:
     )
     if totals["unpriced_calls"]:
         text.append(f"   {totals['unpriced_calls']} call(s) without a known price", style="yellow")
+    if result.budget:
+        _budget_summary(text, result.budget)
     if result.error:
         text.append(f"\nerror: {short(result.error, 200)}", style="red")
+    if result.status != "succeeded":
+        _not_done(text, result)
     if result.verification is not None:
         ok = bool(result.verification.get("ok"))
         text.append("\nverified: ", style="bold")
@@ -189,6 +283,19 @@ def _clock(at: float) -> str:
     return time.strftime("%m-%d %H:%M:%S", time.localtime(at))
 
 
+def _not_done(text: Text, result: RunResult, limit: int = 12) -> None:
+    undone = result.not_done()
+    if not undone:
+        return
+    text.append("\nnot done:", style="bold yellow")
+    for item in undone[:limit]:
+        text.append(f"\n  {item['path']} {item['status']}: {short(item['goal'], 70)}")
+        if item["reason"] != item["status"]:
+            text.append(f" ({short(item['reason'], 90)})", style="dim")
+    if len(undone) > limit:
+        text.append(f"\n  … {len(undone) - limit} more", style="dim")
+
+
 def render_run(result: RunResult) -> RenderableType:
     """Everything ``hierplan view`` shows."""
     title = Text(f"run {result.run_id}: {short(result.goal, 90)}", style="bold")
@@ -196,6 +303,8 @@ def render_run(result: RunResult) -> RenderableType:
     audit = audit_table(result)
     if audit is not None:
         parts.append(audit)
+    if result.budget:
+        parts.append(budget_table(result.budget))
     return Group(*parts, summary_lines(result))
 
 

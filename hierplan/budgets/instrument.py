@@ -1,0 +1,666 @@
+"""Budgets as an :class:`~hierplan.hierarchy.context.Instrument`: a ledger account per node and a
+model wrapper that reserves before every call and settles after.
+
+:class:`BudgetInstrument` opens each node's account when the node starts (carved from its parent
+by the allocation policy) and closes it when the node ends, writing the node's
+``record.budget``. :class:`BudgetedModel` wraps the node's model:
+
+1. reserve the worst case: estimated input tokens plus ``max_tokens``, priced by the run's
+   price table for the model's ``priced_as``;
+2. if that does not fit, lower ``max_tokens`` to what fits, down to a floor; below the floor the
+   call is not made and :class:`~hierplan.errors.BudgetExceeded` is raised;
+3. after the call, settle the actual usage (a failed call's usage counts; a response without
+   usage settles at the reserved worst case and is flagged ``no_usage``; usage above the
+   reservation is charged, flagged ``overrun`` and reported); a cancelled call releases all.
+
+Providers and strategies know nothing of this; retries pass through the wrapper one attempt at
+a time, so each attempt is reserved and settled on its own.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import AbstractAsyncContextManager
+from types import TracebackType
+from typing import Any
+
+from hierplan.agents.models.base import (
+    Model,
+    ModelRequest,
+    ModelResponse,
+    Usage,
+    parse_model_string,
+)
+from hierplan.agents.models.tokens import estimate_request_tokens
+from hierplan.budgets.budget import (
+    ALLOCATIONS,
+    DEFAULT_ON_DEMAND_FRACTION,
+    Account,
+    Balance,
+    Budget,
+    Draw,
+    Fixed,
+    Grant,
+    Ledger,
+    LocalLedger,
+    Reservation,
+    Share,
+    pico_to_usd,
+    rate_to_pico,
+    step_weights,
+    uses_model,
+)
+from hierplan.budgets.pricing import DEFAULT_SIMULATED_PRICED_AS, Price, PriceTable
+from hierplan.errors import BudgetExceeded, ModelError, UserInputError
+from hierplan.hierarchy.context import Instrument, NodeContext, RunContext
+from hierplan.hierarchy.events import (
+    BudgetExhausted,
+    BudgetOverrun,
+    BudgetReserved,
+    BudgetSettled,
+)
+from hierplan.hierarchy.plan import Plan
+from hierplan.hierarchy.record import NodeRecord
+
+DEFAULT_MIN_OUTPUT_FRACTION = 0.25
+Rates = tuple[int, int, int]  # pico-dollars per input, cached input and output token
+_FREE: Rates = (0, 0, 0)
+
+
+def unknown_price_message(priced_as: str) -> str:
+    """The one-line error for a USD budget on a model without a price."""
+    return (
+        f"no price is known for model {priced_as!r}, so a USD budget cannot be enforced: give "
+        "its price with --price-in/--price-out (USD per million tokens; price_in=/price_out= "
+        "in the library), or budget in tokens only (--budget-tokens)"
+    )
+
+
+def priced_as_of(spec: str | Model) -> str:
+    """The model whose price applies to a model string or model, without building it."""
+    if not isinstance(spec, str):
+        return spec.priced_as
+    parsed = parse_model_string(spec)
+    if parsed.provider == "sim":
+        return parsed.name or DEFAULT_SIMULATED_PRICED_AS
+    return str(parsed)
+
+
+def with_price(
+    pricing: PriceTable, price_in: float | None, price_out: float | None, models: list[str]
+) -> PriceTable:
+    """``pricing`` with ``price_in``/``price_out`` (USD per million tokens) set for ``models``."""
+    if price_in is None and price_out is None:
+        return pricing
+    if price_in is None or price_out is None:
+        raise UserInputError("give both --price-in and --price-out (USD per million tokens)")
+    for label, value in (("--price-in", price_in), ("--price-out", price_out)):
+        if not math.isfinite(value) or value < 0:
+            raise UserInputError(f"{label} must be a number >= 0 (USD per million tokens)")
+    price = Price(price_in, price_out, source="override")
+    for name in dict.fromkeys(models):
+        pricing = pricing.with_override(name, price)
+    return pricing
+
+
+def prepare_budget(
+    *,
+    budget_usd: float | None,
+    budget_tokens: int | None,
+    allocation: str,
+    pricing: PriceTable,
+    models: list[str],
+) -> BudgetInstrument | None:
+    """The instrument for ``run(budget_usd=..., budget_tokens=...)``, checked before anything
+    runs: bad values and unknown prices under a USD budget raise :class:`UserInputError`."""
+    if allocation not in ALLOCATIONS:
+        raise UserInputError(
+            f"unknown allocation {allocation!r}: choose one of {', '.join(ALLOCATIONS)}"
+        )
+    if budget_usd is None and budget_tokens is None:
+        return None
+    instrument = BudgetInstrument(Budget(budget_tokens, budget_usd), allocation=allocation)
+    instrument.check_prices(pricing, models)
+    return instrument
+
+
+class BudgetInstrument(Instrument):
+    """Enforce a token and/or USD budget on a run, node by node.
+
+    ``allocation`` says how a planner's budget is split among the sub-goals and steps of its
+    plan: ``equal`` (each child that starts gets an equal part of what remains), ``weighted``
+    (parts in proportion to the planner's per-step estimates), ``on-demand`` (children draw
+    from the parent's pool, each capped at ``on_demand_fraction`` of what the parent had left
+    when it started). ``min_output_fraction`` is the floor to which ``max_tokens`` may be
+    lowered to fit a call. ``parent`` funds the run's root account from an account of
+    ``ledger`` (a batch's global budget), instead of a fresh root.
+
+    >>> instrument = BudgetInstrument(Budget(tokens=50_000, usd=0.05), allocation="weighted")
+    """
+
+    def __init__(
+        self,
+        budget: Budget,
+        *,
+        allocation: str = "equal",
+        ledger: Ledger | None = None,
+        on_demand_fraction: float = DEFAULT_ON_DEMAND_FRACTION,
+        min_output_fraction: float = DEFAULT_MIN_OUTPUT_FRACTION,
+        parent: Account | None = None,
+    ) -> None:
+        if allocation not in ALLOCATIONS:
+            raise UserInputError(
+                f"unknown allocation {allocation!r}: choose one of {', '.join(ALLOCATIONS)}"
+            )
+        for label, value in (
+            ("on_demand_fraction", on_demand_fraction),
+            ("min_output_fraction", min_output_fraction),
+        ):
+            if not 0.0 < value <= 1.0:
+                raise UserInputError(f"{label} must be above 0 and at most 1, not {value!r}")
+        self.budget = budget
+        self.allocation = allocation
+        self.ledger: Ledger = ledger or LocalLedger()
+        self.on_demand_fraction = on_demand_fraction
+        self.min_output_fraction = min_output_fraction
+        self.parent = parent
+        self.pricing = PriceTable()
+        self.usd_tracked = True
+        self.root: Account | None = None
+        self.root_balance: Balance | None = None
+        self._rates: dict[str, Rates] = {}
+        self._shares_key = object()
+        self.counts_key = object()
+
+    # -- prices --------------------------------------------------------------------------
+
+    def check_prices(self, pricing: PriceTable, models: list[str]) -> None:
+        """Fail closed: a USD budget needs a price for every model (``priced_as``) of the run."""
+        self.pricing = pricing
+        self._rates.clear()
+        for priced_as in models:
+            self.rates(priced_as)
+
+    def rates(self, priced_as: str) -> Rates:
+        """Pico-dollars per input, cached input and output token of ``priced_as``."""
+        found = self._rates.get(priced_as)
+        if found is not None:
+            return found
+        price = self.pricing.lookup(priced_as)
+        if price is None:
+            if self.budget.usd is not None:
+                raise UserInputError(unknown_price_message(priced_as))
+            # Without a USD budget an unpriced model only means USD spend is not known.
+            self.usd_tracked = False
+            rates = _FREE
+        else:
+            cached = price.cached_input_per_mtok
+            rates = (
+                rate_to_pico(price.input_per_mtok),
+                rate_to_pico(price.input_per_mtok if cached is None else cached),
+                rate_to_pico(price.output_per_mtok),
+            )
+        self._rates[priced_as] = rates
+        return rates
+
+    def output_floor(self, max_tokens: int) -> int:
+        """The least ``max_tokens`` a call may be lowered to."""
+        return max(1, min(max_tokens, math.ceil(max_tokens * self.min_output_fraction)))
+
+    # -- the Instrument seam -------------------------------------------------------------
+
+    def run_scope(self, run: RunContext) -> AbstractAsyncContextManager[None] | None:
+        """Check prices before anything runs (a USD budget fails closed on an unknown price)."""
+        self.check_prices(run.pricing, [run.planner_model.priced_as, run.executor_model.priced_as])
+        return None
+
+    def wrap_model(self, model: Model, node: NodeContext) -> Model:
+        """The node's model behind a reserve-then-settle wrapper."""
+        return BudgetedModel(model, node, self)
+
+    def node_scope(self, node: NodeContext) -> AbstractAsyncContextManager[None] | None:
+        """Open the node's account for its life (a step that only calls a tool needs none)."""
+        step = node.step
+        if node.parent is not None and step is not None and not uses_model(step):
+            return None
+        return _NodeBudget(self, node)
+
+    # -- accounts ------------------------------------------------------------------------
+
+    def account(self, node: NodeContext) -> Account:
+        """The account a node's calls are charged to: its own, else its nearest ancestor's."""
+        found: NodeContext | None = node
+        while found is not None:
+            account = found.state.get(self)
+            if isinstance(account, Account):
+                return account
+            found = found.parent
+        raise BudgetExceeded(f"node {node.path} has no budget account (the run has no root)")
+
+    def grant(self, node: NodeContext) -> Grant:
+        """How a (non-root) node's account is funded from its parent's."""
+        if self.allocation == "on-demand":
+            return Draw(self.on_demand_fraction)
+        assert node.parent is not None
+        fraction = self._share(node.parent, node)
+        return Share(fraction, fraction)
+
+    def _share(self, parent: NodeContext, child: NodeContext) -> float:
+        """The child's part of what its parent has left: its weight over the weights of the
+        steps of the parent's current plan that have not started yet (itself included).
+
+        Computed once per plan version, then O(1) per child."""
+        versions = parent.record.plan_versions
+        step = child.step
+        if step is None or not versions:
+            return 1.0
+        shares: _Shares | None = parent.state.get(self._shares_key)
+        if shares is None or shares.version != len(versions):
+            shares = _Shares(len(versions), self._unstarted(parent, versions[-1].plan, child))
+            parent.state[self._shares_key] = shares
+        weight = shares.weights.pop(step.id, None)
+        if weight is None:  # not a step of the current plan: an even part of what is left
+            return 1.0 / (1 + len(shares.weights))
+        left = shares.left
+        shares.left = max(0.0, left - weight)
+        if left <= 0.0 or weight >= left:
+            return 1.0
+        return weight / left
+
+    def _unstarted(self, parent: NodeContext, plan: Plan, child: NodeContext) -> dict[str, float]:
+        latest = {c.step_id: c for c in parent.record.children if c.step_id is not None}
+        out: dict[str, float] = {}
+        for step_id, weight in step_weights(plan, self.allocation).items():
+            record = latest.get(step_id)
+            if record is None or record.status == "pending" or record is child.record:
+                out[step_id] = weight
+        return out
+
+    def record(self, balance: Balance, node: NodeContext) -> dict[str, Any]:
+        """A balance as the node's ``record.budget`` (USD as floats; ``None`` if not tracked).
+
+        ``lowered`` counts calls whose ``max_tokens`` the budget lowered; ``refused`` counts
+        calls not made because even the floor did not fit."""
+        usd = None
+        if self.usd_tracked:
+            usd = {
+                "limit": _usd(balance.limit_pico),
+                "allocated": _usd(balance.allocated_pico),
+                "peak_reserved": pico_to_usd(balance.peak_reserved_pico),
+                "spent": pico_to_usd(balance.spent_pico),
+                "released": _usd(balance.released_pico),
+                "overrun": pico_to_usd(balance.overrun_pico),
+            }
+        counts = node.state.get(self.counts_key)
+        own = {
+            phase: {"tokens": t, "usd": pico_to_usd(p) if self.usd_tracked else None}
+            for phase, (t, p) in balance.own.items()
+        }
+        return {
+            "policy": self.allocation,
+            "grant": balance.grant,
+            "tokens": {
+                "limit": balance.limit_tokens,
+                "allocated": balance.allocated_tokens,
+                "peak_reserved": balance.peak_reserved_tokens,
+                "spent": balance.spent_tokens,
+                "released": balance.released_tokens,
+                "overrun": balance.overrun_tokens,
+            },
+            "usd": usd,
+            "own": own,
+            "lowered": counts.lowered if counts else 0,
+            "refused": counts.refused if counts else 0,
+        }
+
+    def summary(self, tree: NodeRecord) -> dict[str, Any]:
+        """The run's budget for the run record: limits, spend, and rollups per level and phase.
+
+        Levels sum the budgets of the nodes at each depth (each covers its subtree); phases sum
+        what the calls of every node spent while planning and while executing.
+        """
+        usd = self.usd_tracked
+        phase_tokens = {"planning": 0, "execution": 0}
+        phase_usd = {"planning": 0.0, "execution": 0.0}
+        levels: dict[int, dict[str, Any]] = {}
+        exhausted: list[str] = []
+        refused = lowered = over_t = 0
+        over_usd = 0.0
+        for node in tree.walk():
+            if node.status == "budget_exhausted":
+                exhausted.append(node.path)
+            b = node.budget
+            if b is None:
+                continue
+            row = levels.setdefault(node.depth, _level_row(node.depth, usd))
+            row["nodes"] += 1
+            row["allocated_tokens"] += b["tokens"]["allocated"] or 0
+            row["spent_tokens"] += b["tokens"]["spent"]
+            refused += b["refused"]
+            lowered += b["lowered"]
+            over_t += b["tokens"]["overrun"]
+            if usd and b["usd"] is not None:
+                row["allocated_usd"] += b["usd"]["allocated"] or 0.0
+                row["spent_usd"] += b["usd"]["spent"]
+                over_usd += b["usd"]["overrun"]
+            for phase, spent in b["own"].items():
+                phase_tokens[phase] += spent["tokens"]
+                phase_usd[phase] += spent["usd"] or 0.0
+        phases = {
+            p: {"tokens": phase_tokens[p], "usd": phase_usd[p] if usd else None}
+            for p in phase_tokens
+        }
+        root = tree.budget or {}
+        return {
+            "policy": self.allocation,
+            "limit": {"tokens": self.budget.tokens, "usd": self.budget.usd},
+            "spent": {
+                "tokens": root.get("tokens", {}).get("spent", 0),
+                "usd": (root.get("usd") or {}).get("spent") if usd else None,
+            },
+            "usd_tracked": usd,
+            "phases": phases,
+            "levels": [levels[d] for d in sorted(levels)],
+            "exhausted": exhausted,
+            "refused_calls": refused,
+            "lowered_calls": lowered,
+            "overrun": {"tokens": over_t, "usd": over_usd if usd else None},
+            "on_demand_fraction": self.on_demand_fraction,
+            "min_output_fraction": self.min_output_fraction,
+        }
+
+
+def _level_row(depth: int, usd: bool) -> dict[str, Any]:
+    return {
+        "depth": depth,
+        "nodes": 0,
+        "allocated_tokens": 0,
+        "spent_tokens": 0,
+        "allocated_usd": 0.0 if usd else None,
+        "spent_usd": 0.0 if usd else None,
+    }
+
+
+def _usd(pico: int | None) -> float | None:
+    return None if pico is None else pico_to_usd(pico)
+
+
+class _Counts:
+    """Calls of one node whose ``max_tokens`` was lowered, and calls refused."""
+
+    __slots__ = ("lowered", "refused")
+
+    def __init__(self) -> None:
+        self.lowered = 0
+        self.refused = 0
+
+
+class _Shares:
+    """Weights of a plan version's steps that have not started yet."""
+
+    __slots__ = ("left", "version", "weights")
+
+    def __init__(self, version: int, weights: dict[str, float]) -> None:
+        self.version = version
+        self.weights = weights
+        self.left = sum(weights.values())
+
+
+class _NodeBudget(AbstractAsyncContextManager[None]):
+    """Opens a node's account when the node starts; closes it (and records it) at the end."""
+
+    __slots__ = ("account", "instrument", "node")
+
+    def __init__(self, instrument: BudgetInstrument, node: NodeContext) -> None:
+        self.instrument = instrument
+        self.node = node
+        self.account: Account | None = None
+
+    async def __aenter__(self) -> None:
+        instrument = self.instrument
+        node = self.node
+        budget = instrument.budget
+        if node.parent is None:
+            parent = instrument.parent
+            grant: Grant = Fixed(budget.tokens, budget.pico)
+        else:
+            parent = instrument.account(node.parent)
+            grant = instrument.grant(node)
+        account = await instrument.ledger.open(node.path, parent, grant)
+        self.account = account
+        node.state[instrument] = account
+        if node.parent is None:
+            instrument.root = account
+        if node.record.kind == "planner":
+            # Planners see their budget while they plan (the gate gets it too).
+            balance = await instrument.ledger.balance(account)
+            node.record.budget = instrument.record(balance, node)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        account = self.account
+        if account is None:
+            return
+        instrument = self.instrument
+        balance = await instrument.ledger.close(account)
+        self.node.record.budget = instrument.record(balance, self.node)
+        if self.node.parent is None:
+            instrument.root_balance = balance
+
+
+class BudgetedModel:
+    """A model behind a node's budget (see the module docstring)."""
+
+    __slots__ = (
+        "_account",
+        "_inner",
+        "_instrument",
+        "_node",
+        "_rates",
+        "name",
+        "priced_as",
+        "provider",
+        "simulated",
+    )
+
+    def __init__(self, inner: Model, node: NodeContext, instrument: BudgetInstrument) -> None:
+        self._inner = inner
+        self._node = node
+        self._instrument = instrument
+        self._account: Account | None = None
+        self._rates = instrument.rates(inner.priced_as)
+        self.name = inner.name
+        self.provider = inner.provider
+        self.priced_as = inner.priced_as
+        self.simulated = inner.simulated
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        """Reserve, call, settle (see the module docstring)."""
+        account = self._account
+        if account is None:
+            account = self._account = self._instrument.account(self._node)
+        ledger = self._instrument.ledger
+        rate_in, _, rate_out = self._rates
+        input_tokens = estimate_request_tokens(request)
+        wanted = request.max_tokens
+        reservation = await ledger.reserve(
+            account,
+            input_tokens + wanted,
+            input_tokens * rate_in + wanted * rate_out,
+            request.phase,
+        )
+        if reservation is None:
+            reservation, request = await self._fit(account, request, input_tokens)
+        bus = self._node.run.bus
+        if bus.active:
+            bus.emit(
+                BudgetReserved(
+                    run_id=bus.run_id,
+                    path=self._node.path,
+                    phase=request.phase,
+                    tokens=reservation.tokens,
+                    usd=self._usd(reservation.pico),
+                    max_tokens=request.max_tokens,
+                    requested_max_tokens=wanted,
+                )
+            )
+        try:
+            response = await self._inner.request(request)
+        except ModelError as exc:
+            if exc.usage is None:
+                await ledger.release(reservation)
+                self._settled(reservation, 0, 0, ["failed", "released"])
+            else:
+                await self._settle(reservation, exc.usage, ["failed"])
+            raise
+        except BaseException:
+            # Cancelled, or a failure that used nothing: the whole reservation goes back.
+            await ledger.release(reservation)
+            self._settled(reservation, 0, 0, ["released"])
+            raise
+        usage = response.usage
+        if usage is None:
+            usage = Usage(input_tokens, request.max_tokens)
+            response.usage = usage
+            response.flags.append("no_usage")
+            flags = await self._settle(reservation, usage, ["no_usage"])
+        else:
+            flags = await self._settle(reservation, usage, [])
+        if "overrun" in flags:
+            response.flags.append("overrun")
+        return response
+
+    async def _settle(self, reservation: Reservation, usage: Usage, flags: list[str]) -> list[str]:
+        rate_in, rate_cached, rate_out = self._rates
+        cached = usage.cached_input_tokens
+        tokens = usage.input_tokens + usage.output_tokens
+        pico = (
+            (usage.input_tokens - cached) * rate_in
+            + cached * rate_cached
+            + usage.output_tokens * rate_out
+        )
+        await self._instrument.ledger.settle(reservation, tokens, pico)
+        if tokens > reservation.tokens or pico > reservation.pico:
+            flags.append("overrun")
+            self._overrun(reservation, tokens, pico)
+        self._settled(reservation, tokens, pico, flags)
+        return flags
+
+    def _overrun(self, reservation: Reservation, tokens: int, pico: int) -> None:
+        record = self._node.record
+        if "overrun" not in record.flags:
+            record.flags.append("overrun")
+        bus = self._node.run.bus
+        if bus.active:
+            bus.emit(
+                BudgetOverrun(
+                    run_id=bus.run_id,
+                    path=self._node.path,
+                    phase=reservation.phase,
+                    tokens_over=max(0, tokens - reservation.tokens),
+                    usd_over=self._usd(max(0, pico - reservation.pico)),
+                )
+            )
+
+    def _settled(self, reservation: Reservation, tokens: int, pico: int, flags: list[str]) -> None:
+        bus = self._node.run.bus
+        if bus.active:
+            bus.emit(
+                BudgetSettled(
+                    run_id=bus.run_id,
+                    path=self._node.path,
+                    phase=reservation.phase,
+                    tokens=tokens,
+                    usd=self._usd(pico),
+                    reserved_tokens=reservation.tokens,
+                    reserved_usd=self._usd(reservation.pico),
+                    flags=flags,
+                )
+            )
+
+    def _usd(self, pico: int) -> float | None:
+        return pico_to_usd(pico) if self._instrument.usd_tracked else None
+
+    async def _fit(
+        self, account: Account, request: ModelRequest, input_tokens: int
+    ) -> tuple[Reservation, ModelRequest]:
+        """Lower ``max_tokens`` to what the budget has left, down to the floor, or raise."""
+        instrument = self._instrument
+        ledger = instrument.ledger
+        rate_in, _, rate_out = self._rates
+        floor = instrument.output_floor(request.max_tokens)
+        input_pico = input_tokens * rate_in
+        avail_t: int | None = None
+        avail_p: int | None = None
+        # A shared ledger may hand what looked available to another process between the two
+        # calls below; try again a few times before giving up.
+        for _ in range(3):
+            avail_t, avail_p = await ledger.available(account)
+            fits = request.max_tokens
+            if avail_t is not None:
+                fits = min(fits, avail_t - input_tokens)
+            if avail_p is not None:
+                rest = avail_p - input_pico
+                if rate_out:
+                    fits = min(fits, rest // rate_out)
+                elif rest < 0:
+                    fits = -1
+            if fits < floor:
+                break
+            reservation = await ledger.reserve(
+                account, input_tokens + fits, input_pico + fits * rate_out, request.phase
+            )
+            if reservation is not None:
+                self._counts().lowered += 1
+                return reservation, request.with_max_tokens(fits)
+        need_t = input_tokens + floor
+        need_p = input_pico + floor * rate_out
+        self._counts().refused += 1
+        self._exhausted(request, need_t, need_p, avail_t, avail_p)
+        raise BudgetExceeded(
+            f"node {self._node.path} is out of budget: its {request.phase} call needs at least "
+            f"{self._amount(need_t, need_p)} (max_tokens lowered to {floor:,}) but "
+            f"{self._amount(avail_t, avail_p)} remain; the call was not made"
+        )
+
+    def _counts(self) -> _Counts:
+        state = self._node.state
+        key = self._instrument.counts_key
+        counts = state.get(key)
+        if not isinstance(counts, _Counts):
+            counts = state[key] = _Counts()
+        return counts
+
+    def _amount(self, tokens: int | None, pico: int | None) -> str:
+        parts = []
+        if tokens is not None:
+            parts.append(f"{tokens:,} tokens")
+        if pico is not None and self._instrument.usd_tracked:
+            parts.append(f"${pico_to_usd(pico):.6f}")
+        return " / ".join(parts) or "no limit"
+
+    def _exhausted(
+        self,
+        request: ModelRequest,
+        need_t: int,
+        need_p: int,
+        avail_t: int | None,
+        avail_p: int | None,
+    ) -> None:
+        bus = self._node.run.bus
+        if bus.active:
+            bus.emit(
+                BudgetExhausted(
+                    run_id=bus.run_id,
+                    path=self._node.path,
+                    phase=request.phase,
+                    needed_tokens=need_t,
+                    needed_usd=self._usd(need_p),
+                    available_tokens=avail_t,
+                    available_usd=None if avail_p is None else self._usd(avail_p),
+                )
+            )
