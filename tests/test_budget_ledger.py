@@ -1,0 +1,270 @@
+"""The ledger contract: every ledger implementation must pass these tests.
+
+They are parametrised over the ledger factories of ``ledger_factories.LEDGERS``.
+"""
+
+from __future__ import annotations
+
+import pytest
+from ledger_factories import LEDGERS
+
+from hierplan.budgets.budget import (
+    Budget,
+    Draw,
+    Fixed,
+    Ledger,
+    LedgerError,
+    Share,
+    pico_to_usd,
+    rate_to_pico,
+    step_weights,
+    usd_to_pico,
+    uses_model,
+)
+from hierplan.errors import BudgetExceeded, UserInputError
+from hierplan.hierarchy.plan import Plan, Step
+
+
+@pytest.fixture(params=sorted(LEDGERS))
+def ledger(request: pytest.FixtureRequest) -> Ledger:
+    return LEDGERS[request.param]()
+
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_reserve_within_the_limit_and_refuse_beyond(ledger: Ledger) -> None:
+    root = await ledger.open("1", None, Fixed(100, None))
+    first = await ledger.reserve(root, 60, 0, "execution")
+    assert first is not None
+    assert await ledger.reserve(root, 41, 0, "execution") is None
+    second = await ledger.reserve(root, 40, 0, "execution")
+    assert second is not None
+    assert await ledger.available(root) == (0, None)
+    await ledger.settle(first, 10, 0)
+    assert await ledger.available(root) == (50, None)
+    await ledger.release(second)
+    assert await ledger.available(root) == (90, None)
+    balance = await ledger.close(root)
+    assert (balance.allocated_tokens, balance.spent_tokens, balance.released_tokens) == (
+        100,
+        10,
+        90,
+    )
+    assert balance.peak_reserved_tokens == 100
+    assert balance.denied == 1
+    assert balance.balanced
+
+
+async def test_usd_and_tokens_are_both_enforced(ledger: Ledger) -> None:
+    root = await ledger.open("1", None, Fixed(1_000, usd_to_pico(0.01)))
+    assert await ledger.reserve(root, 10, usd_to_pico(0.02), "planning") is None
+    assert await ledger.reserve(root, 2_000, 1, "planning") is None
+    held = await ledger.reserve(root, 500, usd_to_pico(0.006), "planning")
+    assert held is not None
+    assert await ledger.available(root) == (500, usd_to_pico(0.004))
+    await ledger.settle(held, 400, usd_to_pico(0.005))
+    balance = await ledger.close(root)
+    assert balance.spent_pico == usd_to_pico(0.005)
+    assert balance.released_pico == usd_to_pico(0.005)
+    assert balance.own["planning"] == (400, usd_to_pico(0.005))
+    assert balance.own["execution"] == (0, 0)
+    assert balance.balanced
+
+
+async def test_an_unlimited_dimension_is_counted_but_never_refused(ledger: Ledger) -> None:
+    root = await ledger.open("1", None, Fixed(None, usd_to_pico(1)))
+    held = await ledger.reserve(root, 10**9, 5, "execution")
+    assert held is not None
+    await ledger.settle(held, 10**8, 5)
+    balance = await ledger.close(root)
+    assert balance.limit_tokens is None and balance.allocated_tokens is None
+    assert balance.spent_tokens == 10**8
+    assert balance.balanced
+
+
+async def test_share_carves_from_what_the_parent_has_left(ledger: Ledger) -> None:
+    root = await ledger.open("1", None, Fixed(1_000, None))
+    held = await ledger.reserve(root, 200, 0, "planning")
+    assert held is not None
+    child = await ledger.open("1.1", root, Share(0.5, 0.5))
+    assert (await ledger.balance(child)).limit_tokens == 400
+    assert await ledger.available(root) == (400, None)
+    sibling = await ledger.open("1.2", root, Share(1.0, 1.0))
+    assert (await ledger.balance(sibling)).limit_tokens == 400
+    assert await ledger.available(root) == (0, None)
+    call = await ledger.reserve(child, 400, 0, "execution")
+    assert call is not None
+    assert await ledger.reserve(child, 1, 0, "execution") is None
+    await ledger.settle(call, 150, 0)
+    closed = await ledger.close(child)
+    assert (closed.allocated_tokens, closed.spent_tokens, closed.released_tokens) == (400, 150, 250)
+    assert await ledger.available(root) == (250, None)
+    await ledger.close(sibling)
+    await ledger.settle(held, 200, 0)
+    balance = await ledger.close(root)
+    assert balance.spent_tokens == 350  # the subtree: its own 200 and the child's 150
+    assert balance.own["planning"] == (200, 0)
+    assert balance.balanced
+    out = await ledger.outstanding()
+    assert (out.reservations, out.tokens, out.pico, out.accounts) == (0, 0, 0, 0)
+
+
+async def test_draw_takes_from_the_parent_per_call_and_is_capped(ledger: Ledger) -> None:
+    root = await ledger.open("1", None, Fixed(1_000, None))
+    a = await ledger.open("1.1", root, Draw(0.6))
+    b = await ledger.open("1.2", root, Draw(0.6))
+    assert (await ledger.balance(a)).limit_tokens == 600
+    assert await ledger.available(root) == (1_000, None)  # nothing is taken up front
+    first = await ledger.reserve(a, 600, 0, "execution")
+    assert first is not None
+    assert await ledger.reserve(a, 1, 0, "execution") is None  # a's cap
+    assert await ledger.available(b) == (400, None)  # the pool, not b's cap
+    assert await ledger.reserve(b, 401, 0, "execution") is None
+    second = await ledger.reserve(b, 400, 0, "execution")
+    assert second is not None
+    assert (await ledger.balance(root)).reserved_tokens == 1_000
+    await ledger.settle(first, 100, 0)
+    await ledger.settle(second, 400, 0)
+    assert await ledger.available(a) == (500, None)
+    for account in (a, b):
+        balance = await ledger.close(account)
+        assert balance.balanced
+        assert balance.spent_tokens <= (balance.limit_tokens or 0)
+    balance_a = await ledger.balance(a)
+    assert (balance_a.allocated_tokens, balance_a.spent_tokens, balance_a.released_tokens) == (
+        600,
+        100,
+        500,
+    )
+    root_balance = await ledger.close(root)
+    assert root_balance.spent_tokens == 500
+    assert root_balance.balanced
+
+
+async def test_shares_under_draws_and_draws_under_shares(ledger: Ledger) -> None:
+    root = await ledger.open("1", None, Fixed(1_000, usd_to_pico(1)))
+    drawn = await ledger.open("1.1", root, Draw(0.5))
+    carved = await ledger.open("1.1.1", drawn, Share(0.5, 0.5))
+    assert (await ledger.balance(carved)).limit_tokens == 250
+    assert await ledger.available(root) == (750, usd_to_pico(0.75))
+    leaf = await ledger.open("1.1.1.1", carved, Draw(1.0))
+    held = await ledger.reserve(leaf, 250, usd_to_pico(0.25), "execution")
+    assert held is not None
+    assert await ledger.reserve(leaf, 1, 0, "execution") is None
+    await ledger.settle(held, 50, usd_to_pico(0.05))
+    for account in (leaf, carved, drawn):
+        assert (await ledger.close(account)).balanced
+    assert await ledger.available(root) == (950, usd_to_pico(0.95))
+    final = await ledger.close(root)
+    assert final.spent_tokens == 50 and final.spent_pico == usd_to_pico(0.05)
+    assert final.balanced
+
+
+async def test_overrun_is_charged_and_counted(ledger: Ledger) -> None:
+    root = await ledger.open("1", None, Fixed(1_000, None))
+    child = await ledger.open("1.1", root, Share(0.1, 0.1))
+    held = await ledger.reserve(child, 100, 0, "execution")
+    assert held is not None
+    await ledger.settle(held, 130, 0)
+    balance = await ledger.close(child)
+    assert balance.overrun_tokens == 30
+    assert balance.spent_tokens == 130 and balance.released_tokens == 0
+    assert balance.balanced  # allocated + overspent == spent + released
+    root_balance = await ledger.close(root)
+    assert root_balance.spent_tokens == 130  # never hidden from the parent
+
+
+async def test_fixed_grant_must_fit(ledger: Ledger) -> None:
+    batch = await ledger.open("batch", None, Fixed(100, None))
+    goal = await ledger.open("goal-1", batch, Fixed(80, None))
+    with pytest.raises(BudgetExceeded, match="goal-2"):
+        await ledger.open("goal-2", batch, Fixed(30, None))
+    with pytest.raises(LedgerError, match="unlimited"):
+        await ledger.open("goal-3", batch, Fixed(None, None))
+    await ledger.close(goal)
+    assert (await ledger.close(batch)).released_tokens == 100
+
+
+async def test_contract_misuse_is_refused(ledger: Ledger) -> None:
+    with pytest.raises(LedgerError, match="Fixed"):
+        await ledger.open("1", None, Share(1.0, 1.0))
+    root = await ledger.open("1", None, Fixed(100, None))
+    with pytest.raises(LedgerError, match="between 0 and 1"):
+        await ledger.open("1.1", root, Draw(1.5))
+    child = await ledger.open("1.1", root, Share(0.5, 0.5))
+    held = await ledger.reserve(child, 10, 0, "execution")
+    assert held is not None
+    with pytest.raises(LedgerError, match="still open"):
+        await ledger.close(child)
+    with pytest.raises(LedgerError, match="still open"):
+        await ledger.close(root)
+    await ledger.settle(held, 5, 0)
+    with pytest.raises(LedgerError, match="twice"):
+        await ledger.release(held)
+    await ledger.close(child)
+    with pytest.raises(LedgerError, match="closed"):
+        await ledger.reserve(child, 1, 0, "execution")
+    with pytest.raises(LedgerError, match="closed"):
+        await ledger.open("1.1.1", child, Draw(1.0))
+    await ledger.close(root)
+
+
+async def test_outstanding_counts_open_reservations(ledger: Ledger) -> None:
+    root = await ledger.open("1", None, Fixed(None, usd_to_pico(1)))
+    held = [await ledger.reserve(root, 10, 1_000, "execution") for _ in range(3)]
+    out = await ledger.outstanding()
+    assert (out.reservations, out.tokens, out.pico, out.accounts) == (3, 30, 3_000, 1)
+    for reservation in held:
+        assert reservation is not None
+        await ledger.release(reservation)
+    await ledger.close(root)
+    out = await ledger.outstanding()
+    assert (out.reservations, out.tokens, out.pico, out.accounts) == (0, 0, 0, 0)
+
+
+def test_usd_is_counted_in_exact_pico_dollars() -> None:
+    assert usd_to_pico(0.01) == 10**10
+    assert usd_to_pico(0.1) * 3 == usd_to_pico(0.3)  # floats would say otherwise
+    assert rate_to_pico(0.25) == 250_000
+    assert rate_to_pico(0.0375) == 37_500
+    assert rate_to_pico(1e-7) == 1  # rounded up: a price never becomes free
+    assert pico_to_usd(usd_to_pico(12.5)) == 12.5
+
+
+def test_budget_rejects_bad_values_with_a_clear_message() -> None:
+    with pytest.raises(UserInputError, match="whole number"):
+        Budget(tokens=-1)
+    with pytest.raises(UserInputError, match="whole number"):
+        Budget(tokens=1.5)  # type: ignore[arg-type]
+    with pytest.raises(UserInputError, match="finite"):
+        Budget(usd=float("nan"))
+    with pytest.raises(UserInputError, match="finite"):
+        Budget(usd=-0.5)
+    assert str(Budget(tokens=1_000, usd=0.5)) == "1,000 tokens and $0.5"
+    assert not Budget().limited
+
+
+def test_step_weights_follow_the_policy_and_the_estimates() -> None:
+    steps = [
+        Step(id="a", title="a", instruction="a", kind="subgoal", estimate_tokens=1_000),
+        Step(id="b", title="b", instruction="b", kind="subgoal", estimate_tokens=3_000),
+        Step(id="c", title="c", instruction="c", kind="subgoal"),
+        Step(id="t", title="t", instruction="t", tool="x", args={"k": 1}),
+        Step(id="u", title="u", instruction="u", kind="subgoal", estimate_usd=0.5),
+    ]
+    plan = Plan(goal="g", steps=steps)
+    assert not uses_model(steps[3])
+    assert step_weights(plan, "equal") == {"a": 1.0, "b": 1.0, "c": 1.0, "u": 1.0}
+    # c and u have no token estimate: they weigh the mean of the others
+    assert step_weights(plan, "weighted") == {"a": 1e3, "b": 3e3, "c": 2e3, "u": 2e3}
+    usd_only = Plan(
+        goal="g",
+        steps=[
+            Step(id="a", title="a", instruction="a", estimate_usd=0.2),
+            Step(id="b", title="b", instruction="b", estimate_usd=0.6),
+        ],
+    )
+    assert step_weights(usd_only, "weighted") == {"a": 0.2, "b": 0.6}
+    bare = Plan(goal="g", steps=[Step(id="a", title="a", instruction="a")])
+    assert step_weights(bare, "weighted") == {"a": 1.0}

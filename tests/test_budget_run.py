@@ -1,0 +1,732 @@
+"""Budgets in runs: the model wrapper, exhaustion in the tree, the demo, cancellation, the CLI."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+import hierplan
+from hierplan.agents.models.base import Message, Model, ModelRequest, ModelResponse, ToolCall, Usage
+from hierplan.agents.models.scripted import FunctionModel, ScriptedModel
+from hierplan.agents.models.tokens import estimate_request_tokens
+from hierplan.agents.prompts import parse_plan_prompt, parse_step_prompt
+from hierplan.agents.tools import Toolbox, tool
+from hierplan.budgets import instrument as instrument_module
+from hierplan.budgets.budget import Budget, usd_to_pico
+from hierplan.budgets.instrument import BudgetInstrument
+from hierplan.budgets.pricing import Price, PriceTable
+from hierplan.cli import app
+from hierplan.errors import BudgetExceeded, ModelError, UserInputError
+from hierplan.hierarchy.context import Instrument, NodeContext, RunContext, RunSettings
+from hierplan.hierarchy.events import (
+    BudgetExhausted,
+    BudgetOverrun,
+    BudgetReserved,
+    BudgetSettled,
+    RunEvent,
+)
+from hierplan.hierarchy.record import NodeRecord, RunResult
+from hierplan.tracing.report import render_run
+
+pytestmark = pytest.mark.anyio
+
+PRICING = PriceTable({"test:model": Price(1.0, 4.0)})
+REQUEST = ModelRequest(messages=(Message("user", "x" * 400),), max_tokens=100, phase="execution")
+WORST = estimate_request_tokens(REQUEST) + 100  # the reservation of one REQUEST
+
+
+def _priced(model: FunctionModel) -> FunctionModel:
+    model.priced_as = "test:model"
+    return model
+
+
+@asynccontextmanager
+async def budgeted_node(
+    model: FunctionModel | ScriptedModel,
+    budget: Budget,
+    *,
+    listeners: tuple[Callable[[RunEvent], None], ...] = (),
+    **options: Any,
+) -> AsyncIterator[tuple[NodeContext, BudgetInstrument]]:
+    """A one-node run context with a budget instrument, its account open."""
+    instrument = BudgetInstrument(budget, **options)
+    ctx = RunContext(
+        run_id="t",
+        settings=RunSettings(model_retries=2, retry_backoff_s=0),
+        toolbox=Toolbox(),
+        planner_model=model,
+        executor_model=model,
+        pricing=PRICING,
+        instruments=[instrument],
+    )
+    for listener in listeners:
+        ctx.bus.subscribe(listener)
+    assert instrument.run_scope(ctx) is None
+    node = NodeContext(ctx, NodeRecord("1", "executor", "g", 1), allowed_tools=frozenset())
+    scope = instrument.node_scope(node)
+    assert scope is not None
+    async with scope:
+        yield node, instrument
+
+
+# -- the wrapper ---------------------------------------------------------------------------
+
+
+async def test_torture_1000_concurrent_reservations_admit_exactly_what_fits() -> None:
+    release = anyio.Event()
+    all_in = anyio.Event()
+    started = 0
+
+    async def respond(request: ModelRequest) -> ModelResponse:
+        nonlocal started
+        started += 1
+        if started + refused == 1_000:
+            all_in.set()
+        await release.wait()  # every admitted call holds its reservation at once
+        return ModelResponse(text="ok", usage=Usage(estimate_request_tokens(request), 40))
+
+    model = _priced(FunctionModel(respond))
+    admitted = 250
+    refused = 0
+    async with budgeted_node(model, Budget(tokens=admitted * WORST)) as (node, instrument):
+
+        async def one() -> None:
+            nonlocal refused
+            try:
+                await node.call_model(REQUEST)
+            except BudgetExceeded:
+                refused += 1
+                if started + refused == 1_000:
+                    all_in.set()
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(1_000):
+                tg.start_soon(one)
+            await all_in.wait()
+            held = await instrument.ledger.outstanding()
+            assert (held.reservations, held.tokens) == (admitted, admitted * WORST)
+            release.set()
+        assert (started, refused) == (admitted, 750)
+        assert model.calls == admitted
+        out = await instrument.ledger.outstanding()
+        assert out.reservations == 0
+    budget = node.record.budget
+    assert budget is not None
+    assert budget["tokens"]["spent"] == admitted * (WORST - 100 + 40) <= admitted * WORST
+    assert budget["tokens"]["peak_reserved"] == admitted * WORST
+    assert budget["refused"] == 750
+
+
+async def test_max_tokens_is_lowered_to_fit_and_a_call_below_the_floor_is_not_made() -> None:
+    seen: list[int] = []
+    events: list[RunEvent] = []
+
+    def respond(request: ModelRequest) -> ModelResponse:
+        seen.append(request.max_tokens)
+        return ModelResponse(text="ok", usage=Usage(estimate_request_tokens(request), 10))
+
+    model = _priced(FunctionModel(respond))
+    input_tokens = WORST - 100
+    budget = Budget(tokens=2 * input_tokens + 70)
+    async with budgeted_node(model, budget, listeners=(events.append,)) as (node, _):
+        await node.call_model(REQUEST)  # the whole worst case fits; uses input + 10
+        await node.call_model(REQUEST)  # input + 60 left: max_tokens lowered to 60
+        assert seen == [100, 60]
+        # 50 left: not even the input plus the floor (a quarter of 100) fits
+        with pytest.raises(BudgetExceeded, match="the call was not made"):
+            await node.call_model(REQUEST)
+        assert model.calls == 2
+    assert node.record.budget is not None
+    assert node.record.budget["lowered"] == 1 and node.record.budget["refused"] == 1
+    assert node.record.budget["tokens"]["spent"] == 2 * (input_tokens + 10)
+    reserved = [e for e in events if isinstance(e, BudgetReserved)]
+    assert [(e.max_tokens, e.requested_max_tokens) for e in reserved] == [(100, 100), (60, 100)]
+    exhausted = [e for e in events if isinstance(e, BudgetExhausted)]
+    assert len(exhausted) == 1 and exhausted[0].needed_tokens == input_tokens + 25
+
+
+async def test_usd_budget_counts_exactly_in_the_price_table_units() -> None:
+    def respond(request: ModelRequest) -> ModelResponse:
+        return ModelResponse(text="ok", usage=Usage(100, 50, cached_input_tokens=40))
+
+    model = _priced(FunctionModel(respond))
+    async with budgeted_node(model, Budget(usd=0.01)) as (node, instrument):
+        await node.call_model(REQUEST)
+        assert instrument.root is not None
+        balance = await instrument.ledger.balance(instrument.root)
+    # $1/M input (cached at the same rate: no cached price), $4/M output
+    assert balance.spent_pico == usd_to_pico((100 * 1.0 + 50 * 4.0) / 1e6)
+    assert node.record.cost_usd == pytest.approx(balance.spent_pico / 1e12, rel=1e-12)
+
+
+async def test_a_response_without_usage_settles_at_the_worst_case_and_is_flagged() -> None:
+    model = ScriptedModel([ModelResponse(text="ok")], report_usage=False, priced_as="test:model")
+    events: list[RunEvent] = []
+    async with budgeted_node(model, Budget(tokens=10_000), listeners=(events.append,)) as (
+        node,
+        _,
+    ):
+        response = await node.call_model(REQUEST)
+    assert "no_usage" in response.flags
+    assert node.record.calls[0].usage.total_tokens == WORST
+    assert "no_usage" in node.record.calls[0].flags
+    assert node.record.budget is not None
+    assert node.record.budget["tokens"]["spent"] == WORST
+    settled = [e for e in events if isinstance(e, BudgetSettled)]
+    assert settled[0].flags == ["no_usage"] and settled[0].tokens == WORST
+
+
+async def test_usage_above_the_reservation_is_charged_flagged_and_reported() -> None:
+    model = _priced(FunctionModel(lambda r: ModelResponse(text="ok", usage=Usage(500, 300))))
+    events: list[RunEvent] = []
+    async with budgeted_node(model, Budget(tokens=10_000), listeners=(events.append,)) as (
+        node,
+        _,
+    ):
+        response = await node.call_model(REQUEST)
+    assert "overrun" in response.flags
+    assert "overrun" in node.record.calls[0].flags
+    assert "overrun" in node.record.flags
+    budget = node.record.budget
+    assert budget is not None
+    assert budget["tokens"]["spent"] == 800
+    assert budget["tokens"]["overrun"] == 800 - WORST
+    (overrun,) = [e for e in events if isinstance(e, BudgetOverrun)]
+    assert overrun.tokens_over == 800 - WORST
+
+
+async def test_each_attempt_is_reserved_and_settled_and_failed_usage_counts() -> None:
+    script: list[Any] = [
+        ModelError("overloaded", retryable=True, usage=Usage(30, 5)),
+        ModelError("connection reset", retryable=True),
+        ModelResponse(text="ok", usage=Usage(40, 10)),
+    ]
+    model = ScriptedModel(script, priced_as="test:model")
+    events: list[RunEvent] = []
+    async with budgeted_node(model, Budget(tokens=10_000), listeners=(events.append,)) as (
+        node,
+        _,
+    ):
+        await node.call_model(REQUEST)
+    model.assert_complete()
+    assert sum(isinstance(e, BudgetReserved) for e in events) == 3
+    settled = [e for e in events if isinstance(e, BudgetSettled)]
+    assert [(e.tokens, e.flags) for e in settled] == [
+        (35, ["failed"]),
+        (0, ["failed", "released"]),
+        (50, []),
+    ]
+    assert node.record.budget is not None
+    assert node.record.budget["tokens"]["spent"] == 85
+    assert [c.usage.total_tokens for c in node.record.calls] == [35, 0, 50]
+
+
+async def test_cancellation_mid_call_releases_the_reservation() -> None:
+    in_call = anyio.Event()
+
+    async def hang(request: ModelRequest) -> ModelResponse:
+        in_call.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    model = _priced(FunctionModel(hang))
+    events: list[RunEvent] = []
+    async with budgeted_node(model, Budget(tokens=10_000), listeners=(events.append,)) as (
+        node,
+        instrument,
+    ):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(node.call_model, REQUEST)
+            await in_call.wait()
+            held = await instrument.ledger.outstanding()
+            assert (held.reservations, held.tokens) == (1, WORST)
+            tg.cancel_scope.cancel()
+        out = await instrument.ledger.outstanding()
+        assert (out.reservations, out.tokens) == (0, 0)
+        assert instrument.root is not None
+        assert await instrument.ledger.available(instrument.root) == (10_000, None)
+    assert node.record.budget is not None
+    assert node.record.budget["tokens"]["spent"] == 0
+    assert [e.flags for e in events if isinstance(e, BudgetSettled)] == [["released"]]
+
+
+async def test_budget_events_are_built_only_when_someone_listens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def refuse(**_: Any) -> None:
+        raise AssertionError("an event was built with nobody listening")
+
+    for name in ("BudgetReserved", "BudgetSettled", "BudgetExhausted", "BudgetOverrun"):
+        monkeypatch.setattr(instrument_module, name, refuse)
+    model = _priced(FunctionModel(lambda r: ModelResponse(text="ok", usage=Usage(900, 900))))
+    async with budgeted_node(model, Budget(tokens=WORST * 2)) as (node, _):
+        await node.call_model(REQUEST)  # an overrun: reserved, settled, overrun
+        with pytest.raises(BudgetExceeded):
+            await node.call_model(REQUEST)  # refused
+
+
+# -- fail closed on unknown prices ---------------------------------------------------------
+
+
+async def test_a_usd_budget_on_an_unpriced_model_fails_before_anything_runs(
+    tmp_path: Path,
+) -> None:
+    model = ScriptedModel([ModelResponse(text="done")])
+    with pytest.raises(UserInputError) as caught:
+        await hierplan.run("say done", model=model, strategy="react", budget_usd=0.5)
+    message = str(caught.value)
+    assert "'scripted'" in message and "--price-in/--price-out" in message
+    assert "--budget-tokens" in message and "\n" not in message
+    assert model.requests == []
+    # the same run with a price given, or a token budget only, runs
+    priced = await hierplan.run(
+        "say done",
+        model=ScriptedModel([ModelResponse(text="done")]),
+        strategy="react",
+        budget_usd=0.5,
+        price_in=1.0,
+        price_out=2.0,
+    )
+    assert priced.status == "succeeded"
+    assert priced.budget is not None and priced.budget["spent"]["usd"] > 0
+    tokens_only = await hierplan.run(
+        "say done",
+        model=ScriptedModel([ModelResponse(text="done")]),
+        strategy="react",
+        budget_tokens=10_000,
+    )
+    assert tokens_only.status == "succeeded"
+    assert tokens_only.budget is not None and tokens_only.budget["usd_tracked"] is False
+    assert tokens_only.tree.budget is not None and tokens_only.tree.budget["usd"] is None
+
+
+async def test_bad_budget_options_are_refused_with_one_line_errors() -> None:
+    model = ScriptedModel([])
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"budget_tokens": -5}, "whole number"),
+        ({"budget_usd": -1.0}, "finite number"),
+        ({"budget_usd": 1.0, "allocation": "greedy"}, "unknown allocation 'greedy'"),
+        ({"budget_usd": 1.0, "price_in": 1.0}, "give both --price-in and --price-out"),
+        ({"budget_usd": 1.0, "price_in": -1.0, "price_out": 1.0}, "--price-in must be"),
+    ]
+    for options, expected in cases:
+        with pytest.raises(UserInputError, match=expected):
+            await hierplan.run("g", model=model, strategy="react", **options)
+    assert model.requests == []
+
+
+# -- budgets in the tree -------------------------------------------------------------------
+
+
+def _plan_model(plans: dict[str, list[dict[str, Any]]]) -> FunctionModel:
+    def respond(request: ModelRequest) -> ModelResponse:
+        prompt = parse_plan_prompt(request.messages)
+        assert prompt is not None
+        steps = plans[prompt.goal]
+        if prompt.failure:  # a replan: drop what failed
+            steps = [s for s in steps if s["id"] not in prompt.failure]
+        data = {"goal": prompt.goal, "steps": steps}
+        return ModelResponse(text=json.dumps(data), output=data, usage=Usage(200, 100))
+
+    return _priced(FunctionModel(respond, name="planner"))
+
+
+@tool
+def lookup(key: str) -> str:
+    """Look a key up."""
+    return f"value of {key}"
+
+
+def _delegating_executor(calls: list[str], *, full: bool = False) -> FunctionModel:
+    """Each step: call ``lookup`` once, then answer (two model calls, as a delegation makes).
+    ``full``: every call uses all of its ``max_tokens``."""
+
+    async def respond(request: ModelRequest) -> ModelResponse:
+        prompt = parse_step_prompt(request.messages)
+        assert prompt is not None
+        calls.append(prompt.instruction)
+        await anyio.sleep(0.01)  # the calls of parallel steps overlap
+        usage = Usage(estimate_request_tokens(request), request.max_tokens if full else 20)
+        if not any(m.role == "tool" for m in request.messages):
+            call = ToolCall(f"c{len(calls)}", "lookup", {"key": prompt.instruction[-1]})
+            return ModelResponse(tool_calls=(call,), usage=usage)
+        return ModelResponse(text=f"found {prompt.instruction[-1]}", usage=usage)
+
+    return _priced(FunctionModel(respond, name="executor"))
+
+
+OVERSHOOT_GOAL = "Ask eight helpers in parallel"
+OVERSHOOT_PLAN = {
+    OVERSHOOT_GOAL: [
+        {
+            "id": f"d{i}",
+            "title": f"Delegation {i}",
+            "instruction": f"Delegation number {i}",
+            "tool": "lookup",
+        }
+        for i in range(1, 9)
+    ]
+}
+OVERSHOOT_SETTINGS = RunSettings(
+    strategy="dag", executor_max_tokens=2_000, planner_max_tokens=1_000, max_replans=0
+)
+
+
+class CheckAfterLimit(Instrument):
+    """The peers' way, for contrast: refuse a call only once what was *already spent* reached
+    the limit, and count a call's usage after it returns."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.spent = 0
+
+    def wrap_model(self, model: Model, node: NodeContext) -> Model:
+        outer = self
+
+        class Checked:
+            name, provider, priced_as, simulated = (
+                model.name,
+                model.provider,
+                model.priced_as,
+                model.simulated,
+            )
+
+            async def request(self, request: ModelRequest) -> ModelResponse:
+                if outer.spent >= outer.limit:
+                    raise BudgetExceeded("limit reached")
+                response = await model.request(request)
+                outer.spent += response.usage.total_tokens if response.usage else 0
+                return response
+
+        return Checked()
+
+
+async def _overshoot_run(
+    calls: list[str], instruments: list[Instrument] | None = None
+) -> RunResult:
+    return await hierplan.run(
+        OVERSHOOT_GOAL,
+        model=_plan_model(OVERSHOOT_PLAN),
+        executor_model=_delegating_executor(calls, full=True),
+        tools=[lookup],
+        settings=OVERSHOOT_SETTINGS,
+        pricing=PRICING,
+        instruments=instruments or [],
+    )
+
+
+@pytest.mark.parametrize(("allocation", "made"), [("on-demand", 9), ("equal", 8)])
+async def test_peers_overshoot_scenario_stays_within_the_limit(allocation: str, made: int) -> None:
+    """pydantic-ai-harness #696: with a limit of 9 and 8 parallel delegations of two calls each,
+    a run made 16 calls. Rebuilt: every delegation call uses its whole allowance, and the limit
+    is what 9 such calls spend."""
+    free: list[str] = []
+    unlimited = await _overshoot_run(free)
+    assert len(free) == 16 and unlimited.status == "succeeded"
+    spent = [c.usage.total_tokens for n in unlimited.nodes() for c in n.calls]
+    plan_call, calls_spent = spent[0], spent[1:]
+    assert unlimited.tree.calls[0].phase == "planning"
+    limit = plan_call + 9 * max(calls_spent)
+    assert 10 * min(calls_spent) > 9 * max(calls_spent)  # a 10th call cannot fit, whatever size
+
+    # checked after the calls, as the peers do: all 16 calls are made, the limit is overshot
+    naive = CheckAfterLimit(limit)
+    naive_calls: list[str] = []
+    await _overshoot_run(naive_calls, [naive])
+    assert len(naive_calls) == 16 and naive.spent > limit
+
+    calls: list[str] = []
+    instrument = BudgetInstrument(
+        Budget(tokens=limit),
+        allocation=allocation,
+        on_demand_fraction=1.0,  # a shared pool, as the peer's shared limit
+        min_output_fraction=1.0,  # no lowering: a call is all or nothing, as a call limit
+    )
+    result = await _overshoot_run(calls, [instrument])
+    assert len(calls) == made <= 9
+    assert result.budget is not None
+    assert result.budget["spent"]["tokens"] <= limit
+    assert result.status == "partial" and not result.answer_complete
+    assert any(n.status == "budget_exhausted" for n in result.nodes())
+    for node in result.nodes():
+        assert node.budget is not None
+        figures = node.budget["tokens"]
+        assert figures["limit"] is None or figures["spent"] <= figures["limit"]
+
+
+async def test_an_exhausted_node_stops_its_siblings_go_on_and_the_run_ends_partial() -> None:
+    plans = {
+        "Migrate three tables": [
+            {"id": "small", "title": "a", "instruction": "Copy table a", "tool": "lookup"},
+            {"id": "huge", "title": "b", "instruction": "Copy table b " + "b" * 3_980},
+            {"id": "tiny", "title": "c", "instruction": "Copy table c", "tool": "lookup"},
+        ]
+    }
+    calls: list[str] = []
+    result = await hierplan.run(
+        "Migrate three tables",
+        model=_plan_model(plans),
+        executor_model=_delegating_executor(calls),
+        tools=[lookup],
+        settings=RunSettings(strategy="dag", executor_max_tokens=200, planner_max_tokens=300),
+        pricing=PRICING,
+        budget_tokens=3_500,
+    )
+    by_step = {n.step_id: n for n in result.nodes() if n.step_id}
+    assert by_step["huge"].status == "budget_exhausted"
+    assert "out of budget" in (by_step["huge"].error or "")
+    assert by_step["small"].status == by_step["tiny"].status == "succeeded"
+    assert not any("b" * 100 in c for c in calls)  # the huge step's call was never made
+    # the planner replanned within what remained, without the step it could not afford
+    assert len(result.tree.plan_versions) == 2
+    assert result.status == "succeeded"
+    assert result.budget is not None and result.budget["spent"]["tokens"] <= 3_500
+    assert result.budget["exhausted"] == [by_step["huge"].path]
+
+
+async def test_when_the_planner_cannot_afford_to_replan_the_run_ends_partial() -> None:
+    plans = {
+        "Copy two tables": [
+            {"id": "a", "title": "a", "instruction": "Copy table a", "tool": "lookup"},
+            {"id": "b", "title": "b", "instruction": "Copy table b " + "b" * 3_980},
+        ]
+    }
+    result = await hierplan.run(
+        "Copy two tables",
+        model=_plan_model(plans),
+        executor_model=_delegating_executor([]),
+        tools=[lookup],
+        settings=RunSettings(strategy="dag", executor_max_tokens=200, planner_max_tokens=1_000),
+        pricing=PRICING,
+        budget_tokens=2_600,
+    )
+    assert result.status == "partial" and not result.answer_complete
+    assert result.tree.status == "partial"
+    assert "cannot replan" in (result.error or "")
+    undone = result.not_done()
+    assert [u["status"] for u in undone] == ["budget_exhausted"]
+    assert "Copy table b" in undone[0]["goal"]
+    assert result.budget is not None and result.budget["spent"]["tokens"] <= 2_600
+
+
+async def test_a_budget_too_small_for_the_first_plan_ends_partial_without_a_traceback() -> None:
+    result = await hierplan.run(
+        "Copy two tables",
+        model=_plan_model({}),
+        strategy="hierarchical",
+        pricing=PRICING,
+        budget_tokens=50,
+    )
+    assert result.status == "partial"
+    assert result.tree.status == "budget_exhausted"
+    assert result.error is not None and "the call was not made" in result.error
+    assert result.not_done() == [
+        {
+            "path": "1",
+            "goal": "Copy two tables",
+            "status": "budget_exhausted",
+            "reason": result.error,
+        }
+    ]
+
+
+def _shares_plan() -> dict[str, list[dict[str, Any]]]:
+    return {
+        "Root": [
+            {
+                "id": "a",
+                "title": "a",
+                "instruction": "Sub a",
+                "kind": "subgoal",
+                "estimate_tokens": 1_000,
+            },
+            {
+                "id": "b",
+                "title": "b",
+                "instruction": "Sub b",
+                "kind": "subgoal",
+                "estimate_tokens": 3_000,
+            },
+            {
+                "id": "t",
+                "title": "t",
+                "instruction": "direct",
+                "tool": "lookup",
+                "args": {"key": "k"},
+            },
+        ],
+        "Sub a": [{"id": "x", "title": "x", "instruction": "Leaf x", "tool": "lookup"}],
+        "Sub b": [{"id": "y", "title": "y", "instruction": "Leaf y", "tool": "lookup"}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("allocation", "expected"),
+    [("equal", (0.5, 0.5)), ("weighted", (0.25, 0.75)), ("on-demand", (0.5, 0.5))],
+)
+async def test_allocation_policies_split_what_the_parent_has_left(
+    allocation: str, expected: tuple[float, float]
+) -> None:
+    result = await hierplan.run(
+        "Root",
+        model=_plan_model(_shares_plan()),
+        executor_model=_delegating_executor([]),
+        tools=[lookup],
+        settings=RunSettings(strategy="hierarchical", plan_concurrency=1, max_depth=2),
+        pricing=PRICING,
+        budget_tokens=100_000,
+        allocation=allocation,
+    )
+    assert result.status == "succeeded", result.error
+    root = result.tree
+    assert root.budget is not None
+    left = 100_000 - root.calls[0].usage.total_tokens  # after the root's own plan
+    a, b, direct = root.children
+    assert direct.budget is None  # a direct tool step calls no model: no account
+    assert a.budget is not None and b.budget is not None
+    share_a = round(left * expected[0])
+    assert a.budget["tokens"]["limit"] == share_a
+    # b starts after a has finished and given back what it did not spend
+    left_b = left - a.budget["tokens"]["spent"]
+    share_b = left_b if allocation != "on-demand" else round(left_b * expected[1])
+    assert b.budget["tokens"]["limit"] == pytest.approx(share_b, abs=1)
+    assert a.budget["grant"] == ("draw" if allocation == "on-demand" else "share")
+    # the root's budget covers its subtree; the phases add up to it
+    assert root.budget["tokens"]["spent"] == sum(
+        c.usage.total_tokens for n in result.nodes() for c in n.calls
+    )
+    assert result.budget is not None
+    phases = result.budget["phases"]
+    assert (
+        phases["planning"]["tokens"] + phases["execution"]["tokens"]
+        == (root.budget["tokens"]["spent"])
+    )
+    levels = result.budget["levels"]
+    assert [row["depth"] for row in levels] == [1, 2, 3]
+    assert levels[0]["spent_tokens"] == root.budget["tokens"]["spent"]
+
+
+async def test_cancelling_a_run_from_outside_releases_every_reservation() -> None:
+    in_call = anyio.Event()
+
+    async def hang(request: ModelRequest) -> ModelResponse:
+        if request.phase == "planning":
+            data = {
+                "goal": "Root",
+                "steps": [
+                    {"id": f"s{i}", "title": "s", "instruction": f"Step {i}"} for i in range(4)
+                ],
+            }
+            return ModelResponse(text=json.dumps(data), output=data, usage=Usage(100, 100))
+        in_call.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    instrument = BudgetInstrument(Budget(tokens=1_000_000), allocation="on-demand")
+    with anyio.move_on_after(5) as timeout:
+        async with anyio.create_task_group() as tg:
+
+            async def go() -> None:
+                await hierplan.run(
+                    "Root",
+                    model=_priced(FunctionModel(hang)),
+                    strategy="dag",
+                    pricing=PRICING,
+                    instruments=[instrument],
+                )
+
+            tg.start_soon(go)
+            await in_call.wait()
+            assert (await instrument.ledger.outstanding()).reservations >= 1
+            tg.cancel_scope.cancel()
+    assert not timeout.cancelled_caught
+    out = await instrument.ledger.outstanding()
+    assert (out.reservations, out.tokens, out.accounts) == (0, 0, 0)
+    assert instrument.root_balance is not None and instrument.root_balance.balanced
+
+
+# -- the demo, the record and the CLI ------------------------------------------------------
+
+
+async def test_demo_with_a_tiny_budget_ends_partial_within_budget_and_says_what_is_left(
+    tmp_path: Path,
+) -> None:
+    budget_usd = 0.01
+    result = await hierplan.run(
+        scenario="data_migration",
+        sim_latency_scale=0,
+        workdir=tmp_path,
+        budget_usd=budget_usd,
+    )
+    assert result.status == "partial" and not result.answer_complete
+    assert result.budget is not None
+    assert result.budget["spent"]["usd"] <= budget_usd
+    assert result.totals()["cost_usd"] <= budget_usd
+    assert usd_to_pico(result.totals()["cost_usd"]) <= usd_to_pico(budget_usd)
+    assert result.budget["exhausted"]
+    assert result.verification is not None and not result.verification["ok"]
+    undone = result.not_done()
+    assert undone and any(u["status"] == "budget_exhausted" for u in undone)
+    for node in result.nodes():
+        if node.budget is not None and node.budget["usd"]["limit"] is not None:
+            assert node.budget["usd"]["spent"] <= node.budget["usd"]["limit"]
+    console = Console(width=200, record=True)
+    console.print(render_run(result))
+    shown = console.export_text()
+    assert "not done:" in shown and "budget spent" in shown and "Budget per level" in shown
+    # the record keeps it all
+    loaded = RunResult.load(result.write(tmp_path / "run.json"))
+    assert loaded.budget == json.loads(json.dumps(result.budget))
+    assert loaded.not_done() == undone
+
+
+def test_cli_run_with_a_budget_and_view(tmp_path: Path) -> None:
+    runner = CliRunner()
+    out = tmp_path / "run"
+    done = runner.invoke(
+        app,
+        [
+            *("run", "--scenario", "data_migration", "--yes", "--sim-latency-scale", "0"),
+            *("--out", str(out), "--budget-usd", "0.01", "--budget-tokens", "20000"),
+            *("--allocation", "weighted"),
+        ],
+        env={"COLUMNS": "200"},
+    )
+    assert done.exit_code == 1, done.output  # partial
+    assert "Traceback" not in done.output
+    assert "out of budget" in done.output and "not done:" in done.output
+    record = json.loads((out / "run.json").read_text())
+    assert record["budget"]["limit"] == {"tokens": 20_000, "usd": 0.01}
+    assert record["budget"]["policy"] == "weighted"
+    viewed = runner.invoke(app, ["view", str(out / "run.json")], env={"COLUMNS": "200"})
+    assert viewed.exit_code == 0
+    assert "budget spent" in viewed.output and "Budget per level (weighted" in viewed.output
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        (["--budget-usd", "0.01", "--model", "sim:unpriced-model"], "no price is known"),
+        (["--budget-usd", "0.01", "--allocation", "greedy"], "unknown allocation"),
+        (["--budget-usd", "0.01", "--price-in", "1"], "give both --price-in"),
+    ],
+)
+def test_cli_refuses_bad_budget_options_before_running(
+    tmp_path: Path, options: list[str], expected: str
+) -> None:
+    out = tmp_path / "run"
+    result = CliRunner().invoke(
+        app, ["run", "--scenario", "data_migration", "--yes", "--out", str(out), *options]
+    )
+    assert result.exit_code == 2
+    assert expected in result.output
+    assert "Traceback" not in result.output
+    assert not out.exists()  # nothing was set up or written
