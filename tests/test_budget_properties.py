@@ -357,7 +357,7 @@ def _check_run(
         max_retries=1,
         retry_backoff_s=0,
         model_retries=1,
-        step_timeout_s=0.05,
+        step_timeout_s=0.01,
         planner_max_tokens=600,
         executor_max_tokens=200,
         max_replans=1,
