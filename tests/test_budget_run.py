@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -730,3 +732,31 @@ def test_cli_refuses_bad_budget_options_before_running(
     assert expected in result.output
     assert "Traceback" not in result.output
     assert not out.exists()  # nothing was set up or written
+
+
+def _readme_budget_commands() -> list[list[str]]:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("\n## Budgets\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```\n(.*?)```", section, re.S)
+    return [shlex.split(line) for block in blocks for line in block.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("command", _readme_budget_commands(), ids=" ".join)
+def test_readme_budget_commands_run(
+    command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert command[0] == "hierplan"
+    args = command[1:]
+    if args[0] == "run":
+        args += ["--sim-latency-scale", "0"]  # the same run, without simulated waiting
+        if "runs/budgeted" not in args:
+            args += ["--out", str(tmp_path / "other")]
+    else:  # view the run the first command wrote
+        CliRunner().invoke(
+            app, ["run", *_readme_budget_commands()[0][2:], "--sim-latency-scale", "0"]
+        )
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "160"})
+    assert result.exit_code in (0, 1), result.output  # 1: a run stopped by its budget
+    assert "Traceback" not in result.output and not result.output.startswith("error:")
+    assert "budget" in result.output
