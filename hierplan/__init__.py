@@ -23,6 +23,8 @@ from hierplan.agents.models import (
 )
 from hierplan.agents.planner import LLMPlanner
 from hierplan.agents.tools import Tool, tool
+from hierplan.budgets.budget import Budget, Ledger, LocalLedger
+from hierplan.budgets.instrument import BudgetInstrument
 from hierplan.budgets.pricing import Price, PriceTable
 from hierplan.errors import (
     BudgetExceeded,
@@ -59,7 +61,9 @@ __all__ = [
     "STRATEGIES",
     "Approve",
     "AutoApprove",
+    "Budget",
     "BudgetExceeded",
+    "BudgetInstrument",
     "CallbackApprover",
     "ConsoleReviewer",
     "Defer",
@@ -71,6 +75,8 @@ __all__ = [
     "Instrument",
     "LLMExecutor",
     "LLMPlanner",
+    "Ledger",
+    "LocalLedger",
     "Model",
     "ModelAuthError",
     "ModelError",

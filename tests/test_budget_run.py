@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shlex
@@ -760,3 +761,37 @@ def test_readme_budget_commands_run(
     assert result.exit_code in (0, 1), result.output  # 1: a run stopped by its budget
     assert "Traceback" not in result.output and not result.output.startswith("error:")
     assert "budget" in result.output
+
+
+def _load(path: str) -> Any:
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location(Path(path).stem, root / path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_budget_benchmark_runs_at_a_small_size(capsys: pytest.CaptureFixture[str]) -> None:
+    figures = _load("benchmarks/budgets.py").main(
+        ["--pairs", "500", "--calls", "50", "--leaves", "20", "--repeats", "1"]
+    )
+    assert set(figures["reserve_settle_pairs_per_s"]) == {
+        "contract",
+        "sync core",
+        "3-deep on-demand",
+    }
+    assert figures["run_ratio"] > 0 and figures["call_ratio"] > 0
+    assert "reserve+settle pairs per second" in capsys.readouterr().out
+
+
+def test_the_allocation_example_runs() -> None:
+    rows = _load("examples/budget_policies.py").compare(0.005)
+    assert [r["allocation"] for r in rows] == ["equal", "weighted", "on-demand"]
+    for row in rows:
+        assert isinstance(row["spent_usd"], float) and row["spent_usd"] <= 0.005
+
+
+def test_the_budget_names_are_exported() -> None:
+    for name in ("Budget", "BudgetInstrument", "Ledger", "LocalLedger", "BudgetExceeded"):
+        assert name in hierplan.__all__ and hasattr(hierplan, name)

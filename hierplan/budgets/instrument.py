@@ -35,6 +35,7 @@ from hierplan.agents.models.tokens import estimate_request_tokens
 from hierplan.budgets.budget import (
     ALLOCATIONS,
     DEFAULT_ON_DEMAND_FRACTION,
+    PICO_PER_USD,
     Account,
     Balance,
     Budget,
@@ -133,7 +134,8 @@ class BudgetInstrument(Instrument):
     from the parent's pool, each capped at ``on_demand_fraction`` of what the parent had left
     when it started). ``min_output_fraction`` is the floor to which ``max_tokens`` may be
     lowered to fit a call. ``parent`` funds the run's root account from an account of
-    ``ledger`` (a batch's global budget), instead of a fresh root.
+    ``ledger`` (a batch's global budget), instead of a fresh root. Use one instrument per run;
+    runs that share a budget share a ledger and a parent account.
 
     >>> instrument = BudgetInstrument(Budget(tokens=50_000, usd=0.05), allocation="weighted")
     """
@@ -281,21 +283,23 @@ class BudgetInstrument(Instrument):
 
         ``lowered`` counts calls whose ``max_tokens`` the budget lowered; ``refused`` counts
         calls not made because even the floor did not fit."""
-        usd = None
-        if self.usd_tracked:
-            usd = {
+        # Built once per node as one literal: this runs for every leaf.
+        plan_t, plan_p = balance.own["planning"]
+        exec_t, exec_p = balance.own["execution"]
+        counts = node.state.get(self.counts_key)
+        tracked = self.usd_tracked
+        usd = (
+            {
                 "limit": _usd(balance.limit_pico),
                 "allocated": _usd(balance.allocated_pico),
-                "peak_reserved": pico_to_usd(balance.peak_reserved_pico),
-                "spent": pico_to_usd(balance.spent_pico),
+                "peak_reserved": balance.peak_reserved_pico / PICO_PER_USD,
+                "spent": balance.spent_pico / PICO_PER_USD,
                 "released": _usd(balance.released_pico),
-                "overrun": pico_to_usd(balance.overrun_pico),
+                "overrun": balance.overrun_pico / PICO_PER_USD,
             }
-        counts = node.state.get(self.counts_key)
-        own = {
-            phase: {"tokens": t, "usd": pico_to_usd(p) if self.usd_tracked else None}
-            for phase, (t, p) in balance.own.items()
-        }
+            if tracked
+            else None
+        )
         return {
             "policy": self.allocation,
             "grant": balance.grant,
@@ -308,7 +312,10 @@ class BudgetInstrument(Instrument):
                 "overrun": balance.overrun_tokens,
             },
             "usd": usd,
-            "own": own,
+            "own": {
+                "planning": {"tokens": plan_t, "usd": plan_p / PICO_PER_USD if tracked else None},
+                "execution": {"tokens": exec_t, "usd": exec_p / PICO_PER_USD if tracked else None},
+            },
             "lowered": counts.lowered if counts else 0,
             "refused": counts.refused if counts else 0,
         }
@@ -382,7 +389,7 @@ def _level_row(depth: int, usd: bool) -> dict[str, Any]:
 
 
 def _usd(pico: int | None) -> float | None:
-    return None if pico is None else pico_to_usd(pico)
+    return None if pico is None else pico / PICO_PER_USD
 
 
 class _Counts:

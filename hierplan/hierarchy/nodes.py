@@ -88,12 +88,14 @@ async def node_lifecycle(node: NodeContext) -> AsyncIterator[None]:
             )
         )
     try:
-        scopes = [i.node_scope(node) for i in run.instruments]
-        if any(s is not None for s in scopes):
+        scopes = [s for s in (i.node_scope(node) for i in run.instruments) if s is not None]
+        if len(scopes) == 1:  # the common case (a budget, say) without an exit stack's cost
+            async with scopes[0]:
+                yield
+        elif scopes:
             async with AsyncExitStack() as stack:
                 for scope in scopes:
-                    if scope is not None:
-                        await stack.enter_async_context(scope)
+                    await stack.enter_async_context(scope)
                 yield
         else:
             yield
