@@ -795,3 +795,52 @@ def test_the_allocation_example_runs() -> None:
 def test_the_budget_names_are_exported() -> None:
     for name in ("Budget", "BudgetInstrument", "Ledger", "LocalLedger", "BudgetExceeded"):
         assert name in hierplan.__all__ and hasattr(hierplan, name)
+
+
+class _Recording:
+    """Wraps a wire backend and keeps the ``max_tokens`` of every request that arrived."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.max_tokens: list[int | None] = []
+
+    def answer(self, call: Any) -> Any:
+        self.max_tokens.append(call.max_tokens)
+        return self.inner.answer(call)
+
+
+@pytest.mark.parametrize(("provider", "budget_usd"), [("openai", 0.006), ("anthropic", 0.03)])
+async def test_a_budget_over_a_real_sdk_holds_and_refused_calls_never_leave(
+    provider: str, budget_usd: float, tmp_path: Path
+) -> None:
+    from wire import MODELS, OracleBackend, WireServer, model_options
+
+    from hierplan.scenarios import get_scenario
+
+    env = get_scenario("data_migration").setup(tmp_path)
+    backend = _Recording(OracleBackend(env.oracle))
+    with WireServer(backend) as server:
+        result = await hierplan.run(
+            scenario="data_migration",
+            model=MODELS[provider],
+            workdir=tmp_path,
+            settings=RunSettings(retry_backoff_s=0.01),
+            model_options=model_options(server, provider, timeout_s=5.0),
+            budget_usd=budget_usd,
+        )
+        hits = server.count()
+    made = [c for n in result.nodes() for c in n.calls]
+    assert hits == len(made) > 0  # a refused call was never sent
+    assert result.status == "partial" and result.budget is not None
+    assert result.budget["refused_calls"] >= 1
+    lowered = [
+        sent
+        for sent, call in zip(backend.max_tokens, made, strict=True)
+        if call.phase == "planning"
+    ]
+    assert any(m is not None and m < RunSettings().planner_max_tokens for m in lowered)
+    spent = result.budget["spent"]["usd"]
+    overrun = result.budget["overrun"]["usd"]
+    assert spent <= budget_usd + overrun  # anything above the budget is an overrun, flagged
+    if overrun:
+        assert any("overrun" in n.flags for n in result.nodes())

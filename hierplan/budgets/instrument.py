@@ -77,14 +77,15 @@ def unknown_price_message(priced_as: str) -> str:
     )
 
 
-def priced_as_of(spec: str | Model) -> str:
-    """The model whose price applies to a model string or model, without building it."""
+def priced_as_of(spec: str | Model, priced_as: str | None = None) -> str:
+    """The model whose price applies to a model string (built with the ``priced_as`` model
+    option, if any) or to a model, without building it."""
     if not isinstance(spec, str):
         return spec.priced_as
     parsed = parse_model_string(spec)
     if parsed.provider == "sim":
-        return parsed.name or DEFAULT_SIMULATED_PRICED_AS
-    return str(parsed)
+        return parsed.name or priced_as or DEFAULT_SIMULATED_PRICED_AS
+    return priced_as or str(parsed)
 
 
 def with_price(

@@ -166,9 +166,10 @@ async def run(
         },
     )
     chosen = get_strategy(run_settings.strategy)
+    option = (model_options or {}).get("priced_as")
     priced = [
-        priced_as_of(model),
-        priced_as_of(model if executor_model is None else executor_model),
+        priced_as_of(model, option),
+        priced_as_of(model if executor_model is None else executor_model, option),
     ]
     pricing = with_price(pricing or PriceTable(), price_in, price_out, priced)
     budgeting = prepare_budget(
