@@ -21,9 +21,9 @@ Every model call reserves its worst case before it is made and settles the actua
 Amounts are integers: tokens, and USD in pico-dollars (10^-12 USD), so that sums are exact and
 "spent <= budget" never depends on float rounding. At every account, at every moment::
 
-    allocated == spent + released + reserved + granted + available
+    allocated == spent + released + reserved + granted (+ what a carved account still has free)
 
-and once an account is closed nothing is reserved, granted or available: ``allocated == spent +
+and once an account is closed nothing is reserved, granted or free: ``allocated == spent +
 released``. ``spent`` is the account's whole subtree; the part its own calls spent is kept per
 phase (planning, execution).
 
