@@ -398,11 +398,11 @@ def _check_run(
         if node.budget is None:
             assert not node.calls
             continue
-        figures = node.budget["tokens"]
-        assert figures["limit"] is None or figures["spent"] <= figures["limit"]
-        assert figures["overrun"] == 0
-        if node.budget["usd"] is not None and node.budget["usd"]["limit"] is not None:
-            assert node.budget["usd"]["spent"] <= node.budget["usd"]["limit"]
+        figures = node.budget
+        assert figures["limit_tokens"] is None or figures["spent_tokens"] <= figures["limit_tokens"]
+        assert figures["overrun_tokens"] == 0
+        if node.budget["limit_usd"] is not None:
+            assert node.budget["spent_usd"] <= node.budget["limit_usd"]
     # the calls in the record and the ledger agree to the token
     recorded = sum(c.usage.total_tokens for n in result.nodes() for c in n.calls)
     assert recorded == root.spent_tokens

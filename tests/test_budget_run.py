@@ -123,8 +123,8 @@ async def test_torture_1000_concurrent_reservations_admit_exactly_what_fits() ->
         assert out.reservations == 0
     budget = node.record.budget
     assert budget is not None
-    assert budget["tokens"]["spent"] == admitted * (WORST - 100 + 40) <= admitted * WORST
-    assert budget["tokens"]["peak_reserved"] == admitted * WORST
+    assert budget["spent_tokens"] == admitted * (WORST - 100 + 40) <= admitted * WORST
+    assert budget["peak_reserved_tokens"] == admitted * WORST
     assert budget["refused"] == 750
 
 
@@ -149,7 +149,7 @@ async def test_max_tokens_is_lowered_to_fit_and_a_call_below_the_floor_is_not_ma
         assert model.calls == 2
     assert node.record.budget is not None
     assert node.record.budget["lowered"] == 1 and node.record.budget["refused"] == 1
-    assert node.record.budget["tokens"]["spent"] == 2 * (input_tokens + 10)
+    assert node.record.budget["spent_tokens"] == 2 * (input_tokens + 10)
     reserved = [e for e in events if isinstance(e, BudgetReserved)]
     assert [(e.max_tokens, e.requested_max_tokens) for e in reserved] == [(100, 100), (60, 100)]
     exhausted = [e for e in events if isinstance(e, BudgetExhausted)]
@@ -182,7 +182,7 @@ async def test_a_response_without_usage_settles_at_the_worst_case_and_is_flagged
     assert node.record.calls[0].usage.total_tokens == WORST
     assert "no_usage" in node.record.calls[0].flags
     assert node.record.budget is not None
-    assert node.record.budget["tokens"]["spent"] == WORST
+    assert node.record.budget["spent_tokens"] == WORST
     settled = [e for e in events if isinstance(e, BudgetSettled)]
     assert settled[0].flags == ["no_usage"] and settled[0].tokens == WORST
 
@@ -200,8 +200,8 @@ async def test_usage_above_the_reservation_is_charged_flagged_and_reported() -> 
     assert "overrun" in node.record.flags
     budget = node.record.budget
     assert budget is not None
-    assert budget["tokens"]["spent"] == 800
-    assert budget["tokens"]["overrun"] == 800 - WORST
+    assert budget["spent_tokens"] == 800
+    assert budget["overrun_tokens"] == 800 - WORST
     (overrun,) = [e for e in events if isinstance(e, BudgetOverrun)]
     assert overrun.tokens_over == 800 - WORST
 
@@ -228,7 +228,7 @@ async def test_each_attempt_is_reserved_and_settled_and_failed_usage_counts() ->
         (50, []),
     ]
     assert node.record.budget is not None
-    assert node.record.budget["tokens"]["spent"] == 85
+    assert node.record.budget["spent_tokens"] == 85
     assert [c.usage.total_tokens for c in node.record.calls] == [35, 0, 50]
 
 
@@ -257,7 +257,7 @@ async def test_cancellation_mid_call_releases_the_reservation() -> None:
         assert instrument.root is not None
         assert await instrument.ledger.available(instrument.root) == (10_000, None)
     assert node.record.budget is not None
-    assert node.record.budget["tokens"]["spent"] == 0
+    assert node.record.budget["spent_tokens"] == 0
     assert [e.flags for e in events if isinstance(e, BudgetSettled)] == [["released"]]
 
 
@@ -308,7 +308,7 @@ async def test_a_usd_budget_on_an_unpriced_model_fails_before_anything_runs(
     )
     assert tokens_only.status == "succeeded"
     assert tokens_only.budget is not None and tokens_only.budget["usd_tracked"] is False
-    assert tokens_only.tree.budget is not None and tokens_only.tree.budget["usd"] is None
+    assert tokens_only.tree.budget is not None and tokens_only.tree.budget["spent_usd"] is None
 
 
 async def test_bad_budget_options_are_refused_with_one_line_errors() -> None:
@@ -461,8 +461,8 @@ async def test_peers_overshoot_scenario_stays_within_the_limit(allocation: str, 
     assert any(n.status == "budget_exhausted" for n in result.nodes())
     for node in result.nodes():
         assert node.budget is not None
-        figures = node.budget["tokens"]
-        assert figures["limit"] is None or figures["spent"] <= figures["limit"]
+        figures = node.budget
+        assert figures["limit_tokens"] is None or figures["spent_tokens"] <= figures["limit_tokens"]
 
 
 async def test_an_exhausted_node_stops_its_siblings_go_on_and_the_run_ends_partial() -> None:
@@ -596,25 +596,25 @@ async def test_allocation_policies_split_what_the_parent_has_left(
     assert direct.budget is None  # a direct tool step calls no model: no account
     assert a.budget is not None and b.budget is not None
     share_a = round(left * expected[0])
-    assert a.budget["tokens"]["limit"] == share_a
+    assert a.budget["limit_tokens"] == share_a
     # b starts after a has finished and given back what it did not spend
-    left_b = left - a.budget["tokens"]["spent"]
+    left_b = left - a.budget["spent_tokens"]
     share_b = left_b if allocation != "on-demand" else round(left_b * expected[1])
-    assert b.budget["tokens"]["limit"] == pytest.approx(share_b, abs=1)
+    assert b.budget["limit_tokens"] == pytest.approx(share_b, abs=1)
     assert a.budget["grant"] == ("draw" if allocation == "on-demand" else "share")
     # the root's budget covers its subtree; the phases add up to it
-    assert root.budget["tokens"]["spent"] == sum(
+    assert root.budget["spent_tokens"] == sum(
         c.usage.total_tokens for n in result.nodes() for c in n.calls
     )
     assert result.budget is not None
     phases = result.budget["phases"]
     assert (
         phases["planning"]["tokens"] + phases["execution"]["tokens"]
-        == (root.budget["tokens"]["spent"])
+        == (root.budget["spent_tokens"])
     )
     levels = result.budget["levels"]
     assert [row["depth"] for row in levels] == [1, 2, 3]
-    assert levels[0]["spent_tokens"] == root.budget["tokens"]["spent"]
+    assert levels[0]["spent_tokens"] == root.budget["spent_tokens"]
 
 
 async def test_cancelling_a_run_from_outside_releases_every_reservation() -> None:
@@ -679,8 +679,8 @@ async def test_demo_with_a_tiny_budget_ends_partial_within_budget_and_says_what_
     undone = result.not_done()
     assert undone and any(u["status"] == "budget_exhausted" for u in undone)
     for node in result.nodes():
-        if node.budget is not None and node.budget["usd"]["limit"] is not None:
-            assert node.budget["usd"]["spent"] <= node.budget["usd"]["limit"]
+        if node.budget is not None and node.budget["limit_usd"] is not None:
+            assert node.budget["spent_usd"] <= node.budget["limit_usd"]
     console = Console(width=200, record=True)
     console.print(render_run(result))
     shown = console.export_text()

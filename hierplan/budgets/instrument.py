@@ -280,43 +280,38 @@ class BudgetInstrument(Instrument):
         return out
 
     def record(self, balance: Balance, node: NodeContext) -> dict[str, Any]:
-        """A balance as the node's ``record.budget`` (USD as floats; ``None`` if not tracked).
+        """A balance as the node's ``record.budget``: one flat mapping, so that exporters can
+        take every figure as it is (USD figures are ``None`` when USD is not tracked).
 
-        ``lowered`` counts calls whose ``max_tokens`` the budget lowered; ``refused`` counts
-        calls not made because even the floor did not fit."""
-        # Built once per node as one literal: this runs for every leaf.
+        ``limit``: what the node may spend; ``allocated``: what it took from its planner;
+        ``peak_reserved``: the most it held for calls at once; ``spent``: its subtree's usage;
+        ``released``: what went back; ``overrun``: usage above reservations. ``planning_*`` and
+        ``execution_*``: what its own calls spent per phase. ``lowered``: calls whose
+        ``max_tokens`` was lowered to fit; ``refused``: calls not made."""
+        # One literal, built once per node: this runs for every leaf.
         plan_t, plan_p = balance.own["planning"]
         exec_t, exec_p = balance.own["execution"]
         counts = node.state.get(self.counts_key)
-        tracked = self.usd_tracked
-        usd = (
-            {
-                "limit": _usd(balance.limit_pico),
-                "allocated": _usd(balance.allocated_pico),
-                "peak_reserved": balance.peak_reserved_pico / PICO_PER_USD,
-                "spent": balance.spent_pico / PICO_PER_USD,
-                "released": _usd(balance.released_pico),
-                "overrun": balance.overrun_pico / PICO_PER_USD,
-            }
-            if tracked
-            else None
-        )
+        usd = self.usd_tracked
         return {
             "policy": self.allocation,
             "grant": balance.grant,
-            "tokens": {
-                "limit": balance.limit_tokens,
-                "allocated": balance.allocated_tokens,
-                "peak_reserved": balance.peak_reserved_tokens,
-                "spent": balance.spent_tokens,
-                "released": balance.released_tokens,
-                "overrun": balance.overrun_tokens,
-            },
-            "usd": usd,
-            "own": {
-                "planning": {"tokens": plan_t, "usd": plan_p / PICO_PER_USD if tracked else None},
-                "execution": {"tokens": exec_t, "usd": exec_p / PICO_PER_USD if tracked else None},
-            },
+            "limit_tokens": balance.limit_tokens,
+            "allocated_tokens": balance.allocated_tokens,
+            "peak_reserved_tokens": balance.peak_reserved_tokens,
+            "spent_tokens": balance.spent_tokens,
+            "released_tokens": balance.released_tokens,
+            "overrun_tokens": balance.overrun_tokens,
+            "limit_usd": _usd(balance.limit_pico) if usd else None,
+            "allocated_usd": _usd(balance.allocated_pico) if usd else None,
+            "peak_reserved_usd": balance.peak_reserved_pico / PICO_PER_USD if usd else None,
+            "spent_usd": balance.spent_pico / PICO_PER_USD if usd else None,
+            "released_usd": _usd(balance.released_pico) if usd else None,
+            "overrun_usd": balance.overrun_pico / PICO_PER_USD if usd else None,
+            "planning_tokens": plan_t,
+            "planning_usd": plan_p / PICO_PER_USD if usd else None,
+            "execution_tokens": exec_t,
+            "execution_usd": exec_p / PICO_PER_USD if usd else None,
             "lowered": counts.lowered if counts else 0,
             "refused": counts.refused if counts else 0,
         }
@@ -342,18 +337,18 @@ class BudgetInstrument(Instrument):
                 continue
             row = levels.setdefault(node.depth, _level_row(node.depth, usd))
             row["nodes"] += 1
-            row["allocated_tokens"] += b["tokens"]["allocated"] or 0
-            row["spent_tokens"] += b["tokens"]["spent"]
+            row["allocated_tokens"] += b["allocated_tokens"] or 0
+            row["spent_tokens"] += b["spent_tokens"]
             refused += b["refused"]
             lowered += b["lowered"]
-            over_t += b["tokens"]["overrun"]
-            if usd and b["usd"] is not None:
-                row["allocated_usd"] += b["usd"]["allocated"] or 0.0
-                row["spent_usd"] += b["usd"]["spent"]
-                over_usd += b["usd"]["overrun"]
-            for phase, spent in b["own"].items():
-                phase_tokens[phase] += spent["tokens"]
-                phase_usd[phase] += spent["usd"] or 0.0
+            over_t += b["overrun_tokens"]
+            if usd:
+                row["allocated_usd"] += b["allocated_usd"] or 0.0
+                row["spent_usd"] += b["spent_usd"]
+                over_usd += b["overrun_usd"]
+            for phase in ("planning", "execution"):
+                phase_tokens[phase] += b[f"{phase}_tokens"]
+                phase_usd[phase] += b[f"{phase}_usd"] or 0.0
         phases = {
             p: {"tokens": phase_tokens[p], "usd": phase_usd[p] if usd else None}
             for p in phase_tokens
@@ -362,10 +357,7 @@ class BudgetInstrument(Instrument):
         return {
             "policy": self.allocation,
             "limit": {"tokens": self.budget.tokens, "usd": self.budget.usd},
-            "spent": {
-                "tokens": root.get("tokens", {}).get("spent", 0),
-                "usd": (root.get("usd") or {}).get("spent") if usd else None,
-            },
+            "spent": {"tokens": root.get("spent_tokens", 0), "usd": root.get("spent_usd")},
             "usd_tracked": usd,
             "phases": phases,
             "levels": [levels[d] for d in sorted(levels)],

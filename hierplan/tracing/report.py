@@ -52,23 +52,19 @@ def short(text: str, limit: int = 70) -> str:
 
 def budget_text(budget: dict[str, Any]) -> str:
     """A node's budget against its spend: ``spent/limit`` in tokens and USD."""
-    parts = []
-    tokens = budget.get("tokens") or {}
-    if tokens:
-        limit = tokens.get("limit")
-        spent = f"{tokens.get('spent', 0):,}"
-        parts.append(f"{spent}/{limit:,} tok" if limit is not None else f"{spent} tok")
-    usd = budget.get("usd")
-    if usd:
-        limit_usd = usd.get("limit")
-        spent_usd = money(usd.get("spent", 0.0))
+    limit = budget.get("limit_tokens")
+    spent = f"{budget.get('spent_tokens', 0):,}"
+    parts = [f"{spent}/{limit:,} tok" if limit is not None else f"{spent} tok"]
+    if budget.get("spent_usd") is not None:
+        limit_usd = budget.get("limit_usd")
+        spent_usd = money(budget["spent_usd"])
         parts.append(f"{spent_usd}/{money(limit_usd)}" if limit_usd is not None else spent_usd)
     text = "budget spent " + ", ".join(parts)
     if budget.get("grant") == "draw":
         text += " (drawn from parent, capped)"
     if budget.get("refused"):
         text += f"; {budget['refused']} call(s) refused"
-    if (tokens.get("overrun") or 0) > 0:
+    if budget.get("overrun_tokens"):
         text += "; OVERRUN"
     return text
 
