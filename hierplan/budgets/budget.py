@@ -237,9 +237,9 @@ class Ledger(ABC):
     """The contract every ledger keeps (local, or shared between processes).
 
     Each method is atomic: no other reservation can be decided between its check and its
-    update. ``settle`` and ``release`` must complete even while the calling task is being
-    cancelled (an implementation that waits for I/O shields that wait), so a cancelled call
-    never leaves its reservation held.
+    update. ``settle``, ``release`` and ``close`` must complete even while the calling task is
+    being cancelled (an implementation that waits for I/O shields that wait), so a cancelled
+    call or node never leaves anything held.
     """
 
     @abstractmethod
