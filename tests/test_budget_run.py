@@ -844,3 +844,42 @@ async def test_a_budget_over_a_real_sdk_holds_and_refused_calls_never_leave(
     assert spent <= budget_usd + overrun  # anything above the budget is an overrun, flagged
     if overrun:
         assert any("overrun" in n.flags for n in result.nodes())
+
+
+async def test_a_paused_run_resumes_with_what_its_budget_has_left(tmp_path: Path) -> None:
+    from review_support import ROOT_GOAL, fanout_planner, recording_tool
+
+    from hierplan import Approve
+    from hierplan.review import PauseForReview, PolicyApprover
+
+    calls: list[str] = []
+    model = fanout_planner(3)
+    limit = 60_000
+    paused = await hierplan.run(
+        ROOT_GOAL,
+        model=model,
+        tools=[recording_tool(calls)],
+        approver=PolicyApprover(PauseForReview(), "root"),
+        checkpoint_dir=tmp_path,
+        budget_tokens=limit,
+        allocation="weighted",
+    )
+    assert paused.status == "paused"
+    assert paused.budget is not None
+    before = paused.budget["spent"]["tokens"]
+    assert before == paused.tree.calls[0].usage.total_tokens > 0  # the root plan only
+
+    resumed = await hierplan.resume(
+        tmp_path, Approve(by="alice"), model=model, tools=[recording_tool(calls)]
+    )
+    assert resumed.status == "succeeded", resumed.error
+    assert resumed.budget is not None
+    # the budget came back from the checkpoint, less what the paused part spent
+    assert resumed.budget["limit"] == {"tokens": limit, "usd": None}
+    assert resumed.budget["policy"] == "weighted"
+    assert resumed.tree.budget is not None
+    assert resumed.tree.budget["limit_tokens"] == limit - before
+    everything = sum(c.usage.total_tokens for n in resumed.nodes() for c in n.calls)
+    assert resumed.budget["spent"]["tokens"] == everything <= limit
+    phases = resumed.budget["phases"]
+    assert phases["planning"]["tokens"] + phases["execution"]["tokens"] == everything

@@ -49,6 +49,7 @@ from hierplan.budgets.budget import (
     pico_to_usd,
     rate_to_pico,
     step_weights,
+    usd_to_pico,
     uses_model,
 )
 from hierplan.budgets.pricing import DEFAULT_SIMULATED_PRICED_AS, Price, PriceTable
@@ -171,6 +172,9 @@ class BudgetInstrument(Instrument):
         self.usd_tracked = True
         self.root: Account | None = None
         self.root_balance: Balance | None = None
+        # What a paused run spent before this instrument took over (see carry_over).
+        self.before_tokens = 0
+        self.before_pico = 0
         self._rates: dict[str, Rates] = {}
         self._shares_key = object()
         self.counts_key = object()
@@ -205,6 +209,21 @@ class BudgetInstrument(Instrument):
             )
         self._rates[priced_as] = rates
         return rates
+
+    def carry_over(self, spent: dict[str, Any]) -> None:
+        """Continue a paused run: what it spent (``RunResult.budget["spent"]``) comes off the
+        budget, so that both parts together stay within it."""
+        self.before_tokens = int(spent.get("tokens") or 0)
+        pico, usd = spent.get("pico"), spent.get("usd")
+        self.before_pico = int(pico) if pico is not None else usd_to_pico(usd or 0.0)
+
+    def root_grant(self) -> Fixed:
+        """The root's allocation: the budget, less what a paused run spent before."""
+        tokens, pico = self.budget.tokens, self.budget.pico
+        return Fixed(
+            None if tokens is None else max(0, tokens - self.before_tokens),
+            None if pico is None else max(0, pico - self.before_pico),
+        )
 
     def output_floor(self, max_tokens: int) -> int:
         """The least ``max_tokens`` a call may be lowered to."""
@@ -332,6 +351,9 @@ class BudgetInstrument(Instrument):
         for node in tree.walk():
             if node.status == "budget_exhausted":
                 exhausted.append(node.path)
+            for call in node.calls:
+                phase_tokens[call.phase] += call.usage.total_tokens
+                phase_usd[call.phase] += call.cost_usd or 0.0
             b = node.budget
             if b is None:
                 continue
@@ -346,18 +368,22 @@ class BudgetInstrument(Instrument):
                 row["allocated_usd"] += b["allocated_usd"] or 0.0
                 row["spent_usd"] += b["spent_usd"]
                 over_usd += b["overrun_usd"]
-            for phase in ("planning", "execution"):
-                phase_tokens[phase] += b[f"{phase}_tokens"]
-                phase_usd[phase] += b[f"{phase}_usd"] or 0.0
         phases = {
             p: {"tokens": phase_tokens[p], "usd": phase_usd[p] if usd else None}
             for p in phase_tokens
         }
-        root = tree.budget or {}
+        root = self.root_balance
+        spent_t = (root.spent_tokens if root else 0) + self.before_tokens
+        spent_p = (root.spent_pico if root else 0) + self.before_pico
         return {
             "policy": self.allocation,
             "limit": {"tokens": self.budget.tokens, "usd": self.budget.usd},
-            "spent": {"tokens": root.get("spent_tokens", 0), "usd": root.get("spent_usd")},
+            # ``pico``: the exact figure, which a resumed run carries over.
+            "spent": {
+                "tokens": spent_t,
+                "usd": spent_p / PICO_PER_USD if usd else None,
+                "pico": spent_p if usd else None,
+            },
             "usd_tracked": usd,
             "phases": phases,
             "levels": [levels[d] for d in sorted(levels)],
@@ -419,10 +445,9 @@ class _NodeBudget(AbstractAsyncContextManager[None]):
     async def __aenter__(self) -> None:
         instrument = self.instrument
         node = self.node
-        budget = instrument.budget
         if node.parent is None:
             parent = instrument.parent
-            grant: Grant = Fixed(budget.tokens, budget.pico)
+            grant: Grant = instrument.root_grant()
         else:
             parent = instrument.account(node.parent)
             grant = instrument.grant(node)

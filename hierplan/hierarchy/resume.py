@@ -71,6 +71,7 @@ def run_arguments(checkpoint: Checkpoint, overrides: dict[str, Any]) -> dict[str
         "sim_latency_scale": inv.get("sim_latency_scale", 1.0),
         "workdir": None if workdir is None else Path(workdir),
         "model_options": inv.get("model_options") or None,
+        **(inv.get("budget") or {}),  # the same budget, less what was spent before the pause
     }
     kwargs.update(overrides)
     return kwargs

@@ -180,6 +180,8 @@ async def run(
         models=priced,
     )
     if budgeting is not None:
+        if restore is not None and restore.record.budget is not None:
+            budgeting.carry_over(restore.record.budget["spent"])  # both parts share the budget
         instruments = [*instruments, budgeting]
     models = _Models(
         profile=sim_profile,
@@ -238,6 +240,13 @@ async def run(
                 "sim_profile": sim_profile,
                 "sim_latency_scale": sim_latency_scale,
                 "model_options": _saved_options(model_options),
+                "budget": {
+                    "budget_usd": budget_usd,
+                    "budget_tokens": budget_tokens,
+                    "allocation": allocation,
+                    "price_in": price_in,
+                    "price_out": price_out,
+                },
             }
             write_checkpoint(
                 checkpoint_dir,
