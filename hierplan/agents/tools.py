@@ -20,7 +20,8 @@ from __future__ import annotations
 import inspect
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from functools import partial
 from typing import Any, overload
 
@@ -29,7 +30,13 @@ import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from hierplan.agents.models.base import ToolSpec
-from hierplan.errors import ToolArgsError, ToolError, ToolNotAllowedError, ToolTimeoutError
+from hierplan.errors import (
+    ToolArgsError,
+    ToolError,
+    ToolNotAllowedError,
+    ToolTimeoutError,
+    UserInputError,
+)
 
 DEFAULT_TOOL_TIMEOUT_S = 60.0
 
@@ -177,6 +184,21 @@ def tool(
     return wrap(function) if function is not None else wrap
 
 
+class Toolset(ABC):
+    """Tools that live behind a connection, such as the tools of an MCP server.
+
+    :meth:`open` connects and yields the tools, which work until the context exits. A run given
+    a toolset in ``tools=`` opens it for the run's duration (so concurrent runs each get their
+    own connection); open it yourself and pass the tools to share one connection between runs.
+    """
+
+    name: str = "toolset"
+
+    @abstractmethod
+    def open(self) -> AbstractAsyncContextManager[Sequence[Tool]]:
+        """Connect; the context yields the tools and disconnects on exit."""
+
+
 class Toolbox:
     """The tools of a run, by name. Node allowlists select from it."""
 
@@ -188,7 +210,10 @@ class Toolbox:
     def add(self, new: Tool) -> None:
         """Add a tool; names must be unique."""
         if new.name in self._tools:
-            raise ValueError(f"two tools are named {new.name!r}")
+            raise UserInputError(
+                f"two tools are named {new.name!r}: rename one (an MCP server takes a "
+                "tool_prefix for this)"
+            )
         self._tools[new.name] = new
 
     def __contains__(self, name: object) -> bool:
@@ -233,6 +258,7 @@ __all__ = [
     "ToolError",
     "ToolFunction",
     "Toolbox",
+    "Toolset",
     "result_text",
     "tool",
 ]

@@ -148,6 +148,23 @@ class RunContext:
         self.leaf_limiter = anyio.CapacityLimiter(settings.concurrency)
         self.active_leaves = 0
         self.peak_leaves = 0
+        # The run sets the scope while its nodes run; cancel() ends the run as "cancelled".
+        self.cancel_scope: anyio.CancelScope | None = None
+        self.cancel_requested = False
+        self.nodes_finished = False
+
+    def cancel(self) -> bool:
+        """Stop the run from outside: every node task is cancelled, the record says cancelled.
+
+        Returns ``False`` when the run's nodes had already finished (the run keeps its
+        status), ``True`` otherwise. Safe to call more than once, and before the nodes start.
+        """
+        if self.nodes_finished:
+            return False
+        self.cancel_requested = True
+        if self.cancel_scope is not None:
+            self.cancel_scope.cancel()
+        return True
 
     def leaf_started(self) -> None:
         """Count a leaf that started running (for the peak-concurrency statistic)."""
@@ -311,6 +328,10 @@ class NodeContext:
                     cost_usd=cost,
                     duration_s=duration,
                     ok=ok,
+                    cached_input_tokens=usage.cached_input_tokens,
+                    reasoning_tokens=usage.reasoning_tokens,
+                    purpose=request.purpose,
+                    attempt=attempt,
                 )
             )
 

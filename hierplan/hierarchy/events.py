@@ -2,16 +2,24 @@
 
 Events are pydantic models (JSON-serialisable). They are built only when someone listens: the
 hot path checks :attr:`EventBus.active` first, so a run without listeners pays nothing.
-Listeners are called synchronously in the order events happen; a listener must not block.
+Listeners are called synchronously, on the event loop's thread, in the order events happen; a
+listener must not block (:class:`hierplan.RunHandle` buffers them for async consumers).
+
+The events of a run, in order: :class:`RunStarted`; then per node :class:`NodeStarted`, its
+plans (:class:`PlanProposed`, then :class:`PlanDecided`: approved, edited, rejected or
+invalid; :class:`Replanned` with the diff when a failure changed the plan), its model calls
+(:class:`ModelCalled`, with usage and cost) and tool calls (:class:`ToolCalled`), retries
+(:class:`StepRetried`), its children, and :class:`NodeFinished`; last :class:`RunFinished`.
+:func:`parse_event` reads any of them back from JSON.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 
 class RunEvent(BaseModel):
@@ -23,6 +31,16 @@ class RunEvent(BaseModel):
     run_id: str = ""
     path: str = ""
     at: float = Field(default_factory=time.time)
+
+
+class RunStarted(RunEvent):
+    """A run started: its goal, strategy, models and settings."""
+
+    type: Literal["run_started"] = "run_started"
+    goal: str
+    strategy: str
+    model: str
+    settings: dict[str, Any] = Field(default_factory=dict)
 
 
 class NodeStarted(RunEvent):
@@ -71,6 +89,9 @@ class Replanned(RunEvent):
     version: int
     reason: str
     diff: str
+    added: list[str] = Field(default_factory=list)
+    removed: list[str] = Field(default_factory=list)
+    changed: list[str] = Field(default_factory=list)
 
 
 class StepRetried(RunEvent):
@@ -104,6 +125,10 @@ class ModelCalled(RunEvent):
     cost_usd: float | None
     duration_s: float
     ok: bool = True
+    cached_input_tokens: int = 0
+    reasoning_tokens: int = 0
+    purpose: str = ""
+    attempt: int = 1
 
 
 class BudgetReserved(RunEvent):
@@ -166,6 +191,38 @@ class RunFinished(RunEvent):
     status: str
     cost_usd: float
     answer: str
+    input_tokens: int = 0
+    output_tokens: int = 0
+    error: str | None = None
+
+
+AnyEvent = Annotated[
+    RunStarted
+    | NodeStarted
+    | NodeFinished
+    | PlanProposed
+    | PlanDecided
+    | Replanned
+    | StepRetried
+    | ToolCalled
+    | ModelCalled
+    | RunFinished,
+    Field(discriminator="type"),
+]
+"""Every event type, discriminated by ``type`` (for reading events back)."""
+
+_EVENT_ADAPTER: TypeAdapter[AnyEvent] = TypeAdapter(AnyEvent)
+
+
+def parse_event(data: str | bytes | dict[str, Any]) -> RunEvent:
+    """An event from its JSON text (``event.model_dump_json()``) or its dict.
+
+    >>> parse_event('{"type": "node_started", "path": "1", "kind": "planner", "goal": "g"}').kind
+    'planner'
+    """
+    if isinstance(data, dict):
+        return _EVENT_ADAPTER.validate_python(data)
+    return _EVENT_ADAPTER.validate_json(data)
 
 
 Listener = Callable[[RunEvent], None]

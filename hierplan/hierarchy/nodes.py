@@ -277,13 +277,17 @@ def _add_version(node: NodeContext, plan: Plan, reason: str, previous: Plan | No
             )
         )
         if previous is not None and reason == "replan":
+            diff = version.diff
             run.bus.emit(
                 Replanned(
                     run_id=run.run_id,
                     path=node.path,
                     version=version.version,
                     reason=reason,
-                    diff=version.diff.summary() if version.diff else "",
+                    diff=diff.summary() if diff else "",
+                    added=list(diff.added) if diff else [],
+                    removed=list(diff.removed) if diff else [],
+                    changed=list(diff.changed) if diff else [],
                 )
             )
     return version

@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from hierplan.agents.models import resolve_model
 from hierplan.agents.models.base import Model, close_model, parse_model_string
 from hierplan.agents.models.simulated import COVERAGE_HINT, NoiseProfile, Oracle
-from hierplan.agents.tools import Tool, Toolbox
+from hierplan.agents.tools import Tool, Toolbox, Toolset
 from hierplan.budgets.instrument import (
     BudgetInstrument,
     prepare_budget,
@@ -33,8 +33,14 @@ from hierplan.budgets.instrument import (
 )
 from hierplan.budgets.pricing import PriceTable
 from hierplan.errors import ModelAuthError, StepFailed, UserInputError
-from hierplan.hierarchy.context import Instrument, NodeContext, RunContext, RunSettings
-from hierplan.hierarchy.events import EventBus, Listener, RunFinished
+from hierplan.hierarchy.context import (
+    Instrument,
+    NodeContext,
+    RunContext,
+    RunSettings,
+    enter_scopes,
+)
+from hierplan.hierarchy.events import EventBus, Listener, RunFinished, RunStarted
 from hierplan.hierarchy.gate import Approver, Gate
 from hierplan.hierarchy.pause import (
     Restore,
@@ -55,24 +61,38 @@ class _Prepared:
     env: ScenarioEnv | None
     scenario: str | None
     workdir: Path | None = None
+    toolsets: list[Toolset] = field(default_factory=list)
 
 
 async def _prepare(
     goal: str | None,
     scenario: str | Scenario | None,
-    tools: Iterable[Tool],
+    tools: Iterable[Tool | Toolset],
     oracle: Oracle | None,
     workdir: Path | None,
     seed: int,
+    run_id: str,
     reopen: bool = False,
 ) -> _Prepared:
-    extra = list(tools)
+    extra: list[Tool] = []
+    toolsets: list[Toolset] = []
+    for item in tools:
+        if isinstance(item, Toolset):
+            toolsets.append(item)
+        elif isinstance(item, Tool):
+            extra.append(item)
+        else:
+            raise UserInputError(
+                f"tools= takes hierplan tools (@hierplan.tool) and toolsets (MCP servers), "
+                f"not {type(item).__name__}"
+            )
     if scenario is None:
         if not goal or not goal.strip():
             raise UserInputError("no goal given: pass a goal, or a scenario (--scenario NAME)")
-        return _Prepared(goal.strip(), extra, oracle, None, None)
+        return _Prepared(goal.strip(), extra, oracle, None, None, toolsets=toolsets)
     found = get_scenario(scenario) if isinstance(scenario, str) else scenario
-    where = workdir or Path("runs") / "scenarios" / found.name
+    # One directory per run: concurrent runs of a scenario must not share its files.
+    where = workdir or Path("runs") / "scenarios" / found.name / run_id
     where.mkdir(parents=True, exist_ok=True)
     make_env = found.reopen if reopen else found.setup
     env = await anyio.to_thread.run_sync(partial(make_env, where, seed=seed))
@@ -83,6 +103,7 @@ async def _prepare(
         env,
         found.name,
         where,
+        toolsets,
     )
 
 
@@ -109,7 +130,7 @@ async def run(
     strategy: str | None = None,
     model: str | Model = "sim",
     executor_model: str | Model | None = None,
-    tools: Iterable[Tool] = (),
+    tools: Iterable[Tool | Toolset] = (),
     settings: RunSettings | None = None,
     max_depth: int | None = None,
     concurrency: int | None = None,
@@ -145,6 +166,10 @@ async def run(
     ``partial``, ``failed`` or ``rejected`` result, never an exception. Bad input (an unknown
     scenario or strategy, an empty goal, a free-text goal for the simulator) raises
     :class:`~hierplan.errors.UserInputError` before anything runs.
+
+    ``tools`` takes tools and toolsets (MCP servers, opened for this run and closed after).
+    A scenario without ``workdir`` works in ``runs/scenarios/<name>/<run id>``. To watch or
+    cancel a run while it goes, use :func:`hierplan.start`.
 
     When an approver defers a plan (:class:`~hierplan.Defer`), the run pauses: the result's
     status is ``paused``, and with ``checkpoint_dir`` the run is saved there for
@@ -192,8 +217,16 @@ async def run(
     try:
         # Provider models first: a missing API key fails before the scenario is set up.
         models.open_providers(model, executor_model)
+        rid = restore.record.run_id if restore else run_id or uuid.uuid4().hex[:12]
         prepared = await _prepare(
-            goal, scenario, tools, oracle, workdir, run_settings.seed, reopen=restore is not None
+            goal,
+            scenario,
+            tools,
+            oracle,
+            workdir,
+            run_settings.seed,
+            rid,
+            reopen=restore is not None,
         )
         planner_model = models.get(model, prepared.oracle)
         exec_model = (
@@ -201,7 +234,6 @@ async def run(
         )
         if planner_model.provider == "sim" and prepared.oracle is None:
             raise UserInputError(f"the goal {prepared.goal[:120]!r} is free text. {COVERAGE_HINT}")
-        rid = restore.record.run_id if restore else run_id or uuid.uuid4().hex[:12]
         bus = EventBus(rid)
         for listener in listeners:
             bus.subscribe(listener)
@@ -309,33 +341,48 @@ async def _execute(ctx: RunContext, chosen: Strategy, prepared: _Prepared) -> Ru
         record = restore.record.tree
     else:
         record = NodeRecord(path="1", kind=chosen.root_kind, goal=prepared.goal, depth=1)
-    root = NodeContext(ctx, record, allowed_tools=ctx.toolbox.names())
     started = restore.record.started_at if restore else time.time()
     status: RunStatus = "succeeded"
     answer = ""
     error: str | None = None
-    scopes = [i.run_scope(ctx) for i in ctx.instruments]
     async with AsyncExitStack() as stack:
-        for scope in scopes:
-            if scope is not None:
-                await stack.enter_async_context(scope)
-        # A deferred plan pauses the run: the pause control cancels this scope once no step
-        # and no planning round is running any more.
-        with anyio.CancelScope() as pause_scope:
-            ctx.pause.scope = pause_scope
-            try:
-                answer = (await chosen.run(root)).text
-            except StepFailed as exc:
-                status = _run_status(record)
-                answer = record.output or ""
-                error = str(exc)
-            except BaseExceptionGroup as group:
-                # A refused API key stops the run from any depth: surface it, not the task groups.
-                refused = group.subgroup(ModelAuthError)
-                if refused is None:
-                    raise
-                raise _first_leaf(refused) from None
-        if ctx.pause.paused:
+        for toolset in prepared.toolsets:
+            for found in await stack.enter_async_context(toolset.open()):
+                try:
+                    ctx.toolbox.add(found)
+                except ValueError as exc:
+                    raise UserInputError(str(exc)) from None
+        root = NodeContext(ctx, record, allowed_tools=ctx.toolbox.names())
+        await enter_scopes(stack, [i.run_scope(ctx) for i in ctx.instruments])
+        if ctx.bus.active:
+            ctx.bus.emit(_run_started(ctx, prepared.goal))
+        # cancel() from outside (a run handle) cancels this scope: the run ends "cancelled".
+        with anyio.CancelScope() as cancel_scope:
+            ctx.cancel_scope = cancel_scope
+            if ctx.cancel_requested:
+                cancel_scope.cancel()
+            # A deferred plan pauses the run: the pause control cancels this scope once no step
+            # and no planning round is running any more.
+            with anyio.CancelScope() as pause_scope:
+                ctx.pause.scope = pause_scope
+                try:
+                    answer = (await chosen.run(root)).text
+                except StepFailed as exc:
+                    status = _run_status(record)
+                    answer = record.output or ""
+                    error = str(exc)
+                except BaseExceptionGroup as group:
+                    # A refused API key stops the run from any depth: surface it, not the groups.
+                    refused = group.subgroup(ModelAuthError)
+                    if refused is None:
+                        raise
+                    raise _first_leaf(refused) from None
+        ctx.nodes_finished = True
+        ctx.cancel_scope = None
+        if cancel_scope.cancelled_caught:
+            status, answer, error = "cancelled", record.output or "", "cancelled by the caller"
+            _retire_pending(record)
+        elif ctx.pause.paused:
             status, answer, error = "paused", "", None
     models = {ctx.planner_model.name, ctx.executor_model.name}
     result = RunResult(
@@ -360,20 +407,44 @@ async def _execute(ctx: RunContext, chosen: Strategy, prepared: _Prepared) -> Ru
         },
         price_table=ctx.pricing.version,
     )
-    if prepared.env is not None and status != "paused":
+    if prepared.env is not None and status not in ("paused", "cancelled"):
         verdict = await anyio.to_thread.run_sync(prepared.env.verify)
         result.verification = verdict.to_dict()
     if ctx.bus.active:
+        totals = result.totals()
         ctx.bus.emit(
             RunFinished(
                 run_id=ctx.run_id,
                 path="1",
                 status=status,
-                cost_usd=result.totals()["cost_usd"],
+                cost_usd=totals["cost_usd"],
                 answer=answer[:2000],
+                input_tokens=totals["input_tokens"],
+                output_tokens=totals["output_tokens"],
+                error=error,
             )
         )
     return result
+
+
+def _run_started(ctx: RunContext, goal: str) -> RunStarted:
+    models = {ctx.planner_model.name, ctx.executor_model.name}
+    return RunStarted(
+        run_id=ctx.run_id,
+        path="1",
+        goal=goal,
+        strategy=ctx.settings.strategy,
+        model=" + ".join(sorted(models)),
+        settings=ctx.settings.model_dump(mode="json"),
+    )
+
+
+def _retire_pending(root: NodeRecord) -> None:
+    """Nodes that never started when the run was cancelled are cancelled too."""
+    for node in root.walk():
+        if node.status in ("pending", "running"):
+            node.status = "cancelled"
+            node.error = node.error or "not run: the run was cancelled"
 
 
 def _first_leaf(group: BaseExceptionGroup[Any]) -> BaseException:
