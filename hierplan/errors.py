@@ -17,7 +17,8 @@ The hierarchy::
     └── ToolError                 a tool failed
         ├── ToolArgsError         a tool was called with invalid arguments (not retried)
         ├── ToolTimeoutError      a tool ran past its timeout (retried)
-        └── ToolNotAllowedError   a tool outside the node's allowlist was requested
+        ├── ToolNotAllowedError   a tool outside the node's allowlist was requested
+        └── ToolServerGone        the server behind a tool (an MCP server) died (not retried)
 
 Errors that a user can fix carry a message saying what was wrong and what to do; the CLI prints
 that message on one line and exits with status 2.
@@ -136,5 +137,15 @@ class ToolTimeoutError(ToolError):
 
 class ToolNotAllowedError(ToolError):
     """A tool that is not allowed for this node, or does not exist, was requested."""
+
+    retryable = False
+
+
+class ToolServerGone(ToolError):
+    """The server behind a tool (an MCP server) exited or dropped its connection.
+
+    Every later call of its tools fails at once with this error, so the steps that need them
+    fail (and their planners replan) instead of waiting.
+    """
 
     retryable = False
