@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from hierplan.agents.executor import LLMExecutor, StepResult, ToolExecutor
 from hierplan.agents.models import (
     FunctionModel,
@@ -22,7 +24,7 @@ from hierplan.agents.models import (
     resolve_model,
 )
 from hierplan.agents.planner import LLMPlanner
-from hierplan.agents.tools import Tool, tool
+from hierplan.agents.tools import Tool, Toolset, tool
 from hierplan.budgets.budget import Budget, Ledger, LocalLedger
 from hierplan.budgets.instrument import BudgetInstrument
 from hierplan.budgets.pricing import Price, PriceTable
@@ -33,10 +35,26 @@ from hierplan.errors import (
     ModelError,
     PlanValidationError,
     StepFailed,
+    ToolError,
+    ToolServerGone,
     UserInputError,
 )
 from hierplan.hierarchy.context import Instrument, NodeContext, RunContext, RunSettings
-from hierplan.hierarchy.events import RunEvent
+from hierplan.hierarchy.events import (
+    AnyEvent,
+    ModelCalled,
+    NodeFinished,
+    NodeStarted,
+    PlanDecided,
+    PlanProposed,
+    Replanned,
+    RunEvent,
+    RunFinished,
+    RunStarted,
+    StepRetried,
+    ToolCalled,
+    parse_event,
+)
 from hierplan.hierarchy.gate import (
     Approve,
     AutoApprove,
@@ -47,6 +65,7 @@ from hierplan.hierarchy.gate import (
     GateContext,
     Reject,
 )
+from hierplan.hierarchy.handle import EventStream, RunHandle, start
 from hierplan.hierarchy.plan import Plan, Step, critical_path, topological_order, validate_plan
 from hierplan.hierarchy.record import NodeRecord, RunResult
 from hierplan.hierarchy.resume import resume, resume_sync
@@ -55,10 +74,31 @@ from hierplan.hierarchy.strategies import STRATEGIES
 from hierplan.review import ConsoleReviewer, PauseForReview, PolicyApprover, ReviewPolicy
 from hierplan.tracing.otel import Tracing
 
+if TYPE_CHECKING:
+    from hierplan.mcp import MCPServer, MCPServerStdio, MCPServerStreamableHTTP, MCPTool
+
 __version__ = "0.1.0"
+
+# MCP tools need the optional ``mcp`` extra: imported on first use, with a clear message.
+_MCP_NAMES = ("MCPServer", "MCPServerStdio", "MCPServerStreamableHTTP", "MCPTool")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MCP_NAMES:
+        try:
+            from hierplan import mcp
+        except ModuleNotFoundError as exc:
+            raise ImportError(
+                f"hierplan.{name} needs the MCP SDK ({exc}); install it with "
+                "pip install 'hierplan[mcp]'"
+            ) from None
+        return getattr(mcp, name)
+    raise AttributeError(f"module 'hierplan' has no attribute {name!r}")
+
 
 __all__ = [
     "STRATEGIES",
+    "AnyEvent",
     "Approve",
     "AutoApprove",
     "Budget",
@@ -68,6 +108,7 @@ __all__ = [
     "ConsoleReviewer",
     "Defer",
     "Edit",
+    "EventStream",
     "FunctionModel",
     "Gate",
     "GateContext",
@@ -77,44 +118,64 @@ __all__ = [
     "LLMPlanner",
     "Ledger",
     "LocalLedger",
+    "MCPServer",
+    "MCPServerStdio",
+    "MCPServerStreamableHTTP",
+    "MCPTool",
     "Model",
     "ModelAuthError",
+    "ModelCalled",
     "ModelError",
     "ModelRequest",
     "ModelResponse",
     "NodeContext",
+    "NodeFinished",
     "NodeRecord",
+    "NodeStarted",
     "NoiseProfile",
     "PauseForReview",
     "Plan",
+    "PlanDecided",
+    "PlanProposed",
     "PlanValidationError",
     "PolicyApprover",
     "Price",
     "PriceTable",
     "Reject",
+    "Replanned",
     "ReviewPolicy",
     "RunContext",
     "RunEvent",
+    "RunFinished",
+    "RunHandle",
     "RunResult",
     "RunSettings",
+    "RunStarted",
     "ScriptedModel",
     "SimulatedModel",
     "Step",
     "StepFailed",
     "StepResult",
+    "StepRetried",
     "Tool",
     "ToolCall",
+    "ToolCalled",
+    "ToolError",
     "ToolExecutor",
+    "ToolServerGone",
+    "Toolset",
     "Tracing",
     "Usage",
     "UserInputError",
     "__version__",
     "critical_path",
+    "parse_event",
     "resolve_model",
     "resume",
     "resume_sync",
     "run",
     "run_sync",
+    "start",
     "tool",
     "topological_order",
     "validate_plan",

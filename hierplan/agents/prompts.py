@@ -11,6 +11,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from hierplan.agents.models.base import Message, ToolSpec
@@ -117,13 +118,14 @@ def render_step_prompt(p: StepPrompt) -> tuple[Message, ...]:
     return (Message("system", system_text), Message("user", "\n\n".join(parts)))
 
 
-_LINE = {
+_LINE: Mapping[str, re.Pattern[str]] = {
     "GOAL": re.compile(r"^GOAL: (.*)$", re.M),
     "STEP": re.compile(r"^STEP: (.*)$", re.M),
     "CONTEXT": re.compile(r"^CONTEXT: (.*)$", re.M),
     "FAILURE": re.compile(r"^FAILURE: (.*)$", re.M),
     "FEEDBACK": re.compile(r"^FEEDBACK: (.*)", re.M | re.S),
 }
+_LINE = MappingProxyType(_LINE)  # read-only: shared by every run
 _DEPTH = re.compile(r"^DEPTH: (\d+) of (\d+); .*at most (\d+) steps$", re.M)
 _TOOL = re.compile(r"^- ([^:\s]+): ", re.M)
 

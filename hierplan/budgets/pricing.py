@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from hierplan.agents.models.base import Usage
 
@@ -125,6 +126,7 @@ DEFAULT_PRICES: Mapping[str, Price] = {
     "anthropic:claude-haiku-4-5": _anthropic(1.00, 5.00, 0.10, "2025-10-15"),
     "anthropic:claude-3-5-haiku": _anthropic(0.80, 4.00, 0.08, "2024-11-04"),
 }
+DEFAULT_PRICES = MappingProxyType(DEFAULT_PRICES)  # read-only: shared by every run
 
 DEFAULT_SIMULATED_PRICED_AS = "openai:gpt-5-mini"
 

@@ -17,8 +17,9 @@ to free it.
 
 **Cancellation.** :meth:`RunHandle.cancel` cancels every task of the run at its next
 checkpoint; the run ends with status ``cancelled`` and a record that keeps what finished.
-Leaving the ``async with`` block waits for the run to end, unless the block raised (or was
-cancelled), in which case the run is cancelled first: a run never outlives its block.
+Leaving the ``async with`` block waits for the run to end, unless the block raised or was
+cancelled (a caller's deadline), in which case the run is cancelled first: a run never
+outlives its block, and always ends with a record.
 """
 
 from __future__ import annotations
@@ -160,8 +161,7 @@ class RunHandle:
         try:
             await group.start(self._main)
         except BaseException:
-            group.cancel_scope.cancel()
-            await group.__aexit__(None, None, None)
+            await self._close()
             raise
         return self
 
@@ -170,15 +170,24 @@ class RunHandle:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool | None:
-        assert self._task_group is not None
-        if exc_type is not None:
-            self.cancel()
-        suppress = await self._task_group.__aexit__(exc_type, exc, tb)
-        if exc_type is None and self._error is not None and not self._error_seen:
+    ) -> None:
+        try:
+            if exc_type is None:
+                await self._done_event().wait()
+        finally:
+            await self._close()
+        if self._error is not None and not self._error_seen and exc_type is None:
             self._error_seen = True
             raise self._error
-        return suppress
+
+    async def _close(self) -> None:
+        """Cancel the run unless it ended, and wait (shielded) until it has wound down."""
+        if not self._finished:
+            self.cancel()
+        assert self._task_group is not None
+        with anyio.CancelScope(shield=True):
+            await self._done_event().wait()
+        await self._task_group.__aexit__(None, None, None)
 
     async def _main(self, *, task_status: TaskStatus[None]) -> None:
         self._started = task_status
@@ -188,7 +197,9 @@ class RunHandle:
         instruments: Sequence[Instrument] = options.pop("instruments", ())
         result: RunResult | None = None
         try:
-            with anyio.CancelScope() as outer:
+            # Shielded: only cancel() stops the run, so that it always ends with a record
+            # (a caller's deadline reaches the block, whose exit calls cancel()).
+            with anyio.CancelScope(shield=True), anyio.CancelScope() as outer:
                 self._outer = outer
                 if self._cancel_requested:
                     outer.cancel()

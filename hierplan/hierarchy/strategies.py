@@ -16,6 +16,8 @@ comparison between them measures the strategy and nothing else.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import ClassVar
 
 from hierplan.agents.executor import StepResult
@@ -108,9 +110,10 @@ class AsNeeded(Strategy):
         return await run_as_needed_node(root, step, {}, self.policy)
 
 
-STRATEGIES: dict[str, type[Strategy]] = {
+STRATEGIES: Mapping[str, type[Strategy]] = {
     cls.name: cls for cls in (React, PlanExecute, Replan, Dag, Hierarchical, AsNeeded)
 }
+STRATEGIES = MappingProxyType(STRATEGIES)  # read-only: shared by every run
 assert tuple(STRATEGIES) == STRATEGY_NAMES
 
 

@@ -7,6 +7,8 @@ user wrote (goals, errors, answers) is printed as text, never as rich markup.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
@@ -17,7 +19,7 @@ from rich.tree import Tree
 from hierplan.hierarchy.plan import Plan
 from hierplan.hierarchy.record import DecisionRecord, NodeRecord, PlanVersion, RunResult
 
-STATUS_STYLE = {
+STATUS_STYLE: Mapping[str, str] = {
     "succeeded": "green",
     "partial": "yellow",
     "failed": "red",
@@ -28,13 +30,15 @@ STATUS_STYLE = {
     "running": "cyan",
     "paused": "yellow",
 }
-DECISION_STYLE = {
+DECISION_STYLE: Mapping[str, str] = {
     "approved": "green",
     "edited": "cyan",
     "rejected": "magenta",
     "invalid": "red",
     "pending": "yellow",
 }
+STATUS_STYLE = MappingProxyType(STATUS_STYLE)  # read-only: shared by every run
+DECISION_STYLE = MappingProxyType(DECISION_STYLE)
 
 
 def money(value: float | None) -> str:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from hierplan.agents.models.base import (
@@ -33,10 +35,11 @@ from hierplan.agents.models.simulated import (
 )
 from hierplan.errors import ModelNotAvailableError
 
-_ADAPTERS = {
+_ADAPTERS: Mapping[str, tuple[str, str, str]] = {
     "openai": ("hierplan.agents.models.openai", "OpenAIModel", "openai"),
     "anthropic": ("hierplan.agents.models.anthropic", "AnthropicModel", "anthropic"),
 }
+_ADAPTERS = MappingProxyType(_ADAPTERS)  # read-only: shared by every run
 
 
 def resolve_model(

@@ -26,9 +26,10 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from hashlib import sha256
+from types import MappingProxyType
 from typing import Any, Protocol
 
 import anyio
@@ -104,7 +105,7 @@ class NoiseProfile(BaseModel):
 # ones; LLMCompiler/ReWOO report a few percent of malformed tool calls), and latency around the
 # median completion time of a small hosted model (about 0.5-1 s for a short answer). "weak"
 # roughly triples the error rates, as for small open models. "ideal" is the oracle itself.
-PROFILES: dict[str, NoiseProfile] = {
+PROFILES: Mapping[str, NoiseProfile] = {
     "ideal": NoiseProfile(name="ideal"),
     "typical": NoiseProfile(
         name="typical",
@@ -127,6 +128,7 @@ PROFILES: dict[str, NoiseProfile] = {
         verbosity=1.0,
     ),
 }
+PROFILES = MappingProxyType(PROFILES)  # read-only: shared by every run
 
 
 def get_profile(name: str) -> NoiseProfile:

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import random
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 DATABASE_VERSION = 1
 
-SCHEMA: dict[str, str] = {
+SCHEMA: Mapping[str, str] = {
     "regions": "id INTEGER PRIMARY KEY, name TEXT NOT NULL",
     "countries": "id INTEGER PRIMARY KEY, region_id INTEGER NOT NULL REFERENCES regions(id), "
     "name TEXT NOT NULL, iso TEXT NOT NULL",
@@ -52,8 +53,9 @@ SCHEMA: dict[str, str] = {
     "customer_id INTEGER NOT NULL REFERENCES customers(id), rating INTEGER NOT NULL, "
     "body TEXT NOT NULL",
 }
+SCHEMA = MappingProxyType(SCHEMA)  # read-only: shared by every run
 
-INDEXES: dict[str, list[tuple[str, list[str]]]] = {
+INDEXES: Mapping[str, list[tuple[str, list[str]]]] = {
     "countries": [("ix_countries_region", ["region_id"])],
     "customers": [("ix_customers_country", ["country_id"]), ("ix_customers_email", ["email"])],
     "addresses": [("ix_addresses_customer", ["customer_id"])],
@@ -70,8 +72,9 @@ INDEXES: dict[str, list[tuple[str, list[str]]]] = {
     "shipments": [("ix_shipments_order", ["order_id"])],
     "reviews": [("ix_reviews_product", ["product_id"])],
 }
+INDEXES = MappingProxyType(INDEXES)  # read-only: shared by every run
 
-ROWS: dict[str, int] = {
+ROWS: Mapping[str, int] = {
     "regions": 8,
     "countries": 60,
     "categories": 40,
@@ -87,11 +90,13 @@ ROWS: dict[str, int] = {
     "shipments": 35_000,
     "reviews": 12_000,
 }
+ROWS = MappingProxyType(ROWS)  # read-only: shared by every run
 
-_WORDS = (
+_WORDS: Sequence[str] = (
     "amber basil cedar delta ember fjord garnet harbor iris juniper kestrel lumen maple nova "
     "onyx pine quartz raven sable tundra umber violet willow xenon yarrow zephyr"
 ).split()
+_WORDS = tuple(_WORDS)
 
 
 def quote(identifier: str) -> str:

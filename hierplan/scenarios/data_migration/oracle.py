@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
 import networkx as nx
 
@@ -36,22 +37,24 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("orders", ("orders", "order_items", "payments", "shipments", "reviews")),
 )
 
-_KINDS = {
+_KINDS: Mapping[str, str] = {
     "schema": "Create the schema of tables {t} in the target database",
     "copy": "Copy the rows of tables {t} into the target database, parents before children",
     "indexes": "Create the indexes of tables {t} in the target database",
     "verify": "Verify tables {t}: row counts, checksums and indexes match the source",
 }
+_KINDS = MappingProxyType(_KINDS)  # read-only: shared by every run
 _PARSE = re.compile(
     r"^(?P<kind>Create the schema of|Copy the rows of|Create the indexes of|Verify) tables "
     r"(?P<tables>[a-z0-9_]+(?:, [a-z0-9_]+)*)"
 )
-_KIND_OF = {
+_KIND_OF: Mapping[str, str] = {
     "Create the schema of": "schema",
     "Copy the rows of": "copy",
     "Create the indexes of": "indexes",
     "Verify": "verify",
 }
+_KIND_OF = MappingProxyType(_KIND_OF)  # read-only: shared by every run
 _NO_TABLE = re.compile(r"has no table '([a-z0-9_]+)'")
 _FK_FAILED = re.compile(r"copying '([a-z0-9_]+)' violated a foreign key")
 _MISMATCH = re.compile(r"([a-z0-9_]+) \((missing table|[a-z ,]+)\)")

@@ -1,0 +1,124 @@
+"""The typed event stream: complete, in causal order, adding up to the run record."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import hierplan
+from hierplan.hierarchy import nodes
+from hierplan.hierarchy.events import (
+    EventBus,
+    NodeStarted,
+    PlanDecided,
+    Replanned,
+    RunEvent,
+    ToolCalled,
+    parse_event,
+)
+from tests.capitals import CapitalsOracle, goal_for, local_tools
+from tests.eventcheck import check_events
+
+GROUPS = [["france", "japan"], ["peru", "chile"]]
+
+
+async def _capitals_run(**options: Any) -> tuple[hierplan.RunResult, list[RunEvent]]:
+    events: list[RunEvent] = []
+    result = await hierplan.run(
+        goal_for(GROUPS),
+        oracle=CapitalsOracle(),
+        tools=local_tools(),
+        sim_profile="ideal",
+        sim_latency_scale=0,
+        listeners=[events.append],
+        **options,
+    )
+    return result, events
+
+
+@pytest.mark.anyio
+async def test_three_level_run_events_are_complete_and_causal() -> None:
+    result, events = await _capitals_run()
+    assert result.status == "succeeded", result.error
+    assert {n.depth for n in result.nodes()} == {1, 2, 3}
+    check_events(events, result)
+    kinds = Counter(e.type for e in events)
+    # root + 2 group planners + 4 lookups + 1 sum; 3 plans, each approved
+    assert kinds["node_started"] == kinds["node_finished"] == 8
+    assert kinds["plan_proposed"] == 3
+    assert [e.decision for e in events if isinstance(e, PlanDecided)] == ["approved"] * 3
+    tools = Counter(e.tool for e in events if isinstance(e, ToolCalled))
+    assert tools == {"lookup": 4, "add": 1}
+    assert result.totals()["cost_usd"] > 0
+    for country, capital in (("france", "Paris"), ("chile", "Santiago")):
+        assert f"The capital of {country} is {capital}" in result.answer
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("seed", [1, 5])
+async def test_scenario_run_events_with_noise_and_replans(tmp_path: Path, seed: int) -> None:
+    """The migration demo with the typical noise profile (these seeds retry and replan)."""
+    events: list[RunEvent] = []
+    result = await hierplan.run(
+        scenario="data_migration",
+        sim_latency_scale=0,
+        seed=seed,
+        workdir=tmp_path,
+        listeners=[events.append],
+    )
+    check_events(events, result)
+    replans = [e for e in events if isinstance(e, Replanned)]
+    assert replans and any(e.type == "step_retried" for e in events)
+    for replan in replans:
+        node = result.tree.find(replan.path)
+        version = node.plan_versions[replan.version - 1]
+        assert version.diff is not None
+        assert replan.added == list(version.diff.added)
+        assert replan.removed == list(version.diff.removed)
+        assert replan.changed == list(version.diff.changed)
+
+
+@pytest.mark.anyio
+async def test_runs_without_listeners_build_no_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hot path pays nothing for events nobody reads."""
+
+    def forbidden(*args: object, **kwargs: object) -> NodeStarted:
+        raise AssertionError("an event was built although nobody listens")
+
+    monkeypatch.setattr(nodes, "NodeStarted", forbidden)
+    monkeypatch.setattr(nodes, "PlanProposed", forbidden)
+    result = await hierplan.run(
+        goal_for(GROUPS),
+        oracle=CapitalsOracle(),
+        tools=local_tools(),
+        sim_profile="ideal",
+        sim_latency_scale=0,
+    )
+    assert result.status == "succeeded"
+    with pytest.raises(AssertionError, match="an event was built"):
+        await _capitals_run()
+
+
+def test_events_read_back_from_json_and_reject_garbage() -> None:
+    event = NodeStarted(run_id="r", path="1.2", kind="executor", goal="g", step_id="s")
+    assert parse_event(event.model_dump_json()) == event
+    assert parse_event(event.model_dump(mode="json")) == event
+    with pytest.raises(ValueError, match="does not match any of the expected tags"):
+        parse_event('{"type": "no_such_event"}')
+
+
+def test_bus_delivers_in_order_and_unsubscribes() -> None:
+    bus = EventBus("r")
+    seen: list[str] = []
+    assert not bus.active
+    stop = bus.subscribe(lambda e: seen.append(e.path))
+    assert bus.active
+    for path in ("1", "1.1", "1.2"):
+        bus.emit(NodeStarted(path=path, kind="planner", goal="g"))
+    stop()
+    bus.emit(NodeStarted(path="1.3", kind="planner", goal="g"))
+    assert seen == ["1", "1.1", "1.2"]
+    assert not bus.active

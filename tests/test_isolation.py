@@ -1,0 +1,107 @@
+"""Many runs in one process and one event loop, isolated from each other."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+import hierplan
+from hierplan import RunSettings
+from hierplan.hierarchy.events import RunEvent
+from tests.capitals import CAPITALS, CapitalsOracle, goal_for, local_tools
+from tests.eventcheck import check_events
+
+RUNS = 50
+COUNTRIES = sorted(CAPITALS)
+
+# Module-level containers that are allowed, and why.
+ALLOWED_MUTABLE = {
+    # Handed to provider SDKs as the structured-output schema: it must be a real dict, and
+    # adapters cache their rewrite of it by identity. Nothing writes to it.
+    "hierplan.agents.planner.PLAN_SCHEMA",
+}
+
+
+def test_no_module_level_mutable_state() -> None:
+    """Nothing a run could change is shared by every run through a module (no hidden globals)."""
+    found = []
+    for info in pkgutil.walk_packages(hierplan.__path__, "hierplan."):
+        module = importlib.import_module(info.name)
+        for name, value in vars(module).items():
+            if name.startswith("__") or f"{info.name}.{name}" in ALLOWED_MUTABLE:
+                continue
+            if isinstance(value, list | dict | set | bytearray):
+                found.append(f"{info.name}.{name} ({type(value).__name__})")
+    assert not found, "module-level mutable state: " + ", ".join(found)
+    with pytest.raises(TypeError):
+        hierplan.STRATEGIES["mine"] = hierplan.STRATEGIES["dag"]  # type: ignore[index]
+
+
+def _settings(i: int) -> RunSettings:
+    return RunSettings(concurrency=1 + i % 4, seed=i, max_retries=i % 3, max_steps=10 + i)
+
+
+@pytest.mark.anyio
+async def test_fifty_concurrent_runs_in_one_loop_do_not_interfere() -> None:
+    results: dict[int, hierplan.RunResult] = {}
+    events: dict[int, list[RunEvent]] = {}
+
+    async def one(i: int) -> None:
+        # each run: its own countries, numbers, tools (with their own delays) and settings
+        group = [COUNTRIES[(i + k) % len(COUNTRIES)] for k in range(4)]
+        async with hierplan.start(
+            goal_for([group], a=i, b=1000),
+            oracle=CapitalsOracle(),
+            tools=local_tools(0.001 * (i % 5)),
+            settings=_settings(i),
+            sim_profile="ideal",
+            sim_latency_scale=0,
+            run_id=f"run-{i}",
+        ) as handle:
+            events[i] = [event async for event in handle.events()]
+            results[i] = await handle.result()
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            for i in range(RUNS):
+                tg.start_soon(one, i)
+    peaks = []
+    for i in range(RUNS):
+        result = results[i]
+        assert result.status == "succeeded", (i, result.error)
+        assert result.run_id == f"run-{i}"
+        check_events(events[i], result)  # every event of run i is run i's, in causal order
+        assert f"{i + 1000}" in result.answer
+        others = {f"{j + 1000}" for j in range(RUNS) if j != i}
+        assert not any(o in result.answer.split() for o in others)
+        assert result.settings == _settings(i).model_dump(mode="json")
+        peak = result.stats["peak_concurrent_leaves"]
+        assert peak <= _settings(i).concurrency  # its own limit, not another run's
+        peaks.append(peak)
+    assert max(peaks) > 1  # leaves of a run did run concurrently
+
+
+@pytest.mark.anyio
+async def test_concurrent_scenario_runs_get_their_own_directories(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    results: list[Any] = []
+
+    async def one(seed: int) -> None:
+        results.append(
+            await hierplan.run(scenario="data_migration", sim_latency_scale=0, seed=seed)
+        )
+
+    async with anyio.create_task_group() as tg:
+        for seed in (1, 2):
+            tg.start_soon(one, seed)
+    assert [r.status for r in results] == ["succeeded", "succeeded"]
+    assert all(r.verification["ok"] for r in results)
+    dirs = sorted(p.name for p in (tmp_path / "runs" / "scenarios" / "data_migration").iterdir())
+    assert dirs == sorted(r.run_id for r in results)
