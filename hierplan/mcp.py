@@ -203,23 +203,27 @@ class MCPServer(Toolset):
     @asynccontextmanager
     async def open(self) -> AsyncIterator[Sequence[Tool]]:
         """Connect, list the tools, yield them as hierplan tools; disconnect on exit."""
+        failure: str | None = None
         async with anyio.create_task_group() as group:
             try:
                 connection, listed = await group.start(self._serve)
             except Exception as exc:  # any start-up failure is the user's to fix
-                raise UserInputError(
-                    f"cannot use MCP server {self.name!r} ({self.describe()}): {_reason(exc)}"
-                ) from None
-            wanted = None if self.include is None else set(self.include)
-            try:
-                yield [
-                    MCPTool(connection, spec, prefix=self.tool_prefix, timeout_s=self.timeout_s)
-                    for spec in listed
-                    if wanted is None or spec.name in wanted
-                ]
-            finally:
-                connection.mark_gone("the connection was closed by its user")
-                connection.closing.set()
+                failure = _reason(exc)
+            else:
+                wanted = None if self.include is None else set(self.include)
+                try:
+                    yield [
+                        MCPTool(connection, spec, prefix=self.tool_prefix, timeout_s=self.timeout_s)
+                        for spec in listed
+                        if wanted is None or spec.name in wanted
+                    ]
+                finally:
+                    connection.mark_gone("the connection was closed by its user")
+                    connection.closing.set()
+        if failure is not None:  # raised outside the task group, so not wrapped in a group
+            raise UserInputError(
+                f"cannot use MCP server {self.name!r} ({self.describe()}): {failure}"
+            )
 
     async def _serve(
         self, *, task_status: TaskStatus[tuple[_Connection, list[mcp_types.Tool]]]
@@ -258,6 +262,8 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
         return "it did not answer in time"
     if isinstance(exc, MCPError):
+        if exc.code == mcp_types.CONNECTION_CLOSED:
+            return "the server closed the connection (is it an MCP server? its stderr says more)"
         return exc.message
     text = str(exc) or type(exc).__name__
     return text if isinstance(exc, OSError) else f"{type(exc).__name__}: {text}"
@@ -285,7 +291,8 @@ class MCPServerStdio(MCPServer):
     ) -> None:
         if not command.strip():
             raise UserInputError("an MCP stdio server needs a command, e.g. 'python'")
-        default = Path(args[0]).stem if args else Path(command).name
+        scripts = [a for a in args if not a.startswith("-")]
+        default = Path(scripts[0]).stem if scripts else Path(command).name
         super().__init__(name=name or default, **options)
         self.command = command
         self.args = tuple(args)

@@ -14,7 +14,7 @@ import anyio
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
-CAPITALS = {"france": "Paris", "japan": "Tokyo", "peru": "Lima"}
+CAPITALS = {"france": "Paris", "japan": "Tokyo", "peru": "Lima", "chile": "Santiago"}
 
 server = MCPServer("test-tools", log_level="WARNING")
 

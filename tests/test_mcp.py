@@ -1,0 +1,326 @@
+"""Tools from a real MCP server (``tests/mcp_server.py``, written with the ``mcp`` SDK)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+import anyio
+import pytest
+from mcp import Client, StdioServerParameters
+
+import hierplan
+from hierplan import FunctionModel, ModelRequest, ModelResponse, ToolCall
+from hierplan.agents.models.simulated import Action
+from hierplan.agents.prompts import PlanPrompt, StepPrompt
+from hierplan.errors import (
+    ToolArgsError,
+    ToolError,
+    ToolServerGone,
+    ToolTimeoutError,
+    UserInputError,
+)
+from hierplan.hierarchy.events import Replanned, RunEvent, ToolCalled
+from hierplan.hierarchy.plan import Plan, Step
+from hierplan.mcp import MCPServerStdio, MCPServerStreamableHTTP, MCPTool
+from tests.capitals import CapitalsOracle, goal_for
+from tests.eventcheck import check_events
+
+SERVER = Path(__file__).with_name("mcp_server.py")
+
+
+@pytest.fixture
+def errlog(tmp_path: Path) -> Iterator[TextIO]:
+    """The server's stderr, kept out of the test output."""
+    with (tmp_path / "server.err").open("w") as handle:
+        yield handle
+
+
+@pytest.fixture
+def server(errlog: TextIO) -> MCPServerStdio:
+    return MCPServerStdio(sys.executable, [str(SERVER)], name="tools", errlog=errlog)
+
+
+def _by_name(tools: Any) -> dict[str, MCPTool]:
+    return {t.name: t for t in tools}
+
+
+@pytest.mark.anyio
+async def test_server_tools_become_hierplan_tools_with_their_schemas(
+    server: MCPServerStdio, errlog: TextIO
+) -> None:
+    params = StdioServerParameters(command=sys.executable, args=[str(SERVER)])
+    async with Client(params) as raw:
+        listed = {t.name: t for t in (await raw.list_tools()).tools}
+    async with server.open() as tools:
+        found = _by_name(tools)
+        assert set(found) == set(listed) == {"add", "lookup", "slow", "whoami"}
+        for name, tool in found.items():
+            assert isinstance(tool, hierplan.Tool)
+            assert tool.parameters == listed[name].input_schema
+            assert tool.spec.parameters == listed[name].input_schema  # what models see
+            assert tool.description == listed[name].description
+        assert await found["add"].call({"a": 2, "b": 40}) == {"result": 42}
+        assert await found["lookup"].call({"country": "Peru"}) == {"result": "Lima"}
+        with pytest.raises(ToolArgsError, match=r"invalid arguments for tool 'add': .*'b'"):
+            await found["add"].call({"a": 1})
+        with pytest.raises(ToolArgsError, match="a: 'x' is not of type 'integer'"):
+            found["add"].validate({"a": "x", "b": 1})
+        with pytest.raises(ToolError, match="no capital known for 'mars'"):
+            await found["lookup"].call({"country": "mars"})
+    prefixed = MCPServerStdio(
+        sys.executable, [str(SERVER)], tool_prefix="geo_", include=["lookup"], errlog=errlog
+    )
+    async with prefixed.open() as tools:
+        (only,) = tools
+        assert only.name == "geo_lookup"
+        assert await only.call({"country": "japan"}) == {"result": "Tokyo"}
+
+
+@pytest.mark.anyio
+async def test_executors_call_mcp_tools_in_a_three_level_run(server: MCPServerStdio) -> None:
+    events: list[RunEvent] = []
+    result = await hierplan.run(
+        goal_for([["france", "japan"], ["peru"]], 20, 22),
+        oracle=CapitalsOracle(),
+        tools=[server],  # opened for this run, closed after it
+        sim_profile="ideal",
+        sim_latency_scale=0,
+        listeners=[events.append],
+    )
+    assert result.status == "succeeded", result.error
+    assert {n.depth for n in result.nodes()} == {1, 2, 3}
+    check_events(events, result)
+    calls = [e for e in events if isinstance(e, ToolCalled)]
+    assert sorted(e.tool for e in calls) == ["add", "lookup", "lookup", "lookup"]
+    assert all(e.ok for e in calls)
+    for capital in ("Paris", "Tokyo", "Lima", "42"):
+        assert capital in result.answer
+
+
+def _plan_response(steps: list[Step]) -> ModelResponse:
+    plan = Plan(goal="g", steps=steps).model_dump(mode="json", exclude_none=True)
+    return ModelResponse(output=plan)
+
+
+@pytest.mark.anyio
+async def test_step_allowlists_apply_to_mcp_tools(server: MCPServerStdio) -> None:
+    """A step limited to ``lookup`` offers the model only ``lookup``, and refuses ``add``."""
+    offered: list[list[str]] = []
+    replies: list[str] = []
+
+    def model(request: ModelRequest) -> ModelResponse:
+        if request.phase == "planning":
+            step = Step(id="a", title="A", instruction="Capital of France", tools=["lookup"])
+            return _plan_response([step])
+        offered.append([t.name for t in request.tools])
+        replies.extend(m.content for m in request.messages if m.role == "tool")
+        turn = len(offered)
+        if turn == 1:
+            return ModelResponse(tool_calls=(ToolCall("c1", "add", {"a": 1, "b": 2}),))
+        if turn == 2:
+            return ModelResponse(tool_calls=(ToolCall("c2", "lookup", {"country": "france"}),))
+        return ModelResponse(text="Paris")
+
+    events: list[RunEvent] = []
+    result = await hierplan.run(
+        "Find the capital of France",
+        model=FunctionModel(model),
+        strategy="dag",
+        tools=[server],
+        listeners=[events.append],
+    )
+    assert result.status == "succeeded", result.error
+    assert offered == [["lookup"]] * 3
+    assert replies[0] == "ERROR: tool 'add' is not allowed for this node"
+    assert [e.tool for e in events if isinstance(e, ToolCalled)] == ["lookup"]
+
+
+class _KillOracle:
+    """Plan v1 waits on the MCP server's ``slow`` tool; after a failure, a local step instead."""
+
+    def __init__(self) -> None:
+        self.failures: list[str] = []
+
+    def plan(self, prompt: PlanPrompt) -> Plan | None:
+        capital = Step(
+            id="capital",
+            title="Capital",
+            instruction="Look up",
+            tool="lookup",
+            args={"country": "peru"},
+        )
+        if prompt.failure is None:
+            wait = Step(
+                id="wait", title="Wait", instruction="Wait", tool="slow", args={"seconds": 30}
+            )
+            return Plan(goal=prompt.goal, steps=[capital, wait])
+        self.failures.append(prompt.failure)
+        note = Step(id="note", title="Note", instruction="Note", tool="note", args={"text": "done"})
+        return Plan(goal=prompt.goal, steps=[capital, note])
+
+    def act(self, prompt: StepPrompt, done: Any) -> Action | None:
+        return None
+
+
+@pytest.mark.anyio
+async def test_a_server_killed_mid_run_fails_its_steps_and_the_planner_replans(
+    server: MCPServerStdio,
+) -> None:
+    @hierplan.tool
+    def note(text: str) -> str:
+        """Write a note."""
+        return f"noted: {text}"
+
+    oracle = _KillOracle()
+    waiting = anyio.Event()
+    events: list[RunEvent] = []
+
+    def listen(event: RunEvent) -> None:
+        events.append(event)
+        if event.type == "node_started" and getattr(event, "step_id", None) == "wait":
+            waiting.set()
+
+    async with server.open() as tools:
+        pid = (await _by_name(tools)["whoami"].call({}))["result"]
+
+        async def kill_when_waiting() -> None:
+            await waiting.wait()
+            await anyio.sleep(0.3)
+            os.kill(pid, signal.SIGKILL)
+
+        started = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(kill_when_waiting)
+            result = await hierplan.run(
+                "Look up a capital and wait for the server",
+                oracle=oracle,
+                strategy="dag",
+                tools=[*tools, note],
+                sim_profile="ideal",
+                sim_latency_scale=0,
+                listeners=[listen],
+            )
+        took = time.perf_counter() - started
+    assert took < 10  # the server's tool would have taken 30 s: nothing waited for it
+    assert result.status == "succeeded", result.error
+    waited = next(n for n in result.nodes() if n.step_id == "wait")
+    assert waited.status == "failed"
+    assert "MCP server 'tools' is gone" in (waited.error or "")
+    assert waited.attempts == 1  # a dead server is not retried
+    assert len(oracle.failures) == 1 and "is gone" in oracle.failures[0]
+    (replan,) = [e for e in events if isinstance(e, Replanned)]
+    assert replan.added == ["note"] and replan.removed == ["wait"]
+    lookups = [e for e in events if isinstance(e, ToolCalled) and e.tool == "lookup"]
+    assert len(lookups) == 1  # the finished step was kept, not run again
+    check_events(events, result)
+
+
+@pytest.mark.anyio
+async def test_a_hung_server_runs_into_the_tool_timeout(errlog: TextIO) -> None:
+    server = MCPServerStdio(sys.executable, [str(SERVER)], timeout_s=0.5, errlog=errlog)
+    async with server.open() as tools:
+        found = _by_name(tools)
+        pid = (await found["whoami"].call({}))["result"]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            started = time.perf_counter()
+            with pytest.raises(ToolTimeoutError, match="did not finish within 0.5 s"):
+                await found["add"].call({"a": 1, "b": 2})
+            assert time.perf_counter() - started < 2
+        finally:
+            os.kill(pid, signal.SIGKILL)
+    with pytest.raises(ToolServerGone):
+        await found["add"].call({"a": 1, "b": 2})  # the connection is closed after the block
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def _wait_for_port(port: int) -> None:
+    with anyio.fail_after(20):
+        while True:
+            try:
+                stream = await anyio.connect_tcp("127.0.0.1", port)
+            except OSError:
+                await anyio.sleep(0.05)
+            else:
+                await stream.aclose()
+                return
+
+
+@pytest.fixture
+async def http_server(errlog: TextIO) -> AsyncIterator[tuple[str, anyio.abc.Process]]:
+    port = _free_port()
+    process = await anyio.open_process(
+        [sys.executable, str(SERVER), "--http", str(port)], stdout=errlog, stderr=errlog
+    )
+    try:
+        await _wait_for_port(port)
+        yield f"http://127.0.0.1:{port}/mcp", process
+    finally:
+        if process.returncode is None:
+            process.kill()
+        await process.wait()
+
+
+@pytest.mark.anyio
+async def test_streamable_http_server(http_server: tuple[str, anyio.abc.Process]) -> None:
+    url, process = http_server
+    server = MCPServerStreamableHTTP(url, name="geo")
+    events: list[RunEvent] = []
+    result = await hierplan.run(
+        goal_for([["peru", "chile"]], 1, 2),
+        oracle=CapitalsOracle(),
+        tools=[server],
+        sim_profile="ideal",
+        sim_latency_scale=0,
+        listeners=[events.append],
+    )
+    assert result.status == "succeeded", result.error
+    assert "Lima" in result.answer and "Santiago" in result.answer
+    check_events(events, result)
+    async with server.open() as tools:
+        found = _by_name(tools)
+        assert await found["add"].call({"a": 3, "b": 4}) == {"result": 7}
+        process.kill()
+        await process.wait()
+        started = time.perf_counter()
+        with pytest.raises(ToolServerGone, match="MCP server 'geo' is gone"):
+            await found["add"].call({"a": 3, "b": 4})
+        assert time.perf_counter() - started < 5
+
+
+@pytest.mark.anyio
+async def test_servers_that_cannot_be_used_give_a_clear_error(errlog: TextIO) -> None:
+    missing = MCPServerStdio("/nonexistent/server", name="gone", errlog=errlog)
+    with pytest.raises(
+        UserInputError, match=r"cannot use MCP server 'gone' \(/nonexistent/server\)"
+    ):
+        async with missing.open():
+            pytest.fail("must not open")
+    quits = MCPServerStdio(sys.executable, ["-c", "pass"], name="quits", errlog=errlog)
+    with pytest.raises(UserInputError, match="cannot use MCP server 'quits'"):
+        await hierplan.run(
+            "anything", model=FunctionModel(lambda r: ModelResponse()), tools=[quits]
+        )
+    closed = MCPServerStreamableHTTP(f"http://127.0.0.1:{_free_port()}/mcp", name="closed")
+    with pytest.raises(UserInputError, match="cannot use MCP server 'closed'"):
+        async with hierplan.start(
+            "anything", model=FunctionModel(lambda r: ModelResponse()), tools=[closed]
+        ):
+            pytest.fail("must not start")
+    with pytest.raises(UserInputError, match="must start with http:// or https://"):
+        MCPServerStreamableHTTP("localhost:8000/mcp")
+    with pytest.raises(UserInputError, match="tools= takes hierplan tools"):
+        await hierplan.run("anything", model=FunctionModel(lambda r: ModelResponse()), tools=["x"])  # type: ignore[list-item]
