@@ -231,7 +231,7 @@ async def test_a_hung_server_runs_into_the_tool_timeout(errlog: TextIO) -> None:
         os.kill(pid, signal.SIGSTOP)
         try:
             started = time.perf_counter()
-            with pytest.raises(ToolTimeoutError, match="did not finish within 0.5 s"):
+            with pytest.raises(ToolTimeoutError, match=r"did not finish within 0\.5 s"):
                 await found["add"].call({"a": 1, "b": 2})
             assert time.perf_counter() - started < 2
         finally:
