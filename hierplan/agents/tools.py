@@ -30,13 +30,7 @@ import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from hierplan.agents.models.base import ToolSpec
-from hierplan.errors import (
-    ToolArgsError,
-    ToolError,
-    ToolNotAllowedError,
-    ToolTimeoutError,
-    UserInputError,
-)
+from hierplan.errors import ToolArgsError, ToolError, ToolNotAllowedError, ToolTimeoutError
 
 DEFAULT_TOOL_TIMEOUT_S = 60.0
 
@@ -210,7 +204,7 @@ class Toolbox:
     def add(self, new: Tool) -> None:
         """Add a tool; names must be unique."""
         if new.name in self._tools:
-            raise UserInputError(
+            raise ValueError(
                 f"two tools are named {new.name!r}: rename one (an MCP server takes a "
                 "tool_prefix for this)"
             )
