@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from pathlib import Path
 
 import anyio
 
@@ -19,6 +20,7 @@ from hierplan.agents.models.simulated import Action
 from hierplan.agents.prompts import PlanPrompt, StepPrompt, one_line
 from hierplan.agents.tools import Tool
 from hierplan.hierarchy.plan import Plan
+from hierplan.scenarios import Scenario, ScenarioEnv, Verification
 
 CAPITALS = {"france": "Paris", "japan": "Tokyo", "peru": "Lima", "chile": "Santiago"}
 _GROUP = re.compile(r"^Find the capitals of ([a-z, ]+)$")
@@ -113,3 +115,35 @@ def local_tools(delay_s: float = 0.0) -> list[Tool]:
         return a + b
 
     return [lookup, add]
+
+
+class CapitalsScenario(Scenario):
+    """The capitals world as a scenario: its workdir holds the answers the verifier checks."""
+
+    name = "capitals"
+    description = "look up the capitals of a few countries and add two numbers"
+
+    def __init__(
+        self,
+        groups: Sequence[Sequence[str]] = (("france", "japan"), ("peru",)),
+        *,
+        delay_s: float = 0.0,
+    ) -> None:
+        self.groups = [list(g) for g in groups]
+        self.delay_s = delay_s
+
+    def setup(self, workdir: Path, *, seed: int = 0) -> ScenarioEnv:
+        """Write the world's facts into ``workdir``; the verifier reads them back."""
+        facts = workdir / "facts.txt"
+        facts.write_text(f"seed {seed}\n")
+
+        def verify() -> Verification:
+            ok = facts.read_text() == f"seed {seed}\n"
+            return Verification(ok=ok, summary="facts intact" if ok else "facts overwritten")
+
+        return ScenarioEnv(
+            goal=goal_for(self.groups),
+            tools=local_tools(self.delay_s),
+            oracle=CapitalsOracle(),
+            verify=verify,
+        )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
@@ -13,7 +12,7 @@ import pytest
 import hierplan
 from hierplan import RunSettings
 from hierplan.hierarchy.events import RunEvent
-from tests.capitals import CAPITALS, CapitalsOracle, goal_for, local_tools
+from tests.capitals import CAPITALS, CapitalsOracle, CapitalsScenario, goal_for, local_tools
 from tests.eventcheck import check_events
 
 RUNS = 50
@@ -92,18 +91,20 @@ async def test_fifty_concurrent_runs_in_one_loop_do_not_interfere() -> None:
 async def test_concurrent_scenario_runs_get_their_own_directories(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Without a workdir, each run of a scenario works in a directory of its own."""
     monkeypatch.chdir(tmp_path)
-    results: list[Any] = []
+    results: list[hierplan.RunResult] = []
 
     async def one(seed: int) -> None:
-        results.append(
-            await hierplan.run(scenario="data_migration", sim_latency_scale=0, seed=seed)
+        result = await hierplan.run(
+            scenario=CapitalsScenario(), seed=seed, sim_profile="ideal", sim_latency_scale=0
         )
+        results.append(result)
 
     async with anyio.create_task_group() as tg:
-        for seed in (1, 2):
+        for seed in range(5):
             tg.start_soon(one, seed)
-    assert [r.status for r in results] == ["succeeded", "succeeded"]
-    assert all(r.verification["ok"] for r in results)
-    dirs = sorted(p.name for p in (tmp_path / "runs" / "scenarios" / "data_migration").iterdir())
+    assert [r.status for r in results] == ["succeeded"] * 5
+    assert all(r.verification is not None and r.verification["ok"] for r in results)
+    dirs = sorted(p.name for p in (tmp_path / "runs" / "scenarios" / "capitals").iterdir())
     assert dirs == sorted(r.run_id for r in results)
