@@ -16,9 +16,16 @@ def python_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
 
 
+def file_blocks() -> dict[str, str]:
+    """Blocks marked ```python file=NAME: files the examples use, written before they run."""
+    return dict(re.findall(r"```python file=(\S+)\n(.*?)```", README.read_text(), re.S))
+
+
 @pytest.mark.parametrize("index", range(len(python_blocks())))
 def test_python_examples_run(index: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
+    for name, text in file_blocks().items():
+        (tmp_path / name).write_text(text)
     code = python_blocks()[index]
     exec(compile(code, f"README.md python block {index + 1}", "exec"), {"__name__": "readme"})
 
