@@ -27,7 +27,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import TracebackType
 from typing import Any
 
@@ -71,7 +71,8 @@ class _Attach(Instrument):
     def __init__(self, handle: RunHandle) -> None:
         self.handle = handle
 
-    def run_scope(self, run: RunContext) -> Any:
+    def run_scope(self, run: RunContext) -> AbstractAsyncContextManager[None]:
+        """Attach the run to the handle when the run starts."""
         return self._scope(run)
 
     @asynccontextmanager
@@ -219,6 +220,7 @@ class RunHandle:
             self._error = exc
         finally:
             self._outer = None
+            self._ctx = None  # the run's context (models, tools) is not needed any more
             self._finished = True
             self._wake()
             self._done_event().set()
