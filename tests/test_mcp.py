@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
 import socket
@@ -324,3 +326,48 @@ async def test_servers_that_cannot_be_used_give_a_clear_error(errlog: TextIO) ->
         MCPServerStreamableHTTP("localhost:8000/mcp")
     with pytest.raises(UserInputError, match="tools= takes hierplan tools"):
         await hierplan.run("anything", model=FunctionModel(lambda r: ModelResponse()), tools=["x"])  # type: ignore[list-item]
+
+
+class _WaitOracle:
+    """One plan: ask the server its process id, then wait on its ``slow`` tool."""
+
+    def plan(self, prompt: PlanPrompt) -> Plan | None:
+        who = Step(id="who", title="Who", instruction="Who", tool="whoami", args={})
+        wait = Step(
+            id="wait",
+            title="Wait",
+            instruction="Wait",
+            tool="slow",
+            args={"seconds": 30},
+            depends_on=["who"],
+        )
+        return Plan(goal=prompt.goal, steps=[who, wait])
+
+    def act(self, prompt: StepPrompt, done: Any) -> Action | None:
+        return None
+
+
+@pytest.mark.anyio
+async def test_cancelling_a_run_stops_its_mcp_server(server: MCPServerStdio) -> None:
+    """The run's own server process is stopped with the run; no task is left behind."""
+    before = asyncio.all_tasks()
+    async with hierplan.start(
+        "Wait on the server",
+        oracle=_WaitOracle(),
+        strategy="dag",
+        tools=[server],
+        sim_profile="ideal",
+        sim_latency_scale=0,
+    ) as handle:
+        async for event in handle.events():
+            if event.type == "node_started" and getattr(event, "step_id", None) == "wait":
+                started = time.perf_counter()
+                handle.cancel()
+        result = await handle.result()
+    assert time.perf_counter() - started < 5
+    assert result.status == "cancelled"
+    who = next(n for n in result.nodes() if n.step_id == "who")
+    pid = json.loads(who.output or "")["result"]
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the server process is gone
+    assert asyncio.all_tasks() == before
