@@ -210,13 +210,10 @@ class MCPServer(Toolset):
             except Exception as exc:  # any start-up failure is the user's to fix
                 failure = _reason(exc)
             else:
-                wanted = None if self.include is None else set(self.include)
+                failure = self._missing(listed)
                 try:
-                    yield [
-                        MCPTool(connection, spec, prefix=self.tool_prefix, timeout_s=self.timeout_s)
-                        for spec in listed
-                        if wanted is None or spec.name in wanted
-                    ]
+                    if failure is None:
+                        yield self._tools(connection, listed)
                 finally:
                     connection.mark_gone("the connection was closed by its user")
                     connection.closing.set()
@@ -224,6 +221,24 @@ class MCPServer(Toolset):
             raise UserInputError(
                 f"cannot use MCP server {self.name!r} ({self.describe()}): {failure}"
             )
+
+    def _missing(self, listed: Sequence[mcp_types.Tool]) -> str | None:
+        names = {spec.name for spec in listed}
+        missing = sorted(set(self.include or ()) - names)
+        if not missing:
+            return None
+        return (
+            f"it has no tool {', '.join(map(repr, missing))} "
+            f"(its tools: {', '.join(sorted(names)) or 'none'})"
+        )
+
+    def _tools(self, connection: _Connection, listed: Sequence[mcp_types.Tool]) -> list[Tool]:
+        wanted = None if self.include is None else set(self.include)
+        return [
+            MCPTool(connection, spec, prefix=self.tool_prefix, timeout_s=self.timeout_s)
+            for spec in listed
+            if wanted is None or spec.name in wanted
+        ]
 
     async def _serve(
         self, *, task_status: TaskStatus[tuple[_Connection, list[mcp_types.Tool]]]

@@ -322,6 +322,10 @@ async def test_servers_that_cannot_be_used_give_a_clear_error(errlog: TextIO) ->
             "anything", model=FunctionModel(lambda r: ModelResponse()), tools=[closed]
         ):
             pytest.fail("must not start")
+    unknown = MCPServerStdio(sys.executable, [str(SERVER)], include=["nope"], errlog=errlog)
+    with pytest.raises(UserInputError, match=r"it has no tool 'nope' \(its tools: add, lookup"):
+        async with unknown.open():
+            pytest.fail("must not open")
     with pytest.raises(UserInputError, match="must start with http:// or https://"):
         MCPServerStreamableHTTP("localhost:8000/mcp")
     with pytest.raises(UserInputError, match="tools= takes hierplan tools"):
