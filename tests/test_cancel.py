@@ -63,7 +63,7 @@ async def _cancel_at(cut: int, delay_s: float) -> tuple[bool, RunResult, list[Ru
 
 
 @settings(
-    max_examples=40,
+    max_examples=100,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
