@@ -64,6 +64,8 @@ def parse_sse(lines: list[str]) -> list[dict[str, str]]:
                 frames.append(current)
             current = {}
             continue
+        if line.startswith(":"):
+            continue  # a comment (keepalive)
         field, _, value = line.partition(": ")
         current[field] = value
     if current:
@@ -71,6 +73,6 @@ def parse_sse(lines: list[str]) -> list[dict[str, str]]:
     return frames
 
 
-def example_app(tmp_path: Path, scenarios: Mapping[str, Any] | None = None) -> Any:
+def example_app(tmp_path: Path, scenarios: Mapping[str, Any] | None = None, **kw: Any) -> Any:
     """The example's app, with its runs under ``tmp_path``."""
-    return load_example().create_app(tmp_path / "runs", scenarios=scenarios)
+    return load_example().create_app(tmp_path / "runs", scenarios=scenarios, **kw)

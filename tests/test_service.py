@@ -98,3 +98,19 @@ async def test_cancel_over_http_and_runs_outlive_their_watchers(tmp_path: Path) 
         status = (await client.get(f"/runs/{slow['run_id']}")).json()
         assert status["status"] == "cancelled"
         assert status["result"]["tree"]["status"] == "cancelled"
+
+
+@pytest.mark.anyio
+async def test_quiet_streams_get_keepalive_comments(tmp_path: Path) -> None:
+    app = example_app(tmp_path, SCENARIOS, keepalive_s=0.05)
+    async with serve(app) as base, httpx2.AsyncClient(base_url=base, timeout=30) as client:
+        slow = (await client.post("/runs", json={**FAST, "scenario": "slow-capitals"})).json()
+        lines: list[str] = []
+        async with client.stream("GET", slow["events"]) as response:
+            async for line in response.aiter_lines():
+                lines.append(line)
+                if lines.count(": keepalive") == 3:
+                    break
+        await client.post(f"/runs/{slow['run_id']}/cancel")
+    events = [f["event"] for f in parse_sse(lines)]
+    assert events[0] == "run_started" and "node_started" in events

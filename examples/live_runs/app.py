@@ -104,8 +104,10 @@ def create_app(
     *,
     scenarios: Mapping[str, Scenario] | None = None,
     max_runs: int = 100,
+    keepalive_s: float = 15.0,
 ) -> Starlette:
-    """The service. ``scenarios`` adds scenarios by name to the built-in ones."""
+    """The service. ``scenarios`` adds scenarios by name to the built-in ones; event streams
+    send a comment line after ``keepalive_s`` seconds without an event."""
     runs = Runs(workdir, scenarios or {}, max_runs)
 
     @asynccontextmanager
@@ -145,7 +147,7 @@ def create_app(
             return _error(404, "no such run")
         since = _last_event_id(request.headers.get("last-event-id"))
         return StreamingResponse(
-            _sse(handle, since),
+            _sse(handle, since, keepalive_s),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -194,9 +196,19 @@ def _last_event_id(value: str | None) -> int:
         return 0
 
 
-async def _sse(handle: hierplan.RunHandle, since: int) -> AsyncIterator[str]:
+async def _sse(handle: hierplan.RunHandle, since: int, keepalive_s: float) -> AsyncIterator[str]:
     stream = handle.events(since)
-    async for event in stream:
+    while True:
+        event = None
+        with anyio.move_on_after(keepalive_s):  # waiting for an event is safe to interrupt
+            try:
+                event = await stream.__anext__()
+            except StopAsyncIteration:
+                break
+        if event is None:
+            # a comment line keeps proxies from closing a stream that is quiet for a while
+            yield ": keepalive\n\n"
+            continue
         yield f"id: {stream.position}\nevent: {event.type}\ndata: {event.model_dump_json()}\n\n"
     yield "event: end\ndata: {}\n\n"
 
