@@ -9,14 +9,14 @@ from pathlib import Path
 import anyio
 import anyio.lowlevel
 import pytest
+from capitals import CapitalsOracle, goal_for, local_tools
+from eventcheck import check_events
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hierplan
 from hierplan.hierarchy.events import RunEvent
 from hierplan.hierarchy.record import RunResult
-from tests.capitals import CapitalsOracle, goal_for, local_tools
-from tests.eventcheck import check_events
 
 GROUPS = [["france", "japan"], ["peru", "chile"]]
 TERMINAL = {"succeeded", "partial", "failed", "cancelled", "rejected", "budget_exhausted"}

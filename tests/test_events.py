@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from capitals import CapitalsOracle, goal_for, local_tools
+from eventcheck import check_events
 
 import hierplan
 from hierplan.hierarchy import nodes
@@ -19,8 +21,6 @@ from hierplan.hierarchy.events import (
     ToolCalled,
     parse_event,
 )
-from tests.capitals import CapitalsOracle, goal_for, local_tools
-from tests.eventcheck import check_events
 
 GROUPS = [["france", "japan"], ["peru", "chile"]]
 

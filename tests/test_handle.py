@@ -6,13 +6,13 @@ from typing import Any
 
 import anyio
 import pytest
+from capitals import CapitalsOracle, goal_for, local_tools
+from eventcheck import check_events
 
 import hierplan
 from hierplan import ModelResponse, ScriptedModel
 from hierplan.errors import UnexpectedModelCall, UnknownScenarioError, UserInputError
 from hierplan.hierarchy.events import RunEvent, RunFinished
-from tests.capitals import CapitalsOracle, goal_for, local_tools
-from tests.eventcheck import check_events
 
 GROUPS = [["france", "japan"], ["peru"]]
 

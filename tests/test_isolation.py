@@ -8,12 +8,12 @@ from pathlib import Path
 
 import anyio
 import pytest
+from capitals import CAPITALS, CapitalsOracle, CapitalsScenario, goal_for, local_tools
+from eventcheck import check_events
 
 import hierplan
 from hierplan import RunSettings
 from hierplan.hierarchy.events import RunEvent
-from tests.capitals import CAPITALS, CapitalsOracle, CapitalsScenario, goal_for, local_tools
-from tests.eventcheck import check_events
 
 RUNS = 50
 COUNTRIES = sorted(CAPITALS)

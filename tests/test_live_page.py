@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from liveservice import example_app, serve
 
 from hierplan.hierarchy.events import NodeStarted
-from tests.liveservice import example_app, serve
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -32,7 +32,7 @@ TERMINAL = {"succeeded", "partial", "failed", "cancelled", "rejected", "budget_e
 
 @pytest.fixture
 async def browser() -> AsyncIterator[Any]:
-    if not CHROMIUM.exists():
+    if not CHROMIUM.exists():  # noqa: ASYNC240 - one stat, before anything runs
         pytest.fail("Chromium is missing: apt-get install -y chromium (.ci/run does)")
     try:
         from playwright.async_api import async_playwright

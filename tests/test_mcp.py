@@ -15,6 +15,8 @@ from typing import Any, TextIO
 
 import anyio
 import pytest
+from capitals import CapitalsOracle, goal_for
+from eventcheck import check_events
 from mcp import Client, StdioServerParameters
 
 import hierplan
@@ -31,8 +33,6 @@ from hierplan.errors import (
 from hierplan.hierarchy.events import Replanned, RunEvent, ToolCalled
 from hierplan.hierarchy.plan import Plan, Step
 from hierplan.mcp import MCPServerStdio, MCPServerStreamableHTTP, MCPTool
-from tests.capitals import CapitalsOracle, goal_for
-from tests.eventcheck import check_events
 
 SERVER = Path(__file__).with_name("mcp_server.py")
 

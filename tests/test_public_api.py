@@ -28,7 +28,8 @@ EXPECTED = {
     "MCPServer", "MCPServerStdio", "MCPServerStreamableHTTP", "MCPTool",
     # prices and errors
     "Price", "PriceTable", "HierplanError", "UserInputError", "PlanValidationError",
-    "StepFailed", "BudgetExceeded", "ToolError", "ToolServerGone",
+    "StepFailed", "BudgetExceeded", "ToolError", "ToolServerGone", "ModelError",
+    "ModelAuthError",
     "__version__",
 }  # fmt: skip
 

@@ -7,11 +7,11 @@ from typing import Any
 
 import httpx2
 import pytest
+from capitals import CapitalsScenario
+from eventcheck import check_events
+from liveservice import example_app, parse_sse, serve
 
 from hierplan.hierarchy.events import parse_event
-from tests.capitals import CapitalsScenario
-from tests.eventcheck import check_events
-from tests.liveservice import example_app, parse_sse, serve
 
 SCENARIOS = {"capitals": CapitalsScenario(), "slow-capitals": CapitalsScenario(delay_s=30)}
 FAST = {"scenario": "capitals", "sim_profile": "ideal", "sim_latency_scale": 0}

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import anthropic
@@ -59,8 +60,13 @@ ALWAYS_THINKING = ("claude-fable", "claude-mythos")
 """Models whose thinking cannot be turned off, so no tool can be forced on them."""
 
 # Error types the API may send inside a stream that started with HTTP 200.
-_RETRYABLE_TYPES = {"overloaded_error": 529, "api_error": 500, "rate_limit_error": 429}
-_STOP_REASONS = {"end_turn": "stop", "tool_use": "tool_calls", "max_tokens": "length"}
+# Read-only: shared by every run.
+_RETRYABLE_TYPES: Mapping[str, int] = MappingProxyType(
+    {"overloaded_error": 529, "api_error": 500, "rate_limit_error": 429}
+)
+_STOP_REASONS: Mapping[str, str] = MappingProxyType(
+    {"end_turn": "stop", "tool_use": "tool_calls", "max_tokens": "length"}
+)
 
 
 class AnthropicModel:

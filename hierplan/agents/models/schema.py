@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 # Keywords OpenAI's strict mode rejects; they are kept as words in the description.
@@ -250,7 +251,7 @@ def _parse_object(value: Any) -> Any:
     return parsed if isinstance(parsed, dict) else value
 
 
-_CHECKS: dict[str, Callable[[Any], bool]] = {
+_CHECKS: Mapping[str, Callable[[Any], bool]] = {
     "null": lambda v: v is None,
     "object": lambda v: isinstance(v, dict),
     "array": lambda v: isinstance(v, list),
@@ -259,6 +260,7 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
     "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
     "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
 }
+_CHECKS = MappingProxyType(_CHECKS)  # read-only: shared by every run
 
 
 def _type_check(schema: Schema) -> Callable[[Any], bool]:
