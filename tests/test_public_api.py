@@ -13,7 +13,7 @@ import hierplan
 EXPECTED = {
     # running
     "run", "run_sync", "start", "RunHandle", "EventStream", "RunSettings", "RunResult",
-    "NodeRecord", "STRATEGIES", "Instrument", "RunContext", "NodeContext",
+    "NodeRecord", "STRATEGIES", "Instrument", "RunContext", "NodeContext", "Tracing",
     # events
     "RunEvent", "AnyEvent", "parse_event", "RunStarted", "NodeStarted", "NodeFinished",
     "PlanProposed", "PlanDecided", "Replanned", "StepRetried", "ToolCalled", "ModelCalled",

@@ -118,7 +118,7 @@ ANTHROPIC_SPANS_ENV = "ANTHROPIC_OPEN_TELEMETRY"
 
 # Events that are already spans (or their ends): attaching them again would only add noise.
 SPAN_LIKE_EVENTS = frozenset(
-    {"node_started", "node_finished", "model_called", "tool_called", "run_finished"}
+    {"run_started", "node_started", "node_finished", "model_called", "tool_called", "run_finished"}
 )
 _EVENT_BASE_FIELDS = frozenset({"type", "run_id", "path", "at"})
 FAILED_STATUSES = frozenset({"failed", "partial", "rejected", "budget_exhausted"})
