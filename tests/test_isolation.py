@@ -10,6 +10,9 @@ import anyio
 import pytest
 from capitals import CAPITALS, CapitalsOracle, CapitalsScenario, goal_for, local_tools
 from eventcheck import check_events
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from tracing_support import Telemetry
 
 import hierplan
 from hierplan import RunSettings
@@ -108,3 +111,35 @@ async def test_concurrent_scenario_runs_get_their_own_directories(
     assert all(r.verification is not None and r.verification["ok"] for r in results)
     dirs = sorted(p.name for p in (tmp_path / "runs" / "scenarios" / "capitals").iterdir())
     assert dirs == sorted(r.run_id for r in results)
+
+
+@pytest.mark.anyio
+async def test_concurrent_runs_trace_to_their_own_tracer_providers() -> None:
+    """Each run's spans go to the tracer provider it was given, and only there."""
+    telemetries = [Telemetry() for _ in range(6)]
+    results: dict[int, hierplan.RunResult] = {}
+
+    async def one(i: int) -> None:
+        results[i] = await hierplan.run(
+            goal_for([["france", "peru"]], a=i, b=1),
+            oracle=CapitalsOracle(),
+            tools=local_tools(0.002),
+            sim_profile="ideal",
+            sim_latency_scale=0,
+            instruments=[telemetries[i].tracing()],
+        )
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(telemetries)):
+            tg.start_soon(one, i)
+    trace_ids = set()
+    for i, telemetry in enumerate(telemetries):
+        spans = telemetry.finished()
+        (workflow,) = [s for s in spans if s.parent is None]
+        assert (workflow.attributes or {})["hierplan.run_id"] == results[i].run_id
+        assert len({s.context.trace_id for s in spans}) == 1
+        trace_ids.add(workflow.context.trace_id)
+        agents = [s for s in spans if s.name.startswith("invoke_agent")]
+        assert len(agents) == len(list(results[i].nodes()))
+    assert len(trace_ids) == len(telemetries)
+    assert not isinstance(trace.get_tracer_provider(), TracerProvider)  # no global was set
