@@ -18,6 +18,9 @@ EXPECTED = {
     "RunEvent", "AnyEvent", "parse_event", "RunStarted", "NodeStarted", "NodeFinished",
     "PlanProposed", "PlanDecided", "Replanned", "StepRetried", "ToolCalled", "ModelCalled",
     "RunFinished",
+    # reviewing plans, pausing and resuming
+    "Defer", "ConsoleReviewer", "PauseForReview", "PolicyApprover", "ReviewPolicy", "resume",
+    "resume_sync",
     # plans and the gate
     "Plan", "Step", "validate_plan", "topological_order", "critical_path", "Gate",
     "GateContext", "AutoApprove", "CallbackApprover", "Approve", "Edit", "Reject",

@@ -21,9 +21,10 @@ import shlex
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
+from types import MappingProxyType
 from typing import Protocol, TextIO, TypeVar, cast
 
 import anyio
@@ -41,15 +42,21 @@ from hierplan.review.render import diff_view, plan_review_tree, review_view
 
 T = TypeVar("T")
 
-MAIN_CHOICES = {"a": "approve", "e": "edit", "r": "reject", "q": "quit"}
-EDITED_CHOICES = {
+# Read-only: shared by every review.
+MAIN_CHOICES: Mapping[str, str] = MappingProxyType(
+    {"a": "approve", "e": "edit", "r": "reject", "q": "quit"}
+)
+EDITED_CHOICES: Mapping[str, str] = {
     "a": "approve the edited plan",
     "e": "edit again",
     "d": "discard the edit",
     "r": "reject",
     "q": "quit",
 }
-REFUSED_CHOICES = {"e": "edit again (your changes are kept)", "d": "discard the edit", "q": "quit"}
+EDITED_CHOICES = MappingProxyType(EDITED_CHOICES)
+REFUSED_CHOICES: Mapping[str, str] = MappingProxyType(
+    {"e": "edit again (your changes are kept)", "d": "discard the edit", "q": "quit"}
+)
 QUIT_NOTE = "quit at the console; decide with hierplan resume"
 
 
@@ -109,7 +116,7 @@ class ConsoleReviewer:
                 self.quitting = True
             return decision
 
-    def ask(self, choices: dict[str, str]) -> str:
+    def ask(self, choices: Mapping[str, str]) -> str:
         """One of ``choices`` (by its letter), asked until the answer is one of them."""
         legend = Text("  ")
         for key, meaning in choices.items():

@@ -440,11 +440,12 @@ class MigrationOracle:
         return self._act_verify(self.tables, done)
 
 
-_TOOL_TEXT = {
+_TOOL_TEXT: Mapping[str, tuple[str, str]] = {
     "create_table": ("Create {t}", "Create table {t} in the target"),
     "copy_rows": ("Copy {t}", "Copy the rows of {t} into the target"),
     "create_indexes": ("Index {t}", "Create the indexes of {t}"),
 }
+_TOOL_TEXT = MappingProxyType(_TOOL_TEXT)  # read-only: shared by every run
 
 
 def _task(step_id: str, tool: str, table: str, depends_on: Sequence[str] = ()) -> Step:
