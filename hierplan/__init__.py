@@ -42,6 +42,10 @@ from hierplan.errors import (
 from hierplan.hierarchy.context import Instrument, NodeContext, RunContext, RunSettings
 from hierplan.hierarchy.events import (
     AnyEvent,
+    BudgetExhausted,
+    BudgetOverrun,
+    BudgetReserved,
+    BudgetSettled,
     ModelCalled,
     NodeFinished,
     NodeStarted,
@@ -103,7 +107,11 @@ __all__ = [
     "AutoApprove",
     "Budget",
     "BudgetExceeded",
+    "BudgetExhausted",
     "BudgetInstrument",
+    "BudgetOverrun",
+    "BudgetReserved",
+    "BudgetSettled",
     "CallbackApprover",
     "ConsoleReviewer",
     "Defer",

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 import pytest
 
 from hierplan.hierarchy.events import (
+    BudgetReserved,
+    BudgetSettled,
     ModelCalled,
     NodeFinished,
     NodeStarted,
@@ -92,3 +94,9 @@ def check_costs(events: Sequence[RunEvent], result: RunResult) -> None:
     roots = [e for e in events if isinstance(e, NodeFinished) and e.path == "1"]
     if roots:
         assert roots[0].subtree_cost_usd == pytest.approx(totals["cost_usd"])
+    settled = [e for e in events if isinstance(e, BudgetSettled)]
+    reserved = [e for e in events if isinstance(e, BudgetReserved)]
+    assert len(settled) == len(reserved)  # every reservation is settled or released
+    if settled:
+        assert sum(e.usd or 0.0 for e in settled) == pytest.approx(totals["cost_usd"])
+        assert sum(e.tokens for e in settled) == totals["input_tokens"] + totals["output_tokens"]

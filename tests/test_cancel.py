@@ -15,20 +15,26 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hierplan
-from hierplan.hierarchy.events import RunEvent
+from hierplan import Budget, BudgetInstrument, LocalLedger, NoiseProfile
+from hierplan.hierarchy.events import BudgetSettled, RunEvent
 from hierplan.hierarchy.record import RunResult
 
 GROUPS = [["france", "japan"], ["peru", "chile"]]
 TERMINAL = {"succeeded", "partial", "failed", "cancelled", "rejected", "budget_exhausted"}
 
 
-def _start(delay_s: float, **options: object) -> hierplan.RunHandle:
+# The oracle's answers without noise, but taking time: a cancel can land inside a model call.
+SLOW_IDEAL = NoiseProfile(name="slow-ideal", latency_median_s=0.01)
+
+
+def _start(delay_s: float, latency: float = 0.0, **options: object) -> hierplan.RunHandle:
+    """A capitals run; tools take ``delay_s``, model calls ``latency`` x 10 ms."""
     return hierplan.start(
         goal_for(GROUPS),
         oracle=CapitalsOracle(),
         tools=local_tools(delay_s),
-        sim_profile="ideal",
-        sim_latency_scale=0,
+        sim_profile=SLOW_IDEAL,
+        sim_latency_scale=latency,
         **options,
     )
 
@@ -45,19 +51,43 @@ def _check_cancelled_record(result: RunResult, events: list[RunEvent]) -> None:
     check_events(events, result)
 
 
-async def _cancel_at(cut: int, delay_s: float) -> tuple[bool, RunResult, list[RunEvent], float]:
-    """Run, cancel once the consumer has read ``cut`` events; how long the cancel took."""
+async def _cancel_at(
+    cut: int,
+    delay_s: float,
+    latency: float = 0.0,
+    ledger: LocalLedger | None = None,
+    exact: bool = False,
+) -> tuple[bool, RunResult, list[RunEvent], float]:
+    """Run under a budget on ``ledger`` and cancel at the ``cut``-th event: from a listener at
+    the moment it happens (``exact``), or from a consumer once it has read it (later, as the
+    consumer lags). Returns whether the cancel took, the record, the events and how long the
+    cancel took."""
     cancelled = False
     took = 0.0
-    async with _start(delay_s) as handle:
+    handles: list[hierplan.RunHandle] = []
+    seen = 0
+    started = 0.0
+
+    def listener(event: RunEvent) -> None:
+        nonlocal seen, cancelled, started
+        seen += 1
+        if exact and seen == cut:
+            started = time.perf_counter()
+            cancelled = handles[0].cancel()
+
+    budget = BudgetInstrument(Budget(tokens=100_000, usd=1.0), ledger=ledger or LocalLedger())
+    handle = _start(delay_s, latency, instruments=[budget], listeners=[listener])
+    handles.append(handle)
+    async with handle:
         events: list[RunEvent] = []
         async for event in handle.events():
             events.append(event)
-            if len(events) == cut and not cancelled:
-                t0 = time.perf_counter()
+            if not exact and len(events) == cut and not cancelled:
+                started = time.perf_counter()
                 cancelled = handle.cancel()
-                result = await handle.result()
-                took = time.perf_counter() - t0
+            if cancelled and not took:
+                await handle.result()
+                took = time.perf_counter() - started
         result = await handle.result()
     return cancelled, result, events, took
 
@@ -67,16 +97,28 @@ async def _cancel_at(cut: int, delay_s: float) -> tuple[bool, RunResult, list[Ru
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-@given(cut=st.integers(min_value=1, max_value=45), delay_ms=st.sampled_from([0, 1, 5]))
-def test_cancel_at_any_moment(cut: int, delay_ms: int) -> None:
-    """Whenever the cancel comes: no task leaks, every node ends, the events stay causal."""
+@given(
+    cut=st.integers(min_value=1, max_value=70),
+    delay_ms=st.sampled_from([0, 1, 5]),
+    latency=st.sampled_from([0.0, 0.2, 1.0]),
+    exact=st.booleans(),
+)
+def test_cancel_at_any_moment(cut: int, delay_ms: int, latency: float, exact: bool) -> None:
+    """Whenever the cancel comes: no task leaks, no reservation is left outstanding, every
+    node ends, the events stay causal (every reservation settled or released)."""
 
     async def main() -> None:
         before = asyncio.all_tasks()
-        cancelled, result, events, took = await _cancel_at(cut, delay_ms / 1000)
+        ledger = LocalLedger()
+        cancelled, result, events, took = await _cancel_at(
+            cut, delay_ms / 1000, latency, ledger, exact
+        )
         await anyio.lowlevel.checkpoint()  # let finished tasks be collected
         leaked = asyncio.all_tasks() - before
         assert not leaked, leaked
+        outstanding = await ledger.outstanding()
+        assert (outstanding.reservations, outstanding.tokens, outstanding.pico) == (0, 0, 0)
+        assert outstanding.accounts == 0
         if cancelled:
             _check_cancelled_record(result, events)
             assert took < 1.0
@@ -150,3 +192,18 @@ async def test_a_caller_deadline_around_the_block_cancels_the_run() -> None:
     result = await handle.result()
     assert result.status == "cancelled"
     assert asyncio.all_tasks() == before
+
+
+@pytest.mark.anyio
+async def test_a_cancel_during_a_model_call_releases_its_reservation() -> None:
+    """Cancelled right after the root's planning call reserved its worst case."""
+    ledger = LocalLedger()
+    cancelled, result, events, _ = await _cancel_at(3, 0.0, 1.0, ledger, exact=True)
+    assert cancelled and result.status == "cancelled"
+    assert [e.type for e in events[:3]] == ["run_started", "node_started", "budget_reserved"]
+    settled = [e for e in events if isinstance(e, BudgetSettled)]
+    assert len(settled) == 1 and settled[0].flags == ["released"] and settled[0].tokens == 0
+    assert not [e for e in events if e.type == "model_called" and e.path == "1" and e.ok]
+    outstanding = await ledger.outstanding()
+    assert (outstanding.reservations, outstanding.tokens, outstanding.accounts) == (0, 0, 0)
+    assert result.budget is not None and result.budget["spent"]["tokens"] == 0

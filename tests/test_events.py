@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,10 @@ from capitals import CapitalsOracle, goal_for, local_tools
 from eventcheck import check_events
 
 import hierplan
+from hierplan import Budget, BudgetInstrument, LocalLedger
 from hierplan.hierarchy import nodes
 from hierplan.hierarchy.events import (
+    BudgetExhausted,
     EventBus,
     NodeStarted,
     PlanDecided,
@@ -121,3 +124,38 @@ def test_bus_delivers_in_order_and_unsubscribes() -> None:
     bus.emit(NodeStarted(path="1.3", kind="planner", goal="g"))
     assert seen == ["1", "1.1", "1.2"]
     assert not bus.active
+
+
+@pytest.mark.anyio
+async def test_budget_events_bracket_every_model_call() -> None:
+    """Under a budget each call is reserved before it is made and settled when it returns
+    (the budget wraps the model, so the settlement comes before the call's record)."""
+    ledger = LocalLedger()
+    result, events = await _capitals_run(
+        instruments=[BudgetInstrument(Budget(tokens=50_000, usd=1.0), ledger=ledger)]
+    )
+    assert result.status == "succeeded", result.error
+    check_events(events, result)  # with the settled amounts adding up to the run's cost
+    calls: dict[str, str] = {}
+    letter = {"budget_reserved": "r", "model_called": "m", "budget_settled": "s"}
+    for event in events:
+        if event.type in letter:
+            calls[event.path] = calls.get(event.path, "") + letter[event.type]
+    assert calls and all(re.fullmatch("(rsm)+", seq) for seq in calls.values()), calls
+    assert result.budget is not None
+    assert result.budget["spent"]["usd"] == pytest.approx(result.totals()["cost_usd"])
+    outstanding = await ledger.outstanding()
+    assert (outstanding.reservations, outstanding.tokens, outstanding.accounts) == (0, 0, 0)
+
+
+@pytest.mark.anyio
+async def test_a_budget_too_small_shows_in_exhausted_events() -> None:
+    result, events = await _capitals_run(budget_tokens=3000)
+    assert result.status == "partial"
+    check_events(events, result)
+    exhausted = [e for e in events if isinstance(e, BudgetExhausted)]
+    assert exhausted
+    for event in exhausted:
+        assert event.available_tokens is not None
+        assert event.needed_tokens > event.available_tokens
+        assert result.tree.find(event.path).status == "budget_exhausted"

@@ -9,7 +9,10 @@ The events of a run, in order: :class:`RunStarted`; then per node :class:`NodeSt
 plans (:class:`PlanProposed`, then :class:`PlanDecided`: approved, edited, rejected or
 invalid; :class:`Replanned` with the diff when a failure changed the plan), its model calls
 (:class:`ModelCalled`, with usage and cost) and tool calls (:class:`ToolCalled`), retries
-(:class:`StepRetried`), its children, and :class:`NodeFinished`; last :class:`RunFinished`.
+(:class:`StepRetried`), under a budget each call's reservation (:class:`BudgetReserved`,
+before the call) and settlement (:class:`BudgetSettled`, after it; :class:`BudgetOverrun`
+when it used more) or the refusal of a call that does not fit (:class:`BudgetExhausted`), its
+children, and :class:`NodeFinished`; last :class:`RunFinished`.
 :func:`parse_event` reads any of them back from JSON.
 """
 
@@ -206,6 +209,10 @@ AnyEvent = Annotated[
     | StepRetried
     | ToolCalled
     | ModelCalled
+    | BudgetReserved
+    | BudgetSettled
+    | BudgetExhausted
+    | BudgetOverrun
     | RunFinished,
     Field(discriminator="type"),
 ]

@@ -23,6 +23,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 
 import anyio
+import anyio.lowlevel
 
 from hierplan.agents.executor import StepResult
 from hierplan.errors import (
@@ -99,6 +100,9 @@ async def node_lifecycle(node: NodeContext) -> AsyncIterator[None]:
                 yield
         else:
             yield
+        if node.parent is None:
+            # A cancel() that came during the run's last synchronous steps ends it here.
+            await anyio.lowlevel.checkpoint_if_cancelled()
     except anyio.get_cancelled_exc_class():
         if run.pause.pausing:
             record.status = "paused"
@@ -107,12 +111,17 @@ async def node_lifecycle(node: NodeContext) -> AsyncIterator[None]:
             record.error = record.error or "cancelled"
         raise
     except BaseException as exc:
-        if record.status == "running":
+        if node.parent is None and run.cancel_requested:
+            record.status = "cancelled"  # the root failed after the run was cancelled
+            record.error = record.error or "cancelled"
+        elif record.status == "running":
             record.status = "failed"
             record.error = record.error or f"{type(exc).__name__}: {exc}"
         raise
     finally:
         record.finished_at = time.time()
+        if node.parent is None:
+            run.nodes_finished = True  # from here on, cancel() changes nothing
         if run.bus.active:
             run.bus.emit(
                 NodeFinished(

@@ -379,7 +379,7 @@ async def _execute(ctx: RunContext, chosen: Strategy, prepared: _Prepared) -> Ru
                     raise _first_leaf(refused) from None
         ctx.nodes_finished = True
         ctx.cancel_scope = None
-        if cancel_scope.cancelled_caught:
+        if cancel_scope.cancelled_caught or status == "cancelled":
             status, answer, error = "cancelled", record.output or "", "cancelled by the caller"
             _retire_pending(record)
         elif ctx.pause.paused:
