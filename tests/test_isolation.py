@@ -50,8 +50,13 @@ def _settings(i: int) -> RunSettings:
     return RunSettings(concurrency=1 + i % 4, seed=i, max_retries=i % 3, max_steps=10 + i)
 
 
+def _budget_tokens(i: int) -> int:
+    """Every tenth run gets too small a budget for its work; the others enough, each its own."""
+    return 1500 if i % 10 == 0 else 8000 + 100 * i
+
+
 @pytest.mark.anyio
-async def test_fifty_concurrent_runs_in_one_loop_do_not_interfere() -> None:
+async def test_fifty_concurrent_runs_with_own_settings_and_budgets_do_not_interfere() -> None:
     results: dict[int, hierplan.RunResult] = {}
     events: dict[int, list[RunEvent]] = {}
 
@@ -63,6 +68,7 @@ async def test_fifty_concurrent_runs_in_one_loop_do_not_interfere() -> None:
             oracle=CapitalsOracle(),
             tools=local_tools(0.001 * (i % 5)),
             settings=_settings(i),
+            budget_tokens=_budget_tokens(i),
             sim_profile="ideal",
             sim_latency_scale=0,
             run_id=f"run-{i}",
@@ -77,9 +83,18 @@ async def test_fifty_concurrent_runs_in_one_loop_do_not_interfere() -> None:
     peaks = []
     for i in range(RUNS):
         result = results[i]
-        assert result.status == "succeeded", (i, result.error)
         assert result.run_id == f"run-{i}"
         check_events(events[i], result)  # every event of run i is run i's, in causal order
+        # each run spends from its own budget only: the small ones run out, the others do not
+        assert result.budget is not None
+        assert result.budget["limit"]["tokens"] == _budget_tokens(i)
+        spent = result.budget["spent"]["tokens"]
+        totals = result.totals()
+        assert spent == totals["input_tokens"] + totals["output_tokens"] <= _budget_tokens(i)
+        if i % 10 == 0:
+            assert result.status == "partial" and result.budget["exhausted"], i
+            continue
+        assert result.status == "succeeded", (i, result.error)
         assert f"{i + 1000}" in result.answer
         others = {f"{j + 1000}" for j in range(RUNS) if j != i}
         assert not any(o in result.answer.split() for o in others)

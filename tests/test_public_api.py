@@ -17,7 +17,9 @@ EXPECTED = {
     # events
     "RunEvent", "AnyEvent", "parse_event", "RunStarted", "NodeStarted", "NodeFinished",
     "PlanProposed", "PlanDecided", "Replanned", "StepRetried", "ToolCalled", "ModelCalled",
-    "RunFinished",
+    "RunFinished", "BudgetReserved", "BudgetSettled", "BudgetExhausted", "BudgetOverrun",
+    # budgets
+    "Budget", "BudgetInstrument", "Ledger", "LocalLedger",
     # reviewing plans, pausing and resuming
     "Defer", "ConsoleReviewer", "PauseForReview", "PolicyApprover", "ReviewPolicy", "resume",
     "resume_sync",
