@@ -342,9 +342,6 @@ async def _execute(ctx: RunContext, chosen: Strategy, prepared: _Prepared) -> Ru
     else:
         record = NodeRecord(path="1", kind=chosen.root_kind, goal=prepared.goal, depth=1)
     started = restore.record.started_at if restore else time.time()
-    status: RunStatus = "succeeded"
-    answer = ""
-    error: str | None = None
     async with AsyncExitStack() as stack:
         for toolset in prepared.toolsets:
             for found in await stack.enter_async_context(toolset.open()):
@@ -356,34 +353,7 @@ async def _execute(ctx: RunContext, chosen: Strategy, prepared: _Prepared) -> Ru
         await enter_scopes(stack, [i.run_scope(ctx) for i in ctx.instruments])
         if ctx.bus.active:
             ctx.bus.emit(_run_started(ctx, prepared.goal))
-        # cancel() from outside (a run handle) cancels this scope: the run ends "cancelled".
-        with anyio.CancelScope() as cancel_scope:
-            ctx.cancel_scope = cancel_scope
-            if ctx.cancel_requested:
-                cancel_scope.cancel()
-            # A deferred plan pauses the run: the pause control cancels this scope once no step
-            # and no planning round is running any more.
-            with anyio.CancelScope() as pause_scope:
-                ctx.pause.scope = pause_scope
-                try:
-                    answer = (await chosen.run(root)).text
-                except StepFailed as exc:
-                    status = _run_status(record)
-                    answer = record.output or ""
-                    error = str(exc)
-                except BaseExceptionGroup as group:
-                    # A refused API key stops the run from any depth: surface it, not the groups.
-                    refused = group.subgroup(ModelAuthError)
-                    if refused is None:
-                        raise
-                    raise _first_leaf(refused) from None
-        ctx.nodes_finished = True
-        ctx.cancel_scope = None
-        if cancel_scope.cancelled_caught or status == "cancelled":
-            status, answer, error = "cancelled", record.output or "", "cancelled by the caller"
-            _retire_pending(record)
-        elif ctx.pause.paused:
-            status, answer, error = "paused", "", None
+        status, answer, error = await _run_nodes(ctx, chosen, root)
     models = {ctx.planner_model.name, ctx.executor_model.name}
     result = RunResult(
         run_id=ctx.run_id,
@@ -425,6 +395,45 @@ async def _execute(ctx: RunContext, chosen: Strategy, prepared: _Prepared) -> Ru
             )
         )
     return result
+
+
+async def _run_nodes(
+    ctx: RunContext, chosen: Strategy, root: NodeContext
+) -> tuple[RunStatus, str, str | None]:
+    """Run the strategy from ``root``; the run's status, answer and error."""
+    record = root.record
+    status: RunStatus = "succeeded"
+    answer = ""
+    error: str | None = None
+    # cancel() from outside (a run handle) cancels this scope: the run ends "cancelled".
+    with anyio.CancelScope() as cancel_scope:
+        ctx.cancel_scope = cancel_scope
+        if ctx.cancel_requested:
+            cancel_scope.cancel()
+        # A deferred plan pauses the run: the pause control cancels this scope once no step
+        # and no planning round is running any more.
+        with anyio.CancelScope() as pause_scope:
+            ctx.pause.scope = pause_scope
+            try:
+                answer = (await chosen.run(root)).text
+            except StepFailed as exc:
+                status = _run_status(record)
+                answer = record.output or ""
+                error = str(exc)
+            except BaseExceptionGroup as group:
+                # A refused API key stops the run from any depth: surface it, not the groups.
+                refused = group.subgroup(ModelAuthError)
+                if refused is None:
+                    raise
+                raise _first_leaf(refused) from None
+    ctx.nodes_finished = True
+    ctx.cancel_scope = None
+    if cancel_scope.cancelled_caught or status == "cancelled":
+        _retire_pending(record)
+        return "cancelled", record.output or "", "cancelled by the caller"
+    if ctx.pause.paused:
+        return "paused", "", None
+    return status, answer, error
 
 
 def _run_started(ctx: RunContext, goal: str) -> RunStarted:
