@@ -135,11 +135,13 @@ class Checked:
 
     async def call(self, account: Account, spec: CallSpec) -> None:
         held = await self.ledger.reserve(account, spec.tokens, spec.pico, "execution")
-        await self.check()
         if held is None:
             self.refused = True
+            await self.check()
             return
         try:
+            # Checked inside the try: a ledger that awaits I/O can be cancelled right here.
+            await self.check()
             for _ in range(spec.checkpoints):
                 await anyio.lowlevel.checkpoint()
         except BaseException:
@@ -163,8 +165,8 @@ class Checked:
         )
         account = await self.ledger.open(name, parent, grant)
         self.accounts.append(account)
-        await self.check()
         try:
+            await self.check()
             with anyio.CancelScope() as scope:
                 async with anyio.create_task_group() as tg:
                     if spec.cancel_after is not None:
