@@ -1,0 +1,302 @@
+"""One global budget for a batch: the batch is the parent of every goal's budget.
+
+The batch ledger (a :class:`~hierplan.budgets.budget.LocalLedger`, or a
+:class:`~hierplan.budgets.redis_ledger.RedisLedger` shared by Celery workers) holds a root
+account with the batch's budget. Before a goal starts, it is **granted** an allocation: an
+account of its own, opened under the root with a :class:`~hierplan.budgets.budget.Fixed` grant:
+
+- its **cap** (the goal's ``budget_usd``/``budget_tokens``, else ``--goal-budget-*``, else an
+  equal part of the batch budget per concurrent goal), when that fits in what the batch has left;
+- when it does not fit and other goals hold grants, the goal **waits**: what they do not spend
+  comes back when they end;
+- when it does not fit and no other goal holds a grant, the goal gets what is left if that
+  covers its **minimum** (one planning call at the lowest ``max_tokens`` the budget allows);
+  otherwise it is **skipped**: recorded as not started, for budget reasons.
+
+The goal's run spends within its grant through the normal budget instrument, on a
+:class:`GoalLedger`: the run's tree of accounts lives in a local ledger of its own, and every
+reservation and settlement of a model call is mirrored on the goal's account of the batch
+ledger, atomically there, before the call is made and after it is settled. So the batch ledger
+always knows what each goal has spent and holds, whichever process runs it; at the end the goal's
+account is closed: its spend stays spent and the rest returns to the batch. A goal whose process
+died has its account **written off**: the calls it still held count as spent (they may have been
+billed), and the rest returns. The batch never spends more than its budget, at any concurrency,
+because no reservation anywhere is made without fitting in its goal's grant, and no grant
+without fitting in the batch's root account, each check atomic in its ledger.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from hierplan.agents.models.base import ModelRequest, OutputSchema, Phase, parse_model_string
+from hierplan.agents.models.tokens import estimate_request_tokens
+from hierplan.agents.planner import PLAN_SCHEMA
+from hierplan.agents.prompts import PLAN_OUTPUT_NAME, PlanPrompt, render_plan_prompt
+from hierplan.batch.goals import BatchGoal
+from hierplan.budgets.budget import (
+    Account,
+    Balance,
+    Fixed,
+    Grant,
+    Ledger,
+    LedgerError,
+    LocalLedger,
+    Outstanding,
+    Reservation,
+    rate_to_pico,
+    usd_to_pico,
+)
+from hierplan.budgets.instrument import (
+    DEFAULT_MIN_OUTPUT_FRACTION,
+    priced_as_of,
+    unknown_price_message,
+)
+from hierplan.budgets.pricing import PriceTable
+from hierplan.errors import BudgetExceeded, UserInputError
+from hierplan.hierarchy.context import RunSettings
+from hierplan.hierarchy.plan import DEFAULT_MAX_STEPS
+
+Amounts = tuple[int | None, int | None]  # tokens, pico-dollars; None: not limited
+
+
+@dataclass(slots=True, frozen=True)
+class BatchBudget:
+    """The batch's budget and the defaults its goals take.
+
+    ``tokens``/``pico``: the batch's limits (``None``: unlimited). ``goal_tokens``/``goal_pico``:
+    the cap of a goal that sets none (``None``: an equal part of the batch's budget per
+    concurrent goal).
+    """
+
+    tokens: int | None
+    pico: int | None
+    concurrency: int
+    goal_tokens: int | None = None
+    goal_pico: int | None = None
+
+    def default_cap(self) -> Amounts:
+        """The cap of a goal that sets none, per limited dimension."""
+        tokens = self.goal_tokens
+        pico = self.goal_pico
+        if tokens is None and self.tokens is not None:
+            tokens = self.tokens // self.concurrency
+        if pico is None and self.pico is not None:
+            pico = self.pico // self.concurrency
+        return tokens, pico
+
+
+def goal_cap(goal: BatchGoal, budget: BatchBudget) -> Amounts:
+    """The goal's cap: its own, else the batch default (only where some limit applies)."""
+    default_t, default_p = budget.default_cap()
+    spec = goal.spec
+    tokens = spec.budget_tokens if spec.budget_tokens is not None else default_t
+    pico = usd_to_pico(spec.budget_usd) if spec.budget_usd is not None else default_p
+    return tokens, pico
+
+
+def goal_minimum(
+    goal: BatchGoal, default_model: str, pricing: PriceTable, settings: RunSettings
+) -> tuple[int, int]:
+    """The least a goal must be granted to start: its root's first planning call with
+    ``max_tokens`` lowered to the budget's floor, in tokens and pico-dollars.
+
+    The input is estimated from the goal's text (a scenario's text is not known before it is
+    set up, so only the prompt's own text counts there), priced as the goal's model. A model
+    without a price gives 0 pico-dollars (a USD budget refuses it before anything starts).
+    """
+    floor = max(1, math.ceil(settings.planner_max_tokens * DEFAULT_MIN_OUTPUT_FRACTION))
+    prompt = PlanPrompt(
+        goal=goal.spec.goal or "",
+        depth=1,
+        max_depth=goal.spec.max_depth or settings.max_depth,
+        max_steps=DEFAULT_MAX_STEPS,
+    )
+    request = ModelRequest(
+        messages=render_plan_prompt(prompt, ()),
+        output_schema=OutputSchema(PLAN_OUTPUT_NAME, PLAN_SCHEMA),
+        max_tokens=floor,
+        phase="planning",
+    )
+    input_tokens = estimate_request_tokens(request)
+    price = pricing.lookup(priced_as_of(goal.spec.model or default_model))
+    if price is None:
+        return input_tokens + floor, 0
+    pico = input_tokens * rate_to_pico(price.input_per_mtok) + floor * rate_to_pico(
+        price.output_per_mtok
+    )
+    return input_tokens + floor, pico
+
+
+def check_prices(
+    goals: tuple[BatchGoal, ...], default_model: str, pricing: PriceTable, usd: bool
+) -> None:
+    """Under a USD budget every goal's model needs a price (a budget fails closed)."""
+    if not usd:
+        return
+    for goal in goals:
+        model = goal.spec.model or default_model
+        parse_model_string(model)
+        priced = priced_as_of(model)
+        if pricing.lookup(priced) is None:
+            raise UserInputError(f"line {goal.line}: {unknown_price_message(priced)}")
+
+
+Decision = Literal["grant", "wait", "skip"]
+
+
+def decide(
+    available: Amounts,
+    cap: Amounts,
+    minimum: tuple[int, int],
+    others_running: bool,
+) -> tuple[Decision, Amounts]:
+    """Whether a goal starts now, waits, or is skipped, and with what grant.
+
+    In each dimension where the batch is limited (``available`` is not ``None``): the cap if
+    it fits; else wait while other goals hold grants; else what is left, if it covers the
+    minimum. Where the batch is unlimited the grant is ``None`` (the goal's own cap, if any,
+    still applies inside its run).
+    """
+    fits_cap = all(a is None or c is None or a >= c for a, c in zip(available, cap, strict=True))
+    if fits_cap:
+        grant = tuple(
+            None if a is None else (a if c is None else c)
+            for a, c in zip(available, cap, strict=True)
+        )
+        return "grant", (grant[0], grant[1])
+    if others_running:
+        return "wait", (None, None)
+    if all(a is None or a >= m for a, m in zip(available, minimum, strict=True)):
+        grant = tuple(
+            None if a is None else (a if c is None else min(a, c))
+            for a, c in zip(available, cap, strict=True)
+        )
+        return "grant", (grant[0], grant[1])
+    return "skip", (None, None)
+
+
+async def grant_goal(
+    ledger: Ledger,
+    root: Account,
+    name: str,
+    cap: Amounts,
+    minimum: tuple[int, int],
+    *,
+    attempts: int = 20,
+) -> tuple[Decision, Account | None, Amounts]:
+    """Decide (see :func:`decide`) and open the goal's account under ``root``.
+
+    On a ledger shared by many processes another grant may take what looked available between
+    the look and the open; the open then fails atomically and the decision is made again.
+    """
+    for _ in range(attempts):
+        available = await ledger.available(root)
+        balance = await ledger.balance(root)
+        others = bool(balance.granted_tokens or balance.granted_pico)
+        decision, amounts = decide(available, cap, minimum, others)
+        if decision != "grant":
+            return decision, None, (None, None)
+        try:
+            account = await ledger.open(name, root, Fixed(*amounts))
+        except BudgetExceeded:
+            continue
+        return "grant", account, amounts
+    return "wait", None, (None, None)
+
+
+class GoalLedger(Ledger):
+    """The ledger of one goal's run: a local ledger for the run's tree of accounts, with every
+    model call's reservation mirrored on the goal's account of the batch ledger.
+
+    ``on_change`` is called (synchronously) after each mirrored reservation, settlement and
+    release, with what the goal's account holds and has spent: the local backend journals it
+    there, before the call is made. If the batch ledger refuses a reservation (the goal's
+    account was written off because this attempt was presumed dead), the call is refused.
+    """
+
+    def __init__(
+        self,
+        outer: Ledger,
+        account: Account,
+        on_change: Callable[[tuple[int, int], tuple[int, int]], None] | None = None,
+    ) -> None:
+        self.inner = LocalLedger()
+        self.outer = outer
+        self.account = account
+        self.on_change = on_change
+        self._mirrors: dict[Reservation, Reservation] = {}
+        self.refused_by_batch = 0
+
+    async def open(self, name: str, parent: Account | None, grant: Grant) -> Account:
+        """See :meth:`Ledger.open` (the run's own accounts are local)."""
+        return self.inner.open_now(name, parent, grant)
+
+    async def reserve(
+        self, account: Account, tokens: int, pico: int, phase: Phase
+    ) -> Reservation | None:
+        """Reserve in the run's tree, then on the goal's account of the batch ledger."""
+        local = self.inner.reserve_now(account, tokens, pico, phase)
+        if local is None:
+            return None
+        try:
+            mirror = await self.outer.reserve(self.account, tokens, pico, phase)
+        except LedgerError:
+            mirror = None  # the goal's account was closed under this attempt
+        except BaseException:
+            self.inner.settle_now(local, 0, 0, used=False)
+            raise
+        if mirror is None:
+            self.refused_by_batch += 1
+            self.inner.settle_now(local, 0, 0, used=False)
+            return None
+        self._mirrors[local] = mirror
+        await self._changed()
+        return local
+
+    async def settle(self, reservation: Reservation, tokens: int, pico: int) -> None:
+        """Settle in the run's tree and on the batch ledger."""
+        self.inner.settle_now(reservation, tokens, pico)
+        mirror = self._mirrors.pop(reservation, None)
+        if mirror is not None:
+            try:
+                await self.outer.settle(mirror, tokens, pico)
+            except LedgerError:
+                pass  # written off meanwhile: the whole reservation already counts as spent
+        await self._changed()
+
+    async def release(self, reservation: Reservation) -> None:
+        """Release in the run's tree and on the batch ledger."""
+        self.inner.settle_now(reservation, 0, 0, used=False)
+        mirror = self._mirrors.pop(reservation, None)
+        if mirror is not None:
+            try:
+                await self.outer.release(mirror)
+            except LedgerError:
+                pass
+        await self._changed()
+
+    async def close(self, account: Account) -> Balance:
+        """See :meth:`Ledger.close`."""
+        return self.inner.close_now(account)
+
+    async def available(self, account: Account) -> tuple[int | None, int | None]:
+        """See :meth:`Ledger.available`."""
+        return self.inner.available_now(account)
+
+    async def balance(self, account: Account) -> Balance:
+        """See :meth:`Ledger.balance`."""
+        return self.inner.balance_now(account)
+
+    async def outstanding(self) -> Outstanding:
+        """See :meth:`Ledger.outstanding`."""
+        return await self.inner.outstanding()
+
+    async def _changed(self) -> None:
+        if self.on_change is None:
+            return
+        b = await self.outer.balance(self.account)
+        self.on_change((b.reserved_tokens, b.reserved_pico), (b.spent_tokens, b.spent_pico))

@@ -1,0 +1,381 @@
+"""A batch: many goals under one global budget, journaled in ``DIR``, resumable.
+
+:func:`run_batch` validates the goals file, opens (or, with ``resume``, reopens) the journal,
+and runs the goals on a backend: ``local`` (anyio, in this process) or ``celery`` (workers, see
+:mod:`hierplan.batch.celery_backend`). Per goal it writes ``DIR/goals/<id>/run.json``; at the
+end ``DIR/summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+
+from hierplan.batch.budget import (
+    BatchBudget,
+    GoalLedger,
+    check_prices,
+    goal_cap,
+    goal_minimum,
+    grant_goal,
+)
+from hierplan.batch.display import BatchDisplay, Tally
+from hierplan.batch.goals import BatchGoal, GoalsFile, load_goals
+from hierplan.batch.journal import FINAL_STATES, Journal, open_journal
+from hierplan.batch.runner import GoalOutcome, RunOptions, inner_budget, run_goal
+from hierplan.budgets.budget import PICO_PER_USD, Fixed, LocalLedger, pico_to_usd
+from hierplan.budgets.pricing import PriceTable
+from hierplan.errors import UserInputError
+from hierplan.hierarchy.context import Instrument
+from hierplan.hierarchy.record import write_atomic
+
+Backend = Literal["local", "celery"]
+SUMMARY = "summary.json"
+
+
+@dataclass(slots=True)
+class BatchConfig:
+    """What to run, with what budget, where, and how."""
+
+    goals_path: Path
+    out: Path
+    budget: BatchBudget
+    options: RunOptions = field(default_factory=RunOptions)
+    backend: Backend = "local"
+    resume: bool = False
+    broker: str | None = None
+    visibility_timeout: float = 3600.0
+    instruments: Sequence[Instrument] = ()
+
+
+@dataclass(slots=True)
+class Batch:
+    """A batch ready to run: its config, goals, journal and the settings it was started with."""
+
+    config: BatchConfig
+    goals: GoalsFile
+    journal: Journal
+    meta: dict[str, Any]
+    display: BatchDisplay | None = None
+
+    @property
+    def budget(self) -> BatchBudget:
+        """The batch's budget, as it was started."""
+        b = self.meta["budget"]
+        return BatchBudget(
+            b["tokens"], b["pico"], b["concurrency"], b["goal_tokens"], b["goal_pico"]
+        )
+
+    @property
+    def options(self) -> RunOptions:
+        """The goals' defaults, as the batch was started."""
+        return RunOptions.from_dict(self.meta["options"])
+
+    def tally(self) -> Tally:
+        """The batch's figures now, from the journal."""
+        spent_t, spent_p = self.journal.spent()
+        return Tally(
+            total=len(self.goals.goals),
+            counts=self.journal.counts(),
+            spent_tokens=spent_t,
+            spent_pico=spent_p,
+            limit_tokens=self.budget.tokens,
+            limit_pico=self.budget.pico,
+        )
+
+    def goal_dir(self, goal_id: str) -> Path:
+        """Where a goal's files go."""
+        return self.config.out / "goals" / goal_id
+
+    def record_finished(
+        self,
+        goal: BatchGoal,
+        outcome: GoalOutcome,
+        spent: tuple[int, int],
+        prior: tuple[int, int] | None = None,
+    ) -> None:
+        """Journal a finished goal, then write its ``run.json`` (the journal is the truth: a
+        crash between the two is repaired by :meth:`write_records`)."""
+        self.journal.finish(
+            goal.id,
+            state=outcome.state,
+            status=outcome.status,
+            reason=outcome.reason,
+            spent=spent,
+            record=outcome.record,
+            prior=prior,
+        )
+        if outcome.record is not None:
+            path = self.goal_dir(goal.id) / "run.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, outcome.record)
+        self.refresh(goal.id, outcome, spent)
+
+    def refresh(self, goal_id: str, outcome: GoalOutcome, spent: tuple[int, int]) -> None:
+        """Tell the display (if any) about a finished goal."""
+        if self.display is None:
+            return
+        tally = self.tally()
+        tally.started = self.display.tally.started
+        tally.finished_now = self.display.tally.finished_now + 1
+        self.display.tally = tally
+        detail = f"${pico_to_usd(spent[1]):.4f}, {spent[0]:,} tokens"
+        if outcome.reason:
+            detail += f"  {outcome.reason[:100]}"
+        self.display.goal_done(goal_id, outcome.state, outcome.status, detail)
+
+    def write_records(self) -> None:
+        """Write any ``run.json`` the journal has and the directory lacks."""
+        for row in self.journal.rows():
+            if row.record is not None:
+                path = self.goal_dir(row.id) / "run.json"
+                if not path.exists():
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    write_atomic(path, row.record)
+
+
+def prepare(config: BatchConfig, pricing: PriceTable | None = None) -> Batch:
+    """Validate everything and open the journal; nothing is written if anything is wrong."""
+    if config.budget.concurrency < 1:
+        raise UserInputError("--concurrency must be at least 1")
+    goals = load_goals(config.goals_path, default_model=config.options.model)
+    check_prices(goals.goals, config.options.model, pricing or PriceTable(), _usd(config))
+    if config.resume:
+        journal = open_journal(config.out, resume=True)
+        meta = journal.meta()
+        if meta.get("goals_digest") != goals.digest:
+            journal.close()
+            raise UserInputError(
+                f"cannot resume {config.out}: {config.goals_path} changed since the batch "
+                "started (resume with the same goals file, or start a new batch with another "
+                "--out)"
+            )
+        if meta.get("backend") != config.backend:
+            journal.close()
+            raise UserInputError(
+                f"cannot resume {config.out} with --backend {config.backend}: it was started "
+                f"with --backend {meta.get('backend')}"
+            )
+        return Batch(config, goals, journal, meta)
+    meta = {
+        "goals_path": str(config.goals_path),
+        "goals_digest": goals.digest,
+        "backend": config.backend,
+        "namespace": f"hierplan-batch-{uuid.uuid4().hex[:12]}",
+        "created_at": time.time(),
+        "budget": {
+            "tokens": config.budget.tokens,
+            "pico": config.budget.pico,
+            "concurrency": config.budget.concurrency,
+            "goal_tokens": config.budget.goal_tokens,
+            "goal_pico": config.budget.goal_pico,
+        },
+        "options": config.options.to_dict(),
+    }
+    _check_caps(goals.goals, config, pricing or PriceTable())
+    journal = open_journal(config.out, resume=False)
+    journal.create(meta, goals.goals)
+    return Batch(config, goals, journal, meta)
+
+
+def _usd(config: BatchConfig) -> bool:
+    b = config.budget
+    return b.pico is not None or b.goal_pico is not None
+
+
+def _check_caps(goals: Sequence[BatchGoal], config: BatchConfig, pricing: PriceTable) -> None:
+    """A goal whose cap is below its minimum could never start: say so before anything does."""
+    problems = []
+    for goal in goals:
+        cap_t, cap_p = goal_cap(goal, config.budget)
+        min_t, min_p = goal_minimum(
+            goal, config.options.model, pricing, config.options.settings(goal)
+        )
+        if (cap_t is not None and cap_t < min_t) or (cap_p is not None and cap_p < min_p):
+            problems.append(
+                f"line {goal.line}: its budget cap ({_amounts(cap_t, cap_p)}) is below the "
+                f"least one planning call needs ({_amounts(min_t, min_p)})"
+            )
+    if problems:
+        raise UserInputError(
+            f"{len(problems)} goal(s) could never start; raise their budget_usd/budget_tokens "
+            "(or --goal-budget-usd/--goal-budget-tokens, --budget-usd/--budget-tokens):\n  "
+            + "\n  ".join(problems[:20])
+        )
+
+
+def _amounts(tokens: int | None, pico: int | None) -> str:
+    parts = []
+    if pico is not None:
+        parts.append(f"${pico / PICO_PER_USD:.6f}")
+    if tokens is not None:
+        parts.append(f"{tokens:,} tokens")
+    return " and ".join(parts) or "unlimited"
+
+
+# -- the local backend -----------------------------------------------------------------------
+
+
+class _Changes:
+    """Wakes the scheduler when a goal ends (its grant's rest is free again)."""
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+
+    def notify(self) -> None:
+        self.event.set()
+        self.event = anyio.Event()
+
+    async def wait(self) -> None:
+        await self.event.wait()
+
+
+async def run_local(batch: Batch) -> None:
+    """Run the batch's pending goals in this process, ``concurrency`` at a time."""
+    journal = batch.journal
+    budget = batch.budget
+    options = batch.options
+    pricing = PriceTable()
+    spent_t, spent_p = journal.spent()
+    ledger = LocalLedger()
+    root = ledger.open_now(
+        "batch",
+        None,
+        Fixed(
+            None if budget.tokens is None else max(0, budget.tokens - spent_t),
+            None if budget.pico is None else max(0, budget.pico - spent_p),
+        ),
+    )
+    pending = [r.goal for r in journal.rows() if r.state == "pending"]
+    changes = _Changes()
+    running = 0
+
+    async def one(goal: BatchGoal, account: Any, grant: tuple[int | None, int | None]) -> None:
+        nonlocal running
+        try:
+            goal_ledger = GoalLedger(
+                ledger, account, lambda held, spent: journal.progress(goal.id, held, spent)
+            )
+            cap = goal_cap(goal, budget)
+            outcome = await run_goal(
+                goal,
+                options,
+                goal_ledger,
+                inner_budget(grant, cap),
+                batch.goal_dir(goal.id),
+                batch.config.instruments,
+            )
+            balance = await ledger.close(account)
+            batch.record_finished(goal, outcome, (balance.spent_tokens, balance.spent_pico))
+        finally:
+            running -= 1
+            changes.notify()
+
+    async with anyio.create_task_group() as tg:
+        index = 0
+        while index < len(pending):
+            if running >= budget.concurrency:
+                await changes.wait()
+                continue
+            goal = pending[index]
+            cap = goal_cap(goal, budget)
+            minimum = goal_minimum(goal, options.model, pricing, options.settings(goal))
+            decision, account, grant = await grant_goal(ledger, root, goal.id, cap, minimum)
+            if decision == "wait":
+                await changes.wait()
+                continue
+            index += 1
+            if decision == "skip":
+                batch.record_finished(goal, _skipped(minimum), (0, 0))
+                continue
+            journal.start(goal.id, grant)
+            running += 1
+            tg.start_soon(one, goal, account, grant)
+
+
+def _skipped(minimum: tuple[int, int]) -> GoalOutcome:
+    return GoalOutcome(
+        "skipped",
+        "not_started",
+        f"budget: what the batch has left cannot cover the goal's minimum "
+        f"({_amounts(minimum[0], minimum[1])})",
+        None,
+    )
+
+
+# -- the whole batch -------------------------------------------------------------------------
+
+
+def summarize(batch: Batch, wall_time_s: float, finished_now: int) -> dict[str, Any]:
+    """The summary: counts by state and by run status, spend, tokens, time, throughput."""
+    rows = batch.journal.rows()
+    counts = dict.fromkeys(("succeeded", "failed", "skipped", "pending", "running"), 0)
+    statuses: dict[str, int] = {}
+    for row in rows:
+        counts[row.state] = counts.get(row.state, 0) + 1
+        if row.status:
+            statuses[row.status] = statuses.get(row.status, 0) + 1
+    spent_t, spent_p = batch.journal.spent()
+    prior_t = sum(r.prior_tokens for r in rows)
+    prior_p = sum(r.prior_pico for r in rows)
+    budget = batch.budget
+    return {
+        "goals": len(rows),
+        "counts": counts,
+        "statuses": statuses,
+        "spent_usd": pico_to_usd(spent_p),
+        "spent_pico": spent_p,
+        "spent_tokens": spent_t,
+        "retried_spent_usd": pico_to_usd(prior_p),
+        "retried_spent_tokens": prior_t,
+        "budget": {
+            "usd": None if budget.pico is None else pico_to_usd(budget.pico),
+            "pico": budget.pico,
+            "tokens": budget.tokens,
+        },
+        "attempts": sum(r.attempts for r in rows),
+        "wall_time_s": round(wall_time_s, 3),
+        "goals_per_s": round(finished_now / wall_time_s, 3) if wall_time_s > 0 else 0.0,
+        "finished_by_this_run": finished_now,
+    }
+
+
+async def execute(batch: Batch) -> dict[str, Any]:
+    """Run a prepared batch on its backend and write its summary."""
+    started = time.monotonic()
+    recovered = batch.journal.recover() if batch.config.resume else []
+    before = sum(batch.journal.counts()[s] for s in FINAL_STATES)
+    batch.write_records()
+    if batch.config.backend == "celery":
+        from hierplan.batch.celery_backend import run_celery
+
+        await run_celery(batch, recovered)
+    else:
+        await run_local(batch)
+    after = sum(batch.journal.counts()[s] for s in FINAL_STATES)
+    summary = summarize(batch, time.monotonic() - started, after - before)
+    summary["resumed_running_goals"] = recovered
+    write_atomic(batch.config.out / SUMMARY, json.dumps(summary, indent=1))
+    return summary
+
+
+async def run_batch(config: BatchConfig, display: BatchDisplay | None = None) -> dict[str, Any]:
+    """Validate, journal and run a batch; returns its summary (also in ``DIR/summary.json``).
+
+    >>> import anyio  # doctest: +SKIP
+    >>> config = BatchConfig(Path("goals.jsonl"), Path("runs/b"), BatchBudget(None, 10**12, 4))
+    >>> summary = anyio.run(run_batch, config)  # doctest: +SKIP
+    """
+    batch = prepare(config)
+    batch.display = display
+    try:
+        return await execute(batch)
+    finally:
+        batch.journal.close()

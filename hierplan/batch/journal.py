@@ -1,0 +1,267 @@
+"""The batch journal: one SQLite database (WAL mode) in the batch's directory.
+
+It holds what a crash must not lose: the batch's settings and budget, and for each goal its
+state, its attempts, what its current attempt holds and has spent (written before each model
+call is made and after it is settled), what earlier attempts spent, and its run record. Every
+change is one transaction, so a reader, or a resume after ``SIGKILL``, sees each change whole
+or not at all. ``synchronous=NORMAL`` in WAL mode keeps every committed transaction through a
+crash of the process (an operating-system crash may lose the last ones, never corrupt them).
+
+Goal states: ``pending`` → ``running`` → ``succeeded`` | ``failed`` | ``skipped`` (not started:
+the budget left could not cover the goal's minimum). A resumed batch puts ``running`` goals back
+to ``pending``; what their attempt had spent, and every call it still held (it may have been
+billed), stays spent as ``prior``.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hierplan.batch.goals import BatchGoal
+from hierplan.errors import UserInputError
+
+JOURNAL = "journal.sqlite"
+FINAL_STATES = ("succeeded", "failed", "skipped")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS goals (
+    id TEXT PRIMARY KEY,
+    position INTEGER NOT NULL,
+    goal TEXT NOT NULL,
+    state TEXT NOT NULL DEFAULT 'pending',
+    status TEXT,
+    reason TEXT,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    grant_tokens INTEGER,
+    grant_pico INTEGER,
+    held_tokens INTEGER NOT NULL DEFAULT 0,
+    held_pico INTEGER NOT NULL DEFAULT 0,
+    spent_tokens INTEGER NOT NULL DEFAULT 0,
+    spent_pico INTEGER NOT NULL DEFAULT 0,
+    prior_tokens INTEGER NOT NULL DEFAULT 0,
+    prior_pico INTEGER NOT NULL DEFAULT 0,
+    account TEXT,
+    started_at REAL,
+    finished_at REAL,
+    record TEXT
+);
+"""
+
+
+@dataclass(slots=True)
+class GoalRow:
+    """A goal's row of the journal."""
+
+    id: str
+    position: int
+    goal: BatchGoal
+    state: str
+    status: str | None
+    reason: str | None
+    attempts: int
+    spent_tokens: int
+    spent_pico: int
+    prior_tokens: int
+    prior_pico: int
+    account: str | None
+    started_at: float | None
+    finished_at: float | None
+    record: str | None
+
+    @property
+    def total_tokens(self) -> int:
+        """What every attempt of the goal spent, in tokens."""
+        return self.spent_tokens + self.prior_tokens
+
+    @property
+    def total_pico(self) -> int:
+        """What every attempt of the goal spent, in pico-dollars."""
+        return self.spent_pico + self.prior_pico
+
+
+class Journal:
+    """The journal of one batch directory. Use it from one thread (the batch's event loop)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.execute("PRAGMA busy_timeout=5000")
+        self.db.executescript(_SCHEMA)
+
+    @classmethod
+    def exists(cls, out: Path) -> bool:
+        """Whether ``out`` holds a journal."""
+        return (out / JOURNAL).exists()
+
+    def close(self) -> None:
+        """Close the database (every transaction is already committed)."""
+        self.db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One atomic change: committed whole, or rolled back whole."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.db
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    # -- the batch -----------------------------------------------------------------------
+
+    def create(self, meta: dict[str, Any], goals: Sequence[BatchGoal]) -> None:
+        """Write a new batch: its settings and every goal, pending."""
+        with self.transaction() as db:
+            db.executemany(
+                "INSERT INTO meta (key, value) VALUES (?, ?)",
+                [(k, json.dumps(v)) for k, v in meta.items()],
+            )
+            db.executemany(
+                "INSERT INTO goals (id, position, goal) VALUES (?, ?, ?)",
+                [(g.id, i, g.to_json()) for i, g in enumerate(goals)],
+            )
+
+    def meta(self) -> dict[str, Any]:
+        """The batch's settings."""
+        return {k: json.loads(v) for k, v in self.db.execute("SELECT key, value FROM meta")}
+
+    def set_meta(self, key: str, value: Any) -> None:
+        """Set one setting of the batch."""
+        with self.transaction() as db:
+            db.execute(
+                "INSERT INTO meta (key, value) VALUES (?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (key, json.dumps(value)),
+            )
+
+    def rows(self) -> list[GoalRow]:
+        """Every goal's row, in file order."""
+        cursor = self.db.execute(
+            "SELECT id, position, goal, state, status, reason, attempts, spent_tokens, "
+            "spent_pico, prior_tokens, prior_pico, account, started_at, finished_at, record "
+            "FROM goals ORDER BY position"
+        )
+        return [
+            GoalRow(r[0], r[1], BatchGoal.from_json(r[2]), *r[3:]) for r in cursor.fetchall()
+        ]
+
+    def row(self, goal_id: str) -> GoalRow:
+        """One goal's row."""
+        for row in self.rows():
+            if row.id == goal_id:
+                return row
+        raise KeyError(goal_id)
+
+    def recover(self) -> list[str]:
+        """After a crash: goals that were running go back to pending; what their attempt spent
+        and still held stays spent (as ``prior``). Returns their ids."""
+        with self.transaction() as db:
+            ids = [r[0] for r in db.execute("SELECT id FROM goals WHERE state = 'running'")]
+            db.execute(
+                "UPDATE goals SET state = 'pending', "
+                "prior_tokens = prior_tokens + spent_tokens + held_tokens, "
+                "prior_pico = prior_pico + spent_pico + held_pico, "
+                "spent_tokens = 0, spent_pico = 0, held_tokens = 0, held_pico = 0, "
+                "grant_tokens = NULL, grant_pico = NULL, account = NULL "
+                "WHERE state = 'running'"
+            )
+        return ids
+
+    def spent(self) -> tuple[int, int]:
+        """Tokens and pico-dollars the batch has spent (every attempt of every goal, and what
+        running attempts hold now)."""
+        row = self.db.execute(
+            "SELECT COALESCE(SUM(spent_tokens + held_tokens + prior_tokens), 0), "
+            "COALESCE(SUM(spent_pico + held_pico + prior_pico), 0) FROM goals"
+        ).fetchone()
+        return int(row[0]), int(row[1])
+
+    def counts(self) -> dict[str, int]:
+        """How many goals are in each state."""
+        counts = dict.fromkeys(("pending", "running", *FINAL_STATES), 0)
+        for state, n in self.db.execute("SELECT state, COUNT(*) FROM goals GROUP BY state"):
+            counts[state] = n
+        return counts
+
+    # -- one goal ------------------------------------------------------------------------
+
+    def start(
+        self, goal_id: str, grant: tuple[int | None, int | None], account: str | None = None
+    ) -> None:
+        """The goal starts an attempt with ``grant`` from the batch's budget."""
+        with self.transaction() as db:
+            db.execute(
+                "UPDATE goals SET state = 'running', attempts = attempts + 1, grant_tokens = ?, "
+                "grant_pico = ?, held_tokens = 0, held_pico = 0, spent_tokens = 0, "
+                "spent_pico = 0, account = ?, started_at = ? WHERE id = ?",
+                (grant[0], grant[1], account, time.time(), goal_id),
+            )
+
+    def progress(self, goal_id: str, held: tuple[int, int], spent: tuple[int, int]) -> None:
+        """What the goal's running attempt holds for calls in flight, and has spent."""
+        with self.transaction() as db:
+            db.execute(
+                "UPDATE goals SET held_tokens = ?, held_pico = ?, spent_tokens = ?, "
+                "spent_pico = ? WHERE id = ?",
+                (held[0], held[1], spent[0], spent[1], goal_id),
+            )
+
+    def finish(
+        self,
+        goal_id: str,
+        *,
+        state: str,
+        status: str,
+        reason: str | None,
+        spent: tuple[int, int],
+        record: str | None,
+        prior: tuple[int, int] | None = None,
+    ) -> None:
+        """The goal's attempt ended (``state``: succeeded, failed or skipped). ``prior``, when
+        given, is what earlier attempts spent as another process counted it."""
+        if state not in FINAL_STATES:
+            raise ValueError(state)
+        with self.transaction() as db:
+            if prior is not None:
+                db.execute(
+                    "UPDATE goals SET prior_tokens = ?, prior_pico = ? WHERE id = ?",
+                    (prior[0], prior[1], goal_id),
+                )
+            db.execute(
+                "UPDATE goals SET state = ?, status = ?, reason = ?, held_tokens = 0, "
+                "held_pico = 0, spent_tokens = ?, spent_pico = ?, finished_at = ?, record = ? "
+                "WHERE id = ?",
+                (state, status, reason, spent[0], spent[1], time.time(), record, goal_id),
+            )
+
+
+def open_journal(out: Path, *, resume: bool) -> Journal:
+    """The journal of ``out``: a new one (``out`` must not hold a batch yet) or, with
+    ``resume``, the existing one."""
+    path = out / JOURNAL
+    if resume:
+        if not path.exists():
+            raise UserInputError(f"nothing to resume: {out} holds no batch journal ({JOURNAL})")
+        try:
+            journal = Journal(path)
+            journal.meta()
+        except sqlite3.DatabaseError as exc:
+            raise UserInputError(f"cannot read the batch journal {path}: {exc}") from None
+        return journal
+    if path.exists():
+        raise UserInputError(
+            f"{out} already holds a batch: pass --resume to continue it, or choose another --out"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    return Journal(path)

@@ -1,0 +1,114 @@
+"""Run one goal of a batch within its grant: the same code on the local backend and on Celery."""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from hierplan.batch.budget import Amounts, GoalLedger
+from hierplan.batch.goals import BatchGoal
+from hierplan.budgets.budget import Budget, pico_to_usd
+from hierplan.budgets.instrument import BudgetInstrument
+from hierplan.errors import HierplanError
+from hierplan.hierarchy.context import Instrument, RunSettings
+from hierplan.hierarchy.record import RunResult
+from hierplan.hierarchy.run import run
+
+
+@dataclass(slots=True, frozen=True)
+class RunOptions:
+    """Batch-wide defaults of every goal (a goal's line overrides them)."""
+
+    model: str = "sim"
+    strategy: str = "hierarchical"
+    allocation: str = "equal"
+    seed: int = 0
+    sim_profile: str = "typical"
+    sim_latency_scale: float = 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """As plain data (for the journal and the Celery message)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunOptions:
+        """The options :meth:`to_dict` wrote."""
+        return cls(**data)
+
+    def settings(self, goal: BatchGoal) -> RunSettings:
+        """The goal's run settings: its own, else these defaults."""
+        spec = goal.spec
+        values: dict[str, Any] = {
+            "strategy": spec.strategy or self.strategy,
+            "seed": spec.seed if spec.seed is not None else self.seed,
+        }
+        if spec.max_depth is not None:
+            values["max_depth"] = spec.max_depth
+        if spec.concurrency is not None:
+            values["concurrency"] = spec.concurrency
+        return RunSettings.model_validate(values)
+
+
+@dataclass(slots=True)
+class GoalOutcome:
+    """How a goal's attempt ended. ``state``: succeeded or failed; ``status``: the run's status
+    (or ``error`` when it raised); ``record``: its ``run.json`` text, when it returned one."""
+
+    state: str
+    status: str
+    reason: str | None
+    record: str | None
+
+
+def inner_budget(grant: Amounts, cap: Amounts) -> Budget:
+    """The run's own budget: its grant where the batch is limited, else its own cap."""
+    tokens = grant[0] if grant[0] is not None else cap[0]
+    pico = grant[1] if grant[1] is not None else cap[1]
+    return Budget(tokens, None if pico is None else pico_to_usd(pico))
+
+
+async def run_goal(
+    goal: BatchGoal,
+    options: RunOptions,
+    ledger: GoalLedger,
+    budget: Budget,
+    workdir: Path,
+    instruments: Sequence[Instrument] = (),
+) -> GoalOutcome:
+    """Run ``goal`` with ``budget``, its calls reserved on ``ledger``; never raises for a
+    failure of the goal itself (it is recorded as ``failed`` with the reason)."""
+    spec = goal.spec
+    budgeting = BudgetInstrument(
+        budget, allocation=spec.allocation or options.allocation, ledger=ledger
+    )
+    try:
+        result = await run(
+            spec.goal,
+            scenario=spec.scenario,
+            model=spec.model or options.model,
+            settings=options.settings(goal),
+            instruments=[*instruments, budgeting],
+            sim_profile=options.sim_profile,
+            sim_latency_scale=options.sim_latency_scale,
+            workdir=workdir / "work" if spec.scenario else None,
+            run_id=goal.id,
+        )
+    except HierplanError as exc:
+        return GoalOutcome("failed", "error", f"{type(exc).__name__}: {exc}", None)
+    except Exception as exc:  # a bug must not take the batch down: record it on the goal
+        where = traceback.format_exception_only(exc)[-1].strip()
+        return GoalOutcome("failed", "error", where, None)
+    return outcome_of(result)
+
+
+def outcome_of(result: RunResult) -> GoalOutcome:
+    """A finished run as a goal outcome (a failed verification fails the goal)."""
+    verified = result.verification is None or bool(result.verification.get("ok"))
+    ok = result.status == "succeeded" and verified
+    reason = result.error
+    if result.status == "succeeded" and not verified and result.verification is not None:
+        reason = f"verification failed: {result.verification.get('summary', '')}"
+    return GoalOutcome("succeeded" if ok else "failed", result.status, reason, result.to_json())
