@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 
 from hierplan.agents.models.simulated import PROFILES
+from hierplan.batch.cli import register as register_batch_commands
 from hierplan.console import RunConsole
 from hierplan.errors import HierplanError, UserInputError
 from hierplan.goals import load_goal_file
@@ -475,6 +476,9 @@ def scenarios_command() -> None:
     console = Console()
     for name, found in sorted(scenarios().items()):
         console.print(f"[bold]{name}[/]: {found.description}", highlight=False)
+
+
+register_batch_commands(app)
 
 
 def main() -> None:

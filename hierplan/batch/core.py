@@ -350,13 +350,16 @@ def summarize(batch: Batch, wall_time_s: float, finished_now: int) -> dict[str, 
 async def execute(batch: Batch) -> dict[str, Any]:
     """Run a prepared batch on its backend and write its summary."""
     started = time.monotonic()
-    recovered = batch.journal.recover() if batch.config.resume else []
+    # Locally, goals that were running died with the process that ran them. On Celery their
+    # messages are still with the broker: they are delivered again and followed as they are.
+    local = batch.config.backend == "local"
+    recovered = batch.journal.recover() if batch.config.resume and local else []
     before = sum(batch.journal.counts()[s] for s in FINAL_STATES)
     batch.write_records()
     if batch.config.backend == "celery":
         from hierplan.batch.celery_backend import run_celery
 
-        await run_celery(batch, recovered)
+        await run_celery(batch)
     else:
         await run_local(batch)
     after = sum(batch.journal.counts()[s] for s in FINAL_STATES)

@@ -1,0 +1,381 @@
+"""The Celery backend: goals run on ``hierplan worker`` processes, the budget lives in Redis.
+
+The driver (``hierplan batch --backend celery``) keeps up to ``--concurrency`` goals enqueued,
+follows their state in Redis, and journals each finished goal in ``DIR``. Workers use the
+threads pool with one anyio portal (an event loop in a thread) per process: each task thread
+hands its goal to the portal, so the goals of a process share one loop.
+
+Messages are acknowledged late (after the goal ends), so a goal whose worker dies is delivered
+again once the broker's visibility timeout has passed: set it longer than the longest goal.
+Every delivery first **claims** the goal in Redis (a Lua script that fences out any earlier
+delivery still running), **writes off** the account of an earlier delivery that did not finish
+(the calls it held count as spent), and then is granted a new account (see
+:mod:`hierplan.batch.budget`). A goal whose cap does not fit while others hold grants is
+retried a moment later; one whose minimum cannot be covered at all is recorded as skipped.
+A delivery that was fenced out finds its account closed: its calls are refused and its result is
+dropped, so a goal is never finished twice.
+
+Redis keys of a batch share its namespace: the ledger's accounts, and one hash per goal
+(``{ns}:g:<goal id>``) with its state, fence, account, spend and record.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import threading
+import uuid
+from contextlib import AbstractContextManager
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.from_thread
+import anyio.to_thread
+
+from hierplan.batch.budget import GoalLedger, goal_cap, goal_minimum, grant_goal
+from hierplan.batch.goals import BatchGoal
+from hierplan.batch.runner import GoalOutcome, RunOptions, inner_budget, run_goal
+from hierplan.budgets.budget import Fixed, LedgerError
+from hierplan.budgets.pricing import PriceTable
+from hierplan.budgets.redis_ledger import RedisLedger, connect
+from hierplan.errors import UserInputError
+from hierplan.hierarchy.context import Instrument
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from hierplan.batch.core import Batch
+
+TASK_NAME = "hierplan.batch.goal"
+QUEUE = "hierplan"
+CELERY_INSTALL_HINT = "pip install 'hierplan[celery]'"
+POLL_S = 0.2
+WAIT_RETRY_S = 0.5
+
+_CLAIM = r"""
+local g = KEYS[1]
+local state = redis.call('HGET', g, 'state')
+if state == 'succeeded' or state == 'failed' or state == 'skipped' then return 'final' end
+local old = redis.call('HGET', g, 'account')
+if old and old ~= '' then redis.call('SADD', g .. ':old', old) end
+redis.call('HSET', g, 'fence', ARGV[1], 'account', '', 'state', 'claimed', 'worker', ARGV[2])
+redis.call('HINCRBY', g, 'deliveries', 1)
+return 'ok'
+"""
+
+# ARGV: account id, tokens, pico. Counts a written-off account's spend once.
+_COUNT_OLD = r"""
+local g = KEYS[1]
+if redis.call('SREM', g .. ':old', ARGV[1]) == 1 then
+  redis.call('HINCRBY', g, 'prior_tokens', ARGV[2])
+  redis.call('HINCRBY', g, 'prior_pico', ARGV[3])
+end
+return 'ok'
+"""
+
+# ARGV: fence, then field/value pairs to set if the fence still holds.
+_FENCED_SET = r"""
+local g = KEYS[1]
+if redis.call('HGET', g, 'fence') ~= ARGV[1] then return 'superseded' end
+for i = 2, #ARGV, 2 do redis.call('HSET', g, ARGV[i], ARGV[i + 1]) end
+return 'ok'
+"""
+
+
+def _require_celery() -> None:
+    try:
+        import celery  # noqa: F401
+    except ImportError:  # pragma: no cover - the extra is installed in development
+        raise UserInputError(
+            f"the Celery backend needs the celery extra: {CELERY_INSTALL_HINT}"
+        ) from None
+
+
+def transport_options(visibility_timeout: float) -> dict[str, Any]:
+    """Broker options: the visibility timeout, and unacknowledged messages of dead workers
+    looked for often enough that they come back soon after it has passed."""
+    return {
+        "visibility_timeout": visibility_timeout,
+        "unacked_restore_interval": max(1, min(10, int(visibility_timeout // 4))),
+        "unacked_restore_throttle": 1,
+    }
+
+
+def make_app(broker: str, visibility_timeout: float = 3600.0) -> Celery:
+    """The Celery app of hierplan's batch workers (no result backend: state is in Redis)."""
+    _require_celery()
+    from celery import Celery
+
+    app = Celery("hierplan", broker=broker, set_as_current=False)
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_acks_on_failure_or_timeout=True,
+        worker_prefetch_multiplier=1,
+        task_ignore_result=True,
+        task_serializer="json",
+        accept_content=["json"],
+        task_default_queue=QUEUE,
+        broker_transport_options=transport_options(visibility_timeout),
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        worker_pool="threads",
+    )
+    app.task(name=TASK_NAME, bind=True, acks_late=True)(_goal_task)
+    return app
+
+
+# -- the worker side -------------------------------------------------------------------------
+
+
+class _Worker:
+    """Per-process state of a worker: its portal, Redis clients and settings."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.portal: anyio.from_thread.BlockingPortal | None = None
+        self.portal_cm: AbstractContextManager[anyio.from_thread.BlockingPortal] | None = None
+        self.ledgers: dict[tuple[str, str], RedisLedger] = {}
+        self.workdir = Path(tempfile.gettempdir()) / f"hierplan-worker-{os.getpid()}"
+        self.instruments: list[Instrument] = []
+        self.name = f"{socket.gethostname()}:{os.getpid()}"
+
+    def get_portal(self) -> anyio.from_thread.BlockingPortal:
+        """The process's one portal, started on first use."""
+        with self.lock:
+            if self.portal is None:
+                self.portal_cm = anyio.from_thread.start_blocking_portal()
+                self.portal = self.portal_cm.__enter__()
+            return self.portal
+
+    def ledger(self, url: str, namespace: str) -> RedisLedger:
+        """The batch's Redis ledger (one client per batch per process)."""
+        with self.lock:
+            found = self.ledgers.get((url, namespace))
+            if found is None:
+                found = self.ledgers[(url, namespace)] = RedisLedger(connect(url), namespace)
+            return found
+
+    def stop(self) -> None:
+        """Stop the portal (at worker shutdown)."""
+        with self.lock:
+            if self.portal_cm is not None:
+                self.portal_cm.__exit__(None, None, None)
+                self.portal_cm = self.portal = None
+
+
+WORKER = _Worker()
+
+
+def _goal_task(task: Any, payload: dict[str, Any]) -> str:
+    """The Celery task: run one goal in the process's portal (the goal waits when its grant
+    must wait for other goals' budgets to come back)."""
+    outcome = WORKER.get_portal().call(partial(work_on_goal, payload, WORKER))
+    if outcome == "wait":
+        raise task.retry(countdown=WAIT_RETRY_S, max_retries=None)
+    return outcome
+
+
+def goal_key(namespace: str, goal_id: str) -> str:
+    """The Redis hash of a goal's state."""
+    return f"{{{namespace}}}:g:{goal_id}"
+
+
+async def work_on_goal(payload: dict[str, Any], worker: _Worker) -> str:
+    """Claim, write off earlier deliveries, get a grant, run, close, finish (fenced)."""
+    ledger = worker.ledger(payload["redis"], payload["namespace"])
+    client = ledger.client
+    goal = BatchGoal.from_json(payload["goal"])
+    key = goal_key(payload["namespace"], goal.id)
+    fence = uuid.uuid4().hex
+
+    def script(source: str, *args: object) -> Any:
+        return client.register_script(source)(keys=[key], args=list(args))
+
+    if await anyio.to_thread.run_sync(script, _CLAIM, fence, worker.name) == "final":
+        return "duplicate"
+    olds = await anyio.to_thread.run_sync(client.smembers, f"{key}:old")
+    for old in olds:
+        balance = await ledger.write_off(await ledger.account(old))
+        await anyio.to_thread.run_sync(
+            script, _COUNT_OLD, old, balance.spent_tokens, balance.spent_pico
+        )
+    root = await ledger.account(payload["root"])
+    options = RunOptions.from_dict(payload["options"])
+    budget = _budget(payload)
+    cap = goal_cap(goal, budget)
+    minimum = goal_minimum(goal, options.model, PriceTable(), options.settings(goal))
+    decision, account, grant = await grant_goal(ledger, root, goal.id, cap, minimum)
+    if decision == "wait":
+        return "wait"
+    if decision == "skip" or account is None:
+        done = _finish_fields(GoalOutcome("skipped", "not_started", _SKIP_REASON, None), (0, 0))
+        return str(await anyio.to_thread.run_sync(script, _FENCED_SET, fence, *done))
+    assert account is not None
+    started = await anyio.to_thread.run_sync(
+        script, _FENCED_SET, fence, "account", account.id, "state", "running"
+    )
+    if started != "ok":
+        await ledger.write_off(account)
+        return "superseded"
+    outcome = await run_goal(
+        goal,
+        options,
+        GoalLedger(ledger, account),
+        inner_budget(grant, cap),
+        worker.workdir / payload["namespace"] / goal.id,
+        worker.instruments,
+    )
+    try:
+        balance = await ledger.close(account)
+    except LedgerError:
+        return "superseded"  # written off by a later delivery, which counted the spend
+    fields = _finish_fields(outcome, (balance.spent_tokens, balance.spent_pico))
+    return str(await anyio.to_thread.run_sync(script, _FENCED_SET, fence, *fields))
+
+
+_SKIP_REASON = "budget: what the batch has left cannot cover the goal's minimum"
+
+
+def _finish_fields(outcome: GoalOutcome, spent: tuple[int, int]) -> list[str]:
+    return [
+        "state",
+        outcome.state,
+        "status",
+        outcome.status,
+        "reason",
+        outcome.reason or "",
+        "spent_tokens",
+        str(spent[0]),
+        "spent_pico",
+        str(spent[1]),
+        "record",
+        outcome.record or "",
+    ]
+
+
+def _budget(payload: dict[str, Any]) -> Any:
+    from hierplan.batch.budget import BatchBudget
+
+    b = payload["budget"]
+    return BatchBudget(b["tokens"], b["pico"], b["concurrency"], b["goal_tokens"], b["goal_pico"])
+
+
+def run_worker(
+    broker: str,
+    *,
+    concurrency: int = 4,
+    visibility_timeout: float = 3600.0,
+    workdir: Path | None = None,
+    instruments: list[Instrument] | None = None,
+    loglevel: str = "INFO",
+) -> None:
+    """Start a Celery worker for batch goals (blocks until the worker stops)."""
+    from celery import signals
+
+    app = make_app(broker, visibility_timeout)
+    if workdir is not None:
+        WORKER.workdir = workdir
+    WORKER.instruments = instruments or []
+    signals.worker_shutdown.connect(lambda **_: WORKER.stop(), weak=False)
+    app.worker_main(
+        [
+            "worker",
+            "--pool=threads",
+            f"--concurrency={concurrency}",
+            f"--loglevel={loglevel}",
+            f"--hostname=hierplan-{WORKER.name.replace(':', '-')}@%h",
+            f"--queues={QUEUE}",
+            "--without-gossip",
+            "--without-mingle",
+        ]
+    )
+
+
+# -- the driver side -------------------------------------------------------------------------
+
+
+async def run_celery(batch: Batch) -> None:
+    """Enqueue the batch's goals on Celery, at most ``concurrency`` at once, and journal each
+    one as its state in Redis becomes final."""
+    config = batch.config
+    if config.broker is None:
+        raise UserInputError("--backend celery needs --broker redis://HOST:PORT/DB")
+    app = make_app(config.broker, config.visibility_timeout)
+    ledger = RedisLedger(connect(config.broker), batch.meta["namespace"])
+    client = ledger.client
+    try:
+        await anyio.to_thread.run_sync(client.ping)
+    except Exception as exc:
+        raise UserInputError(f"cannot reach Redis at {config.broker}: {exc}") from None
+    root_id = batch.meta.get("root_account")
+    if root_id is None:
+        budget = batch.budget
+        root = await ledger.open("batch", None, Fixed(budget.tokens, budget.pico))
+        batch.journal.set_meta("root_account", root.id)
+        root_id = root.id
+    else:
+        root = await ledger.account(root_id)
+    namespace = batch.meta["namespace"]
+    rows = batch.journal.rows()
+    following = {r.id: r.goal for r in rows if r.state == "running"}
+    pending = [r.goal for r in rows if r.state == "pending"]
+    payload = {
+        "redis": config.broker,
+        "namespace": namespace,
+        "root": root_id,
+        "options": batch.meta["options"],
+        "budget": batch.meta["budget"],
+    }
+    concurrency = batch.budget.concurrency
+    while pending or following:
+        while pending and len(following) < concurrency:
+            goal = pending.pop(0)
+            batch.journal.start(goal.id, (None, None))
+            await anyio.to_thread.run_sync(
+                partial(
+                    app.send_task, TASK_NAME, args=[{**payload, "goal": goal.to_json()}], queue=QUEUE
+                )
+            )
+            following[goal.id] = goal
+        await anyio.sleep(POLL_S)
+        for goal_id, state in await anyio.to_thread.run_sync(
+            _states, client, namespace, list(following)
+        ):
+            if state.get("state") in ("succeeded", "failed", "skipped"):
+                goal = following.pop(goal_id)
+                batch.record_finished(
+                    goal,
+                    GoalOutcome(
+                        state["state"],
+                        state.get("status") or "",
+                        state.get("reason") or None,
+                        state.get("record") or None,
+                    ),
+                    (int(state.get("spent_tokens") or 0), int(state.get("spent_pico") or 0)),
+                    prior=(
+                        int(state.get("prior_tokens") or 0),
+                        int(state.get("prior_pico") or 0),
+                    ),
+                )
+    batch.journal.set_meta("ledger", _root_figures(await ledger.balance(root)))
+
+
+def _states(client: Any, namespace: str, goal_ids: list[str]) -> list[tuple[str, dict[str, str]]]:
+    pipe = client.pipeline(transaction=False)
+    for goal_id in goal_ids:
+        pipe.hgetall(goal_key(namespace, goal_id))
+    return list(zip(goal_ids, pipe.execute(), strict=True))
+
+
+def _root_figures(balance: Any) -> dict[str, Any]:
+    return {
+        "spent_tokens": balance.spent_tokens,
+        "spent_pico": balance.spent_pico,
+        "granted_tokens": balance.granted_tokens,
+        "granted_pico": balance.granted_pico,
+    }
+

@@ -1,0 +1,227 @@
+"""``hierplan batch`` and ``hierplan worker``.
+
+Exit status of ``batch``: 0 when every goal succeeded; 1 when some failed or were skipped; 2 for
+bad input (nothing started, nothing written); 130 when interrupted (resume with ``--resume``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import anyio
+import typer
+from rich.console import Console
+
+from hierplan.agents.models.simulated import PROFILES
+from hierplan.batch.budget import BatchBudget
+from hierplan.batch.core import BatchConfig, execute, prepare
+from hierplan.batch.display import BatchDisplay, summary_table
+from hierplan.budgets.budget import ALLOCATIONS, usd_to_pico
+from hierplan.errors import HierplanError, UserInputError
+from hierplan.hierarchy.context import STRATEGY_NAMES
+from hierplan.tracing.setup import TRACE_HELP, configure_tracing
+
+BrokerOpt = Annotated[
+    str | None,
+    typer.Option("--broker", help="Redis URL of the Celery broker and the shared ledger."),
+]
+VisibilityOpt = Annotated[
+    float,
+    typer.Option(
+        "--visibility-timeout",
+        min=1.0,
+        help="Seconds before a goal whose worker died is delivered again (> the longest goal).",
+    ),
+]
+TraceOpt = Annotated[list[str] | None, typer.Option("--trace", help=TRACE_HELP)]
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    Console(stderr=True).print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _pico(usd: float | None) -> int | None:
+    return None if usd is None else usd_to_pico(usd)
+
+
+def batch_command(
+    goals: Annotated[Path, typer.Argument(help="The goals file: one JSON object per line.")],
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="The batch's directory (journal, run records).")
+    ],
+    budget_usd: Annotated[
+        float | None,
+        typer.Option("--budget-usd", min=0.0, help="The whole batch's budget in USD."),
+    ] = None,
+    budget_tokens: Annotated[
+        int | None,
+        typer.Option("--budget-tokens", min=0, help="The whole batch's budget in tokens."),
+    ] = None,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", "-c", min=1, help="Goals running at once.")
+    ] = 4,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the batch in --out after a crash.")
+    ] = False,
+    backend: Annotated[
+        str, typer.Option("--backend", help="local (this process) or celery (workers).")
+    ] = "local",
+    broker: BrokerOpt = None,
+    goal_budget_usd: Annotated[
+        float | None,
+        typer.Option(
+            "--goal-budget-usd",
+            min=0.0,
+            help="Cap of a goal that sets none (default: the budget / --concurrency).",
+        ),
+    ] = None,
+    goal_budget_tokens: Annotated[
+        int | None,
+        typer.Option("--goal-budget-tokens", min=0, help="Token cap of a goal that sets none."),
+    ] = None,
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="Default model: sim, openai:<m>, anthropic:<m>.")
+    ] = "sim",
+    strategy: Annotated[
+        str, typer.Option("--strategy", "-s", help=f"Default strategy: {', '.join(STRATEGY_NAMES)}.")
+    ] = "hierarchical",
+    allocation: Annotated[
+        str, typer.Option("--allocation", help="Default: equal, weighted or on-demand.")
+    ] = "equal",
+    seed: Annotated[int, typer.Option("--seed", help="Default simulator seed.")] = 0,
+    sim_profile: Annotated[
+        str, typer.Option("--sim-profile", help=f"Simulator noise: {', '.join(PROFILES)}.")
+    ] = "typical",
+    sim_latency_scale: Annotated[
+        float,
+        typer.Option("--sim-latency-scale", min=0.0, help="Scale simulated latency (0 = none)."),
+    ] = 1.0,
+    visibility_timeout: VisibilityOpt = 3600.0,
+    trace: TraceOpt = None,
+) -> None:
+    """Run many goals under one global budget, journaled in DIR (resumable with --resume).
+
+    Every line of GOALS is validated before anything starts. Each goal gets a grant of the
+    budget before it starts; when what is left cannot cover a goal, the goal is recorded as
+    not started. Writes DIR/goals/<id>/run.json per goal and DIR/summary.json.
+    """
+    console = Console()
+    try:
+        from hierplan.batch.runner import RunOptions
+
+        if backend not in ("local", "celery"):
+            raise UserInputError(f"unknown backend {backend!r}: choose local or celery")
+        if strategy not in STRATEGY_NAMES:
+            raise UserInputError(
+                f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGY_NAMES)}"
+            )
+        if allocation not in ALLOCATIONS:
+            raise UserInputError(
+                f"unknown allocation {allocation!r}: choose one of {', '.join(ALLOCATIONS)}"
+            )
+        if sim_profile not in PROFILES:
+            raise UserInputError(
+                f"unknown simulator profile {sim_profile!r}: choose one of {', '.join(PROFILES)}"
+            )
+        if backend == "celery" and broker is None:
+            raise UserInputError("--backend celery needs --broker redis://HOST:PORT/DB")
+        if backend == "local" and broker is not None:
+            raise UserInputError("--broker applies to --backend celery only")
+        tracing = configure_tracing(trace) if backend == "local" else None
+        if trace and backend == "celery":
+            raise UserInputError("on Celery, give --trace to each `hierplan worker` instead")
+        config = BatchConfig(
+            goals_path=goals,
+            out=out,
+            budget=BatchBudget(
+                budget_tokens,
+                _pico(budget_usd),
+                concurrency,
+                goal_budget_tokens,
+                _pico(goal_budget_usd),
+            ),
+            options=RunOptions(
+                model=model,
+                strategy=strategy,
+                allocation=allocation,
+                seed=seed,
+                sim_profile=sim_profile,
+                sim_latency_scale=sim_latency_scale,
+            ),
+            backend="celery" if backend == "celery" else "local",
+            resume=resume,
+            broker=broker,
+            visibility_timeout=visibility_timeout,
+            instruments=tracing.instruments if tracing is not None else (),
+        )
+        batch = prepare(config)
+    except HierplanError as exc:
+        _fail(str(exc))
+    started = time.monotonic()
+    display = BatchDisplay(console, batch.tally())
+    batch.display = display
+    try:
+        with display:
+            summary = anyio.run(execute, batch)
+    except HierplanError as exc:
+        _fail(str(exc))
+    except KeyboardInterrupt:
+        _fail(f"interrupted; continue with: hierplan batch {goals} --out {out} --resume", 130)
+    finally:
+        batch.journal.close()
+        if tracing is not None:
+            tracing.shutdown()
+    console.print(summary_table(summary))
+    console.print(
+        f"journal: {out / 'journal.sqlite'}  summary: {out / 'summary.json'}  "
+        f"({time.monotonic() - started:.1f} s)",
+        highlight=False,
+    )
+    counts = summary["counts"]
+    raise typer.Exit(0 if counts["succeeded"] == summary["goals"] else 1)
+
+
+def worker_command(
+    broker: Annotated[
+        str, typer.Option("--broker", help="Redis URL of the broker and the shared ledger.")
+    ],
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", "-c", min=1, help="Goals this worker runs at once.")
+    ] = 4,
+    visibility_timeout: VisibilityOpt = 3600.0,
+    workdir: Annotated[
+        Path | None,
+        typer.Option("--workdir", help="Where scenario goals set up their files (a temp dir)."),
+    ] = None,
+    trace: TraceOpt = None,
+) -> None:
+    """Start a Celery worker for `hierplan batch --backend celery` (threads pool, one event
+    loop per process, messages acknowledged when a goal ends)."""
+    from hierplan.batch.celery_backend import run_worker
+
+    try:
+        tracing = configure_tracing(trace)
+    except HierplanError as exc:
+        _fail(str(exc))
+    try:
+        run_worker(
+            broker,
+            concurrency=concurrency,
+            visibility_timeout=visibility_timeout,
+            workdir=workdir,
+            instruments=tracing.instruments if tracing is not None else None,
+        )
+    except HierplanError as exc:
+        _fail(str(exc))
+    finally:
+        if tracing is not None:
+            tracing.shutdown()
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``batch`` and ``worker`` to the ``hierplan`` command."""
+    app.command("batch")(batch_command)
+    app.command("worker")(worker_command)
