@@ -29,12 +29,13 @@ from hierplan.batch.budget import (
 from hierplan.batch.display import BatchDisplay, Tally
 from hierplan.batch.goals import BatchGoal, GoalsFile, load_goals
 from hierplan.batch.journal import FINAL_STATES, Journal, open_journal
-from hierplan.batch.runner import GoalOutcome, RunOptions, inner_budget, run_goal
+from hierplan.batch.runner import GoalOutcome, RunFunction, RunOptions, inner_budget, run_goal
 from hierplan.budgets.budget import PICO_PER_USD, Fixed, LocalLedger, pico_to_usd
 from hierplan.budgets.pricing import PriceTable
 from hierplan.errors import UserInputError
 from hierplan.hierarchy.context import Instrument
 from hierplan.hierarchy.record import write_atomic
+from hierplan.hierarchy.run import run
 
 Backend = Literal["local", "celery"]
 SUMMARY = "summary.json"
@@ -53,6 +54,7 @@ class BatchConfig:
     broker: str | None = None
     visibility_timeout: float = 3600.0
     instruments: Sequence[Instrument] = ()
+    run_fn: RunFunction = run  # how one goal runs (local backend): hierplan.run, or a wrapper
 
 
 @dataclass(slots=True)
@@ -271,6 +273,7 @@ async def run_local(batch: Batch) -> None:
                 inner_budget(grant, cap),
                 batch.goal_dir(goal.id),
                 batch.config.instruments,
+                batch.config.run_fn,
             )
             balance = await ledger.close(account)
             batch.record_finished(goal, outcome, (balance.spent_tokens, balance.spent_pico))

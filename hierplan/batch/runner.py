@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import traceback
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,9 @@ from hierplan.errors import HierplanError
 from hierplan.hierarchy.context import Instrument, RunSettings
 from hierplan.hierarchy.record import RunResult
 from hierplan.hierarchy.run import run
+
+
+RunFunction = Callable[..., Awaitable[RunResult]]
 
 
 @dataclass(slots=True, frozen=True)
@@ -77,15 +80,17 @@ async def run_goal(
     budget: Budget,
     workdir: Path,
     instruments: Sequence[Instrument] = (),
+    run_fn: RunFunction = run,
 ) -> GoalOutcome:
     """Run ``goal`` with ``budget``, its calls reserved on ``ledger``; never raises for a
-    failure of the goal itself (it is recorded as ``failed`` with the reason)."""
+    failure of the goal itself (it is recorded as ``failed`` with the reason). ``run_fn`` is
+    :func:`hierplan.run` unless a test or an embedding application wraps it."""
     spec = goal.spec
     budgeting = BudgetInstrument(
         budget, allocation=spec.allocation or options.allocation, ledger=ledger
     )
     try:
-        result = await run(
+        result = await run_fn(
             spec.goal,
             scenario=spec.scenario,
             model=spec.model or options.model,

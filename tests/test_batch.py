@@ -1,0 +1,242 @@
+"""Batch runs: goals files, one global budget, the journal, resume after SIGKILL, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+from batch_support import config, text_goals
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from hierplan.batch import parse_goals, run_batch
+from hierplan.batch.budget import decide
+from hierplan.batch.journal import Journal
+from hierplan.budgets.budget import Fixed, usd_to_pico
+from hierplan.cli import app
+from hierplan.errors import UserInputError
+
+HERE = Path(__file__).resolve().parent
+
+
+# -- goals files ---------------------------------------------------------------------------
+
+
+def test_a_malformed_goals_file_is_refused_with_line_numbers(tmp_path: Path) -> None:
+    goals = tmp_path / "goals.jsonl"
+    goals.write_text(
+        '{"scenario": "data_migration"}\n'
+        "\n"
+        '{"scenario": "nowhere"}\n'
+        "{not json\n"
+        '{"goal": "free text", "strategy": "zigzag"}\n'
+        '["a list"]\n'
+        '{"scenario": "data_migration", "id": "line-1"}\n'
+    )
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["batch", str(goals), "--out", str(out), "--budget-usd", "1"])
+    assert result.exit_code == 2
+    text = result.output
+    assert "5 invalid line(s); nothing was started" in text
+    for expected in (
+        "line 3: unknown scenario 'nowhere'",
+        "line 4: not valid JSON",
+        "line 5: strategy: Input should be",
+        "line 6: must be a JSON object",
+        "line 7: id 'line-1' is already used on line 1",
+    ):
+        assert expected in text
+    assert "Traceback" not in text
+    assert not out.exists()  # nothing written but the error
+
+
+def test_free_text_goals_need_a_real_model_and_known_fields() -> None:
+    with pytest.raises(UserInputError, match="line 1: a free-text goal needs a real model"):
+        parse_goals('{"goal": "write a poem"}')
+    with pytest.raises(UserInputError, match="line 2: colour: Extra inputs"):
+        parse_goals('{"scenario": "data_migration"}\n{"scenario": "data_migration", "colour": 1}')
+    with pytest.raises(UserInputError, match="no goals"):
+        parse_goals("\n\n")
+    goals = parse_goals(
+        '{"goal": "write a poem", "model": "openai:gpt-5-mini", "budget_usd": 0.5, "id": "p"}\n'
+        '{"scenario": "data_migration", "strategy": "dag", "seed": 4}'
+    )
+    assert [(g.id, g.line, g.spec.kind) for g in goals] == [("p", 1, "text"), ("line-2", 2, "scenario")]
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=10), inner, max_size=3),
+    max_leaves=10,
+)
+line_objects = st.dictionaries(
+    st.sampled_from(
+        ["goal", "scenario", "id", "model", "strategy", "seed", "budget_usd", "budget_tokens",
+         "max_depth", "concurrency", "allocation", "extra"]
+    ),
+    json_values | st.sampled_from(["data_migration", "sim", "openai:gpt-5-mini", "dag", "equal"]),
+    max_size=5,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(st.text(max_size=40), line_objects.map(json.dumps), json_values.map(json.dumps)),
+        max_size=6,
+    )
+)
+def test_any_goals_file_parses_or_fails_with_line_numbers(lines: list[str]) -> None:
+    text = "\n".join(lines)
+    try:
+        goals = parse_goals(text)
+    except UserInputError as exc:
+        message = str(exc)
+        assert "no goals" in message or "line " in message
+        return
+    assert goals and len({g.id for g in goals}) == len(goals)
+    for goal in goals:
+        assert (goal.spec.goal is None) != (goal.spec.scenario is None)
+
+
+# -- grants --------------------------------------------------------------------------------
+
+
+def test_grants_cap_wait_shrink_and_skip() -> None:
+    cap, minimum = (None, 100), (0, 10)
+    assert decide((None, 500), cap, minimum, others_running=True) == ("grant", (None, 100))
+    assert decide((None, 50), cap, minimum, others_running=True) == ("wait", (None, None))
+    assert decide((None, 50), cap, minimum, others_running=False) == ("grant", (None, 50))
+    assert decide((None, 5), cap, minimum, others_running=False) == ("skip", (None, None))
+    assert decide((1_000, None), (300, None), (10, 0), others_running=False) == ("grant", (300, None))
+
+
+def test_a_200_goal_batch_stops_at_its_budget(tmp_path: Path) -> None:
+    goals = text_goals(tmp_path / "goals.jsonl", 200)
+    probe = anyio.run(run_batch, config(text_goals(tmp_path / "one.jsonl", 1), tmp_path / "p", None, 1))
+    per_goal = probe["spent_pico"]
+    budget = per_goal * 200 * 0.6 / 1e12  # about 60% of what the whole batch would cost
+    summary = anyio.run(run_batch, config(goals, tmp_path / "out", budget, 8))
+    counts = summary["counts"]
+    assert summary["spent_pico"] <= usd_to_pico(budget)
+    assert counts["succeeded"] + counts["failed"] + counts["skipped"] == 200
+    assert 110 <= counts["succeeded"] <= 125, counts
+    assert counts["skipped"] >= 70
+    journal = Journal(tmp_path / "out" / "journal.sqlite")
+    rows = journal.rows()
+    assert {r.reason.split(":")[0] for r in rows if r.state == "skipped"} == {"budget"}
+    assert [r.state for r in rows].index("skipped") > 100  # the goals left, in file order
+    recorded = 0
+    for row in rows:
+        run_json = tmp_path / "out" / "goals" / row.id / "run.json"
+        if row.state == "skipped":
+            assert not run_json.exists()
+            continue
+        spent = json.loads(run_json.read_text())["budget"]["spent"]
+        assert spent["pico"] == row.spent_pico  # each run's own record agrees with the journal
+        recorded += row.spent_pico
+    assert recorded == summary["spent_pico"]
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["counts"] == counts
+
+
+def test_resume_refuses_a_changed_goals_file(tmp_path: Path) -> None:
+    goals = text_goals(tmp_path / "goals.jsonl", 2)
+    anyio.run(run_batch, config(goals, tmp_path / "out", 1.0, 2))
+    with pytest.raises(UserInputError, match="already holds a batch"):
+        anyio.run(run_batch, config(goals, tmp_path / "out", 1.0, 2))
+    text_goals(goals, 3)
+    with pytest.raises(UserInputError, match="changed since the batch started"):
+        anyio.run(run_batch, config(goals, tmp_path / "out", 1.0, 2, resume=True))
+
+
+# -- a crash and a resume ------------------------------------------------------------------
+
+
+def _script(*args: str) -> list[str]:
+    return [sys.executable, str(HERE / "batch_support.py"), *args]
+
+
+def test_sigkill_mid_batch_then_resume_loses_nothing(tmp_path: Path) -> None:
+    goals = text_goals(tmp_path / "goals.jsonl", 40)
+    out = tmp_path / "out"
+    args = [str(out), str(goals), "1.0", "4"]
+    process = subprocess.Popen(_script(*args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    journal_path = out / "journal.sqlite"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        if not journal_path.exists():
+            continue
+        journal = Journal(journal_path)
+        rows = journal.rows()
+        journal.close()
+        finished = [r for r in rows if r.state == "succeeded"]
+        running_now = [r for r in rows if r.state == "running"]
+        if len(finished) >= 8 and running_now:
+            os.kill(process.pid, signal.SIGKILL)
+            break
+    process.wait(10)
+    assert process.returncode == -signal.SIGKILL
+    journal = Journal(journal_path)
+    killed = journal.rows()
+    journal.close()
+    before = {r.id: (r.state, r.finished_at) for r in killed}
+    running = [r.id for r in killed if r.state == "running"]
+    assert running and any(s == "pending" for s, _ in before.values())
+    spent_before = sum(r.total_pico for r in killed)
+
+    resumed = subprocess.run(_script(*args, "--resume"), capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    summary = json.loads(resumed.stdout.strip().splitlines()[-1])
+    assert summary["resumed_running_goals"] == running
+    journal = Journal(journal_path)
+    rows = journal.rows()
+    assert all(r.state == "succeeded" for r in rows)  # no goal lost
+    for row in rows:
+        state, finished_at = before[row.id]
+        if state == "succeeded":  # finished before the crash: not run again
+            assert (row.attempts, row.finished_at) == (1, finished_at)
+        if row.id in running:  # ran again; what the first attempt spent stays spent
+            assert row.attempts == 2
+    assert summary["spent_pico"] == sum(r.total_pico for r in rows)
+    assert summary["spent_pico"] == journal.spent()[1]
+    assert summary["spent_pico"] >= spent_before  # nothing spent before the crash was forgotten
+    prior = sum(r.prior_pico for r in rows)
+    assert prior > 0 and prior == sum(r.prior_pico for r in rows if r.id in running)
+    assert summary["retried_spent_usd"] == pytest.approx(prior / 1e12)
+    assert summary["spent_pico"] <= usd_to_pico(1.0)
+    assert len(list((out / "goals").glob("*/run.json"))) == 40
+
+
+def test_the_batch_ledger_write_off_counts_held_calls_as_spent() -> None:
+    from redis_support import require_redis
+
+    from hierplan.budgets.redis_ledger import RedisLedger
+
+    server = require_redis()
+
+    async def main() -> None:
+        ledger = RedisLedger(server.url)
+        root = await ledger.open("batch", None, Fixed(None, 1_000))
+        goal = await ledger.open("goal", root, Fixed(None, 400))
+        done = await ledger.reserve(goal, 10, 100, "execution")
+        held = await ledger.reserve(goal, 10, 150, "execution")
+        assert done is not None and held is not None
+        await ledger.settle(done, 5, 60)
+        again = await ledger.account(goal.id)  # as another process finds it
+        balance = await ledger.write_off(again)
+        assert (balance.spent_pico, balance.released_pico, balance.closed) == (210, 190, True)
+        assert await ledger.available(root) == (None, 790)
+        with pytest.raises(Exception, match="closed"):
+            await ledger.reserve(goal, 1, 1, "execution")
+        ledger.drop()
+
+    anyio.run(main)
