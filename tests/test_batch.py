@@ -69,18 +69,35 @@ def test_free_text_goals_need_a_real_model_and_known_fields() -> None:
         '{"goal": "write a poem", "model": "openai:gpt-5-mini", "budget_usd": 0.5, "id": "p"}\n'
         '{"scenario": "data_migration", "strategy": "dag", "seed": 4}'
     )
-    assert [(g.id, g.line, g.spec.kind) for g in goals] == [("p", 1, "text"), ("line-2", 2, "scenario")]
+    assert [(g.id, g.line, g.spec.kind) for g in goals] == [
+        ("p", 1, "text"),
+        ("line-2", 2, "scenario"),
+    ]
 
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=10), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=10), inner, max_size=3)
+    ),
     max_leaves=10,
 )
 line_objects = st.dictionaries(
     st.sampled_from(
-        ["goal", "scenario", "id", "model", "strategy", "seed", "budget_usd", "budget_tokens",
-         "max_depth", "concurrency", "allocation", "extra"]
+        [
+            "goal",
+            "scenario",
+            "id",
+            "model",
+            "strategy",
+            "seed",
+            "budget_usd",
+            "budget_tokens",
+            "max_depth",
+            "concurrency",
+            "allocation",
+            "extra",
+        ]
     ),
     json_values | st.sampled_from(["data_migration", "sim", "openai:gpt-5-mini", "dag", "equal"]),
     max_size=5,
@@ -116,12 +133,17 @@ def test_grants_cap_wait_shrink_and_skip() -> None:
     assert decide((None, 50), cap, minimum, others_running=True) == ("wait", (None, None))
     assert decide((None, 50), cap, minimum, others_running=False) == ("grant", (None, 50))
     assert decide((None, 5), cap, minimum, others_running=False) == ("skip", (None, None))
-    assert decide((1_000, None), (300, None), (10, 0), others_running=False) == ("grant", (300, None))
+    assert decide((1_000, None), (300, None), (10, 0), others_running=False) == (
+        "grant",
+        (300, None),
+    )
 
 
 def test_a_200_goal_batch_stops_at_its_budget(tmp_path: Path) -> None:
     goals = text_goals(tmp_path / "goals.jsonl", 200)
-    probe = anyio.run(run_batch, config(text_goals(tmp_path / "one.jsonl", 1), tmp_path / "p", None, 1))
+    probe = anyio.run(
+        run_batch, config(text_goals(tmp_path / "one.jsonl", 1), tmp_path / "p", None, 1)
+    )
     per_goal = probe["spent_pico"]
     budget = per_goal * 200 * 0.6 / 1e12  # about 60% of what the whole batch would cost
     summary = anyio.run(run_batch, config(goals, tmp_path / "out", budget, 8))
@@ -193,7 +215,9 @@ def test_sigkill_mid_batch_then_resume_loses_nothing(tmp_path: Path) -> None:
     assert running and any(s == "pending" for s, _ in before.values())
     spent_before = sum(r.total_pico for r in killed)
 
-    resumed = subprocess.run(_script(*args, "--resume"), capture_output=True, text=True, timeout=120)
+    resumed = subprocess.run(
+        _script(*args, "--resume"), capture_output=True, text=True, timeout=120
+    )
     assert resumed.returncode == 0, resumed.stderr
     summary = json.loads(resumed.stdout.strip().splitlines()[-1])
     assert summary["resumed_running_goals"] == running

@@ -35,8 +35,18 @@ def _log(path: Path) -> Any:
 
 def _worker(url: str, workdir: Path, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [str(BIN / "hierplan"), "worker", "--broker", url, "--concurrency", "2",
-         "--visibility-timeout", str(VISIBILITY_S), "--workdir", str(workdir)],
+        [
+            str(BIN / "hierplan"),
+            "worker",
+            "--broker",
+            url,
+            "--concurrency",
+            "2",
+            "--visibility-timeout",
+            str(VISIBILITY_S),
+            "--workdir",
+            str(workdir),
+        ],
         stdout=_log(log),
         stderr=subprocess.STDOUT,
     )
@@ -56,9 +66,25 @@ def test_a_worker_killed_mid_goal_loses_nothing_and_overspends_nothing(tmp_path:
         workers = [_worker(server.url, tmp_path / f"w{i}", tmp_path / f"w{i}.log") for i in (0, 1)]
         budget = 0.2
         driver = subprocess.Popen(
-            [str(BIN / "hierplan"), "batch", str(goals), "--out", str(out), "--backend", "celery",
-             "--broker", server.url, "--budget-usd", str(budget), "--concurrency", "4",
-             "--sim-latency-scale", "0.2", "--visibility-timeout", str(VISIBILITY_S)],
+            [
+                str(BIN / "hierplan"),
+                "batch",
+                str(goals),
+                "--out",
+                str(out),
+                "--backend",
+                "celery",
+                "--broker",
+                server.url,
+                "--budget-usd",
+                str(budget),
+                "--concurrency",
+                "4",
+                "--sim-latency-scale",
+                "0.2",
+                "--visibility-timeout",
+                str(VISIBILITY_S),
+            ],
             stdout=_log(tmp_path / "driver.log"),
             stderr=subprocess.STDOUT,
         )

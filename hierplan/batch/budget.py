@@ -27,6 +27,7 @@ without fitting in the batch's root account, each check atomic in its ledger.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -262,10 +263,9 @@ class GoalLedger(Ledger):
         self.inner.settle_now(reservation, tokens, pico)
         mirror = self._mirrors.pop(reservation, None)
         if mirror is not None:
-            try:
+            # Written off meanwhile: the whole reservation already counts as spent.
+            with contextlib.suppress(LedgerError):
                 await self.outer.settle(mirror, tokens, pico)
-            except LedgerError:
-                pass  # written off meanwhile: the whole reservation already counts as spent
         await self._changed()
 
     async def release(self, reservation: Reservation) -> None:
@@ -273,10 +273,8 @@ class GoalLedger(Ledger):
         self.inner.settle_now(reservation, 0, 0, used=False)
         mirror = self._mirrors.pop(reservation, None)
         if mirror is not None:
-            try:
+            with contextlib.suppress(LedgerError):
                 await self.outer.release(mirror)
-            except LedgerError:
-                pass
         await self._changed()
 
     async def close(self, account: Account) -> Balance:

@@ -40,7 +40,7 @@ from hierplan.batch.goals import BatchGoal
 from hierplan.batch.runner import GoalOutcome, RunOptions, inner_budget, run_goal
 from hierplan.budgets.budget import Fixed, LedgerError
 from hierplan.budgets.pricing import PriceTable
-from hierplan.budgets.redis_ledger import RedisLedger, connect
+from hierplan.budgets.redis_ledger import RedisAccount, RedisLedger, connect
 from hierplan.errors import UserInputError
 from hierplan.hierarchy.context import Instrument
 
@@ -109,7 +109,7 @@ def make_app(broker: str, visibility_timeout: float = 3600.0) -> Celery:
     _require_celery()
     from celery import Celery
 
-    app = Celery("hierplan", broker=broker, set_as_current=False)
+    app: Celery = Celery("hierplan", broker=broker, set_as_current=False)
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,
@@ -124,7 +124,8 @@ def make_app(broker: str, visibility_timeout: float = 3600.0) -> Celery:
         worker_hijack_root_logger=False,
         worker_pool="threads",
     )
-    app.task(name=TASK_NAME, bind=True, acks_late=True)(_goal_task)
+    # max_retries=None: a goal waiting for budget to come back retries until it can start.
+    app.task(name=TASK_NAME, bind=True, acks_late=True, max_retries=None)(_goal_task)
     return app
 
 
@@ -175,7 +176,7 @@ def _goal_task(task: Any, payload: dict[str, Any]) -> str:
     must wait for other goals' budgets to come back)."""
     outcome = WORKER.get_portal().call(partial(work_on_goal, payload, WORKER))
     if outcome == "wait":
-        raise task.retry(countdown=WAIT_RETRY_S, max_retries=None)
+        raise task.retry(countdown=WAIT_RETRY_S)
     return outcome
 
 
@@ -192,16 +193,16 @@ async def work_on_goal(payload: dict[str, Any], worker: _Worker) -> str:
     key = goal_key(payload["namespace"], goal.id)
     fence = uuid.uuid4().hex
 
-    def script(source: str, *args: object) -> Any:
+    def script(source: str, *args: str | int) -> Any:
         return client.register_script(source)(keys=[key], args=list(args))
 
     if await anyio.to_thread.run_sync(script, _CLAIM, fence, worker.name) == "final":
         return "duplicate"
     olds = await anyio.to_thread.run_sync(client.smembers, f"{key}:old")
     for old in olds:
-        balance = await ledger.write_off(await ledger.account(old))
+        balance = await ledger.write_off(await ledger.account(str(old)))
         await anyio.to_thread.run_sync(
-            script, _COUNT_OLD, old, balance.spent_tokens, balance.spent_pico
+            script, _COUNT_OLD, str(old), balance.spent_tokens, balance.spent_pico
         )
     root = await ledger.account(payload["root"])
     options = RunOptions.from_dict(payload["options"])
@@ -211,10 +212,9 @@ async def work_on_goal(payload: dict[str, Any], worker: _Worker) -> str:
     decision, account, grant = await grant_goal(ledger, root, goal.id, cap, minimum)
     if decision == "wait":
         return "wait"
-    if decision == "skip" or account is None:
+    if decision == "skip" or not isinstance(account, RedisAccount):
         done = _finish_fields(GoalOutcome("skipped", "not_started", _SKIP_REASON, None), (0, 0))
         return str(await anyio.to_thread.run_sync(script, _FENCED_SET, fence, *done))
-    assert account is not None
     started = await anyio.to_thread.run_sync(
         script, _FENCED_SET, fence, "account", account.id, "state", "running"
     )
@@ -337,7 +337,10 @@ async def run_celery(batch: Batch) -> None:
             batch.journal.start(goal.id, (None, None))
             await anyio.to_thread.run_sync(
                 partial(
-                    app.send_task, TASK_NAME, args=[{**payload, "goal": goal.to_json()}], queue=QUEUE
+                    app.send_task,
+                    TASK_NAME,
+                    args=[{**payload, "goal": goal.to_json()}],
+                    queue=QUEUE,
                 )
             )
             following[goal.id] = goal
@@ -378,4 +381,3 @@ def _root_figures(balance: Any) -> dict[str, Any]:
         "granted_tokens": balance.granted_tokens,
         "granted_pico": balance.granted_pico,
     }
-

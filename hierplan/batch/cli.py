@@ -86,7 +86,8 @@ def batch_command(
         str, typer.Option("--model", "-m", help="Default model: sim, openai:<m>, anthropic:<m>.")
     ] = "sim",
     strategy: Annotated[
-        str, typer.Option("--strategy", "-s", help=f"Default strategy: {', '.join(STRATEGY_NAMES)}.")
+        str,
+        typer.Option("--strategy", "-s", help=f"Default strategy: {', '.join(STRATEGY_NAMES)}."),
     ] = "hierarchical",
     allocation: Annotated[
         str, typer.Option("--allocation", help="Default: equal, weighted or on-demand.")

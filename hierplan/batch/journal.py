@@ -152,9 +152,7 @@ class Journal:
             "spent_pico, prior_tokens, prior_pico, account, started_at, finished_at, record "
             "FROM goals ORDER BY position"
         )
-        return [
-            GoalRow(r[0], r[1], BatchGoal.from_json(r[2]), *r[3:]) for r in cursor.fetchall()
-        ]
+        return [GoalRow(r[0], r[1], BatchGoal.from_json(r[2]), *r[3:]) for r in cursor.fetchall()]
 
     def row(self, goal_id: str) -> GoalRow:
         """One goal's row."""

@@ -17,7 +17,6 @@ from hierplan.hierarchy.context import Instrument, RunSettings
 from hierplan.hierarchy.record import RunResult
 from hierplan.hierarchy.run import run
 
-
 RunFunction = Callable[..., Awaitable[RunResult]]
 
 

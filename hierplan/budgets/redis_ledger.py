@@ -233,7 +233,9 @@ if parent == '' then
   if ARGV[6] ~= '' then lp = ARGV[6] end
 else
   local pk = key(parent)
-  if redis.call('EXISTS', pk) == 0 then return redis.error_reply('ledger:unknown parent account') end
+  if redis.call('EXISTS', pk) == 0 then
+    return redis.error_reply('ledger:unknown parent account')
+  end
   if get(pk, 'closed') == '1' then
     return redis.error_reply("ledger:account '" .. redis.call('HGET', pk, 'name') ..
       "' is closed; it cannot fund '" .. name .. "'")
@@ -492,7 +494,7 @@ class RedisLedger(Ledger):
         fields = await anyio.to_thread.run_sync(self.client.hgetall, key)
         if not fields:
             raise LedgerError(f"account {account.name!r} does not exist in this ledger")
-        return _balance(fields)
+        return _balance({str(k): str(v) for k, v in fields.items()})
 
     async def outstanding(self) -> Outstanding:
         """See :meth:`Ledger.outstanding`."""
@@ -517,8 +519,8 @@ class RedisLedger(Ledger):
                 name, parent = self.client.hmget(self._key(f"a:{current}"), ["name", "parent"])
                 if name is None:
                     raise LedgerError(f"no account {current!r} in ledger {self.namespace!r}")
-                found.append((current, name, parent or ""))
-                current = parent or None
+                found.append((current, str(name), str(parent or "")))
+                current = str(parent) if parent else None
             return found
 
         parent: RedisAccount | None = None
