@@ -35,7 +35,7 @@ from typing import Literal
 
 from hierplan.agents.models.base import ModelRequest, OutputSchema, Phase, parse_model_string
 from hierplan.agents.models.tokens import estimate_request_tokens
-from hierplan.agents.planner import PLAN_SCHEMA
+from hierplan.agents import planner
 from hierplan.agents.prompts import PLAN_OUTPUT_NAME, PlanPrompt, render_plan_prompt
 from hierplan.batch.goals import BatchGoal
 from hierplan.budgets.budget import (
@@ -118,7 +118,7 @@ def goal_minimum(
     )
     request = ModelRequest(
         messages=render_plan_prompt(prompt, ()),
-        output_schema=OutputSchema(PLAN_OUTPUT_NAME, PLAN_SCHEMA),
+        output_schema=OutputSchema(PLAN_OUTPUT_NAME, planner.PLAN_SCHEMA),
         max_tokens=floor,
         phase="planning",
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from types import MappingProxyType
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +15,7 @@ from rich.text import Text
 
 from hierplan.budgets.budget import pico_to_usd
 
-STATE_STYLES = {"succeeded": "green", "failed": "red", "skipped": "yellow"}
+STATE_STYLES = MappingProxyType({"succeeded": "green", "failed": "red", "skipped": "yellow"})
 
 
 @dataclass(slots=True)
