@@ -33,9 +33,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from hierplan.agents import planner
 from hierplan.agents.models.base import ModelRequest, OutputSchema, Phase, parse_model_string
 from hierplan.agents.models.tokens import estimate_request_tokens
-from hierplan.agents import planner
 from hierplan.agents.prompts import PLAN_OUTPUT_NAME, PlanPrompt, render_plan_prompt
 from hierplan.batch.goals import BatchGoal
 from hierplan.budgets.budget import (

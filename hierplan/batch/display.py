@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from types import MappingProxyType
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from rich.console import Console, Group
