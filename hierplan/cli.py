@@ -1,4 +1,4 @@
-"""The ``hierplan`` command: run, demo, resume, view, validate, scenarios.
+"""The ``hierplan`` command: run, demo, resume, view, validate, scenarios, bench.
 
 Exit status: 0 when the run succeeded (and its verification, if any, passed); 1 when it failed,
 was partial or rejected; 2 for bad input, always with a one-line reason and no traceback; 3 when
@@ -19,6 +19,7 @@ from rich.console import Console
 
 from hierplan.agents.models.simulated import PROFILES
 from hierplan.batch.cli import register as register_batch_commands
+from hierplan.bench.cli import bench_command
 from hierplan.console import RunConsole
 from hierplan.errors import HierplanError, UserInputError
 from hierplan.goals import load_goal_file
@@ -479,6 +480,7 @@ def scenarios_command() -> None:
 
 
 register_batch_commands(app)
+app.command("bench")(bench_command)
 
 
 def main() -> None:

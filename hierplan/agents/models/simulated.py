@@ -78,53 +78,122 @@ class Oracle(Protocol):
 
 
 class NoiseProfile(BaseModel):
-    """How far the simulator strays from its oracle. Rates are probabilities per call.
+    """How far the simulator strays from its oracle. Rates are probabilities.
 
-    A plan with ``n`` steps has an error with probability
-    ``1 - (1 - plan_error_rate) * (1 - plan_error_per_step) ** n``.
+    Every mechanism applies to every request the same way, whatever the strategy that sent it,
+    so that differences between strategies emerge from what they ask of the model:
+
+    - **Plan errors grow with plan size.** A plan of ``n`` steps has an error with probability
+      ``1 - (1 - plan_error_rate) * (1 - plan_error_per_step) ** n``; each step can carry its
+      own error, so long plans may have several (a dropped step, a missing dependency, a wrong
+      tool argument).
+    - **Executor errors grow with the horizon and after an error.** The ``k``-th tool call of
+      one executor loop (``k`` counts every call already made in that loop) is wrong with
+      probability ``executor_error_rate + executor_error_per_action * k``, or
+      ``executor_error_after_error + executor_error_per_action * k`` once the loop holds an
+      earlier error, capped at ``max_error_rate``. A final answer is one more decision. A wrong
+      decision is a wrong tool argument or, with probability ``give_up_share``, giving up.
+    - **Parallel calls.** ``max_calls_per_turn`` (0: no limit) caps how many tool calls one turn
+      may emit; the rest wait for later turns.
+    - **Latency** of a call: ``latency_median_s`` times a log-normal factor
+      (``latency_sigma``), plus ``latency_per_output_token_s`` per output token (hidden
+      reasoning included).
+    - **Verbosity**: hidden reasoning of ``verbosity`` times the answer length, counted as
+      output (and reasoning) tokens.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = "custom"
-    plan_error_rate: float = Field(0.0, ge=0, le=1)
-    plan_error_per_step: float = Field(0.0, ge=0, le=1)
-    executor_error_rate: float = Field(0.0, ge=0, le=1)
-    executor_error_after_error: float = Field(0.0, ge=0, le=1)
-    latency_median_s: float = Field(0.0, ge=0)
-    latency_sigma: float = Field(0.0, ge=0)
+    plan_error_rate: float = Field(0.0, ge=0, le=1, description="Error chance of any plan.")
+    plan_error_per_step: float = Field(0.0, ge=0, le=1, description="Error chance per plan step.")
+    executor_error_rate: float = Field(
+        0.0, ge=0, le=1, description="Error chance of an executor's first decision."
+    )
+    executor_error_per_action: float = Field(
+        0.0, ge=0, le=1, description="Added per tool call already made in the same loop."
+    )
+    executor_error_after_error: float = Field(
+        0.0, ge=0, le=1, description="Error chance once the loop holds an earlier error."
+    )
+    max_error_rate: float = Field(0.5, ge=0, le=1, description="Cap of an executor error chance.")
+    give_up_share: float = Field(
+        0.3, ge=0, le=1, description="Share of executor errors that give up the step."
+    )
+    max_calls_per_turn: int = Field(0, ge=0, description="Tool calls one turn may emit (0: any).")
+    latency_median_s: float = Field(0.0, ge=0, description="Median fixed latency of a call.")
+    latency_sigma: float = Field(0.0, ge=0, description="Log-normal spread of that latency.")
+    latency_per_output_token_s: float = Field(
+        0.0, ge=0, description="Generation time per output token."
+    )
     verbosity: float = Field(0.0, ge=0, description="Extra reasoning text, x the answer length.")
 
     def plan_error_probability(self, steps: int) -> float:
-        """Chance that a plan of ``steps`` steps gets an error."""
+        """Chance that a plan of ``steps`` steps gets at least one error."""
         return 1 - (1 - self.plan_error_rate) * (1 - self.plan_error_per_step) ** steps
 
+    def executor_error_probability(self, calls_made: int, had_error: bool) -> float:
+        """Chance that the next decision of an executor loop is wrong.
 
-# Where the defaults come from: "typical" follows the error rates reported for GPT-4-class
-# models as planners (PlanBench: roughly a third of longer Blocksworld plans are wrong, few short
-# ones; LLMCompiler/ReWOO report a few percent of malformed tool calls), and latency around the
-# median completion time of a small hosted model (about 0.5-1 s for a short answer). "weak"
-# roughly triples the error rates, as for small open models. "ideal" is the oracle itself.
+        ``calls_made`` is how many tool calls the loop has made so far; ``had_error`` whether
+        one of them (or an earlier answer) failed.
+        """
+        base = self.executor_error_after_error if had_error else self.executor_error_rate
+        return min(self.max_error_rate, base + self.executor_error_per_action * calls_made)
+
+
+# Where the defaults come from (the simulator is calibrated, not fitted to any benchmark):
+#
+# - Plan errors. PlanBench (Valmeekam et al., arXiv:2206.10498) finds GPT-4 writes a correct
+#   Blocksworld plan about a third of the time, worse as plans get longer; LLMCompiler
+#   (Kim et al., arXiv:2312.04511) reports about 90% accuracy on ParallelQA with plans of a few
+#   to ten calls. One profile serves every suite, so "typical" takes 2% per step plus 3% per
+#   plan, which matches ParallelQA-sized plans and is optimistic for Blocksworld; "weak"
+#   triples it.
+# - Executor errors. A few percent of a GPT-4-class model's tool calls carry a wrong argument
+#   (an assumption of the same order as the plan errors above). Per-step accuracy falls as a
+#   single context executes more steps, and falls faster once the context holds the model's own
+#   earlier errors ("self-conditioning", Sinha et al., arXiv:2509.09677): hence the growth per
+#   action and the higher rate after an error. ADaPT (Prasad et al., arXiv:2311.05772) attributes
+#   ReAct's failures on TextCraft to exactly this loss of track over long trajectories. A third
+#   of errors are give-ups, two thirds wrong arguments (an assumption).
+# - Latency. A hosted small model answers a short request in about half a second and generates
+#   roughly 100 tokens per second (an order of magnitude, not a measurement): median 0.5 s,
+#   log-normal sigma 0.4, 10 ms per output token. "weak" is a slower, larger-latency endpoint.
+# - Verbosity: hidden reasoning of 0.3x the answer, as a reasoning model at low effort spends.
+# - Parallel calls: no cap; the prompts ask for independent calls in one turn and current
+#   function-calling models do so. Set max_calls_per_turn=1 for the one-call-per-thought ReAct
+#   of the papers.
+#
+# "ideal" is the oracle itself: no errors, no latency, no verbosity.
 PROFILES: Mapping[str, NoiseProfile] = {
-    "ideal": NoiseProfile(name="ideal"),
+    "ideal": NoiseProfile(name="ideal", max_error_rate=0.0),
     "typical": NoiseProfile(
         name="typical",
-        plan_error_rate=0.04,
-        plan_error_per_step=0.01,
-        executor_error_rate=0.04,
-        executor_error_after_error=0.12,
-        latency_median_s=0.6,
-        latency_sigma=0.5,
+        plan_error_rate=0.03,
+        plan_error_per_step=0.02,
+        executor_error_rate=0.03,
+        executor_error_per_action=0.004,
+        executor_error_after_error=0.10,
+        max_error_rate=0.5,
+        give_up_share=0.3,
+        latency_median_s=0.5,
+        latency_sigma=0.4,
+        latency_per_output_token_s=0.01,
         verbosity=0.3,
     ),
     "weak": NoiseProfile(
         name="weak",
-        plan_error_rate=0.12,
-        plan_error_per_step=0.03,
-        executor_error_rate=0.12,
-        executor_error_after_error=0.35,
-        latency_median_s=1.0,
+        plan_error_rate=0.09,
+        plan_error_per_step=0.06,
+        executor_error_rate=0.09,
+        executor_error_per_action=0.012,
+        executor_error_after_error=0.30,
+        max_error_rate=0.8,
+        give_up_share=0.3,
+        latency_median_s=0.8,
         latency_sigma=0.6,
+        latency_per_output_token_s=0.02,
         verbosity=1.0,
     ),
 }
@@ -229,16 +298,19 @@ class SimulatedModel:
         )
         response.model = "sim"
         response.simulated = True
-        delay = self._latency(rng)
+        delay = self._latency(rng, out)
         if delay > 0:
             await anyio.sleep(delay)
         return response
 
-    def _latency(self, rng: random.Random) -> float:
+    def _latency(self, rng: random.Random, output_tokens: int) -> float:
         p = self.profile
-        if p.latency_median_s <= 0 or self.latency_scale <= 0:
+        if self.latency_scale <= 0:
             return 0.0
-        return self.latency_scale * p.latency_median_s * math.exp(p.latency_sigma * rng.gauss())
+        fixed = 0.0
+        if p.latency_median_s > 0:
+            fixed = p.latency_median_s * math.exp(p.latency_sigma * rng.gauss())
+        return self.latency_scale * (fixed + p.latency_per_output_token_s * output_tokens)
 
     def _reasoning(self, text: str, rng: random.Random) -> str:
         if self.profile.verbosity <= 0:
@@ -263,12 +335,21 @@ class SimulatedModel:
             )
         flags: list[str] = []
         repair = any(m.role == "user" and m.content.startswith("REPAIR:") for m in request.messages)
-        if not repair and rng.random() < self.profile.plan_error_probability(len(plan.steps)):
-            plan, kind = perturb_plan(plan, rng)
-            if kind:
-                flags.append(f"sim_plan_error:{kind}")
+        if not repair:
+            for _ in range(self._plan_error_count(len(plan.steps), rng)):
+                plan, kind = perturb_plan(plan, rng)
+                if kind:
+                    flags.append(f"sim_plan_error:{kind}")
         data: dict[str, Any] = plan.model_dump(mode="json", exclude_none=True)
         return ModelResponse(text=json.dumps(data), output=data, flags=flags)
+
+    def _plan_error_count(self, steps: int, rng: random.Random) -> int:
+        """How many errors a plan of ``steps`` steps gets: one per plan, one per step."""
+        p = self.profile
+        count = int(rng.random() < p.plan_error_rate)
+        if p.plan_error_per_step > 0:
+            count += sum(rng.random() < p.plan_error_per_step for _ in range(steps))
+        return count
 
     def _act(self, request: ModelRequest, rng: random.Random) -> ModelResponse:
         assert self.oracle is not None
@@ -277,47 +358,70 @@ class SimulatedModel:
             raise SimulatorCoverageError(
                 "the request is not a hierplan executor prompt. " + COVERAGE_HINT
             )
-        done, had_error = _transcript(request.messages)
-        action = self.oracle.act(prompt, done)
+        transcript = _transcript(request.messages)
+        action = self.oracle.act(prompt, transcript.done)
         if action is None:
             raise SimulatorCoverageError(
                 f"no oracle knows the step {prompt.instruction[:200]!r}. {COVERAGE_HINT}"
             )
-        rate = (
-            self.profile.executor_error_after_error
-            if had_error
-            else self.profile.executor_error_rate
+        calls = list(action.tool_calls)
+        cap = self.profile.max_calls_per_turn
+        if cap and len(calls) > cap:
+            calls = calls[:cap]
+        # Ids the oracle chose may repeat those of failed calls: number them uniquely.
+        calls = [
+            ToolCall(f"call_{transcript.calls + i}", c.name, c.arguments)
+            for i, c in enumerate(calls)
+        ]
+        wrong = self._wrong_decision(len(calls), transcript, rng)
+        if wrong is None:
+            return ModelResponse(text=action.text, tool_calls=tuple(calls))
+        if calls and rng.random() >= self.profile.give_up_share:
+            c = calls[wrong]
+            calls[wrong] = ToolCall(c.id, c.name, corrupt_args(c.arguments, rng))
+            return ModelResponse(tool_calls=tuple(calls), flags=["sim_executor_error:wrong_args"])
+        return ModelResponse(
+            text=f"{FAILED_PREFIX} (simulated executor error) lost track of the step",
+            flags=["sim_executor_error:gave_up"],
         )
-        if rng.random() < rate:
-            if action.tool_calls and rng.random() < 0.7:
-                index = rng.randrange(len(action.tool_calls))
-                calls = list(action.tool_calls)
-                calls[index] = ToolCall(
-                    calls[index].id, calls[index].name, corrupt_args(calls[index].arguments, rng)
-                )
-                return ModelResponse(
-                    tool_calls=tuple(calls), flags=["sim_executor_error:wrong_args"]
-                )
-            return ModelResponse(
-                text=f"{FAILED_PREFIX} (simulated executor error) lost track of the step",
-                flags=["sim_executor_error:gave_up"],
+
+    def _wrong_decision(
+        self, calls: int, transcript: _Transcript, rng: random.Random
+    ) -> int | None:
+        """Index of the first wrong decision of this turn (a final answer is one), or None."""
+        for index in range(max(1, calls)):
+            p = self.profile.executor_error_probability(
+                transcript.calls + index, transcript.had_error
             )
-        return ModelResponse(text=action.text, tool_calls=action.tool_calls)
+            if p > 0 and rng.random() < p:
+                return index
+        return None
 
 
-def _transcript(messages: Sequence[Message]) -> tuple[list[tuple[ToolCall, str]], bool]:
-    """Tool calls that succeeded so far, and whether any failed."""
+@dataclass(slots=True)
+class _Transcript:
+    """What an executor loop has done so far: successful calls, any error, all calls."""
+
+    done: list[tuple[ToolCall, str]]
+    had_error: bool
+    calls: int
+
+
+def _transcript(messages: Sequence[Message]) -> _Transcript:
+    """Tool calls that succeeded so far, whether any failed, and how many were made."""
     results = {m.tool_call_id: m.content for m in messages if m.role == "tool"}
     done: list[tuple[ToolCall, str]] = []
     had_error = False
+    calls = 0
     for m in messages:
         for call in m.tool_calls:
+            calls += 1
             text = results.get(call.id, "")
             if text.startswith("ERROR:"):
                 had_error = True
             else:
                 done.append((call, text))
-    return done, had_error
+    return _Transcript(done, had_error, calls)
 
 
 def _clip(response: ModelResponse, max_tokens: int) -> ModelResponse:

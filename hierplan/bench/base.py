@@ -1,0 +1,137 @@
+"""What a benchmark suite is: generated tasks, per-task tools and a verifier, and an oracle.
+
+A :class:`Suite` generates :class:`BenchTask` objects deterministically from a seed. For each
+run, :meth:`Suite.environment` builds a fresh :class:`TaskEnv`: the goal text, tools acting on
+that run's own state, and a verifier that checks the outcome against ground truth (the world
+state, or the gold answer), never against what the agent says it did.
+
+A suite's oracle (one per suite, knowing no task) reads the same prompt text a real model gets
+and answers what a competent model would: hierarchical plans when sub-goals are allowed and
+the work is large, flat plans otherwise, executor actions, and repairs on replans. The current
+state of the world comes from the prompt too: every tool reports the state it leaves, tagged
+with a counter, and the oracle believes the most recent report it can read.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from hierplan.agents.models.base import ToolCall
+from hierplan.agents.models.simulated import Oracle
+from hierplan.agents.prompts import PlanPrompt, StepPrompt
+from hierplan.agents.tools import Tool
+from hierplan.errors import ToolError
+from hierplan.hierarchy.plan import Step
+from hierplan.scenarios.base import Verification
+
+# A competent planner splits work longer than this into sub-goals when sub-goals are allowed.
+MAX_FLAT_STEPS = 8
+
+
+class ActionFailed(ToolError):
+    """An action whose preconditions do not hold; trying it again unchanged cannot help."""
+
+    retryable = False
+
+
+@dataclass(slots=True, frozen=True)
+class BenchTask:
+    """One generated task: its goal text, parameters, and the suite's own instance data.
+
+    ``critical_path_s`` is the least wall time its tools need with unlimited parallelism
+    (from the gold DAG), when the suite's tools take time; ``None`` otherwise.
+    """
+
+    suite: str
+    index: int
+    task_id: str
+    goal: str
+    params: dict[str, Any]
+    data: Any = field(repr=False, compare=False)
+    critical_path_s: float | None = None
+
+
+@dataclass(slots=True)
+class TaskEnv:
+    """A task set up for one run: its goal, tools on fresh state, and its verifier.
+
+    ``verify`` takes the run's final answer (suites that check the world ignore it).
+    """
+
+    goal: str
+    tools: list[Tool]
+    verify: Callable[[str], Verification]
+
+
+class Suite(ABC):
+    """A named family of generated, verifiable tasks."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+
+    @abstractmethod
+    def generate(self, count: int, seed: int = 0) -> list[BenchTask]:
+        """``count`` tasks, the same for the same ``seed``."""
+
+    @abstractmethod
+    def environment(self, task: BenchTask, *, latency_scale: float = 1.0) -> TaskEnv:
+        """Fresh state, tools and verifier for one run of ``task``."""
+
+    @abstractmethod
+    def oracle(self) -> Oracle:
+        """The simulator's oracle for this suite (it reads prompts; it knows no task)."""
+
+
+@dataclass(slots=True, frozen=True)
+class Observation:
+    """A state report found in prompt text: its counter and its body."""
+
+    counter: int
+    body: str
+
+
+def latest(pattern: re.Pattern[str], texts: Iterable[str]) -> Observation | None:
+    """The report with the highest counter among ``texts`` (``pattern``: counter, body)."""
+    best: Observation | None = None
+    for text in texts:
+        for match in pattern.finditer(text):
+            found = Observation(int(match.group(1)), match.group(2))
+            if best is None or found.counter > best.counter:
+                best = found
+    return best
+
+
+def plan_texts(prompt: PlanPrompt) -> list[str]:
+    """The texts of a planning prompt that may report the state: inputs, progress, failure."""
+    texts = [*prompt.inputs.values(), *prompt.progress.values()]
+    if prompt.failure:
+        texts.append(prompt.failure)
+    return texts
+
+
+def step_texts(prompt: StepPrompt, done: Sequence[tuple[ToolCall, str]]) -> list[str]:
+    """The texts of an executor prompt that may report the state: inputs and tool results."""
+    return [*prompt.inputs.values(), *(text for _, text in done)]
+
+
+def chain(steps: Sequence[Step]) -> list[Step]:
+    """``steps`` made sequential: each depends on the one before (for one-hand worlds)."""
+    out: list[Step] = []
+    for i, s in enumerate(steps):
+        deps = [] if i == 0 else [steps[i - 1].id]
+        out.append(s.model_copy(update={"depends_on": deps}))
+    return out
+
+
+def slug(text: str) -> str:
+    """``text`` as a step-id fragment: lowercase letters, digits and underscores."""
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")[:40] or "x"
+
+
+def call(name: str, **arguments: Any) -> ToolCall:
+    """A tool call for an oracle action (the simulator numbers the ids)."""
+    return ToolCall("call", name, arguments)

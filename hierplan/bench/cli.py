@@ -1,0 +1,248 @@
+"""``hierplan bench``: compare strategies on the benchmark suites.
+
+Writes ``results.jsonl`` (one record per run), ``summary.md``, ``summary.csv``, ``paired.csv``
+and ``cost_vs_success.png`` into ``--out``, and prints the tables. Exit status 0 when the
+benchmark ran (whatever the success rates), 2 for bad arguments, with a one-line reason.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import anyio
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from hierplan.agents.models.simulated import PROFILES, NoiseProfile, get_profile
+from hierplan.bench.harness import RESULTS, BenchConfig, check_config, parse_list, run_bench
+from hierplan.bench.report import (
+    markdown,
+    plot_cost_success,
+    rich_tables,
+    summarize,
+    write_csv,
+)
+from hierplan.bench.suites import SUITE_NAMES
+from hierplan.errors import HierplanError, UserInputError
+from hierplan.hierarchy.context import STRATEGY_NAMES
+from hierplan.hierarchy.record import write_atomic
+
+# CLI flag -> NoiseProfile field, for the explicit simulator parameters.
+NOISE_FLAGS: dict[str, str] = {
+    "sim_plan_error_rate": "plan_error_rate",
+    "sim_plan_error_per_step": "plan_error_per_step",
+    "sim_executor_error_rate": "executor_error_rate",
+    "sim_executor_error_per_action": "executor_error_per_action",
+    "sim_executor_error_after_error": "executor_error_after_error",
+    "sim_max_error_rate": "max_error_rate",
+    "sim_give_up_share": "give_up_share",
+    "sim_max_calls_per_turn": "max_calls_per_turn",
+    "sim_latency_median": "latency_median_s",
+    "sim_latency_sigma": "latency_sigma",
+    "sim_latency_per_token": "latency_per_output_token_s",
+    "sim_verbosity": "verbosity",
+}
+
+Rate = Annotated[float | None, typer.Option(help="Override the profile (0..1).")]
+
+
+def _fail(message: str) -> NoReturn:
+    Console(stderr=True).print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def noise_profile(name: str, overrides: dict[str, Any]) -> NoiseProfile:
+    """The named profile with explicit parameters applied (a clear error if one is invalid)."""
+    base = get_profile(name)
+    given = {NOISE_FLAGS[k]: v for k, v in overrides.items() if v is not None}
+    if not given:
+        return base
+    try:
+        return NoiseProfile.model_validate({**base.model_dump(), **given, "name": f"{name}*"})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else "profile"
+        flag = next((k for k, v in NOISE_FLAGS.items() if v == field), field)
+        raise UserInputError(
+            f"--{flag.replace('_', '-')}: {first['msg']} (got {first.get('input')!r})"
+        ) from None
+
+
+def bench_command(
+    suite: Annotated[
+        str,
+        typer.Option(
+            "--suite", help=f"Suite(s), comma-separated or all: {', '.join(SUITE_NAMES)}."
+        ),
+    ] = "all",
+    strategies: Annotated[
+        str,
+        typer.Option("--strategies", help=f"Comma-separated or all: {', '.join(STRATEGY_NAMES)}."),
+    ] = "all",
+    tasks: Annotated[int, typer.Option("--tasks", help="Tasks per suite.")] = 10,
+    seeds: Annotated[int, typer.Option("--seeds", help="Seeds per task (simulator noise).")] = 3,
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="sim, openai:<model> or anthropic:<model>.")
+    ] = "sim",
+    concurrency: Annotated[int, typer.Option("--concurrency", "-c", help="Runs at once.")] = 8,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="Output directory (default runs/bench-<time>)."),
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the benchmark already in --out.")
+    ] = False,
+    baseline: Annotated[
+        str, typer.Option("--baseline", help="Strategy the paired differences compare against.")
+    ] = "react",
+    task_seed: Annotated[int, typer.Option("--task-seed", help="Seed of the task generator.")] = 0,
+    max_depth: Annotated[
+        int | None, typer.Option("--max-depth", help="Deepest plan level (default 3).")
+    ] = None,
+    plot: Annotated[
+        bool, typer.Option("--plot/--no-plot", help="Write cost_vs_success.png (needs matplotlib).")
+    ] = True,
+    sim_profile: Annotated[
+        str, typer.Option("--sim-profile", help=f"Simulator noise: {', '.join(PROFILES)}.")
+    ] = "typical",
+    sim_latency_scale: Annotated[
+        float, typer.Option("--sim-latency-scale", help="Scale simulated latency (0 = none).")
+    ] = 1.0,
+    sim_plan_error_rate: Rate = None,
+    sim_plan_error_per_step: Rate = None,
+    sim_executor_error_rate: Rate = None,
+    sim_executor_error_per_action: Rate = None,
+    sim_executor_error_after_error: Rate = None,
+    sim_max_error_rate: Rate = None,
+    sim_give_up_share: Rate = None,
+    sim_max_calls_per_turn: Annotated[
+        int | None, typer.Option(help="Tool calls one turn may emit (0 = any).")
+    ] = None,
+    sim_latency_median: Annotated[
+        float | None, typer.Option(help="Median seconds per call.")
+    ] = None,
+    sim_latency_sigma: Annotated[float | None, typer.Option(help="Log-normal spread.")] = None,
+    sim_latency_per_token: Annotated[
+        float | None, typer.Option(help="Seconds per output token.")
+    ] = None,
+    sim_verbosity: Annotated[float | None, typer.Option(help="Hidden reasoning x answer.")] = None,
+) -> None:
+    """Compare strategies on the benchmark suites: same tasks, tools and model for each."""
+    overrides = {k: v for k, v in locals().items() if k in NOISE_FLAGS}
+    console = Console()
+    try:
+        config = BenchConfig(
+            suites=parse_list(suite, SUITE_NAMES, "suites"),
+            strategies=parse_list(strategies, STRATEGY_NAMES, "strategies"),
+            tasks=tasks,
+            seeds=seeds,
+            model=model,
+            concurrency=concurrency,
+            profile=noise_profile(sim_profile, overrides),
+            latency_scale=sim_latency_scale,
+            task_seed=task_seed,
+            max_depth=max_depth,
+        )
+        check_config(config)
+        if baseline not in STRATEGY_NAMES:
+            raise UserInputError(
+                f"unknown --baseline {baseline!r}: choose from {', '.join(STRATEGY_NAMES)}"
+            )
+    except HierplanError as exc:
+        _fail(str(exc))
+    where = out or Path("runs") / time.strftime("bench-%Y%m%d-%H%M%S")
+    records = _run(console, config, where, resume)
+    summary = summarize(records, baseline if baseline in config.strategies else None)
+    for table in rich_tables(summary):
+        console.print(table)
+    command = _command(config, where, baseline, sim_profile, overrides)
+    write_atomic(where / "summary.md", markdown(summary, command))
+    write_csv(summary, where / "summary.csv", where / "paired.csv")
+    written = [RESULTS, "summary.md", "summary.csv", "paired.csv"]
+    if plot:
+        try:
+            plot_cost_success(summary, where / "cost_vs_success.png")
+            written.append("cost_vs_success.png")
+        except UserInputError as exc:
+            console.print(f"note: {exc}", style="yellow", markup=False, highlight=False)
+    console.print(f"wrote {', '.join(written)} to {where}", highlight=False)
+
+
+def _run(console: Console, config: BenchConfig, out: Path, resume: bool) -> list[dict[str, Any]]:
+    label = "SIMULATED " if config.simulated else ""
+    progress = Progress(
+        TextColumn(f"[bold]{label}bench"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[ok]} succeeded"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
+    )
+    bar = progress.add_task("runs", total=None, ok=0)
+    succeeded = 0
+
+    def started(total: int, already: int) -> None:
+        progress.update(bar, total=total, completed=already)
+
+    def finished(record: dict[str, Any]) -> None:
+        nonlocal succeeded
+        succeeded += bool(record.get("success"))
+        progress.update(bar, advance=1, ok=succeeded)
+
+    try:
+        with progress:
+            return anyio.run(
+                lambda: run_bench(config, out, resume=resume, on_start=started, on_result=finished)
+            )
+    except HierplanError as exc:
+        _fail(str(exc))
+
+
+def _command(
+    config: BenchConfig, out: Path, baseline: str, profile: str, overrides: dict[str, Any]
+) -> str:
+    """The command that reproduces this benchmark."""
+    parts = [
+        "hierplan",
+        "bench",
+        "--suite",
+        ",".join(config.suites),
+        "--strategies",
+        ",".join(config.strategies),
+        "--tasks",
+        str(config.tasks),
+        "--seeds",
+        str(config.seeds),
+        "--model",
+        config.model,
+        "--concurrency",
+        str(config.concurrency),
+        "--out",
+        str(out),
+    ]
+    if baseline != "react":
+        parts += ["--baseline", baseline]
+    if config.task_seed:
+        parts += ["--task-seed", str(config.task_seed)]
+    if config.max_depth:
+        parts += ["--max-depth", str(config.max_depth)]
+    if config.simulated:
+        parts += ["--sim-profile", profile, "--sim-latency-scale", f"{config.latency_scale:g}"]
+        for flag, value in overrides.items():
+            if value is not None:
+                parts += [f"--{flag.replace('_', '-')}", f"{value:g}"]
+    return shlex.join(parts)

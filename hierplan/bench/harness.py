@@ -1,0 +1,343 @@
+"""The benchmark harness: every (suite, task, seed, strategy) as one :func:`hierplan.run`.
+
+Every strategy gets the same tasks, tools, model and settings; only the strategy differs. Runs go
+``concurrency`` at a time in one event loop. Each finished run is appended to ``results.jsonl``
+at once, so an interrupted benchmark keeps what it did and ``resume`` carries on from there.
+
+A run record holds: success (by the suite's verifier), input and output tokens by role (planner:
+planning-phase calls; executor: execution-phase calls), model calls, tool calls, replans, the
+depth reached, wall-clock latency and the critical-path bound, and the cost in USD. Records made
+with the simulator say so (``simulated: true``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from hierplan.agents.models.base import Model, ToolCall, parse_model_string
+from hierplan.agents.models.simulated import PROFILES, NoiseProfile
+from hierplan.bench.base import BenchTask, Suite
+from hierplan.bench.suites import SUITE_NAMES, get_suite
+from hierplan.errors import HierplanError, UserInputError
+from hierplan.hierarchy.context import STRATEGY_NAMES, Instrument, NodeContext, RunSettings
+from hierplan.hierarchy.record import RunResult, write_atomic
+from hierplan.hierarchy.run import run
+
+RESULTS = "results.jsonl"
+MANIFEST = "bench.json"
+
+
+@dataclass(slots=True, frozen=True)
+class BenchConfig:
+    """What to run. ``model`` is ``sim`` (the simulator, with ``profile``) or a provider string.
+
+    Tasks are generated from ``task_seed``; seeds ``0 .. seeds-1`` seed the simulator, so each
+    task runs ``seeds`` times under every strategy, paired across strategies.
+    """
+
+    suites: tuple[str, ...]
+    strategies: tuple[str, ...]
+    tasks: int
+    seeds: int = 1
+    model: str = "sim"
+    concurrency: int = 4
+    profile: NoiseProfile = field(default_factory=lambda: PROFILES["typical"])
+    latency_scale: float = 1.0
+    task_seed: int = 0
+    max_depth: int | None = None
+
+    @property
+    def simulated(self) -> bool:
+        """Whether the model is the offline simulator."""
+        return self.model.split(":", 1)[0] == "sim"
+
+    def identity(self) -> dict[str, Any]:
+        """What must match for a resumed benchmark to continue this one."""
+        return {
+            "model": self.model,
+            "profile": self.profile.model_dump() if self.simulated else None,
+            "latency_scale": self.latency_scale,
+            "task_seed": self.task_seed,
+            "max_depth": self.max_depth,
+        }
+
+
+def parse_list(text: str, known: Sequence[str], what: str) -> tuple[str, ...]:
+    """Comma-separated names (``all`` for every one), each checked against ``known``."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if names == ["all"]:
+        return tuple(known)
+    if not names:
+        raise UserInputError(f"no {what} given: name one or more of {', '.join(known)} (or all)")
+    for name in names:
+        if name not in known:
+            raise UserInputError(
+                f"unknown {what[:-1] if what.endswith('s') else what} {name!r}: "
+                f"choose from {', '.join(known)} (or all)"
+            )
+    return tuple(dict.fromkeys(names))
+
+
+def check_config(config: BenchConfig) -> None:
+    """Raise :class:`UserInputError` with a one-line reason if ``config`` cannot run."""
+    for name in config.suites:
+        get_suite(name)
+    for name in config.strategies:
+        if name not in STRATEGY_NAMES:
+            raise UserInputError(
+                f"unknown strategy {name!r}: choose from {', '.join(STRATEGY_NAMES)}"
+            )
+    if not config.suites or not config.strategies:
+        raise UserInputError("name at least one suite and one strategy")
+    if config.tasks < 1:
+        raise UserInputError(f"--tasks must be at least 1 (got {config.tasks})")
+    if config.seeds < 1:
+        raise UserInputError(f"--seeds must be at least 1 (got {config.seeds})")
+    if config.concurrency < 1:
+        raise UserInputError(f"--concurrency must be at least 1 (got {config.concurrency})")
+    if config.latency_scale < 0:
+        raise UserInputError(f"--sim-latency-scale cannot be negative ({config.latency_scale})")
+    parse_model_string(config.model)
+
+
+@dataclass(slots=True, frozen=True)
+class RunSpec:
+    """One run of the benchmark."""
+
+    suite: Suite
+    task: BenchTask
+    seed: int
+    strategy: str
+
+    @property
+    def key(self) -> tuple[str, str, int, str]:
+        """Identifies the run in ``results.jsonl``."""
+        return (self.suite.name, self.task.task_id, self.seed, self.strategy)
+
+
+def plan_runs(config: BenchConfig) -> list[RunSpec]:
+    """Every run, task-major so that paired runs finish close together."""
+    specs = []
+    for name in config.suites:
+        suite = get_suite(name)
+        for task in suite.generate(config.tasks, config.task_seed):
+            for seed in range(config.seeds):
+                for strategy in config.strategies:
+                    specs.append(RunSpec(suite, task, seed, strategy))
+    return specs
+
+
+class ToolCounter(Instrument):
+    """Counts tool calls through the instrument seam (validation failures included)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def tool_scope(
+        self, node: NodeContext, call: ToolCall
+    ) -> AbstractAsyncContextManager[None] | None:
+        """Count the call; no scope needed."""
+        self.calls += 1
+        return None
+
+
+def run_record(
+    spec: RunSpec,
+    result: RunResult,
+    tool_calls: int,
+    success: bool,
+    verdict: str,
+    config: BenchConfig,
+) -> dict[str, Any]:
+    """The JSON-ready record of one finished run."""
+    tokens = {"planning": [0, 0], "execution": [0, 0]}
+    calls = replans = 0
+    for node in result.nodes():
+        for c in node.calls:
+            calls += 1
+            tokens[c.phase][0] += c.usage.input_tokens
+            tokens[c.phase][1] += c.usage.output_tokens
+        replans += sum(1 for v in node.plan_versions if v.reason == "replan")
+    totals = result.totals()
+    scale = config.latency_scale if config.simulated else 1.0
+    bound = spec.task.critical_path_s
+    return {
+        "suite": spec.suite.name,
+        "task": spec.task.index,
+        "task_id": spec.task.task_id,
+        "seed": spec.seed,
+        "strategy": spec.strategy,
+        "model": config.model,
+        "simulated": result.simulated,
+        "profile": config.profile.name if result.simulated else None,
+        "success": success,
+        "status": result.status,
+        "verification": verdict,
+        "planner_input_tokens": tokens["planning"][0],
+        "planner_output_tokens": tokens["planning"][1],
+        "executor_input_tokens": tokens["execution"][0],
+        "executor_output_tokens": tokens["execution"][1],
+        "tokens": sum(tokens["planning"]) + sum(tokens["execution"]),
+        "model_calls": calls,
+        "tool_calls": tool_calls,
+        "replans": replans,
+        "depth": max(n.depth for n in result.nodes()),
+        "latency_s": round(result.finished_at - result.started_at, 4),
+        "critical_path_s": None if bound is None else round(bound * scale, 4),
+        "cost_usd": totals["cost_usd"],
+        "unpriced_calls": totals["unpriced_calls"],
+        "params": spec.task.params,
+        "error": result.error,
+        "run_id": result.run_id,
+    }
+
+
+async def run_one(spec: RunSpec, config: BenchConfig, model: str | Model) -> dict[str, Any]:
+    """Run one (suite, task, seed, strategy) and verify it."""
+    env = spec.suite.environment(spec.task, latency_scale=config.latency_scale)
+    counter = ToolCounter()
+    settings = RunSettings.model_validate(
+        {"strategy": spec.strategy, "seed": spec.seed}
+        | ({"max_depth": config.max_depth} if config.max_depth else {})
+    )
+    result = await run(
+        env.goal,
+        tools=env.tools,
+        model=model,
+        settings=settings,
+        oracle=spec.suite.oracle(),
+        sim_profile=config.profile,
+        sim_latency_scale=config.latency_scale,
+        instruments=[counter],
+        run_id=f"{spec.task.task_id}-s{spec.seed}-{spec.strategy}",
+    )
+    verdict = env.verify(result.answer)
+    return run_record(spec, result, counter.calls, verdict.ok, verdict.summary, config)
+
+
+def load_results(path: Path) -> list[dict[str, Any]]:
+    """The records of a ``results.jsonl`` (a torn last line, from an interruption, is skipped)."""
+    records = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise UserInputError(f"cannot read {path}: {exc.strerror or exc}") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number == len(lines):
+                break
+            raise UserInputError(f"{path} line {number} is not JSON") from None
+    return records
+
+
+def _prepare_out(config: BenchConfig, out: Path, resume: bool) -> list[dict[str, Any]]:
+    results = out / RESULTS
+    manifest = out / MANIFEST
+    if not resume:
+        if results.exists():
+            raise UserInputError(
+                f"{results} already exists: pass --resume to continue that benchmark, or choose "
+                "another --out"
+            )
+        out.mkdir(parents=True, exist_ok=True)
+        write_atomic(manifest, json.dumps(config.identity(), indent=1))
+        return []
+    if not results.exists():
+        raise UserInputError(f"nothing to resume: {results} does not exist")
+    try:
+        before = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        raise UserInputError(f"cannot resume: {manifest} is missing or unreadable") from None
+    if before != json.loads(json.dumps(config.identity())):
+        raise UserInputError(
+            f"cannot resume {out}: it was made with other settings (model, profile, latency "
+            "scale, task seed or depth); use the same ones or another --out"
+        )
+    return load_results(results)
+
+
+async def run_bench(
+    config: BenchConfig,
+    out: Path,
+    *,
+    resume: bool = False,
+    model: Model | None = None,
+    on_start: Callable[[int, int], None] | None = None,
+    on_result: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run the benchmark into ``out``; returns every record (resumed ones included).
+
+    ``model`` replaces the ``config.model`` string (for library use and tests).
+    ``on_start(total, already_done)`` and ``on_result(record)`` report progress.
+    """
+    check_config(config)
+    previous = _prepare_out(config, out, resume)
+    done = {(r["suite"], r["task_id"], r["seed"], r["strategy"]) for r in previous}
+    specs = [s for s in plan_runs(config) if s.key not in done]
+    if on_start is not None:
+        on_start(len(specs) + len(done), len(done))
+    records = list(previous)
+    limiter = anyio.CapacityLimiter(config.concurrency)
+    chosen: str | Model = model if model is not None else config.model
+
+    with (out / RESULTS).open("a", encoding="utf-8") as sink:
+
+        async def one(spec: RunSpec) -> None:
+            async with limiter:
+                try:
+                    record = await run_one(spec, config, chosen)
+                except UserInputError:
+                    raise
+                except HierplanError as exc:
+                    record = _failed_record(spec, config, exc)
+            sink.write(json.dumps(record) + "\n")
+            sink.flush()
+            records.append(record)
+            if on_result is not None:
+                on_result(record)
+
+        try:
+            async with anyio.create_task_group() as tg:
+                for spec in specs:
+                    tg.start_soon(one, spec)
+        except* UserInputError as group:
+            raise group.exceptions[0] from None
+    return records
+
+
+def _failed_record(spec: RunSpec, config: BenchConfig, exc: Exception) -> dict[str, Any]:
+    """A run that raised instead of returning a result (counted as a failure)."""
+    return {
+        "suite": spec.suite.name,
+        "task": spec.task.index,
+        "task_id": spec.task.task_id,
+        "seed": spec.seed,
+        "strategy": spec.strategy,
+        "model": config.model,
+        "simulated": config.simulated,
+        "profile": config.profile.name if config.simulated else None,
+        "success": False,
+        "status": "error",
+        "verification": "",
+        "params": spec.task.params,
+        "error": f"{type(exc).__name__}: {exc}",
+        "finished_at": time.time(),
+    }
+
+
+def suites_of(records: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The suites present in ``records``, in the built-in order."""
+    present = {r["suite"] for r in records}
+    return [s for s in SUITE_NAMES if s in present] + sorted(present - set(SUITE_NAMES))
