@@ -144,8 +144,8 @@ def bench_command(
     console = Console()
     try:
         config = BenchConfig(
-            suites=parse_list(suite, SUITE_NAMES, "suites"),
-            strategies=parse_list(strategies, STRATEGY_NAMES, "strategies"),
+            suites=parse_list(suite, SUITE_NAMES, "suites", "suite"),
+            strategies=parse_list(strategies, STRATEGY_NAMES, "strategies", "strategy"),
             tasks=tasks,
             seeds=seeds,
             model=model,

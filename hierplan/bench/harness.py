@@ -70,8 +70,11 @@ class BenchConfig:
         }
 
 
-def parse_list(text: str, known: Sequence[str], what: str) -> tuple[str, ...]:
-    """Comma-separated names (``all`` for every one), each checked against ``known``."""
+def parse_list(text: str, known: Sequence[str], what: str, one: str) -> tuple[str, ...]:
+    """Comma-separated names (``all`` for every one), each checked against ``known``.
+
+    ``what`` names the kind in the plural, ``one`` in the singular (for error messages).
+    """
     names = [n.strip() for n in text.split(",") if n.strip()]
     if names == ["all"]:
         return tuple(known)
@@ -79,10 +82,7 @@ def parse_list(text: str, known: Sequence[str], what: str) -> tuple[str, ...]:
         raise UserInputError(f"no {what} given: name one or more of {', '.join(known)} (or all)")
     for name in names:
         if name not in known:
-            raise UserInputError(
-                f"unknown {what[:-1] if what.endswith('s') else what} {name!r}: "
-                f"choose from {', '.join(known)} (or all)"
-            )
+            raise UserInputError(f"unknown {one} {name!r}: choose from {', '.join(known)} (or all)")
     return tuple(dict.fromkeys(names))
 
 
@@ -156,6 +156,7 @@ def run_record(
     success: bool,
     verdict: str,
     config: BenchConfig,
+    model_name: str,
 ) -> dict[str, Any]:
     """The JSON-ready record of one finished run."""
     tokens = {"planning": [0, 0], "execution": [0, 0]}
@@ -167,7 +168,6 @@ def run_record(
             tokens[c.phase][1] += c.usage.output_tokens
         replans += sum(1 for v in node.plan_versions if v.reason == "replan")
     totals = result.totals()
-    scale = config.latency_scale if config.simulated else 1.0
     bound = spec.task.critical_path_s
     return {
         "suite": spec.suite.name,
@@ -175,7 +175,7 @@ def run_record(
         "task_id": spec.task.task_id,
         "seed": spec.seed,
         "strategy": spec.strategy,
-        "model": config.model,
+        "model": model_name,
         "simulated": result.simulated,
         "profile": config.profile.name if result.simulated else None,
         "success": success,
@@ -191,7 +191,7 @@ def run_record(
         "replans": replans,
         "depth": max(n.depth for n in result.nodes()),
         "latency_s": round(result.finished_at - result.started_at, 4),
-        "critical_path_s": None if bound is None else round(bound * scale, 4),
+        "critical_path_s": None if bound is None else round(bound * config.latency_scale, 4),
         "cost_usd": totals["cost_usd"],
         "unpriced_calls": totals["unpriced_calls"],
         "params": spec.task.params,
@@ -220,7 +220,8 @@ async def run_one(spec: RunSpec, config: BenchConfig, model: str | Model) -> dic
         run_id=f"{spec.task.task_id}-s{spec.seed}-{spec.strategy}",
     )
     verdict = env.verify(result.answer)
-    return run_record(spec, result, counter.calls, verdict.ok, verdict.summary, config)
+    name = model if isinstance(model, str) else model.name
+    return run_record(spec, result, counter.calls, verdict.ok, verdict.summary, config, name)
 
 
 def load_results(path: Path) -> list[dict[str, Any]]:

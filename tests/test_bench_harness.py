@@ -1,0 +1,190 @@
+"""The benchmark harness and ``hierplan bench`` end to end, resume, bad arguments, README."""
+
+from __future__ import annotations
+
+import builtins
+import csv
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from hierplan.agents.models.base import ModelRequest, ModelResponse
+from hierplan.agents.models.scripted import FunctionModel
+from hierplan.bench.harness import BenchConfig, check_config, load_results, run_bench
+from hierplan.bench.report import plot_cost_success, summarize
+from hierplan.bench.suites import SUITE_NAMES
+from hierplan.cli import app
+from hierplan.errors import UserInputError
+from hierplan.hierarchy.context import STRATEGY_NAMES
+
+README = Path(__file__).parent.parent / "README.md"
+FIELDS = {
+    "suite", "task_id", "seed", "strategy", "model", "simulated", "profile", "success", "status",
+    "planner_input_tokens", "planner_output_tokens", "executor_input_tokens",
+    "executor_output_tokens", "tokens", "model_calls", "tool_calls", "replans", "depth",
+    "latency_s", "critical_path_s", "cost_usd",
+}  # fmt: skip
+
+
+def bench(*args: str) -> Any:
+    return CliRunner().invoke(app, ["bench", *args])
+
+
+def test_small_run_end_to_end_with_all_six_strategies(tmp_path: Path) -> None:
+    out = tmp_path / "b"
+    result = bench("--tasks", "1", "--seeds", "2", "--sim-latency-scale", "0", "--concurrency",
+                   "16", "--out", str(out))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    records = load_results(out / "results.jsonl")
+    assert len(records) == len(SUITE_NAMES) * len(STRATEGY_NAMES) * 2
+    assert {(r["suite"], r["strategy"]) for r in records} == {
+        (s, t) for s in SUITE_NAMES for t in STRATEGY_NAMES
+    }
+    for r in records:
+        assert set(r) >= FIELDS, FIELDS - set(r)
+        assert r["simulated"] is True and r["profile"] == "typical"
+        assert (r["critical_path_s"] is not None) == (r["suite"] == "parallel_qa")
+        if r["strategy"] == "react":  # no planner: every token is the executor's
+            assert r["planner_input_tokens"] == 0 and r["executor_input_tokens"] > 0
+            assert r["depth"] == 1
+        elif r["strategy"] == "as-needed":  # plans only when the direct attempt fails
+            assert r["executor_input_tokens"] > 0 and r["depth"] >= 2
+        else:
+            assert r["planner_input_tokens"] > 0 and r["depth"] >= 2
+        assert r["model_calls"] >= 1 and r["cost_usd"] > 0
+    assert sum(r["success"] for r in records) >= len(records) * 0.7
+    summary = (out / "summary.md").read_text()
+    assert summary.startswith("# Strategy benchmark — SIMULATED (profile typical, model sim)")
+    assert "hierplan bench --suite blocksworld,parallel_qa,crafting,game24" in summary
+    for suite in SUITE_NAMES:
+        assert f"## {suite}" in summary
+    rows = list(csv.DictReader((out / "summary.csv").read_text().splitlines()))
+    assert {r["strategy"] for r in rows} == set(STRATEGY_NAMES)
+    assert all(r["simulated"] == "true" for r in rows)
+    paired = list(csv.DictReader((out / "paired.csv").read_text().splitlines()))
+    assert {r["baseline"] for r in paired} == {"react"}
+    assert {r["strategy"] for r in paired} == set(STRATEGY_NAMES) - {"react"}
+    assert (out / "cost_vs_success.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "SIMULATED" in result.output
+
+
+def test_resume_runs_only_what_is_missing(tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    common = ["--suite", "game24", "--strategies", "react,dag", "--tasks", "2",
+              "--sim-latency-scale", "0", "--no-plot", "--out", str(out)]  # fmt: skip
+    assert bench(*common, "--seeds", "1").exit_code == 0
+    again = bench(*common, "--seeds", "1")
+    assert again.exit_code == 2
+    assert "already exists: pass --resume" in again.stderr
+    assert bench(*common, "--seeds", "2", "--resume").exit_code == 0
+    records = load_results(out / "results.jsonl")
+    keys = [(r["task_id"], r["seed"], r["strategy"]) for r in records]
+    assert len(keys) == len(set(keys)) == 2 * 2 * 2
+    other = bench(*common, "--seeds", "2", "--resume", "--sim-profile", "weak")
+    assert other.exit_code == 2
+    assert "made with other settings" in other.stderr
+
+
+def test_a_torn_last_line_is_skipped_on_resume(tmp_path: Path) -> None:
+    path = tmp_path / "results.jsonl"
+    path.write_text('{"a": 1}\n{"b": 2}\n{"c": ')
+    assert load_results(path) == [{"a": 1}, {"b": 2}]
+    path.write_text('{"a": 1}\nnot json\n{"b": 2}\n')
+    with pytest.raises(UserInputError, match="line 2 is not JSON"):
+        load_results(path)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--suite", "chess"], "unknown suite 'chess'"),
+        (["--strategies", "react,magic"], "unknown strategy 'magic'"),
+        (["--strategies", ","], "no strategies given"),
+        (["--tasks", "0"], "--tasks must be at least 1 (got 0)"),
+        (["--seeds", "-1"], "--seeds must be at least 1"),
+        (["--concurrency", "0"], "--concurrency must be at least 1"),
+        (["--sim-profile", "perfect"], "unknown simulator profile 'perfect'"),
+        (["--sim-plan-error-rate", "1.5"], "--sim-plan-error-rate: Input should be less than"),
+        (["--sim-latency-scale", "-1"], "--sim-latency-scale cannot be negative"),
+        (["--baseline", "magic"], "unknown --baseline 'magic'"),
+        (["--model", "gpt-5"], "model"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    out = tmp_path / "never"
+    result = bench(*args, "--out", str(out))
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: ")
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_check_config_rejects_zero_tasks() -> None:
+    with pytest.raises(UserInputError, match="at least 1"):
+        check_config(BenchConfig(suites=("game24",), strategies=("react",), tasks=0))
+
+
+@pytest.mark.anyio
+async def test_any_model_can_be_benchmarked(tmp_path: Path) -> None:
+    """The harness is not tied to the simulator: here a model that gives up on everything."""
+    seen: list[str] = []
+
+    def answer(request: ModelRequest) -> ModelResponse:
+        seen.append(request.phase)
+        return ModelResponse(text="FAILED: I cannot do this")
+
+    config = BenchConfig(suites=("game24",), strategies=("react", "plan-execute"), tasks=1,
+                         latency_scale=0)  # fmt: skip
+    records = await run_bench(config, tmp_path, model=FunctionModel(answer))
+    assert {r["model"] for r in records} == {"function"}
+    assert [r["success"] for r in records] == [False, False]
+    assert set(seen) == {"planning", "execution"}
+
+
+def test_plot_needs_matplotlib_and_says_how_to_get_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records = [
+        {"suite": "game24", "strategy": "react", "task_id": "t", "seed": 0, "success": True,
+         "cost_usd": 0.001, "model": "sim", "simulated": True, "profile": "typical"},
+    ]  # fmt: skip
+    summary = summarize(records)
+    real_import = builtins.__import__
+
+    def no_matplotlib(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name.startswith("matplotlib"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    with pytest.raises(UserInputError, match=r"pip install 'hierplan\[bench\]'"):
+        plot_cost_success(summary, tmp_path / "p.png")
+
+
+def test_readme_bench_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = README.read_text()
+    section = text.split("## Comparing strategies", 1)[1]
+    commands = re.findall(r"^hierplan bench .*$", section, flags=re.M)
+    assert commands
+    monkeypatch.chdir(tmp_path)
+    for command in commands:
+        args = shlex.split(command)[1:]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        out = Path(args[args.index("--out") + 1])
+        assert (out / "summary.md").exists() and (out / "results.jsonl").exists()
+        assert "SIMULATED" in json.dumps(result.output)
+
+
+def test_readme_documents_every_bench_flag() -> None:
+    text = README.read_text().split("## Comparing strategies", 1)[1]
+    help_text = CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "200"}).output
+    flags = set(re.findall(r"--[a-z][a-z-]+", help_text)) - {"--help", "--no-plot"}
+    missing = sorted(f for f in flags if f not in text)
+    assert missing == []

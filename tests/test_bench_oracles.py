@@ -1,0 +1,205 @@
+"""Each suite's oracle solves every task under every strategy with the ``ideal`` profile, and
+the simulator's noise mechanisms behave as documented (the same for every strategy)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import io
+import random
+import tokenize
+
+import pytest
+
+import hierplan
+from hierplan.agents.models.base import Message, ModelRequest, OutputSchema, ToolCall
+from hierplan.agents.models.simulated import (
+    PROFILES,
+    Action,
+    NoiseProfile,
+    SimulatedModel,
+)
+from hierplan.agents.planner import PLAN_SCHEMA
+from hierplan.agents.prompts import (
+    PLAN_OUTPUT_NAME,
+    PlanPrompt,
+    StepPrompt,
+    render_plan_prompt,
+    render_step_prompt,
+)
+from hierplan.bench.harness import BenchConfig, plan_runs, run_one
+from hierplan.bench.suites import SUITE_NAMES, get_suite
+from hierplan.hierarchy.context import STRATEGY_NAMES
+from hierplan.hierarchy.plan import Plan, Step
+
+IDEAL = BenchConfig(
+    suites=SUITE_NAMES,
+    strategies=STRATEGY_NAMES,
+    tasks=6,
+    seeds=1,
+    profile=PROFILES["ideal"],
+    latency_scale=0.0,
+    task_seed=11,
+)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("suite", SUITE_NAMES)
+async def test_every_oracle_solves_every_task_under_every_strategy(suite: str) -> None:
+    specs = [s for s in plan_runs(IDEAL) if s.suite.name == suite]
+    assert len(specs) == 6 * len(STRATEGY_NAMES)
+    failures = []
+    for spec in specs:
+        record = await run_one(spec, IDEAL, "sim")
+        if not record["success"]:
+            failures.append((spec.task.task_id, spec.strategy, record["verification"]))
+        assert record["simulated"] is True
+    assert failures == []
+
+
+@pytest.mark.anyio
+async def test_large_tasks_are_decomposed_by_hierarchical_and_as_needed() -> None:
+    suite = get_suite("crafting")
+    task = max(suite.generate(30, seed=0), key=lambda t: t.params["reference_actions"])
+    depths = {}
+    for strategy in ("dag", "hierarchical", "as-needed"):
+        env = suite.environment(task, latency_scale=0)
+        result = await hierplan.run(
+            env.goal, tools=env.tools, oracle=suite.oracle(), strategy=strategy,
+            sim_profile="ideal", sim_latency_scale=0,
+        )  # fmt: skip
+        assert env.verify(result.answer).ok
+        depths[strategy] = max(n.depth for n in result.nodes())
+    assert depths["dag"] == 2
+    assert depths["hierarchical"] >= 3  # sub-goals got their own planners
+
+
+# -- the noise model -------------------------------------------------------------------------
+
+
+def test_executor_error_grows_with_the_horizon_and_after_an_error() -> None:
+    p = PROFILES["typical"]
+    first = p.executor_error_probability(0, had_error=False)
+    later = p.executor_error_probability(20, had_error=False)
+    after = p.executor_error_probability(20, had_error=True)
+    assert first == p.executor_error_rate
+    assert later == pytest.approx(p.executor_error_rate + 20 * p.executor_error_per_action)
+    assert first < later < after
+    assert p.executor_error_probability(10_000, had_error=True) == p.max_error_rate
+    assert PROFILES["ideal"].executor_error_probability(50, had_error=True) == 0
+
+
+def test_plan_errors_grow_with_plan_size() -> None:
+    p = PROFILES["typical"]
+    assert p.plan_error_probability(1) < p.plan_error_probability(10) < p.plan_error_probability(30)
+    model = SimulatedModel(None, profile=p)
+    rng = random.Random(1)
+    small = sum(model._plan_error_count(3, rng) for _ in range(2000))
+    large = sum(model._plan_error_count(30, rng) for _ in range(2000))
+    # expected: 2000 * (0.03 + 3 * 0.02) = 180 and 2000 * (0.03 + 30 * 0.02) = 1260
+    assert 120 < small < 250
+    assert 1100 < large < 1420
+
+
+class _Counting:
+    """An oracle with a fixed answer: ten independent calls, then a final text."""
+
+    def plan(self, prompt: PlanPrompt) -> Plan | None:
+        steps = [Step(id=f"s{i}", title="t", instruction="x") for i in range(20)]
+        return Plan(goal=prompt.goal, steps=steps)
+
+    def act(self, prompt: StepPrompt, done: object) -> Action | None:
+        return Action(tool_calls=tuple(ToolCall("same", "look", {"i": i}) for i in range(10)))
+
+
+def _step_request(calls_so_far: int, errors: int = 0) -> ModelRequest:
+    messages = list(render_step_prompt(StepPrompt("do it")))
+    for i in range(calls_so_far):
+        call = ToolCall(f"c{i}", "look", {"i": i})
+        messages.append(Message("assistant", "", (call,)))
+        text = "ERROR: no" if i < errors else "ok"
+        messages.append(Message("tool", text, tool_call_id=f"c{i}"))
+    return ModelRequest(messages=tuple(messages))
+
+
+@pytest.mark.anyio
+async def test_executor_errors_are_more_frequent_late_and_after_errors() -> None:
+    profile = NoiseProfile(
+        executor_error_rate=0.05, executor_error_per_action=0.01, executor_error_after_error=0.3,
+        max_calls_per_turn=1,
+    )  # fmt: skip
+    rates = []
+    for calls, errors in ((0, 0), (30, 0), (30, 1)):
+        wrong = 0
+        for seed in range(400):
+            model = SimulatedModel(_Counting(), profile=profile, seed=seed, latency_scale=0)
+            response = await model.request(_step_request(calls, errors))
+            wrong += any(f.startswith("sim_executor_error") for f in response.flags)
+        rates.append(wrong / 400)
+    # expected about 0.05, 0.35 and 0.5 (the cap)
+    assert rates[0] < 0.12
+    assert 0.25 < rates[1] < 0.45
+    assert rates[2] > rates[1]
+
+
+@pytest.mark.anyio
+async def test_calls_per_turn_cap_and_unique_call_ids() -> None:
+    capped = SimulatedModel(_Counting(), profile=NoiseProfile(max_calls_per_turn=3))
+    response = await capped.request(_step_request(4))
+    assert [c.id for c in response.tool_calls] == ["call_4", "call_5", "call_6"]
+    free = SimulatedModel(_Counting(), profile="ideal")
+    assert len((await free.request(_step_request(0))).tool_calls) == 10
+
+
+@pytest.mark.anyio
+async def test_latency_has_a_per_token_part() -> None:
+    profile = NoiseProfile(latency_per_output_token_s=0.5)
+    model = SimulatedModel(_Counting(), profile=profile)
+    prompt = PlanPrompt(goal="g", depth=1, max_depth=1, max_steps=50)
+    request = ModelRequest(
+        messages=render_plan_prompt(prompt, ()),
+        output_schema=OutputSchema(PLAN_OUTPUT_NAME, PLAN_SCHEMA),
+        max_tokens=4096,
+        phase="planning",
+    )
+    rng = random.Random(0)
+    assert model._latency(rng, 10) == pytest.approx(5.0)
+    assert SimulatedModel(_Counting(), profile=profile, latency_scale=0)._latency(rng, 10) == 0
+    response = await SimulatedModel(_Counting(), profile="ideal").request(request)
+    assert response.usage is not None and response.usage.output_tokens > 100
+
+
+def test_profiles_are_documented_and_ordered() -> None:
+    ideal, typical, weak = (PROFILES[n] for n in ("ideal", "typical", "weak"))
+    for field in ("plan_error_per_step", "executor_error_rate", "executor_error_per_action",
+                  "executor_error_after_error", "latency_median_s"):  # fmt: skip
+        assert getattr(ideal, field) == 0
+        assert 0 < getattr(typical, field) < getattr(weak, field)
+    for field in NoiseProfile.model_fields:
+        assert field == "name" or NoiseProfile.model_fields[field].description
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "hierplan.agents.models.simulated",
+        "hierplan.bench.base",
+        "hierplan.bench.suites.blocksworld",
+        "hierplan.bench.suites.crafting",
+        "hierplan.bench.suites.game24",
+        "hierplan.bench.suites.parallel_qa",
+    ],
+)
+def test_simulator_and_oracles_cannot_see_the_strategy(module: str) -> None:
+    """They read prompt text only: no strategy, policy, request purpose or ReAct flag."""
+    source = inspect.getsource(importlib.import_module(module))
+    names = {
+        tok.string
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+        if tok.type == tokenize.NAME
+    }
+    forbidden = {"strategy", "strategies", "STRATEGIES", "PlanPolicy", "policy", "purpose",
+                 "react", "node_path"}  # fmt: skip
+    assert names & forbidden == set()
+    assert "hierplan.hierarchy.strategies" not in source
+    assert "hierplan.hierarchy.nodes" not in source
