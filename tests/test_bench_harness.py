@@ -188,3 +188,28 @@ def test_readme_documents_every_bench_flag() -> None:
     flags = set(re.findall(r"--[a-z][a-z-]+", help_text)) - {"--help", "--no-plot"}
     missing = sorted(f for f in flags if f not in text)
     assert missing == []
+
+
+def test_example_program_runs_and_resumes(tmp_path: Path) -> None:
+    import importlib.util
+
+    import anyio
+
+    path = Path(__file__).parent.parent / "examples" / "compare_strategies.py"
+    spec = importlib.util.spec_from_file_location("compare_strategies", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    first = anyio.run(module.main, tmp_path)
+    assert "## crafting" in first and "as-needed" in first and "SIMULATED" in first
+    lines = (tmp_path / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 5 * 2 * 2
+    assert anyio.run(module.main, tmp_path) == first  # resumed: nothing ran again
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == len(lines)
+
+
+def test_public_bench_names_exist() -> None:
+    import hierplan.bench
+
+    for name in hierplan.bench.__all__:
+        assert getattr(hierplan.bench, name) is not None

@@ -203,3 +203,76 @@ def test_simulator_and_oracles_cannot_see_the_strategy(module: str) -> None:
     assert names & forbidden == set()
     assert "hierplan.hierarchy.strategies" not in source
     assert "hierplan.hierarchy.nodes" not in source
+
+
+# -- replans: the oracles repair from what the prompt reports --------------------------------
+
+
+def test_blocksworld_replan_starts_from_the_state_in_the_failure() -> None:
+    from hierplan.bench.suites import blocksworld as bw
+
+    task = get_suite("blocksworld").generate(1, seed=4)[0]
+    now = bw.World.from_towers([[b] for b, _ in task.data.start.below])  # all on the table
+    failure = f"step 'p3' failed: cannot stack x: no. Now: {now.describe('state 7')}"
+    prompt = PlanPrompt(goal=task.goal, depth=1, max_depth=1, max_steps=50,
+                        current_plan={"goal": task.goal, "steps": []}, failure=failure)  # fmt: skip
+    plan = get_suite("blocksworld").oracle().plan(prompt)
+    assert plan is not None
+    assert all(s.id.startswith("s7_") for s in plan.steps)  # fresh ids: nothing carries over
+    actions = [(s.tool, *s.args.values()) for s in plan.steps]  # type: ignore[union-attr]
+    assert bw.validate_actions(now, task.data.goal, actions).ok  # type: ignore[arg-type]
+
+
+def test_game24_replan_resets_a_dead_end() -> None:
+    goal = get_suite("game24").generate(1)[0].goal  # a solvable puzzle
+    failure = "step 'm2' failed: 9 is not in the pool. Now: <pool 3: 1 = (1 - 0); 100 = (10 * 10)>"
+    prompt = PlanPrompt(goal=goal, depth=1, max_depth=1, max_steps=50, failure=failure)
+    plan = get_suite("game24").oracle().plan(prompt)
+    assert plan is not None
+    assert plan.steps[0].tool == "reset" and plan.steps[0].id == "r3_reset"
+    assert plan.steps[1].depends_on == ["r3_reset"]  # the moves start after the reset
+
+
+def test_parallel_qa_replan_keeps_done_lookups_and_redoes_a_bad_part() -> None:
+    task = max(get_suite("parallel_qa").generate(20, seed=1), key=lambda t: t.params["lookups"])
+    oracle = get_suite("parallel_qa").oracle()
+    first = oracle.plan(PlanPrompt(goal=task.goal, depth=1, max_depth=3, max_steps=50))
+    assert first is not None
+    parts = [s for s in first.steps if s.kind == "subgoal"]
+    assert parts, "a large question is split into sub-goals"
+    progress = {parts[0].id: "c1: 12\nc2: 40"}  # a sub-goal that answered two numbers
+    lookups = [s for s in first.steps if s.tool == "lookup"]
+    progress |= {s.id: "123" for s in lookups}
+    replan = oracle.plan(
+        PlanPrompt(
+            goal=task.goal,
+            depth=1,
+            max_depth=3,
+            max_steps=50,
+            current_plan=first.model_dump(mode="json"),
+            progress=progress,
+            failure="step 'answer' failed: invalid arguments",
+        )
+    )
+    assert replan is not None
+    ids = {s.id for s in replan.steps}
+    assert {s.id for s in lookups} <= ids  # kept: their results carry over
+    assert parts[0].id not in ids and parts[0].id + "r" in ids  # redone under a new id
+    answer = replan.steps[-1]
+    assert f"${parts[0].id}r" in answer.args.values()  # type: ignore[union-attr]
+    assert parts[0].id + "r" in answer.depends_on
+
+
+def test_crafting_replan_uses_the_reported_inventory() -> None:
+    task = get_suite("crafting").generate(1, seed=2)[0]
+    oracle = get_suite("crafting").oracle()
+    first = oracle.plan(PlanPrompt(goal=task.goal, depth=1, max_depth=1, max_steps=50))
+    assert first is not None
+    gets = {s.args["item"]: s.args["count"] for s in first.steps if s.tool == "get"}  # type: ignore[index]
+    have = ", ".join(f"{n} {item}" for item, n in sorted(gets.items()))
+    failure = f"step 'x' failed: cannot craft y. Now: <inventory 9: {have}>"
+    replan = oracle.plan(PlanPrompt(goal=task.goal, depth=1, max_depth=1, max_steps=50,
+                                    failure=failure))  # fmt: skip
+    assert replan is not None
+    assert all(s.id.startswith("r9_") for s in replan.steps)
+    assert not [s for s in replan.steps if s.tool == "get"]  # everything fetched is there

@@ -164,10 +164,24 @@ def bench_command(
         _fail(str(exc))
     where = out or Path("runs") / time.strftime("bench-%Y%m%d-%H%M%S")
     records = _run(console, config, where, resume)
-    summary = summarize(records, baseline if baseline in config.strategies else None)
+    command = _command(config, where, baseline, sim_profile, overrides)
+    _report(
+        console, records, where, baseline if baseline in config.strategies else None, command, plot
+    )
+
+
+def _report(
+    console: Console,
+    records: list[dict[str, Any]],
+    where: Path,
+    baseline: str | None,
+    command: str,
+    plot: bool,
+) -> None:
+    """Print the tables and write summary.md, the CSV files and the plot."""
+    summary = summarize(records, baseline)
     for table in rich_tables(summary):
         console.print(table)
-    command = _command(config, where, baseline, sim_profile, overrides)
     write_atomic(where / "summary.md", markdown(summary, command))
     write_csv(summary, where / "summary.csv", where / "paired.csv")
     written = [RESULTS, "summary.md", "summary.csv", "paired.csv"]
