@@ -383,7 +383,7 @@ def plot_cost_success(summary: Summary, path: Path) -> Path:
     """
     try:
         from matplotlib.figure import Figure
-        from matplotlib.ticker import FuncFormatter, NullFormatter
+        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
     except ImportError:
         raise UserInputError(
             "the cost-vs-success plot needs matplotlib: pip install 'hierplan[bench]' "
@@ -423,6 +423,7 @@ def plot_cost_success(summary: Summary, path: Path) -> Path:
         ax.plot(xs, ys, "k--", lw=1, drawstyle="steps-post", label="Pareto frontier")
         ax.scatter(xs, ys, s=160, facecolors="none", edgecolors="k", linewidths=1)
         ax.set_xscale("log")
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:.2g}"))
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_title(suite)
@@ -433,7 +434,7 @@ def plot_cost_success(summary: Summary, path: Path) -> Path:
     for ax in list(axes.flat)[len(suites) :]:
         ax.set_visible(False)
     handles, labels = axes.flat[0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="outside lower center", ncol=min(7, len(labels)))
+    figure.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 4 * cols))
     figure.suptitle(f"Cost vs success — {summary.label()}")
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
