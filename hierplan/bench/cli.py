@@ -55,7 +55,11 @@ NOISE_FLAGS: dict[str, str] = {
     "sim_verbosity": "verbosity",
 }
 
-Rate = Annotated[float | None, typer.Option(help="Override the profile (0..1).")]
+
+def _noise_option(flag: str) -> Any:
+    """A ``--sim-...`` option whose help is the profile field's description."""
+    field = NoiseProfile.model_fields[NOISE_FLAGS[flag]]
+    return typer.Option(help=f"{field.description} Overrides the profile.")
 
 
 def _fail(message: str) -> NoReturn:
@@ -120,24 +124,26 @@ def bench_command(
     sim_latency_scale: Annotated[
         float, typer.Option("--sim-latency-scale", help="Scale simulated latency (0 = none).")
     ] = 1.0,
-    sim_plan_error_rate: Rate = None,
-    sim_plan_error_per_step: Rate = None,
-    sim_executor_error_rate: Rate = None,
-    sim_executor_error_per_action: Rate = None,
-    sim_executor_error_after_error: Rate = None,
-    sim_max_error_rate: Rate = None,
-    sim_give_up_share: Rate = None,
-    sim_max_calls_per_turn: Annotated[
-        int | None, typer.Option(help="Tool calls one turn may emit (0 = any).")
+    sim_plan_error_rate: Annotated[float | None, _noise_option("sim_plan_error_rate")] = None,
+    sim_plan_error_per_step: Annotated[
+        float | None, _noise_option("sim_plan_error_per_step")
     ] = None,
-    sim_latency_median: Annotated[
-        float | None, typer.Option(help="Median seconds per call.")
+    sim_executor_error_rate: Annotated[
+        float | None, _noise_option("sim_executor_error_rate")
     ] = None,
-    sim_latency_sigma: Annotated[float | None, typer.Option(help="Log-normal spread.")] = None,
-    sim_latency_per_token: Annotated[
-        float | None, typer.Option(help="Seconds per output token.")
+    sim_executor_error_per_action: Annotated[
+        float | None, _noise_option("sim_executor_error_per_action")
     ] = None,
-    sim_verbosity: Annotated[float | None, typer.Option(help="Hidden reasoning x answer.")] = None,
+    sim_executor_error_after_error: Annotated[
+        float | None, _noise_option("sim_executor_error_after_error")
+    ] = None,
+    sim_max_error_rate: Annotated[float | None, _noise_option("sim_max_error_rate")] = None,
+    sim_give_up_share: Annotated[float | None, _noise_option("sim_give_up_share")] = None,
+    sim_max_calls_per_turn: Annotated[int | None, _noise_option("sim_max_calls_per_turn")] = None,
+    sim_latency_median: Annotated[float | None, _noise_option("sim_latency_median")] = None,
+    sim_latency_sigma: Annotated[float | None, _noise_option("sim_latency_sigma")] = None,
+    sim_latency_per_token: Annotated[float | None, _noise_option("sim_latency_per_token")] = None,
+    sim_verbosity: Annotated[float | None, _noise_option("sim_verbosity")] = None,
 ) -> None:
     """Compare strategies on the benchmark suites: same tasks, tools and model for each."""
     overrides = {k: v for k, v in locals().items() if k in NOISE_FLAGS}

@@ -5,8 +5,11 @@ and output schema), reads it back with :mod:`hierplan.agents.prompts`, and asks 
 :class:`Oracle` (a scenario's or benchmark suite's) what a competent model would answer. It then
 applies a seeded :class:`NoiseProfile`: plan errors (a dropped step, a missing dependency, a wrong
 tool argument) more likely as plans grow; executor errors (a wrong tool argument, a give-up) more
-likely after an earlier error in the same step; latency from a log-normal distribution; and
-verbosity (hidden reasoning, counted as output and reasoning tokens as a reasoning model would).
+likely the more tool calls one executor loop has made, and more likely again after an earlier
+error in that loop; a cap on the tool calls of one turn; latency (log-normal, plus time per
+output token); and verbosity (hidden reasoning, counted as output and reasoning tokens as a
+reasoning model would). The noise depends on the request only, never on the strategy that sent
+it, so that differences between strategies emerge from what they ask of the model.
 
 Usage is computed from the actual request and response text by the estimate in
 :mod:`hierplan.agents.models.tokens`. Cost is that usage priced as if the model were a named real
