@@ -213,3 +213,54 @@ def test_public_bench_names_exist() -> None:
 
     for name in hierplan.bench.__all__:
         assert getattr(hierplan.bench, name) is not None
+
+
+class _AnySuite:
+    """The four suites' oracles as one: the first that knows the prompt answers."""
+
+    def __init__(self) -> None:
+        from hierplan.bench.suites import get_suite
+
+        self.oracles = [get_suite(name).oracle() for name in SUITE_NAMES]
+
+    def plan(self, prompt: Any) -> Any:
+        return next((p for o in self.oracles if (p := o.plan(prompt)) is not None), None)
+
+    def act(self, prompt: Any, done: Any) -> Any:
+        return next((a for o in self.oracles if (a := o.act(prompt, done)) is not None), None)
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_the_same_command_runs_on_a_real_provider_adapter(
+    provider: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over the provider's wire format (a loopback server answering as the oracles would)."""
+    from wire import MODELS, TEST_KEY, OracleBackend, WireServer
+
+    monkeypatch.setenv(f"{provider.upper()}_API_KEY", TEST_KEY)
+    out = tmp_path / provider
+    with WireServer(OracleBackend(_AnySuite())) as server:
+        result = bench("--suite", "all", "--strategies", "react,dag,as-needed", "--tasks", "1",
+                       "--seeds", "1", "--model", MODELS[provider], "--base-url",
+                       server.base_url(provider), "--sim-latency-scale", "0", "--no-plot",
+                       "--out", str(out))  # fmt: skip
+        hits = server.count()
+    assert result.exit_code == 0, result.output
+    records = load_results(out / "results.jsonl")
+    assert len(records) == 4 * 3
+    assert all(r["success"] for r in records), [r["verification"] for r in records]
+    assert {r["model"] for r in records} == {MODELS[provider]}
+    assert not any(r["simulated"] for r in records) and all(r["cost_usd"] > 0 for r in records)
+    assert sum(r["model_calls"] for r in records) == hits
+    summary = (out / "summary.md").read_text()
+    assert "SIMULATED" not in summary and f"model {MODELS[provider]}" in summary
+
+
+def test_a_missing_api_key_stops_before_anything_is_written(tmp_path: Path) -> None:
+    out = tmp_path / "nothing"
+    result = bench("--model", "openai:gpt-5-mini", "--out", str(out))
+    assert result.exit_code == 2
+    assert "OPENAI_API_KEY" in result.stderr
+    assert not out.exists()
+    result = bench("--base-url", "http://127.0.0.1:1/v1", "--out", str(out))
+    assert result.exit_code == 2 and "apply to real models" in result.stderr

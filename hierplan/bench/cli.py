@@ -100,6 +100,12 @@ def bench_command(
     model: Annotated[
         str, typer.Option("--model", "-m", help="sim, openai:<model> or anthropic:<model>.")
     ] = "sim",
+    base_url: Annotated[
+        str | None, typer.Option("--base-url", help="API base URL of a real model's server.")
+    ] = None,
+    timeout: Annotated[
+        float | None, typer.Option("--timeout", help="Seconds one real model call may take.")
+    ] = None,
     concurrency: Annotated[int, typer.Option("--concurrency", "-c", help="Runs at once.")] = 8,
     out: Annotated[
         Path | None,
@@ -160,6 +166,8 @@ def bench_command(
             latency_scale=sim_latency_scale,
             task_seed=task_seed,
             max_depth=max_depth,
+            base_url=base_url,
+            timeout_s=timeout,
         )
         check_config(config)
         if baseline not in STRATEGY_NAMES:
@@ -260,6 +268,10 @@ def _command(
         parts += ["--task-seed", str(config.task_seed)]
     if config.max_depth:
         parts += ["--max-depth", str(config.max_depth)]
+    if config.base_url:
+        parts += ["--base-url", config.base_url]
+    if config.timeout_s:
+        parts += ["--timeout", f"{config.timeout_s:g}"]
     if config.simulated:
         parts += ["--sim-profile", profile, "--sim-latency-scale", f"{config.latency_scale:g}"]
         for flag, value in overrides.items():

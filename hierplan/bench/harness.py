@@ -22,11 +22,12 @@ from typing import Any
 
 import anyio
 
-from hierplan.agents.models.base import Model, ToolCall, parse_model_string
+from hierplan.agents.models import resolve_model
+from hierplan.agents.models.base import Model, ToolCall, close_model, parse_model_string
 from hierplan.agents.models.simulated import PROFILES, NoiseProfile
 from hierplan.bench.base import BenchTask, Suite
 from hierplan.bench.suites import SUITE_NAMES, get_suite
-from hierplan.errors import HierplanError, UserInputError
+from hierplan.errors import HierplanError, ModelAuthError, UserInputError
 from hierplan.hierarchy.context import STRATEGY_NAMES, Instrument, NodeContext, RunSettings
 from hierplan.hierarchy.record import RunResult, write_atomic
 from hierplan.hierarchy.run import run
@@ -53,6 +54,8 @@ class BenchConfig:
     latency_scale: float = 1.0
     task_seed: int = 0
     max_depth: int | None = None
+    base_url: str | None = None
+    timeout_s: float | None = None
 
     @property
     def simulated(self) -> bool:
@@ -67,7 +70,13 @@ class BenchConfig:
             "latency_scale": self.latency_scale,
             "task_seed": self.task_seed,
             "max_depth": self.max_depth,
+            **({"base_url": self.base_url} if self.base_url else {}),
         }
+
+    def provider_options(self) -> dict[str, Any]:
+        """Options for a provider model (``base_url``, ``timeout_s``) that were given."""
+        options: dict[str, Any] = {"base_url": self.base_url, "timeout_s": self.timeout_s}
+        return {k: v for k, v in options.items() if v is not None}
 
 
 def parse_list(text: str, known: Sequence[str], what: str, one: str) -> tuple[str, ...]:
@@ -106,6 +115,11 @@ def check_config(config: BenchConfig) -> None:
     if config.latency_scale < 0:
         raise UserInputError(f"--sim-latency-scale cannot be negative ({config.latency_scale})")
     parse_model_string(config.model)
+    if config.simulated and config.provider_options():
+        raise UserInputError(
+            "--base-url and --timeout apply to real models (--model openai:<model> or "
+            "anthropic:<model>), not to the simulator"
+        )
 
 
 @dataclass(slots=True, frozen=True)
@@ -284,6 +298,25 @@ async def run_bench(
     ``on_start(total, already_done)`` and ``on_result(record)`` report progress.
     """
     check_config(config)
+    owned: Model | None = None
+    if model is None and not config.simulated:
+        # One client for every run, made before anything is written: a missing key stops here.
+        owned = resolve_model(config.model, **config.provider_options())
+    try:
+        return await _run_all(config, out, resume, model or owned, on_start, on_result)
+    finally:
+        if owned is not None:
+            await close_model(owned)
+
+
+async def _run_all(
+    config: BenchConfig,
+    out: Path,
+    resume: bool,
+    model: Model | None,
+    on_start: Callable[[int, int], None] | None,
+    on_result: Callable[[dict[str, Any]], None] | None,
+) -> list[dict[str, Any]]:
     previous = _prepare_out(config, out, resume)
     done = {(r["suite"], r["task_id"], r["seed"], r["strategy"]) for r in previous}
     specs = [s for s in plan_runs(config) if s.key not in done]
@@ -299,8 +332,8 @@ async def run_bench(
             async with limiter:
                 try:
                     record = await run_one(spec, config, chosen)
-                except UserInputError:
-                    raise
+                except (UserInputError, ModelAuthError):
+                    raise  # the benchmark cannot go on: say why
                 except HierplanError as exc:
                     record = _failed_record(spec, config, exc)
             sink.write(json.dumps(record) + "\n")
@@ -313,7 +346,7 @@ async def run_bench(
             async with anyio.create_task_group() as tg:
                 for spec in specs:
                     tg.start_soon(one, spec)
-        except* UserInputError as group:
+        except* (UserInputError, ModelAuthError) as group:
             raise group.exceptions[0] from None
     return records
 
