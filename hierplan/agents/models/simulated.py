@@ -8,8 +8,9 @@ tool argument) more likely as plans grow; executor errors (a wrong tool argument
 likely the more tool calls one executor loop has made, and more likely again after an earlier
 error in that loop; a cap on the tool calls of one turn; latency (log-normal, plus time per
 output token); and verbosity (hidden reasoning, counted as output and reasoning tokens as a
-reasoning model would). The noise depends on the request only, never on the strategy that sent
-it, so that differences between strategies emerge from what they ask of the model.
+reasoning model would). How likely each error is depends on the request only (the plan's size,
+the loop's calls and errors), never on the strategy that sent it, so that differences between
+strategies emerge from what they ask of the model.
 
 Usage is computed from the actual request and response text by the estimate in
 :mod:`hierplan.agents.models.tokens`. Cost is that usage priced as if the model were a named real
