@@ -277,3 +277,21 @@ def test_crafting_replan_uses_the_reported_inventory() -> None:
     assert replan is not None
     assert all(s.id.startswith("r9_") for s in replan.steps)
     assert not [s for s in replan.steps if s.tool == "get"]  # everything fetched is there
+
+
+@pytest.mark.anyio
+async def test_noise_is_independent_across_tasks_and_paired_across_strategies() -> None:
+    """Each task gets its own simulator seed. With one seed for all, every task would draw the
+    same noise at the root, so plans of one size would all break or all hold."""
+    profile = NoiseProfile(plan_error_per_step=0.05)
+    config = BenchConfig(suites=("blocksworld",), strategies=("plan-execute", "dag"), tasks=40,
+                         seeds=1, profile=profile, latency_scale=0.0)  # fmt: skip
+    records = [await run_one(spec, config, "sim") for spec in plan_runs(config)]
+    flat = [r for r in records if r["strategy"] == "plan-execute"]
+    fates: dict[int, set[bool]] = {}
+    for r in flat:
+        fates.setdefault(r["params"]["reference_actions"], set()).add(r["success"])
+    assert sum(len(f) > 1 for f in fates.values()) >= 3  # same size, different outcomes
+    seeds = [r["sim_seed"] for r in flat]
+    assert len(set(seeds)) == len(seeds)
+    assert seeds == [r["sim_seed"] for r in records if r["strategy"] == "dag"]

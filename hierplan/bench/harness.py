@@ -12,6 +12,7 @@ with the simulator say so (``simulated: true``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -188,6 +189,7 @@ def run_record(
         "task": spec.task.index,
         "task_id": spec.task.task_id,
         "seed": spec.seed,
+        "sim_seed": simulator_seed(spec.task.task_id, spec.seed),
         "strategy": spec.strategy,
         "model": model_name,
         "simulated": result.simulated,
@@ -214,12 +216,23 @@ def run_record(
     }
 
 
+def simulator_seed(task_id: str, seed: int) -> int:
+    """The simulator's seed for one task and benchmark seed, the same for every strategy.
+
+    The simulator keys its draws by the asking node's path, which is the same in every task
+    (the root is ``1``); seeding each task differently keeps the noise of different tasks
+    independent, while runs of one task and seed stay paired across strategies.
+    """
+    digest = hashlib.sha256(f"{task_id}:{seed}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
 async def run_one(spec: RunSpec, config: BenchConfig, model: str | Model) -> dict[str, Any]:
     """Run one (suite, task, seed, strategy) and verify it."""
     env = spec.suite.environment(spec.task, latency_scale=config.latency_scale)
     counter = ToolCounter()
     settings = RunSettings.model_validate(
-        {"strategy": spec.strategy, "seed": spec.seed}
+        {"strategy": spec.strategy, "seed": simulator_seed(spec.task.task_id, spec.seed)}
         | ({"max_depth": config.max_depth} if config.max_depth else {})
     )
     result = await run(
