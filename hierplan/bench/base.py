@@ -14,8 +14,8 @@ with a counter, and the oracle believes the most recent report it can read.
 
 from __future__ import annotations
 
-import itertools
 import re
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -133,13 +133,10 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")[:40] or "x"
 
 
-_CALL_IDS = itertools.count(1)
-
-
 def call(name: str, **arguments: Any) -> ToolCall:
-    """A tool call for an oracle action, with an id no other call of this process has.
+    """A tool call for an oracle action, with a fresh random id.
 
     The simulator numbers ids again per transcript; unique ids matter when the oracle answers
     over a provider's wire format, where tool results are matched to calls by id.
     """
-    return ToolCall(f"call_{next(_CALL_IDS)}", name, arguments)
+    return ToolCall(f"call_{uuid.uuid4().hex[:16]}", name, arguments)

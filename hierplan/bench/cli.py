@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import shlex
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Annotated, Any, NoReturn
 
 import anyio
@@ -40,20 +42,22 @@ from hierplan.hierarchy.context import STRATEGY_NAMES
 from hierplan.hierarchy.record import write_atomic
 
 # CLI flag -> NoiseProfile field, for the explicit simulator parameters.
-NOISE_FLAGS: dict[str, str] = {
-    "sim_plan_error_rate": "plan_error_rate",
-    "sim_plan_error_per_step": "plan_error_per_step",
-    "sim_executor_error_rate": "executor_error_rate",
-    "sim_executor_error_per_action": "executor_error_per_action",
-    "sim_executor_error_after_error": "executor_error_after_error",
-    "sim_max_error_rate": "max_error_rate",
-    "sim_give_up_share": "give_up_share",
-    "sim_max_calls_per_turn": "max_calls_per_turn",
-    "sim_latency_median": "latency_median_s",
-    "sim_latency_sigma": "latency_sigma",
-    "sim_latency_per_token": "latency_per_output_token_s",
-    "sim_verbosity": "verbosity",
-}
+NOISE_FLAGS: Mapping[str, str] = MappingProxyType(
+    {
+        "sim_plan_error_rate": "plan_error_rate",
+        "sim_plan_error_per_step": "plan_error_per_step",
+        "sim_executor_error_rate": "executor_error_rate",
+        "sim_executor_error_per_action": "executor_error_per_action",
+        "sim_executor_error_after_error": "executor_error_after_error",
+        "sim_max_error_rate": "max_error_rate",
+        "sim_give_up_share": "give_up_share",
+        "sim_max_calls_per_turn": "max_calls_per_turn",
+        "sim_latency_median": "latency_median_s",
+        "sim_latency_sigma": "latency_sigma",
+        "sim_latency_per_token": "latency_per_output_token_s",
+        "sim_verbosity": "verbosity",
+    }
+)
 
 
 def _noise_option(flag: str) -> Any:

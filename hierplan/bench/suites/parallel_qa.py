@@ -47,7 +47,9 @@ ATTRIBUTES = (
 ENTITIES = 60
 LOOKUP_S = (0.3, 1.2)
 ARITHMETIC_S = 0.05
-OPS = {"sum": "add", "product": "multiply", "difference": "subtract"}
+OPS: Mapping[str, str] = MappingProxyType(
+    {"sum": "add", "product": "multiply", "difference": "subtract"}
+)
 ARG_NAMES = ("a", "b", "c", "d", "e")
 
 Fact = tuple[str, str]  # (entity, attribute)
