@@ -46,13 +46,13 @@ from hierplan.agents.models.base import (
 )
 from hierplan.agents.models.provider import (
     DEFAULT_TIMEOUT_S,
+    ProviderModel,
     body_message,
-    check_timeout,
     connection_error,
     malformed_error,
-    require_key,
     status_error,
     timeout_error,
+    tool_arguments,
 )
 
 API_KEY_VARIABLE = "ANTHROPIC_API_KEY"
@@ -69,7 +69,7 @@ _STOP_REASONS: Mapping[str, str] = MappingProxyType(
 )
 
 
-class AnthropicModel:
+class AnthropicModel(ProviderModel[anthropic.AsyncAnthropic]):
     """A Claude model through the Anthropic API (or a server speaking its Messages format).
 
     ``api_key`` defaults to ``ANTHROPIC_API_KEY`` (a missing key fails here, before any work);
@@ -79,6 +79,9 @@ class AnthropicModel:
     unless the model always thinks; see the module docstring). One SDK client per instance;
     :meth:`aclose` closes it.
     """
+
+    provider_name = "anthropic"
+    key_variable = API_KEY_VARIABLE
 
     def __init__(
         self,
@@ -90,44 +93,16 @@ class AnthropicModel:
         priced_as: str | None = None,
         force_output_tool: bool | None = None,
     ) -> None:
-        self.model_name = model_name
+        key = self._setup(model_name, api_key, timeout_s, priced_as)
         self.force_output_tool = (
             not model_name.startswith(ALWAYS_THINKING)
             if force_output_tool is None
             else force_output_tool
         )
-        self._name = f"anthropic:{model_name}"
-        self._priced_as = priced_as or self._name
-        self.timeout_s = check_timeout(timeout_s, self._name)
-        key = require_key(api_key, API_KEY_VARIABLE, self._name)
         self._client = anthropic.AsyncAnthropic(
             api_key=key, base_url=base_url, timeout=self.timeout_s, max_retries=0
         )
         self._thinking = _ThinkingBlocks()
-
-    @property
-    def name(self) -> str:
-        """``anthropic:<model>``."""
-        return self._name
-
-    @property
-    def provider(self) -> str:
-        """``anthropic``."""
-        return "anthropic"
-
-    @property
-    def priced_as(self) -> str:
-        """The price-table entry this model is charged at."""
-        return self._priced_as
-
-    @property
-    def simulated(self) -> bool:
-        """Never: these are a real model's answers."""
-        return False
-
-    async def aclose(self) -> None:
-        """Close the SDK client and its connections."""
-        await self._client.close()
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         """One streamed attempt at ``request``; failures raise
@@ -209,7 +184,8 @@ class AnthropicModel:
                         text_parts.append(raw_text)
                     answered = True
                     continue
-                calls.append(ToolCall(block.id, block.name, self._arguments(block, raw, usage)))
+                arguments = tool_arguments(self._name, block.name, raw, usage, "input")
+                calls.append(ToolCall(block.id, block.name, arguments))
         thinking = [t for t in (b.thinking() for b in reply.blocks) if t is not None]
         if thinking and calls:
             self._thinking.remember(calls[0].id, thinking)
@@ -232,19 +208,6 @@ class AnthropicModel:
             finish_reason=finish,
             flags=flags,
         )
-
-    def _arguments(self, block: _Block, raw: str, usage: Usage | None) -> dict[str, Any]:
-        try:
-            parsed = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise malformed_error(
-                self._name, f"the input of tool call {block.name!r} is not JSON ({exc.msg})", usage
-            ) from None
-        if not isinstance(parsed, dict):
-            raise malformed_error(
-                self._name, f"the input of tool call {block.name!r} is not an object", usage
-            )
-        return parsed
 
 
 def _json_or_text(raw: str) -> tuple[Any, str]:
@@ -335,11 +298,9 @@ class _Reply:
         # message_start one, an absent one leaves it.
         if raw is None:
             return
-        for attr, target in (("input_tokens", "input_tokens"), ("output_tokens", "output_tokens")):
-            value = getattr(raw, attr, None)
-            if isinstance(value, int):
-                setattr(self, target, value)
         for attr, target in (
+            ("input_tokens", "input_tokens"),
+            ("output_tokens", "output_tokens"),
             ("cache_read_input_tokens", "cache_read"),
             ("cache_creation_input_tokens", "cache_write"),
         ):

@@ -38,13 +38,13 @@ from hierplan.agents.models.base import (
 )
 from hierplan.agents.models.provider import (
     DEFAULT_TIMEOUT_S,
+    ProviderModel,
     body_message,
-    check_timeout,
     connection_error,
     malformed_error,
-    require_key,
     status_error,
     timeout_error,
+    tool_arguments,
 )
 from hierplan.agents.models.schema import Decoder, strict_decoder, strict_schema
 
@@ -54,7 +54,7 @@ BASE_URL_VARIABLE = "OPENAI_BASE_URL"
 TokenField = Literal["max_completion_tokens", "max_tokens"]
 
 
-class OpenAIModel:
+class OpenAIModel(ProviderModel[openai.AsyncOpenAI]):
     """A model served by the OpenAI API or an OpenAI-compatible server.
 
     ``api_key`` defaults to ``OPENAI_API_KEY`` (a missing key fails here, before any work);
@@ -64,6 +64,9 @@ class OpenAIModel:
 
     >>> model = OpenAIModel("gpt-5-mini", api_key="sk-test")  # doctest: +SKIP
     """
+
+    provider_name = "openai"
+    key_variable = API_KEY_VARIABLE
 
     def __init__(
         self,
@@ -77,11 +80,7 @@ class OpenAIModel:
         max_tokens_field: TokenField | None = None,
         strict_output: bool = True,
     ) -> None:
-        self.model_name = model_name
-        self._name = f"openai:{model_name}"
-        self._priced_as = priced_as or self._name
-        self.timeout_s = check_timeout(timeout_s, self._name)
-        key = require_key(api_key, API_KEY_VARIABLE, self._name)
+        key = self._setup(model_name, api_key, timeout_s, priced_as)
         base = base_url or os.environ.get(BASE_URL_VARIABLE) or None
         self.base_url = base
         self.token_field: TokenField = max_tokens_field or (
@@ -96,30 +95,6 @@ class OpenAIModel:
             max_retries=0,
         )
         self._formats: dict[int, tuple[Mapping[str, Any], dict[str, Any], Decoder]] = {}
-
-    @property
-    def name(self) -> str:
-        """``openai:<model>``."""
-        return self._name
-
-    @property
-    def provider(self) -> str:
-        """``openai``."""
-        return "openai"
-
-    @property
-    def priced_as(self) -> str:
-        """The price-table entry this model is charged at."""
-        return self._priced_as
-
-    @property
-    def simulated(self) -> bool:
-        """Never: these are a real model's answers."""
-        return False
-
-    async def aclose(self) -> None:
-        """Close the SDK client and its connections."""
-        await self._client.close()
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         """One attempt at ``request``; failures raise :class:`~hierplan.errors.ModelError`."""
@@ -218,15 +193,7 @@ class OpenAIModel:
                 continue  # a custom (free-text) tool call: hierplan never offers those
             name = str(getattr(function, "name", "") or "")
             arguments = getattr(function, "arguments", None) or "{}"
-            try:
-                parsed = json.loads(arguments)
-            except json.JSONDecodeError as exc:
-                what = f"the arguments of tool call {name!r} are not JSON ({exc.msg})"
-                raise malformed_error(self._name, what, usage) from None
-            if not isinstance(parsed, dict):
-                raise malformed_error(
-                    self._name, f"the arguments of tool call {name!r} are not an object", usage
-                )
+            parsed = tool_arguments(self._name, name, arguments, usage)
             call_id = str(getattr(item, "id", "") or f"call_{index}")
             calls.append(ToolCall(call_id, name, parsed))
         return calls

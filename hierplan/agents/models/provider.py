@@ -1,4 +1,4 @@
-"""What the provider adapters share: API keys, timeouts, and provider errors as ModelError.
+"""What the provider adapters share: names, API keys, timeouts, and provider errors as ModelError.
 
 Each adapter makes exactly one attempt per :meth:`request` (the SDK's own retries are off): the
 retry loop lives in :meth:`hierplan.hierarchy.context.NodeContext.call_model`, so that every
@@ -18,10 +18,11 @@ malformed replies (bad JSON, bad tool args)   retryable
 from __future__ import annotations
 
 import email.utils
+import json
 import os
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 from hierplan.agents.models.base import Usage
 from hierplan.errors import ModelAuthError, ModelError, ModelNotAvailableError
@@ -30,6 +31,62 @@ DEFAULT_TIMEOUT_S = 120.0
 """How long one attempt may wait for the reply (for a streamed reply: for the next event)."""
 
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+
+
+class _Closable(Protocol):
+    async def close(self) -> None: ...
+
+
+ClientT = TypeVar("ClientT", bound=_Closable)
+
+
+class ProviderModel(Generic[ClientT]):
+    """The part of a provider adapter that is the same for every provider.
+
+    A subclass names its ``provider_name`` and ``key_variable``, calls :meth:`_setup` first in
+    its ``__init__`` (names, the timeout and the API key, checked before any work), then builds
+    its SDK client as ``_client`` from the key :meth:`_setup` returns.
+    """
+
+    provider_name: ClassVar[str]
+    key_variable: ClassVar[str]
+    model_name: str
+    timeout_s: float
+    _client: ClientT
+
+    def _setup(
+        self, model_name: str, api_key: str | None, timeout_s: float, priced_as: str | None
+    ) -> str:
+        """Set the model's names and timeout; return the API key (or raise a clear error)."""
+        self.model_name = model_name
+        self._name = f"{self.provider_name}:{model_name}"
+        self._priced_as = priced_as or self._name
+        self.timeout_s = check_timeout(timeout_s, self._name)
+        return require_key(api_key, self.key_variable, self._name)
+
+    @property
+    def name(self) -> str:
+        """``<provider>:<model>``."""
+        return self._name
+
+    @property
+    def provider(self) -> str:
+        """The provider part of :attr:`name`."""
+        return self.provider_name
+
+    @property
+    def priced_as(self) -> str:
+        """The price-table entry this model is charged at."""
+        return self._priced_as
+
+    @property
+    def simulated(self) -> bool:
+        """Never: these are a real model's answers."""
+        return False
+
+    async def aclose(self) -> None:
+        """Close the SDK client and its connections."""
+        await self._client.close()
 
 
 def require_key(given: str | None, variable: str, model: str) -> str:
@@ -141,3 +198,22 @@ def connection_error(model: str, exc: BaseException, usage: Usage | None = None)
 def malformed_error(model: str, what: str, usage: Usage | None = None) -> ModelError:
     """A retryable error for a reply that could not be read."""
     return ModelError(f"{model}: malformed reply: {what}", retryable=True, usage=usage)
+
+
+def tool_arguments(
+    model: str,
+    tool: str,
+    raw: str,
+    usage: Usage | None,
+    field: Literal["arguments", "input"] = "arguments",
+) -> dict[str, Any]:
+    """A tool call's JSON ``raw`` arguments as an object, or a :func:`malformed_error` saying
+    what was wrong (``field``: what the provider calls them)."""
+    subject = f"the {field} of tool call {tool!r} {'are' if field == 'arguments' else 'is'}"
+    try:
+        parsed = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise malformed_error(model, f"{subject} not JSON ({exc.msg})", usage) from None
+    if not isinstance(parsed, dict):
+        raise malformed_error(model, f"{subject} not an object", usage)
+    return parsed
