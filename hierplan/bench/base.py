@@ -19,7 +19,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from hierplan.agents.models.base import ToolCall
 from hierplan.agents.models.simulated import Oracle
@@ -86,6 +86,59 @@ class Suite(ABC):
     def oracle(self) -> Oracle:
         """The simulator's oracle for this suite (it reads prompts; it knows no task)."""
 
+    def task(
+        self,
+        seed: int,
+        index: int,
+        goal: str,
+        params: dict[str, Any],
+        data: Any,
+        critical_path_s: float | None = None,
+    ) -> BenchTask:
+        """The ``index``-th task generated from ``seed``, with its id ``<suite>-<seed>-<index>``."""
+        return BenchTask(
+            suite=self.name,
+            index=index,
+            task_id=f"{self.name}-{seed}-{index}",
+            goal=goal,
+            params=params,
+            data=data,
+            critical_path_s=critical_path_s,
+        )
+
+
+ActionT = TypeVar("ActionT")
+
+
+class LoggedWorld(ABC, Generic[ActionT]):
+    """The world of one run, changed by tools one action at a time.
+
+    ``counter`` numbers the state reports (it grows with every action that changes the world);
+    ``log`` holds the actions that happened, for a verifier to replay from the start.
+    """
+
+    def __init__(self) -> None:
+        self.counter = 0
+        self.log: list[ActionT] = []
+
+    @abstractmethod
+    def state(self) -> str:
+        """The current state report."""
+
+    @abstractmethod
+    def change(self, action: ActionT) -> None:
+        """Apply ``action`` to the world, or raise :class:`ActionFailed` leaving it as it was."""
+
+    def act(self, action: ActionT, done: str) -> str:
+        """Apply ``action``; the result (or the error) reports the state."""
+        try:
+            self.change(action)
+        except ActionFailed as exc:
+            raise ActionFailed(f"{exc}. Now: {self.state()}") from None
+        self.counter += 1
+        self.log.append(action)
+        return f"{done}. Now: {self.state()}"
+
 
 @dataclass(slots=True, frozen=True)
 class Observation:
@@ -126,6 +179,31 @@ def chain(steps: Sequence[Step]) -> list[Step]:
         deps = [] if i == 0 else [steps[i - 1].id]
         out.append(s.model_copy(update={"depends_on": deps}))
     return out
+
+
+def tool_step(
+    step_id: str,
+    instruction: str,
+    tool: str,
+    args: dict[str, Any],
+    *,
+    title: str | None = None,
+    depends_on: Iterable[str] = (),
+) -> Step:
+    """A task step that calls ``tool`` with ``args``; its title is the instruction unless given."""
+    return Step(
+        id=step_id,
+        title=title or instruction,
+        instruction=instruction,
+        tool=tool,
+        args=args,
+        depends_on=list(depends_on),
+    )
+
+
+def subgoal_step(step_id: str, title: str, instruction: str) -> Step:
+    """A sub-goal step: ``instruction`` goes to a sub-planner."""
+    return Step(id=step_id, title=title, instruction=instruction, kind="subgoal")
 
 
 def slug(text: str) -> str:

@@ -25,6 +25,7 @@ from hierplan.bench.base import (
     MAX_FLAT_STEPS,
     ActionFailed,
     BenchTask,
+    LoggedWorld,
     Suite,
     TaskEnv,
     call,
@@ -32,6 +33,8 @@ from hierplan.bench.base import (
     latest,
     plan_texts,
     step_texts,
+    subgoal_step,
+    tool_step,
 )
 from hierplan.hierarchy.plan import Plan, Step
 from hierplan.scenarios.base import Verification
@@ -305,13 +308,7 @@ class BlocksworldOracle:
         actions = solve(world, full_target(world, problem.goal))
         goal = one_line(prompt.goal)
         if not actions:
-            look = Step(
-                id=f"{prefix}look",
-                title="Look",
-                instruction="Look at the blocks",
-                tool="look",
-                args={},
-            )
+            look = tool_step(f"{prefix}look", "Look at the blocks", "look", {}, title="Look")
             return Plan(goal=goal, steps=[look], rationale="The goal already holds.")
         if prompt.allow_subgoals and len(actions) > MAX_FLAT_STEPS:
             return Plan(
@@ -320,13 +317,7 @@ class BlocksworldOracle:
                 rationale="A few moves per sub-goal, in order.",
             )
         steps = [
-            Step(
-                id=f"{prefix}{i}",
-                title=action_text(a),
-                instruction=action_text(a),
-                tool=a[0],
-                args=action_args(a),
-            )
+            tool_step(f"{prefix}{i}", action_text(a), a[0], action_args(a))
             for i, a in enumerate(actions, 1)
         ]
         return Plan(goal=goal, steps=chain(steps), rationale="One hand: strictly in order.")
@@ -363,39 +354,25 @@ def _subgoals(world: World, actions: Sequence[BlockAction], prefix: str) -> list
             after = apply(after, a)
         text = subgoal_text(world, after)
         number = i // MOVES_PER_SUBGOAL + 1
-        steps.append(
-            Step(
-                id=f"{prefix}part{number}",
-                title=f"Moves, part {number}",
-                instruction=text,
-                kind="subgoal",
-            )
-        )
+        steps.append(subgoal_step(f"{prefix}part{number}", f"Moves, part {number}", text))
         world = after
     return chain(steps)
 
 
-class BlocksEnv:
+class BlocksEnv(LoggedWorld[BlockAction]):
     """The blocks of one run: the world, a counter, and the log of actions that happened."""
 
     def __init__(self, start: World) -> None:
+        super().__init__()
         self.world = start
-        self.counter = 0
-        self.log: list[BlockAction] = []
 
     def state(self) -> str:
         """The current state report."""
         return self.world.describe(f"state {self.counter}")
 
-    def act(self, action: BlockAction, done: str) -> str:
-        """Apply ``action``; the result (or the error) reports the state."""
-        try:
-            self.world = apply(self.world, action)
-        except ActionFailed as exc:
-            raise ActionFailed(f"{exc}. Now: {self.state()}") from None
-        self.counter += 1
-        self.log.append(action)
-        return f"{done}. Now: {self.state()}"
+    def change(self, action: BlockAction) -> None:
+        """Apply ``action`` to the world (:class:`ActionFailed` if a precondition fails)."""
+        self.world = apply(self.world, action)
 
     def tools(self) -> list[Tool]:
         """The four actions and ``look``, acting on this world."""
@@ -467,15 +444,9 @@ class Blocksworld(Suite):
                 continue
             index = len(tasks)
             length = len(solve(start, full_target(start, goal)))
+            params = {"blocks": len(blocks), "reference_actions": length}
             tasks.append(
-                BenchTask(
-                    suite=self.name,
-                    index=index,
-                    task_id=f"{self.name}-{seed}-{index}",
-                    goal=root_goal(start, goal),
-                    params={"blocks": len(blocks), "reference_actions": length},
-                    data=BlocksInstance(start, goal),
-                )
+                self.task(seed, index, root_goal(start, goal), params, BlocksInstance(start, goal))
             )
         return tasks
 

@@ -25,12 +25,15 @@ from hierplan.bench.base import (
     MAX_FLAT_STEPS,
     ActionFailed,
     BenchTask,
+    LoggedWorld,
     Suite,
     TaskEnv,
     call,
     latest,
     plan_texts,
     slug,
+    subgoal_step,
+    tool_step,
 )
 from hierplan.hierarchy.plan import Plan, Step
 from hierplan.scenarios.base import Verification
@@ -286,12 +289,8 @@ class CraftingOracle:
         gets, crafts = solve(problem, inventory)
         goal = one_line(prompt.goal)
         if not crafts and not gets:
-            look = Step(
-                id=f"{prefix}inventory",
-                title="Inventory",
-                instruction="Show the inventory",
-                tool="inventory",
-                args={},
+            look = tool_step(
+                f"{prefix}inventory", "Show the inventory", "inventory", {}, title="Inventory"
             )
             return Plan(goal=goal, steps=[look], rationale="The target is already there.")
         if prompt.allow_subgoals and len(gets) + len(crafts) > MAX_FLAT_STEPS:
@@ -345,6 +344,21 @@ def _action_of(c: ToolCall) -> tuple[str, str, int] | None:
         return None
 
 
+def _get_step(step_id: str, item: str, count: int) -> Step:
+    return tool_step(step_id, f"Get {count} {item}", "get", {"item": item, "count": count})
+
+
+def _craft_step(step_id: str, item: str, times: int, depends_on: Sequence[str]) -> Step:
+    return tool_step(
+        step_id,
+        f"Craft {item} {times} times",
+        "craft",
+        {"item": item, "times": times},
+        title=f"Craft {item}",
+        depends_on=depends_on,
+    )
+
+
 def _flat_steps(
     problem: Problem, gets: Mapping[str, int], crafts: Sequence[tuple[str, int, int]], prefix: str
 ) -> list[Step]:
@@ -353,29 +367,12 @@ def _flat_steps(
     for item, n in gets.items():
         sid = f"{prefix}get_{slug(item)}"
         made[item] = sid
-        steps.append(
-            Step(
-                id=sid,
-                title=f"Get {n} {item}",
-                instruction=f"Get {n} {item}",
-                tool="get",
-                args={"item": item, "count": n},
-            )
-        )
+        steps.append(_get_step(sid, item, n))
     for item, times, _ in crafts:
         sid = f"{prefix}craft_{slug(item)}"
         deps = [made[n] for n, _ in problem.book[item].ingredients if n in made]
         made[item] = sid
-        steps.append(
-            Step(
-                id=sid,
-                title=f"Craft {item}",
-                instruction=f"Craft {item} {times} times",
-                tool="craft",
-                args={"item": item, "times": times},
-                depends_on=deps,
-            )
-        )
+        steps.append(_craft_step(sid, item, times, deps))
     return steps
 
 
@@ -389,58 +386,31 @@ def _subgoal_steps(problem: Problem, inventory: Mapping[str, int], prefix: str) 
             continue
         sid = f"{prefix}{'make' if name in problem.book else 'get'}_{slug(name)}"
         if name in problem.book:
-            steps.append(
-                Step(
-                    id=sid,
-                    title=f"Make {need} {name}",
-                    kind="subgoal",
-                    instruction=subgoal_text(problem.book, problem.base, name, need),
-                )
-            )
+            text = subgoal_text(problem.book, problem.base, name, need)
+            steps.append(subgoal_step(sid, f"Make {need} {name}", text))
         else:
-            steps.append(
-                Step(
-                    id=sid,
-                    title=f"Get {need} {name}",
-                    instruction=f"Get {need} {name}",
-                    tool="get",
-                    args={"item": name, "count": need},
-                )
-            )
-    final = Step(
-        id=f"{prefix}craft_{slug(problem.target)}",
-        title=f"Craft {problem.target}",
-        instruction=f"Craft {problem.target} {times} times",
-        tool="craft",
-        args={"item": problem.target, "times": times},
-        depends_on=[s.id for s in steps],
-    )
+            steps.append(_get_step(sid, name, need))
+    final_id = f"{prefix}craft_{slug(problem.target)}"
+    final = _craft_step(final_id, problem.target, times, [s.id for s in steps])
     return [*steps, final]
 
 
-class CraftEnv:
+class CraftEnv(LoggedWorld[tuple[str, str, int]]):
     """The inventory of one run, a counter, and the log of actions that happened."""
 
     def __init__(self, instance: CraftInstance) -> None:
+        super().__init__()
         self.instance = instance
         self.book = {r.item: r for r in instance.recipes}
         self.inventory: Inventory = {}
-        self.counter = 0
-        self.log: list[tuple[str, str, int]] = []
 
     def state(self) -> str:
         """The current inventory report."""
         return describe(self.inventory, self.counter)
 
-    def act(self, action: tuple[str, str, int], done: str) -> str:
-        """Apply ``action``; the result (or the error) reports the inventory."""
-        try:
-            self.inventory = apply(self.inventory, action, self.book, self.instance.base)
-        except ActionFailed as exc:
-            raise ActionFailed(f"{exc}. Now: {self.state()}") from None
-        self.counter += 1
-        self.log.append(action)
-        return f"{done}. Now: {self.state()}"
+    def change(self, action: tuple[str, str, int]) -> None:
+        """Apply ``action`` to the inventory (:class:`ActionFailed` if it cannot be done)."""
+        self.inventory = apply(self.inventory, action, self.book, self.instance.base)
 
     def tools(self) -> list[Tool]:
         """``get``, ``craft`` and ``inventory`` on this inventory."""
@@ -545,15 +515,9 @@ class Crafting(Suite):
                 f"Crafting task: craft {inst.count} {inst.target}. The inventory starts empty: "
                 f"{describe({}, 0)}. Some commands are not needed."
             )
+            params = {"depth": inst.depth, "reference_actions": len(gets) + len(crafts)}
             tasks.append(
-                BenchTask(
-                    suite=self.name,
-                    index=index,
-                    task_id=f"{self.name}-{seed}-{index}",
-                    goal=task_text(head, inst.recipes, inst.base),
-                    params={"depth": inst.depth, "reference_actions": len(gets) + len(crafts)},
-                    data=inst,
-                )
+                self.task(seed, index, task_text(head, inst.recipes, inst.base), params, inst)
             )
         return tasks
 

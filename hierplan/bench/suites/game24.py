@@ -34,6 +34,7 @@ from hierplan.bench.base import (
     latest,
     plan_texts,
     step_texts,
+    tool_step,
 )
 from hierplan.hierarchy.plan import Plan, Step
 from hierplan.scenarios.base import Verification
@@ -192,22 +193,12 @@ class Game24Oracle:
         prefix = "" if seen is None else f"r{seen.counter}_"
         goal = one_line(prompt.goal)
         if len(pool) == 1 and pool[0][0] == TARGET:
-            look = Step(
-                id=f"{prefix}look", title="Look", instruction="Show the pool", tool="look", args={}
-            )
+            look = tool_step(f"{prefix}look", "Show the pool", "look", {}, title="Look")
             return Plan(goal=goal, steps=[look], rationale="The pool already holds 24.")
         steps: list[Step] = []
         moves = solve([v for v, _ in pool])
         if moves is None:
-            steps.append(
-                Step(
-                    id=f"{prefix}reset",
-                    title="Reset",
-                    instruction="Reset the pool",
-                    tool="reset",
-                    args={},
-                )
-            )
+            steps.append(tool_step(f"{prefix}reset", "Reset the pool", "reset", {}, title="Reset"))
             pool = start[1]
             moves = solve([v for v, _ in pool]) or []
         steps += _move_steps(pool, moves, prefix, steps[0].id if steps else None)
@@ -244,16 +235,8 @@ def _move_steps(
                 deps.append(maker)
         sid = f"{prefix}m{i}"
         text = f"Combine {fmt(a)} {op} {fmt(b)}"
-        steps.append(
-            Step(
-                id=sid,
-                title=text,
-                instruction=text,
-                tool="combine",
-                args={"a": _arg(a), "op": op, "b": _arg(b)},
-                depends_on=list(dict.fromkeys(deps)),
-            )
-        )
+        args = {"a": _arg(a), "op": op, "b": _arg(b)}
+        steps.append(tool_step(sid, text, "combine", args, depends_on=dict.fromkeys(deps)))
         entries.append((apply_op(a, op, b), sid))
     return steps
 
@@ -354,16 +337,8 @@ class Game24(Suite):
         for index in range(count):
             numbers = list(puzzles[index % len(puzzles)])
             rng.shuffle(numbers)
-            tasks.append(
-                BenchTask(
-                    suite=self.name,
-                    index=index,
-                    task_id=f"{self.name}-{seed}-{index}",
-                    goal=task_text(numbers),
-                    params={"numbers": " ".join(map(str, numbers))},
-                    data=Puzzle(tuple(numbers)),
-                )
-            )
+            params = {"numbers": " ".join(map(str, numbers))}
+            tasks.append(self.task(seed, index, task_text(numbers), params, Puzzle(tuple(numbers))))
         return tasks
 
     def environment(self, task: BenchTask, *, latency_scale: float = 1.0) -> TaskEnv:

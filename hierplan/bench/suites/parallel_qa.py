@@ -32,6 +32,8 @@ from hierplan.bench.base import (
     Suite,
     TaskEnv,
     call,
+    subgoal_step,
+    tool_step,
 )
 from hierplan.hierarchy.plan import Plan, Step
 from hierplan.scenarios.base import Verification
@@ -292,33 +294,33 @@ def _value(text: str) -> float | None:
         return None
 
 
+def _lookup_step(step_id: str, fact: Fact) -> Step:
+    entity, attribute = fact
+    args = {"entity": entity, "attribute": attribute}
+    return tool_step(step_id, f"Look up the {attribute} of {entity}", "lookup", args)
+
+
+def _operation_step(step_id: str, node: Expr, refs: Sequence[str]) -> Step:
+    """The step computing ``node`` from the outputs of the steps ``refs``, in order."""
+    return tool_step(
+        step_id,
+        node.phrase(),
+        OPS[node.op],
+        {k: f"${r}" for k, r in zip(ARG_NAMES, refs, strict=False)},
+        title=f"Compute the {node.op}",
+        depends_on=dict.fromkeys(refs),
+    )
+
+
 def _dag_steps(expr: Expr, prefix: str = "") -> list[Step]:
     facts = list(dict.fromkeys(expr.leaves()))
     ids = {f: f"{prefix}f{i}" for i, f in enumerate(facts, 1)}
-    steps = [
-        Step(
-            id=ids[f],
-            title=f"Look up the {f[1]} of {f[0]}",
-            instruction=f"Look up the {f[1]} of {f[0]}",
-            tool="lookup",
-            args={"entity": f[0], "attribute": f[1]},
-        )
-        for f in facts
-    ]
+    steps = [_lookup_step(ids[f], f) for f in facts]
     names: dict[int, str] = {}
     for i, node in enumerate(expr.nodes(), 1):
         refs = [ids[c.fact] if c.fact else names[id(c)] for c in node.children]
         names[id(node)] = f"{prefix}c{i}"
-        steps.append(
-            Step(
-                id=f"{prefix}c{i}",
-                title=f"Compute the {node.op}",
-                instruction=node.phrase(),
-                tool=OPS[node.op],
-                args={k: f"${r}" for k, r in zip(ARG_NAMES, refs, strict=False)},
-                depends_on=list(dict.fromkeys(refs)),
-            )
-        )
+        steps.append(_operation_step(f"{prefix}c{i}", node, refs))
     return steps
 
 
@@ -329,36 +331,11 @@ def _subgoal_steps(expr: Expr) -> list[Step] | None:
     refs: list[str] = []
     for i, child in enumerate(expr.children, 1):
         if child.fact is not None:
-            entity, attribute = child.fact
-            steps.append(
-                Step(
-                    id=f"f{i}",
-                    title=f"Look up the {attribute} of {entity}",
-                    instruction=f"Look up the {attribute} of {entity}",
-                    tool="lookup",
-                    args={"entity": entity, "attribute": attribute},
-                )
-            )
+            steps.append(_lookup_step(f"f{i}", child.fact))
         else:
-            steps.append(
-                Step(
-                    id=f"part{i}",
-                    title=f"Compute part {i}",
-                    kind="subgoal",
-                    instruction=subgoal_text(child),
-                )
-            )
+            steps.append(subgoal_step(f"part{i}", f"Compute part {i}", subgoal_text(child)))
         refs.append(steps[-1].id)
-    steps.append(
-        Step(
-            id="answer",
-            title=f"Compute the {expr.op}",
-            instruction=expr.phrase(),
-            tool=OPS[expr.op],
-            args={k: f"${r}" for k, r in zip(ARG_NAMES, refs, strict=False)},
-            depends_on=refs,
-        )
-    )
+    steps.append(_operation_step("answer", expr, refs))
     return steps
 
 
@@ -494,22 +471,15 @@ class ParallelQA(Suite):
             facts = rng.sample(all_facts, 24)
             expr = make_expr(depth, width, rng, facts)
             gold = evaluate(expr, {f: float(v) for f, v in kb.items()})
-            tasks.append(
-                BenchTask(
-                    suite=self.name,
-                    index=index,
-                    task_id=f"{self.name}-{seed}-{index}",
-                    goal=question_text(expr),
-                    params={
-                        "depth": depth,
-                        "fan_out": width,
-                        "lookups": len(expr.leaves()),
-                        "operations": len(expr.nodes()),
-                    },
-                    data=QAInstance(expr, gold, kb),
-                    critical_path_s=critical_path_s(expr),
-                )
-            )
+            params = {
+                "depth": depth,
+                "fan_out": width,
+                "lookups": len(expr.leaves()),
+                "operations": len(expr.nodes()),
+            }
+            instance = QAInstance(expr, gold, kb)
+            goal = question_text(expr)
+            tasks.append(self.task(seed, index, goal, params, instance, critical_path_s(expr)))
         return tasks
 
     def environment(self, task: BenchTask, *, latency_scale: float = 1.0) -> TaskEnv:
