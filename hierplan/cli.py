@@ -81,6 +81,59 @@ TraceContentOpt = Annotated[
 ]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Approve every plan without asking.")]
 
+# The options of `hierplan run` alone.
+GoalArg = Annotated[str | None, typer.Argument(help="The goal, as free text (needs a real model).")]
+ScenarioOpt = Annotated[str | None, typer.Option("--scenario", help="Run a built-in scenario.")]
+GoalFileOpt = Annotated[Path | None, typer.Option("--goal-file", help="A YAML/JSON goal file.")]
+ModelOpt = Annotated[
+    str, typer.Option("--model", "-m", help="sim, openai:<model> or anthropic:<model>.")
+]
+MaxDepthOpt = Annotated[int, typer.Option("--max-depth", min=1, max=10, help="Deepest plan level.")]
+ConcurrencyOpt = Annotated[
+    int, typer.Option("--concurrency", "-c", min=1, help="Executor steps at once.")
+]
+RunOutOpt = Annotated[
+    Path | None, typer.Option("--out", "-o", help="Run directory (default runs/<id>).")
+]
+BaseUrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--base-url",
+        help="API base URL: an OpenAI-compatible server (vLLM, Ollama, llama.cpp, LiteLLM) "
+        "for openai:<model>, or a gateway for anthropic:<model>.",
+    ),
+]
+TimeoutOpt = Annotated[
+    float | None,
+    typer.Option("--timeout", min=0.001, help="Seconds one model call may wait (120)."),
+]
+ModelRetriesOpt = Annotated[
+    int | None,
+    typer.Option("--model-retries", min=0, help="Retries of a failed model call (3)."),
+]
+BudgetUsdOpt = Annotated[
+    float | None,
+    typer.Option("--budget-usd", min=0.0, help="Cap the run's cost in USD (exact)."),
+]
+BudgetTokensOpt = Annotated[
+    int | None,
+    typer.Option("--budget-tokens", min=0, help="Cap the run's tokens (input + output)."),
+]
+AllocationOpt = Annotated[
+    str,
+    typer.Option(
+        "--allocation", help="Split a budget among sub-goals: equal, weighted or on-demand."
+    ),
+]
+PriceInOpt = Annotated[
+    float | None,
+    typer.Option("--price-in", min=0.0, help="USD per 1M input tokens of the model."),
+]
+PriceOutOpt = Annotated[
+    float | None,
+    typer.Option("--price-out", min=0.0, help="USD per 1M output tokens of the model."),
+]
+
 
 def _fail(message: str, code: int = 2) -> NoReturn:
     Console(stderr=True).print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
@@ -155,105 +208,43 @@ def _execute(
 
 @app.command("run")
 def run_command(
-    goal: Annotated[
-        str | None, typer.Argument(help="The goal, as free text (needs a real model).")
-    ] = None,
-    scenario: Annotated[
-        str | None, typer.Option("--scenario", help="Run a built-in scenario.")
-    ] = None,
-    goal_file: Annotated[
-        Path | None, typer.Option("--goal-file", help="A YAML/JSON goal file.")
-    ] = None,
+    goal: GoalArg = None,
+    scenario: ScenarioOpt = None,
+    goal_file: GoalFileOpt = None,
     strategy: StrategyOpt = "hierarchical",
-    model: Annotated[
-        str, typer.Option("--model", "-m", help="sim, openai:<model> or anthropic:<model>.")
-    ] = "sim",
-    max_depth: Annotated[
-        int, typer.Option("--max-depth", min=1, max=10, help="Deepest plan level.")
-    ] = DEFAULT_MAX_DEPTH,
-    concurrency: Annotated[
-        int, typer.Option("--concurrency", "-c", min=1, help="Executor steps at once.")
-    ] = 8,
+    model: ModelOpt = "sim",
+    max_depth: MaxDepthOpt = DEFAULT_MAX_DEPTH,
+    concurrency: ConcurrencyOpt = 8,
     seed: SeedOpt = 0,
-    out: Annotated[
-        Path | None, typer.Option("--out", "-o", help="Run directory (default runs/<id>).")
-    ] = None,
+    out: RunOutOpt = None,
     yes: YesOpt = False,
     review: ReviewOpt = False,
     pause_for_review: PauseOpt = False,
     review_policy: PolicyOpt = "root",
     sim_profile: ProfileOpt = "typical",
     sim_latency_scale: LatencyOpt = 1.0,
-    base_url: Annotated[
-        str | None,
-        typer.Option(
-            "--base-url",
-            help="API base URL: an OpenAI-compatible server (vLLM, Ollama, llama.cpp, LiteLLM) "
-            "for openai:<model>, or a gateway for anthropic:<model>.",
-        ),
-    ] = None,
-    timeout: Annotated[
-        float | None,
-        typer.Option("--timeout", min=0.001, help="Seconds one model call may wait (120)."),
-    ] = None,
-    model_retries: Annotated[
-        int | None,
-        typer.Option("--model-retries", min=0, help="Retries of a failed model call (3)."),
-    ] = None,
+    base_url: BaseUrlOpt = None,
+    timeout: TimeoutOpt = None,
+    model_retries: ModelRetriesOpt = None,
     trace: TraceOpt = None,
     trace_content: TraceContentOpt = False,
-    budget_usd: Annotated[
-        float | None,
-        typer.Option("--budget-usd", min=0.0, help="Cap the run's cost in USD (exact)."),
-    ] = None,
-    budget_tokens: Annotated[
-        int | None,
-        typer.Option("--budget-tokens", min=0, help="Cap the run's tokens (input + output)."),
-    ] = None,
-    allocation: Annotated[
-        str,
-        typer.Option(
-            "--allocation", help="Split a budget among sub-goals: equal, weighted or on-demand."
-        ),
-    ] = "equal",
-    price_in: Annotated[
-        float | None,
-        typer.Option("--price-in", min=0.0, help="USD per 1M input tokens of the model."),
-    ] = None,
-    price_out: Annotated[
-        float | None,
-        typer.Option("--price-out", min=0.0, help="USD per 1M output tokens of the model."),
-    ] = None,
+    budget_usd: BudgetUsdOpt = None,
+    budget_tokens: BudgetTokensOpt = None,
+    allocation: AllocationOpt = "equal",
+    price_in: PriceInOpt = None,
+    price_out: PriceOutOpt = None,
 ) -> None:
     """Plan and run a goal (or a scenario), write DIR/run.json, and show the tree with costs.
 
     In a terminal the root plan is reviewed before it runs unless --yes is given.
     """
     console = Console()
-    options: dict[str, Any] = {}
     try:
-        if goal_file is not None:
-            if goal is not None:
-                raise UserInputError("give a goal or --goal-file, not both")
-            spec = load_goal_file(goal_file)
-            goal, scenario = spec.goal, spec.scenario or scenario
-            options = spec.overrides()
-        if goal is None and scenario is None:
-            raise UserInputError("no goal: give GOAL, --goal-file FILE or --scenario NAME")
+        goal, scenario, options = _goal_input(goal, scenario, goal_file)
         _check_choices(str(options.get("strategy", strategy)), sim_profile)
         model = str(options.pop("model", model))
         model_options = _model_options(model, base_url, timeout)
-        if model_retries is not None:
-            options["model_retries"] = model_retries
-        settings = RunSettings.model_validate(
-            {
-                "strategy": strategy,
-                "max_depth": max_depth,
-                "concurrency": concurrency,
-                "seed": seed,
-                **options,
-            }
-        )
+        settings = _run_settings(options, strategy, max_depth, concurrency, seed, model_retries)
         setup = review_setup(
             yes=yes,
             review=review,
@@ -286,6 +277,38 @@ def run_command(
         price_in=price_in,
         price_out=price_out,
     )
+
+
+def _goal_input(
+    goal: str | None, scenario: str | None, goal_file: Path | None
+) -> tuple[str | None, str | None, dict[str, Any]]:
+    """The goal and scenario to run, and the settings a ``--goal-file`` overrides."""
+    options: dict[str, Any] = {}
+    if goal_file is not None:
+        if goal is not None:
+            raise UserInputError("give a goal or --goal-file, not both")
+        spec = load_goal_file(goal_file)
+        goal, scenario = spec.goal, spec.scenario or scenario
+        options = spec.overrides()
+    if goal is None and scenario is None:
+        raise UserInputError("no goal: give GOAL, --goal-file FILE or --scenario NAME")
+    return goal, scenario, options
+
+
+def _run_settings(
+    options: dict[str, Any],
+    strategy: str,
+    max_depth: int,
+    concurrency: int,
+    seed: int,
+    model_retries: int | None,
+) -> RunSettings:
+    """The run's settings: the flags, overridden by a goal file's ``options``, overridden in
+    turn by ``--model-retries`` when it is given."""
+    if model_retries is not None:
+        options = {**options, "model_retries": model_retries}
+    flags = {"strategy": strategy, "max_depth": max_depth, "concurrency": concurrency, "seed": seed}
+    return RunSettings.model_validate({**flags, **options})
 
 
 def _model_options(model: str, base_url: str | None, timeout: float | None) -> dict[str, Any]:
