@@ -88,52 +88,68 @@ def noise_profile(name: str, overrides: dict[str, Any]) -> NoiseProfile:
         ) from None
 
 
+SuiteOpt = Annotated[
+    str,
+    typer.Option("--suite", help=f"Suite(s), comma-separated or all: {', '.join(SUITE_NAMES)}."),
+]
+StrategiesOpt = Annotated[
+    str,
+    typer.Option("--strategies", help=f"Comma-separated or all: {', '.join(STRATEGY_NAMES)}."),
+]
+TasksOpt = Annotated[int, typer.Option("--tasks", help="Tasks per suite.")]
+SeedsOpt = Annotated[int, typer.Option("--seeds", help="Seeds per task (simulator noise).")]
+ModelOpt = Annotated[
+    str, typer.Option("--model", "-m", help="sim, openai:<model> or anthropic:<model>.")
+]
+BaseUrlOpt = Annotated[
+    str | None, typer.Option("--base-url", help="API base URL of a real model's server.")
+]
+TimeoutOpt = Annotated[
+    float | None, typer.Option("--timeout", help="Seconds one real model call may take.")
+]
+ConcurrencyOpt = Annotated[int, typer.Option("--concurrency", "-c", help="Runs at once.")]
+OutOpt = Annotated[
+    Path | None,
+    typer.Option("--out", "-o", help="Output directory (default runs/bench-<time>)."),
+]
+ResumeOpt = Annotated[
+    bool, typer.Option("--resume", help="Continue the benchmark already in --out.")
+]
+BaselineOpt = Annotated[
+    str, typer.Option("--baseline", help="Strategy the paired differences compare against.")
+]
+TaskSeedOpt = Annotated[int, typer.Option("--task-seed", help="Seed of the task generator.")]
+MaxDepthOpt = Annotated[
+    int | None, typer.Option("--max-depth", help="Deepest plan level (default 3).")
+]
+PlotOpt = Annotated[
+    bool, typer.Option("--plot/--no-plot", help="Write cost_vs_success.png (needs matplotlib).")
+]
+ProfileOpt = Annotated[
+    str, typer.Option("--sim-profile", help=f"Simulator noise: {', '.join(PROFILES)}.")
+]
+LatencyScaleOpt = Annotated[
+    float, typer.Option("--sim-latency-scale", help="Scale simulated latency (0 = none).")
+]
+
+
 def bench_command(
-    suite: Annotated[
-        str,
-        typer.Option(
-            "--suite", help=f"Suite(s), comma-separated or all: {', '.join(SUITE_NAMES)}."
-        ),
-    ] = "all",
-    strategies: Annotated[
-        str,
-        typer.Option("--strategies", help=f"Comma-separated or all: {', '.join(STRATEGY_NAMES)}."),
-    ] = "all",
-    tasks: Annotated[int, typer.Option("--tasks", help="Tasks per suite.")] = 10,
-    seeds: Annotated[int, typer.Option("--seeds", help="Seeds per task (simulator noise).")] = 3,
-    model: Annotated[
-        str, typer.Option("--model", "-m", help="sim, openai:<model> or anthropic:<model>.")
-    ] = "sim",
-    base_url: Annotated[
-        str | None, typer.Option("--base-url", help="API base URL of a real model's server.")
-    ] = None,
-    timeout: Annotated[
-        float | None, typer.Option("--timeout", help="Seconds one real model call may take.")
-    ] = None,
-    concurrency: Annotated[int, typer.Option("--concurrency", "-c", help="Runs at once.")] = 8,
-    out: Annotated[
-        Path | None,
-        typer.Option("--out", "-o", help="Output directory (default runs/bench-<time>)."),
-    ] = None,
-    resume: Annotated[
-        bool, typer.Option("--resume", help="Continue the benchmark already in --out.")
-    ] = False,
-    baseline: Annotated[
-        str, typer.Option("--baseline", help="Strategy the paired differences compare against.")
-    ] = "react",
-    task_seed: Annotated[int, typer.Option("--task-seed", help="Seed of the task generator.")] = 0,
-    max_depth: Annotated[
-        int | None, typer.Option("--max-depth", help="Deepest plan level (default 3).")
-    ] = None,
-    plot: Annotated[
-        bool, typer.Option("--plot/--no-plot", help="Write cost_vs_success.png (needs matplotlib).")
-    ] = True,
-    sim_profile: Annotated[
-        str, typer.Option("--sim-profile", help=f"Simulator noise: {', '.join(PROFILES)}.")
-    ] = "typical",
-    sim_latency_scale: Annotated[
-        float, typer.Option("--sim-latency-scale", help="Scale simulated latency (0 = none).")
-    ] = 1.0,
+    suite: SuiteOpt = "all",
+    strategies: StrategiesOpt = "all",
+    tasks: TasksOpt = 10,
+    seeds: SeedsOpt = 3,
+    model: ModelOpt = "sim",
+    base_url: BaseUrlOpt = None,
+    timeout: TimeoutOpt = None,
+    concurrency: ConcurrencyOpt = 8,
+    out: OutOpt = None,
+    resume: ResumeOpt = False,
+    baseline: BaselineOpt = "react",
+    task_seed: TaskSeedOpt = 0,
+    max_depth: MaxDepthOpt = None,
+    plot: PlotOpt = True,
+    sim_profile: ProfileOpt = "typical",
+    sim_latency_scale: LatencyScaleOpt = 1.0,
     sim_plan_error_rate: Annotated[float | None, _noise_option("sim_plan_error_rate")] = None,
     sim_plan_error_per_step: Annotated[
         float | None, _noise_option("sim_plan_error_per_step")
