@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 from hierplan.agents.models.base import ToolCall
-from hierplan.agents.models.simulated import Oracle
+from hierplan.agents.models.simulated import Action, Oracle
 from hierplan.agents.prompts import PlanPrompt, StepPrompt
 from hierplan.agents.tools import Tool
 from hierplan.errors import ToolError
-from hierplan.hierarchy.plan import Step
+from hierplan.hierarchy.plan import Plan, Step
 from hierplan.scenarios.base import Verification
 
 # A competent planner splits work longer than this into sub-goals when sub-goals are allowed.
@@ -138,6 +138,41 @@ class LoggedWorld(ABC, Generic[ActionT]):
         self.counter += 1
         self.log.append(action)
         return f"{done}. Now: {self.state()}"
+
+
+ProblemT = TypeVar("ProblemT")
+
+
+class SuiteOracle(ABC, Generic[ProblemT]):
+    """An oracle that answers only prompts whose text states a problem of its suite.
+
+    :meth:`read` finds the problem in a planner's goal or an executor's instruction; any other
+    prompt gets ``None``, so that the simulator says no oracle covers it rather than guess.
+    """
+
+    @abstractmethod
+    def read(self, text: str) -> ProblemT | None:
+        """The problem ``text`` states, or ``None`` when it is not one of this suite's."""
+
+    @abstractmethod
+    def plan_for(self, problem: ProblemT, prompt: PlanPrompt) -> Plan:
+        """The plan a competent model writes for ``problem``."""
+
+    @abstractmethod
+    def act_for(
+        self, problem: ProblemT, prompt: StepPrompt, done: Sequence[tuple[ToolCall, str]]
+    ) -> Action:
+        """The next action a competent executor takes on ``problem``."""
+
+    def plan(self, prompt: PlanPrompt) -> Plan | None:
+        """The plan for a planning (or replanning) prompt, or ``None`` if not this suite's."""
+        problem = self.read(prompt.goal)
+        return None if problem is None else self.plan_for(problem, prompt)
+
+    def act(self, prompt: StepPrompt, done: Sequence[tuple[ToolCall, str]]) -> Action | None:
+        """The next action for a step, or ``None`` if the step is not this suite's."""
+        problem = self.read(prompt.instruction)
+        return None if problem is None else self.act_for(problem, prompt, done)
 
 
 @dataclass(slots=True, frozen=True)

@@ -27,6 +27,7 @@ from hierplan.bench.base import (
     BenchTask,
     LoggedWorld,
     Suite,
+    SuiteOracle,
     TaskEnv,
     call,
     chain,
@@ -294,14 +295,15 @@ def parse_problem(text: str) -> Problem | None:
     return None
 
 
-class BlocksworldOracle:
+class BlocksworldOracle(SuiteOracle[Problem]):
     """What a competent model answers for blocksworld prompts."""
 
-    def plan(self, prompt: PlanPrompt) -> Plan | None:
+    def read(self, text: str) -> Problem | None:
+        """The blocksworld problem or sub-goal ``text`` states."""
+        return parse_problem(text)
+
+    def plan_for(self, problem: Problem, prompt: PlanPrompt) -> Plan:
         """Actions from the latest reported state; sub-goals of a few moves when allowed."""
-        problem = parse_problem(prompt.goal)
-        if problem is None:
-            return None
         seen = latest(_STATE, plan_texts(prompt))
         world = problem.start if seen is None else parse_world(seen.body)
         prefix = "p" if seen is None else f"s{seen.counter}_"
@@ -322,11 +324,10 @@ class BlocksworldOracle:
         ]
         return Plan(goal=goal, steps=chain(steps), rationale="One hand: strictly in order.")
 
-    def act(self, prompt: StepPrompt, done: Sequence[tuple[ToolCall, str]]) -> Action | None:
+    def act_for(
+        self, problem: Problem, prompt: StepPrompt, done: Sequence[tuple[ToolCall, str]]
+    ) -> Action:
         """The next action toward the (sub-)goal, or the final state once it holds."""
-        problem = parse_problem(prompt.instruction)
-        if problem is None:
-            return None
         seen = latest(_STATE, step_texts(prompt, done))
         if seen is None and not problem.observed:
             return Action(tool_calls=(call("look"),))

@@ -27,6 +27,7 @@ from hierplan.bench.base import (
     BenchTask,
     LoggedWorld,
     Suite,
+    SuiteOracle,
     TaskEnv,
     call,
     latest,
@@ -275,14 +276,15 @@ def subgoal_text(book: Mapping[str, Recipe], base: Sequence[str], item: str, cou
     )
 
 
-class CraftingOracle:
+class CraftingOracle(SuiteOracle[Problem]):
     """What a competent model answers for crafting prompts."""
 
-    def plan(self, prompt: PlanPrompt) -> Plan | None:
+    def read(self, text: str) -> Problem | None:
+        """The crafting task or sub-goal ``text`` states."""
+        return parse_problem(text)
+
+    def plan_for(self, problem: Problem, prompt: PlanPrompt) -> Plan:
         """Gets and crafts from the latest reported inventory; sub-goals per ingredient."""
-        problem = parse_problem(prompt.goal)
-        if problem is None:
-            return None
         seen = latest(_INVENTORY, plan_texts(prompt))
         inventory = {} if seen is None else parse_inventory(seen.body)
         prefix = "" if seen is None else f"r{seen.counter}_"
@@ -305,11 +307,10 @@ class CraftingOracle:
             rationale="Fetch the base items, then craft bottom up.",
         )
 
-    def act(self, prompt: StepPrompt, done: Sequence[tuple[ToolCall, str]]) -> Action | None:
+    def act_for(
+        self, problem: Problem, prompt: StepPrompt, done: Sequence[tuple[ToolCall, str]]
+    ) -> Action:
         """All fetches at once, then the crafts of one level per turn, then the answer."""
-        problem = parse_problem(prompt.instruction)
-        if problem is None:
-            return None
         # The executor's own ledger: what its successful calls added and used. Sibling steps
         # may share the inventory, so it does not count on their items.
         inventory: Inventory = {}

@@ -29,6 +29,7 @@ from hierplan.bench.base import (
     ActionFailed,
     BenchTask,
     Suite,
+    SuiteOracle,
     TaskEnv,
     call,
     latest,
@@ -168,7 +169,10 @@ def task_text(numbers: Sequence[int]) -> str:
     )
 
 
-def _start(text: str) -> tuple[int, list[Entry]] | None:
+Start = tuple[int, list[Entry]]  # the start report's counter and pool
+
+
+def _start(text: str) -> Start | None:
     text = one_line(text)
     if not text.startswith(_HEAD):
         return None
@@ -180,14 +184,15 @@ def _arg(value: Fraction) -> int | str:
     return value.numerator if value.denominator == 1 else fmt(value)
 
 
-class Game24Oracle:
+class Game24Oracle(SuiteOracle[Start]):
     """What a competent model answers for Game of 24 prompts."""
 
-    def plan(self, prompt: PlanPrompt) -> Plan | None:
+    def read(self, text: str) -> Start | None:
+        """The start of the puzzle ``text`` states."""
+        return _start(text)
+
+    def plan_for(self, start: Start, prompt: PlanPrompt) -> Plan:
         """Combines from the latest reported pool (after a reset when it is a dead end)."""
-        start = _start(prompt.goal)
-        if start is None:
-            return None
         seen = latest(_POOL, plan_texts(prompt))
         pool = start[1] if seen is None else parse_pool(seen.body)
         prefix = "" if seen is None else f"r{seen.counter}_"
@@ -204,11 +209,10 @@ class Game24Oracle:
         steps += _move_steps(pool, moves, prefix, steps[0].id if steps else None)
         return Plan(goal=goal, steps=steps, rationale="Combine pairs until 24 is left.")
 
-    def act(self, prompt: StepPrompt, done: Sequence[tuple[ToolCall, str]]) -> Action | None:
+    def act_for(
+        self, start: Start, prompt: StepPrompt, done: Sequence[tuple[ToolCall, str]]
+    ) -> Action:
         """One combine per turn toward 24; a reset from a dead end; then the expression."""
-        start = _start(prompt.instruction)
-        if start is None:
-            return None
         seen = latest(_POOL, step_texts(prompt, done))
         pool = start[1] if seen is None else parse_pool(seen.body)
         if len(pool) == 1 and pool[0][0] == TARGET:

@@ -30,6 +30,7 @@ from hierplan.bench.base import (
     ActionFailed,
     BenchTask,
     Suite,
+    SuiteOracle,
     TaskEnv,
     call,
     subgoal_step,
@@ -183,17 +184,18 @@ def _fmt(value: float) -> str:
     return str(number(value))
 
 
-class ParallelQAOracle:
+class ParallelQAOracle(SuiteOracle[Expr]):
     """What a competent model answers for ParallelQA prompts."""
 
-    def plan(self, prompt: PlanPrompt) -> Plan | None:
+    def read(self, text: str) -> Expr | None:
+        """The expression the question or sub-goal ``text`` asks for."""
+        return parse_problem(text)
+
+    def plan_for(self, expr: Expr, prompt: PlanPrompt) -> Plan:
         """The question's DAG: lookups in parallel, then the arithmetic; sub-goals if large.
 
         Step ids follow the expression, so a replan keeps the lookups that are done.
         """
-        expr = parse_problem(prompt.goal)
-        if expr is None:
-            return None
         goal = one_line(prompt.goal)
         steps = _dag_steps(expr)
         if prompt.allow_subgoals and len(steps) > MAX_FLAT_STEPS:
@@ -206,11 +208,10 @@ class ParallelQAOracle:
             rationale="All lookups at once, then the arithmetic.",
         )
 
-    def act(self, prompt: StepPrompt, done: Sequence[tuple[ToolCall, str]]) -> Action | None:
+    def act_for(
+        self, expr: Expr, prompt: StepPrompt, done: Sequence[tuple[ToolCall, str]]
+    ) -> Action:
         """All missing lookups in one turn, then every operation whose inputs are known."""
-        expr = parse_problem(prompt.instruction)
-        if expr is None:
-            return None
         facts: dict[Fact, float] = {}
         results: dict[tuple[str, tuple[tuple[str, float], ...]], float] = {}
         for c, text in done:
