@@ -13,7 +13,7 @@ from typing import Any
 
 import openai
 import pytest
-from wire import MODELS, TEST_KEY, Reply, ScriptBackend, WireServer
+from wire import MODELS, PROVIDERS, TEST_KEY, Reply, ScriptBackend, WireServer
 
 from hierplan.agents.models import resolve_model
 from hierplan.agents.models.base import (
@@ -29,7 +29,6 @@ from hierplan.agents.planner import PLAN_SCHEMA
 from hierplan.errors import ModelAuthError, ModelError
 from hierplan.hierarchy.plan import Plan
 
-PROVIDERS = ("openai", "anthropic")
 ADD = ToolSpec(
     "add",
     "Add two integers.",

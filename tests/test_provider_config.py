@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from typer.testing import CliRunner
-from wire import MODELS, TEST_KEY, OracleBackend, Reply, ScriptBackend, WireServer
+from wire import MODELS, PROVIDERS, TEST_KEY, OracleBackend, Reply, ScriptBackend, WireServer
 
 import hierplan
 from hierplan.agents.models import resolve_model
@@ -28,7 +28,6 @@ from hierplan.scenarios import get_scenario
 from hierplan.scenarios.base import ScenarioEnv
 
 README = Path(__file__).resolve().parent.parent / "README.md"
-PROVIDERS = ("openai", "anthropic")
 VARIABLES = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 GOAL = "Greet the user"
 PLAN = {"goal": GOAL, "steps": [{"id": "g", "title": "Greet", "instruction": "Say hello"}]}

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
-from wire import MODELS, Reply, ScriptBackend, WireServer, model_options
+from wire import MODELS, PROVIDERS, Reply, ScriptBackend, WireServer, calls, model_options
 
 import hierplan
 from hierplan.agents.models.anthropic import AnthropicModel
@@ -22,9 +22,8 @@ from hierplan.agents.models.openai import OpenAIModel
 from hierplan.errors import ModelAuthError, ModelError
 from hierplan.hierarchy.context import _retry_delay
 from hierplan.hierarchy.events import RunEvent, StepRetried
-from hierplan.hierarchy.record import CallRecord, RunResult
+from hierplan.hierarchy.record import RunResult
 
-PROVIDERS = ("openai", "anthropic")
 GOAL = "Greet the user"
 PLAN = {
     "goal": GOAL,
@@ -46,10 +45,6 @@ async def mini_run(
         settings=hierplan.RunSettings(retry_backoff_s=0, **settings),
         model_options=model_options(server, provider, timeout_s=timeout_s),
     )
-
-
-def calls(result: RunResult) -> list[CallRecord]:
-    return [call for node in result.nodes() for call in node.calls]
 
 
 @pytest.mark.anyio

@@ -12,16 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from wire import MODELS, OracleBackend, WireServer, model_options
+from wire import MODELS, PROVIDERS, OracleBackend, WireServer, calls, model_options
 
 import hierplan
 from hierplan.errors import ModelAuthError
 from hierplan.hierarchy.events import RunEvent, ToolCalled
-from hierplan.hierarchy.record import CallRecord, RunResult
+from hierplan.hierarchy.record import RunResult
 from hierplan.scenarios import get_scenario
 from hierplan.scenarios.base import ScenarioEnv
-
-PROVIDERS = ("openai", "anthropic")
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +47,10 @@ async def migrate(
     )
 
 
-def calls(result: RunResult) -> list[CallRecord]:
-    return [call for node in result.nodes() for call in node.calls]
+def assert_migrated(result: RunResult) -> None:
+    """The run succeeded and the verifier found the target database complete."""
+    assert result.status == "succeeded", result.error
+    assert result.verification is not None and result.verification["ok"]
 
 
 @pytest.mark.anyio
@@ -64,8 +64,7 @@ async def test_a_whole_hierarchical_run_over_the_wire(
     with WireServer(backend) as server:
         result = await migrate(server, provider, workdir, listeners=[events.append])
         hits = server.count()
-    assert result.status == "succeeded", result.error
-    assert result.verification is not None and result.verification["ok"]
+    assert_migrated(result)
     assert not result.simulated and result.model == MODELS[provider]
     assert {n.depth for n in result.nodes()} == {1, 2, 3}
     records = calls(result)
@@ -92,8 +91,7 @@ async def test_a_run_under_30_percent_faults_completes_and_counts_every_failed_a
         # five retries: the run must not hinge on one call drawing five faults in a row
         result = await migrate(server, provider, workdir, timeout_s=0.3, model_retries=5)
         hits, failures, no_usage = server.count(), server.failures(), server.count("no_usage")
-    assert result.status == "succeeded", result.error
-    assert result.verification is not None and result.verification["ok"]
+    assert_migrated(result)
     records = calls(result)
     assert len(records) == hits
     failed = [c for c in records if not c.ok]
@@ -139,8 +137,7 @@ async def test_a_sub_planner_out_of_retries_fails_alone_and_its_parent_replans(
     with WireServer(OracleBackend(env.oracle)) as server:
         server.faults.script([None, "server_error"])  # the first sub-planner's call
         result = await migrate(server, "openai", workdir, model_retries=0)
-    assert result.status == "succeeded", result.error
-    assert result.verification is not None and result.verification["ok"]
+    assert_migrated(result)
     failed = [n for n in result.nodes() if n.status == "failed"]
     assert len(failed) == 1 and failed[0].kind == "planner" and failed[0].depth == 2
     assert failed[0].error is not None and "HTTP 500" in failed[0].error
@@ -160,5 +157,4 @@ async def test_a_whole_run_on_a_model_that_thinks(scenario: tuple[Path, Scenario
             model_options=model_options(server, "anthropic"),
         )
         assert server.count() == len(calls(result))
-    assert result.status == "succeeded", result.error
-    assert result.verification is not None and result.verification["ok"]
+    assert_migrated(result)

@@ -4,6 +4,8 @@ See :mod:`wire.server` for the faults it injects and :mod:`wire.backends` for wh
 No test reaches a real provider: the adapters under test talk to this server on 127.0.0.1.
 """
 
+from hierplan.hierarchy.record import CallRecord, RunResult
+
 from .backends import (
     OracleBackend,
     RepeatBackend,
@@ -19,6 +21,7 @@ __all__ = [
     "FAULT_KINDS",
     "MODELS",
     "NOT_FAILURES",
+    "PROVIDERS",
     "TEST_KEY",
     "Faults",
     "Hit",
@@ -29,6 +32,7 @@ __all__ = [
     "WireCall",
     "WireError",
     "WireServer",
+    "calls",
     "conform",
     "model_options",
 ]
@@ -36,9 +40,16 @@ __all__ = [
 MODELS = {"openai": "openai:gpt-5-mini", "anthropic": "anthropic:claude-haiku-4-5"}
 """A priced model of each provider, as the runs over the wire name them."""
 
+PROVIDERS = tuple(MODELS)
+
 TEST_KEY = "test-key"
 
 
 def model_options(server: WireServer, provider: str, **extra: object) -> dict[str, object]:
     """``model_options`` that point a run's ``provider`` model at ``server``."""
     return {"base_url": server.base_url(provider), "api_key": TEST_KEY, **extra}
+
+
+def calls(result: RunResult) -> list[CallRecord]:
+    """Every model call record of a run, node by node."""
+    return [call for node in result.nodes() for call in node.calls]
