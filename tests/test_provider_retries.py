@@ -24,6 +24,8 @@ from hierplan.hierarchy.context import _retry_delay
 from hierplan.hierarchy.events import RunEvent, StepRetried
 from hierplan.hierarchy.record import RunResult
 
+pytestmark = pytest.mark.anyio
+
 GOAL = "Greet the user"
 PLAN = {
     "goal": GOAL,
@@ -47,7 +49,6 @@ async def mini_run(
     )
 
 
-@pytest.mark.anyio
 @pytest.mark.parametrize("provider", PROVIDERS)
 @pytest.mark.parametrize("kind", RETRIED)
 @pytest.mark.parametrize("at", [0, 1], ids=["planner", "executor"])
@@ -69,7 +70,6 @@ async def test_each_fault_is_retried_and_every_attempt_recorded(
     assert all(c.ok and c.usage.input_tokens > 0 for c in records if c is not failed[0])
 
 
-@pytest.mark.anyio
 async def test_an_error_event_inside_an_anthropic_stream_is_retried() -> None:
     with WireServer(script()) as server:
         server.faults.script(["stream_error"])
@@ -79,7 +79,6 @@ async def test_an_error_event_inside_an_anthropic_stream_is_retried() -> None:
     assert [c.ok for c in calls(result)] == [False, True, True]
 
 
-@pytest.mark.anyio
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_a_reply_without_usage_is_recorded_and_flagged(provider: str) -> None:
     with WireServer(script()) as server:
@@ -92,7 +91,6 @@ async def test_a_reply_without_usage_is_recorded_and_flagged(provider: str) -> N
     assert "no_usage" not in records[1].flags and records[1].usage.total_tokens > 0
 
 
-@pytest.mark.anyio
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_a_bad_request_fails_fast_with_the_providers_message(provider: str) -> None:
     with WireServer(script()) as server:
@@ -104,7 +102,6 @@ async def test_a_bad_request_fails_fast_with_the_providers_message(provider: str
     assert [c.ok for c in calls(result)] == [False]
 
 
-@pytest.mark.anyio
 @pytest.mark.parametrize("provider", PROVIDERS)
 @pytest.mark.parametrize("at", [0, 1], ids=["planner", "executor"])
 async def test_an_unauthorized_key_stops_the_run_with_the_providers_message(
@@ -117,7 +114,6 @@ async def test_an_unauthorized_key_stops_the_run_with_the_providers_message(
         assert server.count() == at + 1
 
 
-@pytest.mark.anyio
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_retry_after_is_honoured(provider: str) -> None:
     events: list[RunEvent] = []
@@ -139,7 +135,6 @@ async def test_retry_after_is_honoured(provider: str) -> None:
     assert "HTTP 429" in retried[0].error
 
 
-@pytest.mark.anyio
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_a_retry_after_beyond_the_cap_fails_the_call_at_once(provider: str) -> None:
     with WireServer(script(), retry_after_s=30, retry_after_ms=False) as server:
@@ -151,7 +146,6 @@ async def test_a_retry_after_beyond_the_cap_fails_the_call_at_once(provider: str
     assert "asked to wait 30 s, more than model_retry_max_delay_s=5" in result.error
 
 
-@pytest.mark.anyio
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_a_timed_out_attempt_is_abandoned_after_timeout_s(provider: str) -> None:
     with WireServer(script(), slow_s=3.0) as server:
@@ -165,7 +159,6 @@ async def test_a_timed_out_attempt_is_abandoned_after_timeout_s(provider: str) -
     assert len(failed) == 1 and 0.25 < failed[0].duration_s < 1.5
 
 
-@pytest.mark.anyio
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_exhausted_retries_fail_the_node_not_the_process(provider: str) -> None:
     with WireServer(script()) as server:
@@ -202,7 +195,6 @@ class CountingInstrument(hierplan.Instrument):
         return Counted()
 
 
-@pytest.mark.anyio
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_every_attempt_passes_through_the_instruments(provider: str) -> None:
     counter = CountingInstrument()
@@ -235,7 +227,6 @@ async def closes_counted(monkeypatch: pytest.MonkeyPatch) -> Any:
     yield closed
 
 
-@pytest.mark.anyio
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_run_closes_the_models_it_opened_whatever_the_outcome(
     provider: str, monkeypatch: pytest.MonkeyPatch
@@ -250,7 +241,6 @@ async def test_run_closes_the_models_it_opened_whatever_the_outcome(
     assert closed == [MODELS[provider]] * 2
 
 
-@pytest.mark.anyio
 async def test_one_client_serves_planner_and_executor_and_given_models_stay_open(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -21,6 +21,8 @@ from hierplan.hierarchy.record import RunResult
 from hierplan.scenarios import get_scenario
 from hierplan.scenarios.base import ScenarioEnv
 
+pytestmark = pytest.mark.anyio
+
 
 @pytest.fixture(scope="module")
 def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, ScenarioEnv]]:
@@ -53,7 +55,6 @@ def assert_migrated(result: RunResult) -> None:
     assert result.verification is not None and result.verification["ok"]
 
 
-@pytest.mark.anyio
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_a_whole_hierarchical_run_over_the_wire(
     provider: str, scenario: tuple[Path, ScenarioEnv]
@@ -80,7 +81,6 @@ async def test_a_whole_hierarchical_run_over_the_wire(
     assert all(c.ok and c.usage.input_tokens > 0 and c.model == MODELS[provider] for c in records)
 
 
-@pytest.mark.anyio
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_a_run_under_30_percent_faults_completes_and_counts_every_failed_attempt(
     provider: str, scenario: tuple[Path, ScenarioEnv]
@@ -100,7 +100,6 @@ async def test_a_run_under_30_percent_faults_completes_and_counts_every_failed_a
     assert sum("no_usage" in c.flags for c in records) == no_usage
 
 
-@pytest.mark.anyio
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_a_repair_attempt_fixes_an_invalid_plan(
     provider: str, scenario: tuple[Path, ScenarioEnv]
@@ -117,7 +116,6 @@ async def test_a_repair_attempt_fixes_an_invalid_plan(
     assert len(root.plan_versions) == 1  # the invalid plan never reached the gate
 
 
-@pytest.mark.anyio
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_a_refused_key_deep_in_the_tree_stops_the_run(
     provider: str, scenario: tuple[Path, ScenarioEnv]
@@ -129,7 +127,6 @@ async def test_a_refused_key_deep_in_the_tree_stops_the_run(
             await migrate(server, provider, workdir)
 
 
-@pytest.mark.anyio
 async def test_a_sub_planner_out_of_retries_fails_alone_and_its_parent_replans(
     scenario: tuple[Path, ScenarioEnv],
 ) -> None:
@@ -144,7 +141,6 @@ async def test_a_sub_planner_out_of_retries_fails_alone_and_its_parent_replans(
     assert [v.reason for v in result.tree.plan_versions] == ["initial", "replan"]
 
 
-@pytest.mark.anyio
 async def test_a_whole_run_on_a_model_that_thinks(scenario: tuple[Path, ScenarioEnv]) -> None:
     # Sonnet 5 thinks by default: the plan tool is forced with thinking off, and executors'
     # tool loops must send each turn's thinking blocks back.
