@@ -1,0 +1,154 @@
+"""What the performance benchmarks share: machine details, peak memory, fresh worker processes,
+medians, and the JSON results they write (``benchmarks/results/<name>.json``).
+
+Not a benchmark itself. The scripts import it from their own directory, so each of them runs
+as ``python benchmarks/<name>.py`` from any directory, against whichever hierplan the Python
+environment imports (this checkout or another one).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+PACKAGES = ("hierplan", "anyio", "pydantic", "networkx", "opentelemetry-sdk", "langgraph")
+
+
+def version(package: str) -> str | None:
+    """The installed version of ``package``, or ``None``."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _hierplan_commit() -> str | None:
+    """The commit of the hierplan checkout being measured (``None`` outside a git checkout)."""
+    try:
+        import hierplan
+    except ImportError:
+        return None
+    where = Path(hierplan.__file__).resolve().parent
+    try:
+        found = subprocess.run(
+            ["git", "-C", str(where), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return found.stdout.strip() or None
+
+
+def machine() -> dict[str, Any]:
+    """Where the figures come from: CPUs, load, Python, platform and package versions."""
+    try:
+        load: list[float] | None = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        load = None
+    return {
+        "cpus": os.cpu_count(),
+        "load_avg": load,
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "packages": {name: version(name) for name in PACKAGES},
+        "hierplan_commit": _hierplan_commit(),
+        "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    }
+
+
+def print_machine(details: dict[str, Any]) -> None:
+    """One readable paragraph of :func:`machine`."""
+    packages = ", ".join(f"{k} {v or 'not installed'}" for k, v in details["packages"].items())
+    print(
+        f"{details['platform']}, {details['implementation']} {details['python']}, "
+        f"{details['cpus']} CPU(s), load {details['load_avg']}, hierplan commit "
+        f"{details['hierplan_commit'] or 'unknown'}\n{packages}\n"
+    )
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size so far, in MB (10^6 bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    scale = 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB on Linux
+    return peak * scale / 1e6
+
+
+def current_rss_mb() -> float | None:
+    """This process's resident set size now, in MB (Linux only; ``None`` elsewhere)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
+def run_worker(script: Path, spec: dict[str, Any], timeout_s: float = 1800) -> dict[str, Any]:
+    """Run ``script --worker SPEC`` in a fresh interpreter and return the JSON it prints last.
+
+    A fresh process per configuration keeps one configuration's peak memory (and its heap,
+    caches and garbage) out of another's figures.
+    """
+    found = subprocess.run(
+        [sys.executable, str(script), "--worker", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    if found.returncode != 0:
+        raise RuntimeError(
+            f"worker {script.name} {spec} failed (exit {found.returncode}):\n{found.stderr[-4000:]}"
+        )
+    return dict(json.loads(found.stdout.strip().splitlines()[-1]))
+
+
+def median(values: Sequence[float]) -> float:
+    """The median (the figure every table reports; the samples are kept in the JSON too)."""
+    return float(statistics.median(values))
+
+
+def write_results(name: str, data: dict[str, Any], out: Path | None) -> Path | None:
+    """Write ``data`` as ``<out>/<name>.json`` (``out`` ``None``: write nothing)."""
+    if out is None:
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain-text table with right-aligned columns (the first one left-aligned)."""
+    cells = [[str(h) for h in headers], *[[_cell(c) for c in row] for row in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = []
+    for row in cells:
+        parts = [row[0].ljust(widths[0])] + [
+            c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)
+        ]
+        lines.append("  ".join(parts))
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.2f}" if abs(value) < 100 else f"{value:.0f}"
+    return str(value)
