@@ -1,7 +1,7 @@
 """Tracing overhead per leaf: the OpenTelemetry SDK (batch processor, no-op exporter) against
 tracing off, in one process, as a ratio.
 
-    .venv/bin/python benchmarks/tracing.py [--leaves 1000] [--repeats 7]
+    .venv/bin/python benchmarks/tracing.py [--leaves 1000] [--repeats 7] [--out benchmarks/results]
 
 The workload is one flat DAG plan of ``--leaves`` tool steps (a tool that returns at once), run
 with the ``dag`` strategy on a function model: almost all of the time is per-leaf orchestration,
@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -36,6 +37,9 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import perfkit
 
 import hierplan
 from hierplan import FunctionModel, Instrument, ModelRequest, ModelResponse, RunSettings, Usage
@@ -137,7 +141,8 @@ async def _one(leaves: int, setup: Setup) -> float:
     elapsed = time.perf_counter() - started
     close()  # after the clock: exporting happens off the run's path
     assert result.status == "succeeded", result.error
-    assert len(result.tree.children) == leaves
+    completed = sum(1 for c in result.tree.children if c.status == "succeeded")
+    assert completed == leaves, f"{completed} of {leaves} leaves completed"
     return elapsed
 
 
@@ -152,12 +157,16 @@ async def measure(leaves: int, repeats: int) -> dict[str, list[float]]:
     return times
 
 
-def main() -> None:
-    """Print the table and a JSON summary."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Print the table, and write ``tracing.json``; returns what it wrote."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--leaves", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=7)
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=perfkit.RESULTS, help="tracing.json's folder")
+    parser.add_argument("--no-out", action="store_true", help="write no JSON")
+    args = parser.parse_args(argv)
+    details = perfkit.machine()
+    perfkit.print_machine(details)
     times = anyio.run(measure, args.leaves, args.repeats)
     base = statistics.median(times["off"])
     summary: dict[str, Any] = {"leaves": args.leaves, "repeats": args.repeats}
@@ -169,11 +178,24 @@ def main() -> None:
         overhead = (median - base) / args.leaves * 1e6
         ratio = median / base
         print(f"{name:<11} {median * 1e3:>9.1f} {per_leaf:>9.1f} {overhead:>17.1f} {ratio:>7.2f}")
-        summary[name] = {"run_s": median, "overhead_us_per_leaf": overhead, "ratio": ratio}
+        summary[name] = {
+            "run_s": median,
+            "per_leaf_us": per_leaf,
+            "overhead_us_per_leaf": overhead,
+            "ratio": ratio,
+            "samples_s": values,
+        }
     target = 60.0
     sdk = summary["sdk"]["overhead_us_per_leaf"]
     print(f"sdk overhead {sdk:.1f} µs per leaf (target ≤ {target:.0f} µs)")
-    print(json.dumps(summary))
+    data = {
+        "benchmark": "tracing",
+        "command": "python benchmarks/tracing.py " + " ".join(argv or sys.argv[1:]),
+        "machine": details,
+        **summary,
+    }
+    perfkit.write_results("tracing", data, None if args.no_out else args.out)
+    return data
 
 
 if __name__ == "__main__":
