@@ -1,11 +1,12 @@
-# hierplan: `make demo` runs the data-migration demo offline; `make test` runs every check.
+# hierplan: `make demo` runs the data-migration demo offline; `make test` runs every check;
+# `make bench` runs the performance benchmarks.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test lint typecheck pytest e2e clean
+.PHONY: demo test lint typecheck pytest e2e bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +55,21 @@ $(PHOENIX_VENV)/.installed: pyproject.toml
 ## demo's trace in Arize Phoenix; installs playwright and Phoenix, never a browser download
 e2e: $(E2E_STAMP) $(PHOENIX_VENV)/.installed
 	HIERPLAN_PHOENIX=$(PHOENIX_VENV)/bin/phoenix $(BIN)/pytest -q -m e2e
+
+BENCH_STAMP := $(VENV)/.installed-bench
+
+$(BENCH_STAMP): pyproject.toml $(DEV_STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	touch $@
+
+## bench: the performance benchmarks (overhead against anyio and LangGraph, makespan, 100,000
+## leaves, tracing cost); writes benchmarks/results/*.json and the tables of benchmarks/README.md
+bench: $(BENCH_STAMP)
+	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/makespan.py
+	$(BIN)/python benchmarks/scale.py
+	$(BIN)/python benchmarks/tracing.py
+	$(BIN)/python benchmarks/report.py
 
 clean:
 	rm -rf $(VENV) $(PHOENIX_VENV) runs .pytest_cache .mypy_cache .ruff_cache
