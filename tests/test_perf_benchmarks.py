@@ -1,0 +1,150 @@
+"""Smoke tests of the performance benchmarks (benchmarks/*.py) at a small N.
+
+They check the output's structure and that every leaf really completed, never a timing: the
+benchmarks themselves are run by ``make bench``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load(name: str) -> ModuleType:
+    """Import ``benchmarks/<name>.py`` (registered, so that type hints of its classes resolve)."""
+    spec = importlib.util.spec_from_file_location(
+        f"bench_{name}", ROOT / "benchmarks" / f"{name}.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def overhead() -> ModuleType:
+    return _load("overhead")
+
+
+def _rows(data: dict[str, Any], impl: str) -> list[dict[str, Any]]:
+    return [r for r in data["rows"] if r["impl"] == impl]
+
+
+def test_the_hierplan_tree_keeps_every_plan_within_the_default_limit(overhead: Any) -> None:
+    for leaves in (1, 20, 50, 51, 1000, 5000, 100_000):
+        shape = overhead.tree_shape(leaves)
+        assert sum(sum(m) for m in shape) == leaves
+        assert len(shape) <= 50 and all(len(m) <= 50 and max(m) <= 50 for m in shape)
+    with pytest.raises(ValueError, match="at most 125000 leaves"):
+        overhead.tree_shape(125_001)
+
+
+def test_overhead_runs_every_leaf_of_each_implementation(
+    overhead: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = overhead.main(
+        ["--leaves", "20,60", "--repeats", "1", "--in-process", "--out", str(tmp_path)]
+    )
+    assert (tmp_path / "overhead.json").exists()
+    assert {"cpus", "python", "platform", "packages"} <= set(data["machine"])
+    for impl in ("hierplan", "anyio"):
+        rows = _rows(data, impl)
+        assert [r["leaves"] for r in rows] == [20, 60]
+        for row in rows:
+            assert row["available"] and row["leaves_completed"] == row["leaves"]
+            assert row["wall_s"] >= overhead.LEAF_S  # every leaf waited its 10 ms
+            assert row["peak_rss_mb"] > 0
+    langgraph = _rows(data, "langgraph")
+    if overhead.langgraph_available():
+        assert all(r["leaves_completed"] == r["leaves"] for r in langgraph)
+        assert all(r["langgraph_vs_hierplan"] > 0 for r in data["ratios"])
+    else:
+        assert [r["available"] for r in langgraph] == [False, False]
+    assert [r["leaves"] for r in data["ratios"]] == [20, 60]
+    assert all(r["hierplan_vs_anyio"] > 0 for r in data["ratios"])
+    assert "hierplan/anyio" in capsys.readouterr().out
+
+
+def test_overhead_reports_langgraph_unavailable_instead_of_failing(
+    overhead: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(overhead, "langgraph_available", lambda: False)
+    data = overhead.main(["--leaves", "20", "--repeats", "1", "--in-process", "--no-out"])
+    assert _rows(data, "langgraph") == [{"impl": "langgraph", "leaves": 20, "available": False}]
+    assert data["ratios"][0]["langgraph_vs_hierplan"] is None
+    assert _rows(data, "hierplan")[0]["leaves_completed"] == 20
+    assert "n/a" in capsys.readouterr().out
+
+
+def test_a_fresh_worker_process_measures_its_own_peak_memory(overhead: Any) -> None:
+    row = overhead.sample("hierplan", 20, isolate=True)
+    assert row["leaves_completed"] == 20
+    assert row["peak_rss_mb"] >= row["rss_before_mb"] > 0
+
+
+def test_makespan_is_never_below_the_critical_path_bound(tmp_path: Path) -> None:
+    data = _load("makespan").main(
+        ["--widths", "3", "--depths", "2", "--repeats", "1", "--out", str(tmp_path)]
+    )
+    (row,) = data["rows"]
+    assert row["steps"] == row["steps_completed"] == 6
+    for runner in ("hierplan", "anyio"):
+        assert row[runner]["ratio"] >= 1.0  # no scheduler beats the bound
+    assert data["worst_hierplan_ratio"] == row["hierplan"]["ratio"]
+
+
+def test_the_critical_path_bound_is_the_longest_chain() -> None:
+    makespan = _load("makespan")
+    dag = makespan.Dag(2, 2, (0.01, 0.05, 0.03, 0.02), ((), (), (0, 1), (0,)))
+    assert dag.bound == pytest.approx(0.08)  # 0.05 then 0.03
+
+
+def test_scale_compares_the_large_run_with_the_small_one(tmp_path: Path) -> None:
+    data = _load("scale").main(
+        ["--small", "10", "--large", "60", "--repeats", "1", "--in-process", "--out", str(tmp_path)]
+    )
+    assert {(r["impl"], r["leaves"]) for r in data["rows"]} == {
+        ("hierplan", 10),
+        ("anyio", 10),
+        ("hierplan", 60),
+        ("anyio", 60),
+    }
+    assert all(r["leaves_completed"] == r["leaves"] for r in data["rows"])
+    assert data["per_leaf_growth"]["hierplan"] != 0
+    assert data["hierplan_large_peak_rss_mb"] > 0
+
+
+def test_tracing_measures_every_configuration(tmp_path: Path) -> None:
+    data = _load("tracing").main(["--leaves", "10", "--repeats", "1", "--out", str(tmp_path)])
+    assert {"off", "api", "sdk-traces", "sdk"} <= set(data)
+    assert data["off"]["ratio"] == 1.0
+    assert (tmp_path / "tracing.json").exists()
+
+
+def test_the_report_writes_tables_between_the_markers_and_keeps_the_prose(
+    tmp_path: Path, overhead: Any
+) -> None:
+    results = tmp_path / "results"
+    overhead.main(["--leaves", "20", "--repeats", "1", "--in-process", "--out", str(results)])
+    readme = tmp_path / "README.md"
+    readme.write_text("# Prose\n\n<!-- results:start -->\nold\n<!-- results:end -->\n\nAfter.\n")
+    report = _load("report")
+    report.main(
+        ["--results", str(results), "--before", str(tmp_path / "none"), "--readme", str(readme)]
+    )
+    text = readme.read_text()
+    assert text.startswith("# Prose\n") and text.endswith("After.\n") and "old" not in text
+    assert "### overhead" in text and "| 20 | hierplan | — |" in text
+    assert text.count("before: not run") == 4  # no baseline in this folder
+    assert text.count("now: not run") == 3  # only overhead was run
+    readme.write_text("no markers")
+    with pytest.raises(SystemExit, match="markers"):
+        report.main(["--results", str(results), "--readme", str(readme)])
