@@ -34,16 +34,10 @@ def version(package: str) -> str | None:
         return None
 
 
-def _hierplan_commit() -> str | None:
-    """The commit of the hierplan checkout being measured (``None`` outside a git checkout)."""
-    try:
-        import hierplan
-    except ImportError:
-        return None
-    where = Path(hierplan.__file__).resolve().parent
+def _git(where: Path, *args: str) -> str | None:
     try:
         found = subprocess.run(
-            ["git", "-C", str(where), "rev-parse", "--short", "HEAD"],
+            ["git", "-C", str(where), *args],
             capture_output=True,
             text=True,
             timeout=10,
@@ -51,7 +45,23 @@ def _hierplan_commit() -> str | None:
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    return found.stdout.strip() or None
+    return found.stdout.strip() if found.returncode == 0 else None
+
+
+def hierplan_source() -> dict[str, Any]:
+    """Which hierplan code is measured: the checkout's commit, the last commit that changed
+    the package, and whether the package has uncommitted changes (``None``: not in git)."""
+    try:
+        import hierplan
+    except ImportError:
+        return {"commit": None, "package_commit": None, "package_dirty": None}
+    where = Path(hierplan.__file__).resolve().parent
+    status = _git(where, "status", "--porcelain", "--", ".")
+    return {
+        "commit": _git(where, "rev-parse", "--short", "HEAD") or None,
+        "package_commit": _git(where, "log", "-1", "--format=%h", "--", ".") or None,
+        "package_dirty": None if status is None else bool(status),
+    }
 
 
 def machine() -> dict[str, Any]:
@@ -60,6 +70,7 @@ def machine() -> dict[str, Any]:
         load: list[float] | None = [round(x, 2) for x in os.getloadavg()]
     except OSError:
         load = None
+    source = hierplan_source()
     return {
         "cpus": os.cpu_count(),
         "load_avg": load,
@@ -67,7 +78,9 @@ def machine() -> dict[str, Any]:
         "implementation": platform.python_implementation(),
         "platform": platform.platform(),
         "packages": {name: version(name) for name in PACKAGES},
-        "hierplan_commit": _hierplan_commit(),
+        "hierplan_commit": source["commit"],
+        "hierplan_package_commit": source["package_commit"],
+        "hierplan_package_dirty": source["package_dirty"],
         "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
     }
 
@@ -78,7 +91,10 @@ def print_machine(details: dict[str, Any]) -> None:
     print(
         f"{details['platform']}, {details['implementation']} {details['python']}, "
         f"{details['cpus']} CPU(s), load {details['load_avg']}, hierplan commit "
-        f"{details['hierplan_commit'] or 'unknown'}\n{packages}\n"
+        f"{details['hierplan_commit'] or 'unknown'} (package last changed in "
+        f"{details.get('hierplan_package_commit') or 'unknown'}"
+        f"{', with uncommitted changes' if details.get('hierplan_package_dirty') else ''})"
+        f"\n{packages}\n"
     )
 
 

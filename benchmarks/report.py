@@ -52,9 +52,14 @@ def _label(data: Data, name: str) -> str:
     if data is None:
         return f"{name}: not run"
     machine = data["machine"]
+    package = machine.get("hierplan_package_commit")
+    source = f"hierplan package as of {package}" if package else "hierplan"
+    if machine.get("hierplan_package_dirty"):
+        source += " with uncommitted changes"
     return (
-        f"{name}: hierplan {machine.get('hierplan_commit') or '?'}, {machine['when']}, "
-        f"{machine['cpus']} CPUs (load {machine.get('load_avg')}), Python {machine['python']}"
+        f"{name}: {source} (checkout {machine.get('hierplan_commit') or '?'}), "
+        f"{machine['when']}, {machine['cpus']} CPUs (load {machine.get('load_avg')}), "
+        f"Python {machine['python']}"
     )
 
 
