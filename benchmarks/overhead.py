@@ -1,7 +1,7 @@
 """Per-leaf overhead of hierplan against a bare anyio task group and LangGraph's ``Send``
 fan-out, with each one's peak memory, side by side in the same run of this script.
 
-    .venv/bin/python benchmarks/overhead.py [--leaves 1000,5000,10000] [--repeats 3]
+    .venv/bin/python benchmarks/overhead.py [--leaves 1000,5000,10000] [--repeats 5]
         [--impls hierplan,anyio,langgraph] [--out benchmarks/results]
 
 The workload: N independent leaves, each waiting 10 ms (``anyio.sleep(0.01)``), concurrency
@@ -304,7 +304,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--leaves", default="1000,5000,10000", help="comma-separated sizes N")
-    parser.add_argument("--repeats", type=int, default=3, help="processes per configuration")
+    parser.add_argument("--repeats", type=int, default=5, help="processes per configuration")
     parser.add_argument(
         "--impls", default=",".join(IMPLS), help="comma-separated, of " + ",".join(IMPLS)
     )

@@ -48,16 +48,16 @@ def grid(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _label(data: Data, name: str) -> str:
+def _label(data: Data) -> str:
     if data is None:
-        return f"{name}: not run"
+        return "not run"
     machine = data["machine"]
     package = machine.get("hierplan_package_commit")
     source = f"hierplan package as of {package}" if package else "hierplan"
     if machine.get("hierplan_package_dirty"):
         source += " with uncommitted changes"
     return (
-        f"{name}: {source} (checkout {machine.get('hierplan_commit') or '?'}), "
+        f"{source} (checkout {machine.get('hierplan_commit') or '?'}), "
         f"{machine['when']}, {machine['cpus']} CPUs (load {machine.get('load_avg')}), "
         f"Python {machine['python']}"
     )
@@ -221,7 +221,7 @@ def render(results: Path, before: Path) -> str:
     for name, section in SECTIONS.items():
         old, new = load(before, name), load(results, name)
         command = (new or old or {}).get("command", f"python benchmarks/{name}.py")
-        sources = f"- before — {_label(old, 'before')}\n- now — {_label(new, 'now')}"
+        sources = f"- before: {_label(old)}\n- now: {_label(new)}"
         parts.append(f"{section(old, new)}\n\n`{command.strip()}`\n\n{sources}")
     return "\n\n".join(parts)
 

@@ -1,7 +1,7 @@
 """100,000 leaves in one process: hierplan's peak memory, and its per-leaf time against the
 1,000-leaf case (with a bare anyio task group at both sizes as the same-run reference).
 
-    .venv/bin/python benchmarks/scale.py [--small 1000] [--large 100000] [--repeats 3]
+    .venv/bin/python benchmarks/scale.py [--small 1000] [--large 100000] [--repeats 5]
         [--large-repeats 1] [--out benchmarks/results]
 
 The workload and the per-leaf figure are those of ``benchmarks/overhead.py`` (a three-level
@@ -29,7 +29,7 @@ def measure(
     small: int, large: int, repeats: int, large_repeats: int, isolate: bool = True
 ) -> list[dict[str, Any]]:
     """hierplan and anyio at both sizes; small-size runs alternate, then the large ones."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for leaves, times in ((small, repeats), (large, large_repeats)):
         samples: dict[str, list[dict[str, Any]]] = {"hierplan": [], "anyio": []}
         for _ in range(times):
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--small", type=int, default=1000)
     parser.add_argument("--large", type=int, default=100_000)
-    parser.add_argument("--repeats", type=int, default=3, help="processes at the small size")
+    parser.add_argument("--repeats", type=int, default=5, help="processes at the small size")
     parser.add_argument("--large-repeats", type=int, default=1, help="processes at the large size")
     parser.add_argument("--out", type=Path, default=perfkit.RESULTS, help="scale.json's folder")
     parser.add_argument("--no-out", action="store_true", help="write no JSON")
