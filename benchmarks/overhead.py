@@ -7,6 +7,8 @@ fan-out, with each one's peak memory, side by side in the same run of this scrip
 The workload: N independent leaves, each waiting 10 ms (``anyio.sleep(0.01)``), concurrency
 not limited. Per-leaf overhead is ``(wall time - 10 ms) / N``: with every leaf running at
 once, 10 ms is the ideal makespan, and what is left is what the framework spends per leaf.
+The CPU time of the process during the run, divided by N, is reported beside it: it is what
+the same work costs without the time other programs on a shared machine take from it.
 
 - ``hierplan``: ``hierplan.run`` with the ``hierarchical`` strategy on a zero-latency
   :class:`~hierplan.FunctionModel`. The tree has three planner levels, as a planner would
@@ -202,13 +204,14 @@ async def measure_once(impl: str, leaves: int) -> dict[str, Any]:
     await runner(min(leaves, WARMUP_LEAVES))  # imports, caches, first-call costs
     gc.collect()
     before = perfkit.current_rss_mb()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     completed = await runner(leaves)
-    wall = time.perf_counter() - started
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     return {
         "impl": impl,
         "leaves": leaves,
         "wall_s": wall,
+        "cpu_s": cpu,
         "leaves_completed": completed,
         "rss_before_mb": before,
         "peak_rss_mb": perfkit.peak_rss_mb(),
@@ -238,12 +241,15 @@ def summarise(impl: str, leaves: int, samples: list[dict[str, Any]]) -> dict[str
         if s["leaves_completed"] != leaves:
             raise RuntimeError(f"{impl}: {s['leaves_completed']} of {leaves} leaves completed")
     wall = perfkit.median([s["wall_s"] for s in samples])
+    cpu = perfkit.median([s["cpu_s"] for s in samples])
     return {
         "impl": impl,
         "leaves": leaves,
         "available": True,
         "wall_s": wall,
         "per_leaf_us": per_leaf_us(wall, leaves),
+        "cpu_s": cpu,
+        "cpu_per_leaf_us": cpu / leaves * 1e6,
         "peak_rss_mb": perfkit.median([s["peak_rss_mb"] for s in samples]),
         "rss_before_mb": perfkit.median([s["rss_before_mb"] or 0.0 for s in samples]),
         "leaves_completed": min(s["leaves_completed"] for s in samples),
@@ -271,7 +277,12 @@ def measure(
 
 
 def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per size: hierplan against anyio, and LangGraph against hierplan (``None``: not run)."""
+    """Per size: hierplan against anyio, and LangGraph against hierplan, by wall time and by
+    CPU time (``None``: one side was not run)."""
+
+    def ratio(a: dict[str, Any] | None, b: dict[str, Any] | None, key: str) -> float | None:
+        return None if a is None or b is None else float(a[key] / b[key])
+
     out = []
     for leaves in sorted({r["leaves"] for r in rows}):
         at = {r["impl"]: r for r in rows if r["leaves"] == leaves and r.get("available")}
@@ -279,8 +290,10 @@ def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append(
             {
                 "leaves": leaves,
-                "hierplan_vs_anyio": hp and base and hp["per_leaf_us"] / base["per_leaf_us"],
-                "langgraph_vs_hierplan": hp and lg and lg["per_leaf_us"] / hp["per_leaf_us"],
+                "hierplan_vs_anyio": ratio(hp, base, "per_leaf_us"),
+                "langgraph_vs_hierplan": ratio(lg, hp, "per_leaf_us"),
+                "hierplan_vs_anyio_cpu": ratio(hp, base, "cpu_per_leaf_us"),
+                "langgraph_vs_hierplan_cpu": ratio(lg, hp, "cpu_per_leaf_us"),
             }
         )
     return out
@@ -290,13 +303,30 @@ def report(rows: list[dict[str, Any]], compared: list[dict[str, Any]], repeats: 
     """Print the table, the ratios and the targets."""
     print(f"Per-leaf overhead, (wall - {LEAF_S * 1e3:g} ms) / N; median of {repeats} process(es)")
     body = [
-        [r["impl"], r["leaves"], r.get("per_leaf_us"), r.get("wall_s"), r.get("peak_rss_mb")]
+        [
+            r["impl"],
+            r["leaves"],
+            r.get("per_leaf_us"),
+            r.get("cpu_per_leaf_us"),
+            r.get("wall_s"),
+            r.get("peak_rss_mb"),
+        ]
         for r in rows
     ]
-    print(perfkit.table(["impl", "N", "µs/leaf", "wall s", "peak RSS MB"], body))
+    print(perfkit.table(["impl", "N", "µs/leaf", "CPU µs/leaf", "wall s", "peak RSS MB"], body))
     print()
-    body = [[c["leaves"], c["hierplan_vs_anyio"], c["langgraph_vs_hierplan"]] for c in compared]
-    print(perfkit.table(["N", "hierplan/anyio", "langgraph/hierplan"], body))
+    body = [
+        [
+            c["leaves"],
+            c["hierplan_vs_anyio"],
+            c["hierplan_vs_anyio_cpu"],
+            c["langgraph_vs_hierplan"],
+            c["langgraph_vs_hierplan_cpu"],
+        ]
+        for c in compared
+    ]
+    headers = ["N", "hierplan/anyio", "(CPU)", "langgraph/hierplan", "(CPU)"]
+    print(perfkit.table(headers, body))
     print("targets: hierplan/anyio ≤ 1.5; langgraph/hierplan ≥ 10 at N=5,000")
 
 

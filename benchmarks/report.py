@@ -83,34 +83,50 @@ def overhead(before: Data, now: Data) -> str:
                     impl,
                     fmt(b.get("per_leaf_us")),
                     fmt(n.get("per_leaf_us")),
+                    fmt(b.get("cpu_per_leaf_us")),
+                    fmt(n.get("cpu_per_leaf_us")),
                     fmt(b.get("peak_rss_mb")),
                     fmt(n.get("peak_rss_mb")),
                 ]
             )
-    headers = ["N", "impl", "µs/leaf before", "µs/leaf now", "peak RSS MB before", "now"]
+    headers = [
+        "N",
+        "impl",
+        "µs/leaf before",
+        "now",
+        "CPU µs/leaf before",
+        "now",
+        "peak RSS MB before",
+        "now",
+    ]
     ratio_rows = []
     for leaves in sizes:
         b = next((r for r in (before or {}).get("ratios", []) if r["leaves"] == leaves), {})
         n = next((r for r in (now or {}).get("ratios", []) if r["leaves"] == leaves), {})
-        ratio_rows.append(
-            [
-                fmt(leaves),
-                fmt(b.get("hierplan_vs_anyio"), 2),
-                fmt(n.get("hierplan_vs_anyio"), 2),
-                fmt(b.get("langgraph_vs_hierplan"), 2),
-                fmt(n.get("langgraph_vs_hierplan"), 2),
-            ]
+        keys = (
+            "hierplan_vs_anyio",
+            "hierplan_vs_anyio_cpu",
+            "langgraph_vs_hierplan",
+            "langgraph_vs_hierplan_cpu",
         )
+        ratio_rows.append([fmt(leaves)] + [fmt(d.get(k), 2) for k in keys for d in (b, n)])
     ratio_headers = [
         "N",
         "hierplan / anyio before",
         "now",
+        "(CPU) before",
+        "now",
         "LangGraph / hierplan before",
+        "now",
+        "(CPU) before",
         "now",
     ]
     return (
-        "### overhead\n\nTargets: hierplan / anyio ≤ 1.5; LangGraph / hierplan ≥ 10 at "
-        "N = 5,000.\n\n" + grid(headers, rows) + "\n\n" + grid(ratio_headers, ratio_rows)
+        "### overhead\n\nPer-leaf overhead `(wall - 10 ms) / N`, and the process's CPU time / N. "
+        "Targets: hierplan / anyio ≤ 1.5; LangGraph / hierplan ≥ 10 at N = 5,000.\n\n"
+        + grid(headers, rows)
+        + "\n\n"
+        + grid(ratio_headers, ratio_rows)
     )
 
 
@@ -151,18 +167,22 @@ def scale(before: Data, now: Data) -> str:
     rows = []
     for label, data in (("before", before), ("now", now)):
         if data is None:
-            rows.append([label] + ["—"] * 6)
+            rows.append([label] + ["—"] * 9)
             continue
         small, large = data["small"], data["large"]
         hp_s, hp_l = _row(data, "hierplan", small), _row(data, "hierplan", large)
+        cpu_growth = data.get("cpu_per_leaf_growth", {})
         rows.append(
             [
                 label,
                 fmt(hp_s.get("per_leaf_us")),
                 fmt(hp_l.get("per_leaf_us")),
                 fmt(data["per_leaf_growth"]["hierplan"], 2),
+                fmt(cpu_growth.get("hierplan"), 2),
                 fmt(data["per_leaf_growth"]["anyio"], 2),
+                fmt(cpu_growth.get("anyio"), 2),
                 fmt(hp_l.get("peak_rss_mb")),
+                fmt(_row(data, "anyio", large).get("peak_rss_mb")),
                 fmt(hp_l.get("wall_s"), 1),
             ]
         )
@@ -174,9 +194,12 @@ def scale(before: Data, now: Data) -> str:
         "hierplan µs/leaf small",
         "large",
         "growth hierplan",
+        "(CPU)",
         "growth anyio",
-        "hierplan peak RSS MB",
-        "large run s",
+        "(CPU)",
+        "peak RSS MB hierplan",
+        "anyio",
+        "hierplan large run s",
     ]
     return (
         f"### scale\n\nLeaves {sizes}. Targets: per-leaf growth ≤ 1.5 (flat), peak RSS under "
@@ -190,17 +213,18 @@ def tracing(before: Data, now: Data) -> str:
     for config in ("api", "sdk-traces", "sdk"):
         b = (before or {}).get(config, {})
         n = (now or {}).get(config, {})
-        rows.append(
-            [
-                config,
-                fmt(b.get("overhead_us_per_leaf"), 1),
-                fmt(n.get("overhead_us_per_leaf"), 1),
-                fmt(b.get("ratio"), 2),
-                fmt(n.get("ratio"), 2),
-            ]
-        )
+        keys = (("overhead_us_per_leaf", 1), ("cpu_overhead_us_per_leaf", 1), ("ratio", 2))
+        rows.append([config] + [fmt(d.get(k), digits) for k, digits in keys for d in (b, n)])
     off = [fmt((d or {}).get("off", {}).get("per_leaf_us"), 1) for d in (before, now)]
-    headers = ["config", "µs/leaf added before", "now", "run / off before", "now"]
+    headers = [
+        "config",
+        "µs/leaf added before",
+        "now",
+        "CPU µs/leaf added before",
+        "now",
+        "run / off before",
+        "now",
+    ]
     return (
         "### tracing\n\nTarget: `sdk` adds ≤ 60 µs per leaf. Tracing off costs "
         f"{off[0]} µs per leaf before, {off[1]} now.\n\n" + grid(headers, rows)

@@ -6,7 +6,8 @@ tracing off, in one process, as a ratio.
 The workload is one flat DAG plan of ``--leaves`` tool steps (a tool that returns at once), run
 with the ``dag`` strategy on a function model: almost all of the time is per-leaf orchestration,
 which is what tracing adds to. Configurations alternate run by run so that drift hits all alike;
-each figure is the median over ``--repeats`` runs.
+each figure is the median over ``--repeats`` runs, by wall time and by the process's CPU time
+(which other programs on a shared machine do not inflate).
 
 - ``off``: no instrument (the baseline);
 - ``api``: :class:`Tracing` with no SDK installed (the API's no-op tracer and meter);
@@ -132,28 +133,32 @@ def _sdk() -> tuple[list[Instrument], Callable[[], None]]:
 CONFIGS: dict[str, Setup] = {"off": _off, "api": _api, "sdk-traces": _sdk_traces, "sdk": _sdk}
 
 
-async def _one(leaves: int, setup: Setup) -> float:
+async def _one(leaves: int, setup: Setup) -> tuple[float, float]:
+    """One run: wall seconds and CPU seconds (all threads of this process, the span
+    processor's included)."""
     instruments, close = setup()
     options = _options(leaves)
     gc.collect()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     result = await hierplan.run(instruments=instruments, **options)
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     close()  # after the clock: exporting happens off the run's path
     assert result.status == "succeeded", result.error
     completed = sum(1 for c in result.tree.children if c.status == "succeeded")
     assert completed == leaves, f"{completed} of {leaves} leaves completed"
-    return elapsed
+    return elapsed, cpu
 
 
-async def measure(leaves: int, repeats: int) -> dict[str, list[float]]:
-    """Run every configuration ``repeats`` times, alternating; seconds per run."""
-    times: dict[str, list[float]] = {name: [] for name in CONFIGS}
+async def measure(leaves: int, repeats: int) -> dict[str, dict[str, list[float]]]:
+    """Run every configuration ``repeats`` times, alternating; wall and CPU seconds per run."""
+    times: dict[str, dict[str, list[float]]] = {n: {"wall": [], "cpu": []} for n in CONFIGS}
     for setup in CONFIGS.values():  # warm-up: imports, caches
         await _one(min(leaves, 50), setup)
     for _ in range(repeats):
         for name, setup in CONFIGS.items():
-            times[name].append(await _one(leaves, setup))
+            wall, cpu = await _one(leaves, setup)
+            times[name]["wall"].append(wall)
+            times[name]["cpu"].append(cpu)
     return times
 
 
@@ -168,26 +173,45 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     details = perfkit.machine()
     perfkit.print_machine(details)
     times = anyio.run(measure, args.leaves, args.repeats)
-    base = statistics.median(times["off"])
+    base = statistics.median(times["off"]["wall"])
+    base_cpu = statistics.median(times["off"]["cpu"])
     summary: dict[str, Any] = {"leaves": args.leaves, "repeats": args.repeats}
-    print(f"{args.leaves} leaves per run, median of {args.repeats} runs per configuration")
-    print(f"{'config':<11} {'run ms':>9} {'µs/leaf':>9} {'overhead µs/leaf':>17} {'ratio':>7}")
+    rows = []
     for name, values in times.items():
-        median = statistics.median(values)
-        per_leaf = median / args.leaves * 1e6
-        overhead = (median - base) / args.leaves * 1e6
-        ratio = median / base
-        print(f"{name:<11} {median * 1e3:>9.1f} {per_leaf:>9.1f} {overhead:>17.1f} {ratio:>7.2f}")
+        median = statistics.median(values["wall"])
+        cpu = statistics.median(values["cpu"])
         summary[name] = {
             "run_s": median,
-            "per_leaf_us": per_leaf,
-            "overhead_us_per_leaf": overhead,
-            "ratio": ratio,
-            "samples_s": values,
+            "per_leaf_us": median / args.leaves * 1e6,
+            "overhead_us_per_leaf": (median - base) / args.leaves * 1e6,
+            "ratio": median / base,
+            "cpu_s": cpu,
+            "cpu_overhead_us_per_leaf": (cpu - base_cpu) / args.leaves * 1e6,
+            "cpu_ratio": cpu / base_cpu,
+            "samples_s": values["wall"],
+            "cpu_samples_s": values["cpu"],
         }
+        row = summary[name]
+        rows.append(
+            [
+                name,
+                median * 1e3,
+                row["per_leaf_us"],
+                row["overhead_us_per_leaf"],
+                row["ratio"],
+                row["cpu_overhead_us_per_leaf"],
+                row["cpu_ratio"],
+            ]
+        )
+    print(f"{args.leaves} leaves per run, median of {args.repeats} runs per configuration")
+    headers = ["config", "run ms", "µs/leaf", "added µs/leaf", "ratio", "CPU added", "CPU ratio"]
+    print(perfkit.table(headers, rows))
     target = 60.0
-    sdk = summary["sdk"]["overhead_us_per_leaf"]
-    print(f"sdk overhead {sdk:.1f} µs per leaf (target ≤ {target:.0f} µs)")
+    sdk = summary["sdk"]
+    print(
+        f"sdk adds {sdk['overhead_us_per_leaf']:.1f} µs per leaf "
+        f"({sdk['cpu_overhead_us_per_leaf']:.1f} µs of CPU; target ≤ {target:.0f} µs)"
+    )
     data = {
         "benchmark": "tracing",
         "command": "python benchmarks/tracing.py " + " ".join(argv or sys.argv[1:]),
