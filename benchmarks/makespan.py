@@ -31,7 +31,7 @@ from typing import Any
 
 import anyio
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(Path(__file__).resolve().parent))  # perfkit; last, to shadow nothing
 import perfkit
 
 import hierplan

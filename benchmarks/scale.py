@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(Path(__file__).resolve().parent))  # perfkit; last, to shadow nothing
 import overhead
 import perfkit
 
