@@ -1,7 +1,7 @@
 """Tracing overhead per leaf: the OpenTelemetry SDK (batch processor, no-op exporter) against
 tracing off, in one process, as a ratio.
 
-    .venv/bin/python benchmarks/tracing.py [--leaves 1000] [--repeats 7]
+    .venv/bin/python benchmarks/tracing.py [--leaves 1000] [--repeats 7] [--clock wall|cpu]
 
 The workload is one flat DAG plan of ``--leaves`` tool steps (a tool that returns at once), run
 with the ``dag`` strategy on a function model: almost all of the time is per-leaf orchestration,
@@ -11,7 +11,15 @@ each figure is the median over ``--repeats`` runs.
 - ``off``: no instrument (the baseline);
 - ``api``: :class:`Tracing` with no SDK installed (the API's no-op tracer and meter);
 - ``sdk-traces``: SDK tracer provider, BatchSpanProcessor, no-op exporter; no-op meter;
-- ``sdk``: as ``sdk-traces`` plus an SDK meter provider (periodic reader, no-op exporter).
+- ``sdk``: as ``sdk-traces`` plus an SDK meter provider (periodic reader, no-op exporter);
+- ``sdk-floor``: not a run: the SDK alone creating the very spans of a traced run (the same
+  names, kinds, attributes, events and nesting, captured from one traced run beforehand) in a
+  bare loop, with the same tracer provider set-up as ``sdk``. Its time per leaf is the least
+  any instrumentation emitting these spans can add; ``sdk`` minus ``sdk-floor`` is hierplan's
+  own part of the overhead.
+
+``--clock cpu`` times the process's CPU time (every thread, the batch processor's included)
+instead of the wall clock; on a shared machine it is less disturbed by other processes.
 
 Target: the ``sdk`` overhead at most 60 µs per leaf.
 """
@@ -24,9 +32,11 @@ import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
+from opentelemetry import context, trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     MetricExporter,
@@ -35,7 +45,15 @@ from opentelemetry.sdk.metrics.export import (
     PeriodicExportingMetricReader,
 )
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+from opentelemetry.util.types import Attributes
 
 import hierplan
 from hierplan import FunctionModel, Instrument, ModelRequest, ModelResponse, RunSettings, Usage
@@ -126,54 +144,130 @@ def _sdk() -> tuple[list[Instrument], Callable[[], None]]:
 
 
 CONFIGS: dict[str, Setup] = {"off": _off, "api": _api, "sdk-traces": _sdk_traces, "sdk": _sdk}
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
-async def _one(leaves: int, setup: Setup) -> float:
+@dataclass(frozen=True, slots=True)
+class SpanShape:
+    """One span of a traced run as the SDK received it, without ids and times."""
+
+    name: str
+    kind: SpanKind
+    attributes: Attributes
+    events: tuple[tuple[str, Attributes], ...]
+    children: tuple[SpanShape, ...]
+
+
+async def capture(leaves: int) -> SpanShape:
+    """The span tree of one traced run of ``leaves`` leaves."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    await hierplan.run(instruments=[Tracing(tracer_provider=provider)], **_options(leaves))
+    provider.shutdown()
+    spans = exporter.get_finished_spans()
+    below: dict[int | None, list[ReadableSpan]] = {}
+    for span in sorted(spans, key=lambda s: s.start_time or 0):
+        below.setdefault(span.parent.span_id if span.parent else None, []).append(span)
+
+    def shape(span: ReadableSpan) -> SpanShape:
+        assert span.context is not None
+        return SpanShape(
+            span.name,
+            span.kind,
+            dict(span.attributes or {}),
+            tuple((e.name, dict(e.attributes or {})) for e in span.events),
+            tuple(shape(c) for c in below.get(span.context.span_id, [])),
+        )
+
+    (root,) = below[None]
+    return shape(root)
+
+
+def replay(tracer: trace.Tracer, shape: SpanShape) -> None:
+    """Create ``shape``'s span and its subtree with the SDK alone: the tracing floor."""
+    span = tracer.start_span(shape.name, kind=shape.kind, attributes=shape.attributes)
+    if shape.children:
+        token = context.attach(trace.set_span_in_context(span))
+        for child in shape.children:
+            replay(tracer, child)
+        context.detach(token)
+    for name, attributes in shape.events:
+        span.add_event(name, attributes)
+    span.end()
+
+
+async def _one(leaves: int, setup: Setup, clock: Callable[[], float]) -> float:
     instruments, close = setup()
     options = _options(leaves)
     gc.collect()
-    started = time.perf_counter()
+    started = clock()
     result = await hierplan.run(instruments=instruments, **options)
-    elapsed = time.perf_counter() - started
+    elapsed = clock() - started
     close()  # after the clock: exporting happens off the run's path
     assert result.status == "succeeded", result.error
     assert len(result.tree.children) == leaves
     return elapsed
 
 
-async def measure(leaves: int, repeats: int) -> dict[str, list[float]]:
+def _floor(tree: SpanShape, clock: Callable[[], float]) -> float:
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(NoOpSpanExporter()))
+    tracer = provider.get_tracer("floor")
+    gc.collect()
+    started = clock()
+    replay(tracer, tree)
+    elapsed = clock() - started
+    provider.shutdown()
+    return elapsed
+
+
+async def measure(leaves: int, repeats: int, clock: str = "wall") -> dict[str, list[float]]:
     """Run every configuration ``repeats`` times, alternating; seconds per run."""
-    times: dict[str, list[float]] = {name: [] for name in CONFIGS}
+    tick = CLOCKS[clock]
+    tree = await capture(leaves)
+    times: dict[str, list[float]] = {name: [] for name in [*CONFIGS, "sdk-floor"]}
     for setup in CONFIGS.values():  # warm-up: imports, caches
-        await _one(min(leaves, 50), setup)
+        await _one(min(leaves, 50), setup, tick)
+    _floor(tree, tick)
     for _ in range(repeats):
         for name, setup in CONFIGS.items():
-            times[name].append(await _one(leaves, setup))
+            times[name].append(await _one(leaves, setup, tick))
+        times["sdk-floor"].append(_floor(tree, tick))
     return times
 
 
-def main() -> None:
-    """Print the table and a JSON summary."""
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Print the table and a JSON summary; return the summary."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--leaves", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=7)
-    args = parser.parse_args()
-    times = anyio.run(measure, args.leaves, args.repeats)
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
+    args = parser.parse_args(argv)
+    times = anyio.run(measure, args.leaves, args.repeats, args.clock)
     base = statistics.median(times["off"])
-    summary: dict[str, Any] = {"leaves": args.leaves, "repeats": args.repeats}
+    summary: dict[str, Any] = {"leaves": args.leaves, "repeats": args.repeats, "clock": args.clock}
     print(f"{args.leaves} leaves per run, median of {args.repeats} runs per configuration")
     print(f"{'config':<11} {'run ms':>9} {'µs/leaf':>9} {'overhead µs/leaf':>17} {'ratio':>7}")
     for name, values in times.items():
         median = statistics.median(values)
         per_leaf = median / args.leaves * 1e6
-        overhead = (median - base) / args.leaves * 1e6
-        ratio = median / base
+        if name == "sdk-floor":  # not a run: all of its time is tracing
+            overhead, ratio = per_leaf, (median + base) / base
+        else:
+            overhead, ratio = (median - base) / args.leaves * 1e6, median / base
         print(f"{name:<11} {median * 1e3:>9.1f} {per_leaf:>9.1f} {overhead:>17.1f} {ratio:>7.2f}")
         summary[name] = {"run_s": median, "overhead_us_per_leaf": overhead, "ratio": ratio}
     target = 60.0
     sdk = summary["sdk"]["overhead_us_per_leaf"]
-    print(f"sdk overhead {sdk:.1f} µs per leaf (target ≤ {target:.0f} µs)")
+    floor = summary["sdk-floor"]["overhead_us_per_leaf"]
+    summary["hierplan_us_per_leaf"] = sdk - floor
+    print(
+        f"sdk overhead {sdk:.1f} µs per leaf (target ≤ {target:.0f} µs) = SDK floor {floor:.1f}"
+        f" + hierplan {sdk - floor:.1f}"
+    )
     print(json.dumps(summary))
+    return summary
 
 
 if __name__ == "__main__":
