@@ -12,7 +12,10 @@ from typing import Any, Literal
 import anyio
 import pytest
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, NumberDataPoint
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, Sampler
 from tracing_support import (
     ScriptedRun,
     Telemetry,
@@ -366,6 +369,31 @@ def test_without_an_sdk_tracing_records_nothing_and_runs_the_same() -> None:
     result = hierplan.run_sync(instruments=[Tracing()], **scripted.run_options())
     assert result.status == "succeeded"
     assert result.totals()["calls"] == 7
+
+
+class BusProbe(Instrument):
+    """Notes whether anyone listens to the run's events while its nodes run."""
+
+    def __init__(self) -> None:
+        self.listened: set[bool] = set()
+
+    def node_scope(self, node: NodeContext) -> AbstractAsyncContextManager[None] | None:
+        self.listened.add(node.run.bus.active)
+        return None
+
+
+@pytest.mark.parametrize(("sampler", "listened"), [(ALWAYS_OFF, False), (ALWAYS_ON, True)])
+def test_a_trace_that_is_not_recorded_takes_no_events(sampler: Sampler, listened: bool) -> None:
+    # Span events of a sampled-out trace go nowhere, so the run builds none for tracing.
+    provider = TracerProvider(sampler=sampler)
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    probe = BusProbe()
+    options = ScriptedRun().run_options()
+    result = hierplan.run_sync(instruments=[Tracing(tracer_provider=provider), probe], **options)
+    assert result.status == "succeeded"
+    assert probe.listened == {listened}
+    assert bool(exporter.get_finished_spans()) == listened
 
 
 def test_tracing_sets_the_anthropic_switch_only_when_unset(monkeypatch: pytest.MonkeyPatch) -> None:

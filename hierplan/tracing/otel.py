@@ -27,7 +27,8 @@ planning and execution cost, budget).
 Run events (gate decisions, replans with their diff, retries, budget events...) become span
 events on the span of the node whose path they name; an event for a node whose span is not
 open goes to its nearest open ancestor. Any event type is attached the same way, so new event
-types show up without changes here.
+types show up without changes here. A run whose workflow span is not recorded (no SDK, or a
+sampler that drops the trace) gets no event listener, so it builds no events for tracing.
 
 Prompt and completion content is recorded only with ``capture_content=True`` (or the
 conventional ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``); even then strings that
@@ -151,12 +152,22 @@ def _env_flag(name: str) -> bool:
 
 @dataclass(slots=True)
 class _RunTrace:
-    """What one run's spans share: the open node spans by path, and the root record."""
+    """What one run's spans share: the open node spans by path, the root record, and the
+    attributes every agent span of a kind starts with (the same for the whole run)."""
 
     run: RunContext
     workflow: Span
     spans: dict[str, Span] = field(default_factory=dict)
     root: NodeRecord | None = None
+    agent_bases: dict[tuple[str, bool], dict[str, AttributeValue]] = field(default_factory=dict)
+
+    def agent_base(self, kind: str, names_model: bool) -> dict[str, AttributeValue]:
+        """The run-wide attributes of ``kind``'s agent spans (see :func:`_agent_base`)."""
+        key = (kind, names_model)
+        base = self.agent_bases.get(key)
+        if base is None:
+            base = self.agent_bases[key] = _agent_base(self.run, kind, names_model)
+        return base
 
     def span_for(self, path: str) -> Span:
         """The open span of ``path``, of its nearest open ancestor, or the workflow span."""
@@ -244,8 +255,6 @@ class Tracing(Instrument):
 
     def attach_event(self, state: _RunTrace, event: RunEvent) -> None:
         """Add ``event`` to the span of the node it names (or its nearest open ancestor)."""
-        if event.type in SPAN_LIKE_EVENTS:
-            return
         attributes: dict[str, AttributeValue] = {"hierplan.node.path": event.path}
         for name, value in event:
             if name in _EVENT_BASE_FIELDS or value is None:
@@ -273,6 +282,8 @@ def _listener(tracing: Tracing, state: _RunTrace) -> Callable[[RunEvent], None]:
     """The bus listener of one run: events to span events."""
 
     def listener(event: RunEvent) -> None:
+        if event.type in SPAN_LIKE_EVENTS:
+            return
         try:
             tracing.attach_event(state, event)
         except Exception:  # tracing must never break a run
@@ -353,7 +364,11 @@ class _RunScope(_SpanScope):
         )
         self.state = _RunTrace(run, span)
         self.tracing.runs[run] = self.state
-        self.unsubscribe = run.bus.subscribe(_listener(self.tracing, self.state))
+        # Span events of a trace that is not recorded (no SDK, or sampled out) go nowhere: no
+        # listener then, so that the run does not build its events for nothing.
+        self.unsubscribe = (
+            run.bus.subscribe(_listener(self.tracing, self.state)) if span.is_recording() else None
+        )
         return span
 
     async def __aexit__(
@@ -362,7 +377,8 @@ class _RunScope(_SpanScope):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.unsubscribe()
+        if self.unsubscribe is not None:
+            self.unsubscribe()
         del self.tracing.runs[self.run]
         await super().__aexit__(exc_type, exc, tb)
 
@@ -375,7 +391,7 @@ class _RunScope(_SpanScope):
         if self.tracing.capture_content:
             span.set_attribute("hierplan.goal", self.tracing.content(root.goal))
         if root.status in FAILED_STATUSES:
-            span.set_status(Status(StatusCode.ERROR, (root.error or root.status)[:1000]))
+            _set_failed(span, root.error or root.status)
 
 
 class _NodeScope(_SpanScope):
@@ -388,17 +404,18 @@ class _NodeScope(_SpanScope):
     def start(self) -> Span:
         node = self.node
         record = node.record
-        attributes = _agent_attributes(node)
-        if self.tracing.capture_content:
-            attributes["hierplan.goal"] = self.tracing.content(record.goal)
-        span = self.tracing.tracer.start_span(
+        tracing = self.tracing
+        state = self.state = tracing.runs.get(node.run)
+        attributes = _agent_attributes(node, state)
+        if tracing.capture_content:
+            attributes["hierplan.goal"] = tracing.content(record.goal)
+        span = tracing.tracer.start_span(
             f"invoke_agent {record.kind}", kind=SpanKind.INTERNAL, attributes=attributes
         )
-        self.state = self.tracing.runs.get(node.run)
-        if self.state is not None:
-            self.state.spans[record.path] = span
+        if state is not None:
+            state.spans[record.path] = span
             if node.parent is None:
-                self.state.root = record
+                state.root = record
         return span
 
     async def __aexit__(
@@ -414,19 +431,21 @@ class _NodeScope(_SpanScope):
     def finish(self, span: Span, exc: BaseException | None) -> None:
         record = self.node.record
         status = record.status
+        # One set_attributes call: the SDK takes its lock and checks every value per call.
+        attributes = _node_rollups(record)
         if exc is not None:
             if isinstance(exc, anyio.get_cancelled_exc_class()):
                 status = "cancelled"
             else:
                 # node_lifecycle marks the record failed only after this scope has closed
                 status = "failed" if status == "running" else status
-                span.set_attribute("error.type", type(exc).__qualname__)
-        span.set_attributes(_node_rollups(record))
-        span.set_attribute("hierplan.node.status", status)
+                attributes["error.type"] = type(exc).__qualname__
+        attributes["hierplan.node.status"] = status
         if self.tracing.capture_content and record.output:
-            span.set_attribute("hierplan.output", self.tracing.content(record.output))
+            attributes["hierplan.output"] = self.tracing.content(record.output)
+        span.set_attributes(attributes)
         if status in FAILED_STATUSES:
-            span.set_status(Status(StatusCode.ERROR, redact(record.error or status)[:1000]))
+            _set_failed(span, record.error or status)
 
 
 class _PlanScope(_SpanScope):
@@ -441,19 +460,16 @@ class _PlanScope(_SpanScope):
         node = self.node
         record = node.record
         self.before = _call_totals(record, "planning")
+        base: dict[str, AttributeValue] = {
+            "gen_ai.operation.name": "plan",
+            "openinference.span.kind": "CHAIN",
+            "gen_ai.agent.name": record.kind,
+        }
+        attributes = _identity(base, node.run.run_id, record.path, record.depth)
+        attributes["hierplan.plan.reason"] = self.reason
+        attributes["hierplan.plan.version"] = len(record.plan_versions) + 1
         return self.tracing.tracer.start_span(
-            f"plan {record.kind}",
-            kind=SpanKind.INTERNAL,
-            attributes={
-                "gen_ai.operation.name": "plan",
-                "openinference.span.kind": "CHAIN",
-                "gen_ai.agent.name": record.kind,
-                "gen_ai.agent.id": f"{node.run.run_id}:{record.path}",
-                "hierplan.node.path": record.path,
-                "hierplan.node.depth": record.depth,
-                "hierplan.plan.reason": self.reason,
-                "hierplan.plan.version": len(record.plan_versions) + 1,
-            },
+            f"plan {record.kind}", kind=SpanKind.INTERNAL, attributes=attributes
         )
 
     def finish(self, span: Span, exc: BaseException | None) -> None:
@@ -488,13 +504,26 @@ class _ToolScope(_SpanScope):
 class TracedModel:
     """A model wrapped by :class:`Tracing`: one ``chat`` CLIENT span per call (per attempt)."""
 
-    __slots__ = ("_node", "_request_model", "_tracing", "inner")
+    __slots__ = ("_metric_base", "_node", "_request_model", "_span_base", "_tracing", "inner")
 
     def __init__(self, inner: Model, tracing: Tracing, node: NodeContext) -> None:
         self.inner = inner
         self._tracing = tracing
         self._node = node
-        self._request_model = inner.name.partition(":")[2] or inner.name
+        self._request_model = _request_model(inner.name)
+        # What every call of this node's model shares, built once per node.
+        self._metric_base: dict[str, AttributeValue] = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": inner.provider,
+            "gen_ai.request.model": self._request_model,
+        }
+        self._span_base: dict[str, AttributeValue] = {
+            **self._metric_base,
+            "hierplan.node.path": node.path,
+            "hierplan.priced_as": inner.priced_as,
+        }
+        if inner.simulated:
+            self._span_base["hierplan.simulated"] = True
 
     @property
     def name(self) -> str:
@@ -517,38 +546,33 @@ class TracedModel:
         return self.inner.simulated
 
     def _start_attributes(self, request: ModelRequest) -> dict[str, AttributeValue]:
-        inner = self.inner
         attributes: dict[str, AttributeValue] = {
-            "gen_ai.operation.name": "chat",
-            "gen_ai.provider.name": inner.provider,
-            "gen_ai.request.model": self._request_model,
+            **self._span_base,
             "gen_ai.request.max_tokens": request.max_tokens,
             "gen_ai.output.type": "json" if request.output_schema is not None else "text",
-            "hierplan.node.path": self._node.path,
             "hierplan.phase": request.phase,
             "hierplan.purpose": request.purpose,
-            "hierplan.priced_as": inner.priced_as,
         }
         if request.temperature is not None:
             attributes["gen_ai.request.temperature"] = request.temperature
-        if inner.simulated:
-            attributes["hierplan.simulated"] = True
         if self._tracing.capture_content:
             attributes.update(_input_messages(request.messages, self._tracing.content))
         return attributes
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         """Call the wrapped model inside a ``chat`` span; record usage, cost and metrics."""
-        tracing = self._tracing
-        span = tracing.tracer.start_span(
+        span = self._tracing.tracer.start_span(
             f"chat {self._request_model}",
             kind=SpanKind.CLIENT,
             attributes=self._start_attributes(request),
         )
         started = time.perf_counter()
+        token = context.attach(trace.set_span_in_context(span))
         try:
-            with trace.use_span(span, record_exception=False, set_status_on_exception=False):
+            try:
                 response = await self.inner.request(request)
+            finally:
+                context.detach(token)
         except BaseException as exc:
             usage = exc.usage if isinstance(exc, ModelError) else None
             self._finish(span, request, started, usage, None, exc)
@@ -567,15 +591,16 @@ class TracedModel:
         response: ModelResponse | None = None,
     ) -> None:
         try:
-            self._record(span, request, started, usage, response_model, error)
+            attributes = self._record(span, request, started, usage, response_model, error)
             if response is not None:
-                span.set_attribute("gen_ai.response.finish_reasons", [response.finish_reason])
+                attributes["gen_ai.response.finish_reasons"] = [response.finish_reason]
                 if response.flags:
-                    span.set_attribute("hierplan.flags", list(response.flags))
+                    attributes["hierplan.flags"] = list(response.flags)
                 if self._tracing.capture_content:
-                    span.set_attribute(
-                        "gen_ai.output.messages", _output_messages(response, self._tracing.content)
+                    attributes["gen_ai.output.messages"] = _output_messages(
+                        response, self._tracing.content
                     )
+            span.set_attributes(attributes)
         except Exception:  # tracing must never break a run
             _log.exception("hierplan tracing: could not record a model call")
         finally:
@@ -589,82 +614,103 @@ class TracedModel:
         usage: Usage | None,
         response_model: str | None,
         error: BaseException | None,
-    ) -> None:
+    ) -> dict[str, AttributeValue]:
+        """Record the call's metrics; return the attributes its span ends with."""
         tracing = self._tracing
-        provider = self.inner.provider
-        metric_attributes: dict[str, AttributeValue] = {
-            "gen_ai.operation.name": "chat",
-            "gen_ai.provider.name": provider,
-            "gen_ai.request.model": self._request_model,
-        }
+        attributes: dict[str, AttributeValue] = {}
+        metric_attributes = self._metric_base
         if response_model:
             # adapters report "provider:model"; the conventions want the provider's model name
-            response_model = response_model.removeprefix(f"{provider}:")
-            span.set_attribute("gen_ai.response.model", response_model)
-            metric_attributes["gen_ai.response.model"] = response_model
+            response_model = response_model.removeprefix(f"{self.inner.provider}:")
+            attributes["gen_ai.response.model"] = response_model
+            metric_attributes = {**metric_attributes, "gen_ai.response.model": response_model}
         if error is not None:
-            _set_error(span, error)
-            metric_attributes["error.type"] = type(error).__qualname__
+            _error_attributes(span, error, attributes)
+            metric_attributes = {**metric_attributes, "error.type": type(error).__qualname__}
         tracing.duration.record(time.perf_counter() - started, metric_attributes)
         if usage is None:
-            return
-        span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
-        span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
+            return attributes
+        attributes["gen_ai.usage.input_tokens"] = usage.input_tokens
+        attributes["gen_ai.usage.output_tokens"] = usage.output_tokens
         if usage.cached_input_tokens:
-            span.set_attribute("gen_ai.usage.cache_read.input_tokens", usage.cached_input_tokens)
+            attributes["gen_ai.usage.cache_read.input_tokens"] = usage.cached_input_tokens
         if usage.reasoning_tokens:
-            span.set_attribute("gen_ai.usage.reasoning.output_tokens", usage.reasoning_tokens)
-        tracing.token_usage.record(
-            usage.input_tokens, {**metric_attributes, "gen_ai.token.type": "input"}
-        )
-        tracing.token_usage.record(
-            usage.output_tokens, {**metric_attributes, "gen_ai.token.type": "output"}
-        )
+            attributes["gen_ai.usage.reasoning.output_tokens"] = usage.reasoning_tokens
+        for kind, tokens in (("input", usage.input_tokens), ("output", usage.output_tokens)):
+            tracing.token_usage.record(tokens, {**metric_attributes, "gen_ai.token.type": kind})
         # The run record prices each attempt the same way, so chat spans add up to its totals.
         node = self._node
         cost = node.run.pricing.cost(self.inner.priced_as, usage)
         if cost is None:
-            return
-        span.set_attribute("gen_ai.usage.cost", cost)
-        span.set_attribute("llm.cost.total", cost)
+            return attributes
+        attributes["gen_ai.usage.cost"] = cost
+        attributes["llm.cost.total"] = cost
         tracing.cost.add(
             cost,
             {
                 "hierplan.node.depth": node.depth,
                 "hierplan.phase": request.phase,
-                "gen_ai.provider.name": provider,
+                "gen_ai.provider.name": self._metric_base["gen_ai.provider.name"],
                 "gen_ai.request.model": self._request_model,
             },
         )
+        return attributes
 
 
 # -- attribute helpers ---------------------------------------------------------------------
 
 
-def _agent_attributes(node: NodeContext) -> dict[str, AttributeValue]:
-    record = node.record
-    run = node.run
+def _agent_base(run: RunContext, kind: str, names_model: bool) -> dict[str, AttributeValue]:
+    """What every agent span of ``kind`` in ``run`` starts with; ``names_model`` when the node
+    calls a model."""
     attributes: dict[str, AttributeValue] = {
         "gen_ai.operation.name": "invoke_agent",
-        "gen_ai.agent.name": record.kind,
-        "gen_ai.agent.id": f"{run.run_id}:{record.path}",
-        "hierplan.node.path": record.path,
-        "hierplan.node.depth": record.depth,
+        "gen_ai.agent.name": kind,
         "hierplan.strategy": run.settings.strategy,
     }
+    if names_model:
+        model = run.planner_model if kind == "planner" else run.executor_model
+        attributes["gen_ai.provider.name"] = model.provider
+        attributes["gen_ai.request.model"] = _request_model(model.name)
+    if run.planner_model.simulated or run.executor_model.simulated:
+        attributes["hierplan.simulated"] = True
+    return attributes
+
+
+def _agent_attributes(node: NodeContext, state: _RunTrace | None) -> dict[str, AttributeValue]:
+    record = node.record
+    kind = record.kind
     step = node.step
+    # A step with a tool and its arguments runs without a model: no model to name.
+    names_model = step is None or step.tool is None or step.args is None or kind == "planner"
+    if state is None:
+        base = _agent_base(node.run, kind, names_model)
+    else:
+        base = state.agent_base(kind, names_model)
+    path = record.path
+    attributes = _identity(base, node.run.run_id, path, record.depth)
     if step is not None:
         attributes["hierplan.step.id"] = step.id
         if step.tool is not None:
             attributes["hierplan.step.tool"] = step.tool
-    # A step with a tool and its arguments runs without a model: no model to name.
-    if step is None or step.tool is None or step.args is None or record.kind == "planner":
-        model = run.planner_model if record.kind == "planner" else run.executor_model
-        attributes["gen_ai.provider.name"] = model.provider
-        attributes["gen_ai.request.model"] = model.name.partition(":")[2] or model.name
-    if run.planner_model.simulated or run.executor_model.simulated:
-        attributes["hierplan.simulated"] = True
     return attributes
+
+
+def _identity(
+    base: dict[str, AttributeValue], run_id: str, path: str, depth: int
+) -> dict[str, AttributeValue]:
+    """``base`` and the attributes naming the node of an agent or plan span."""
+    return {
+        **base,
+        "gen_ai.agent.id": f"{run_id}:{path}",
+        "hierplan.node.path": path,
+        "hierplan.node.depth": depth,
+    }
+
+
+def _request_model(name: str) -> str:
+    """The provider's model name of a ``provider:model`` name, as the conventions want it."""
+    return name.partition(":")[2] or name
 
 
 @dataclass(slots=True)
@@ -712,6 +758,11 @@ def _subtree_rollups(record: NodeRecord) -> dict[str, AttributeValue]:
     totals = _Totals()
     for node in record.walk():
         totals.add(node)
+    return _rollups(record, totals)
+
+
+def _rollups(record: NodeRecord, totals: _Totals) -> dict[str, AttributeValue]:
+    """The rollups of ``record``'s span: ``totals`` of its subtree, children and budget."""
     attributes = totals.aggregated()
     if record.children:
         attributes["hierplan.children"] = len(record.children)
@@ -740,12 +791,12 @@ def _node_rollups(record: NodeRecord) -> dict[str, AttributeValue]:
 
 
 def _workflow_rollups(root: NodeRecord, run: RunContext) -> dict[str, AttributeValue]:
-    attributes = _subtree_rollups(root)
+    totals = _Totals()
     levels: dict[int, _Totals] = {}
-    count = 0
-    for node in root.walk():
-        count += 1
+    for node in root.walk():  # one walk for the whole tree and every level
+        totals.add(node)
         levels.setdefault(node.depth, _Totals()).add(node)
+    attributes = _rollups(root, totals)
     # One list per figure, index i for depth i + 1: backends such as Phoenix read numeric key
     # segments ("hierplan.level.1.cost") as list indexes and would show them shifted.
     ordered = [levels[d] for d in sorted(levels)]
@@ -753,7 +804,7 @@ def _workflow_rollups(root: NodeRecord, run: RunContext) -> dict[str, AttributeV
     attributes["hierplan.level.input_tokens"] = [t.input_tokens for t in ordered]
     attributes["hierplan.level.output_tokens"] = [t.output_tokens for t in ordered]
     attributes["hierplan.level.nodes"] = [t.nodes for t in ordered]
-    attributes["hierplan.nodes"] = count
+    attributes["hierplan.nodes"] = totals.nodes
     attributes["hierplan.node.status"] = root.status
     attributes["hierplan.peak_concurrent_leaves"] = run.peak_leaves
     return attributes
@@ -783,11 +834,25 @@ def _delta_rollups(
 
 
 def _set_error(span: Span, exc: BaseException) -> None:
+    attributes: dict[str, AttributeValue] = {}
+    _error_attributes(span, exc, attributes)
+    span.set_attributes(attributes)
+
+
+def _error_attributes(
+    span: Span, exc: BaseException, attributes: dict[str, AttributeValue]
+) -> None:
+    """Add what ``exc`` ended ``span`` with to ``attributes``; mark the span failed unless it
+    was cancelled."""
     if isinstance(exc, anyio.get_cancelled_exc_class()):
-        span.set_attribute("hierplan.cancelled", True)
+        attributes["hierplan.cancelled"] = True
         return
-    span.set_attribute("error.type", type(exc).__qualname__)
-    span.set_status(Status(StatusCode.ERROR, redact(str(exc))[:1000]))
+    attributes["error.type"] = type(exc).__qualname__
+    _set_failed(span, str(exc))
+
+
+def _set_failed(span: Span, message: str) -> None:
+    span.set_status(Status(StatusCode.ERROR, redact(message)[:1000]))
 
 
 def _attribute_value(value: Any) -> AttributeValue | None:
