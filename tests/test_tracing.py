@@ -412,12 +412,13 @@ def test_a_tracing_bug_never_breaks_the_run(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     import hierplan.tracing.otel as otel
+    import hierplan.tracing.scopes as scopes
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("bug in tracing")
 
-    monkeypatch.setattr(otel, "_node_rollups", broken)
-    monkeypatch.setattr(otel, "_attribute_value", broken)
+    monkeypatch.setattr(scopes, "node_rollups", broken)
+    monkeypatch.setattr(otel, "attribute_value", broken)
     monkeypatch.setattr(otel.TracedModel, "_record", broken)
     telemetry = Telemetry()
     result = hierplan.run_sync(instruments=[telemetry.tracing()], **ScriptedRun().run_options())
