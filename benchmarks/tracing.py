@@ -32,8 +32,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 from opentelemetry import context, trace
@@ -147,8 +146,7 @@ CONFIGS: dict[str, Setup] = {"off": _off, "api": _api, "sdk-traces": _sdk_traces
 CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
-@dataclass(frozen=True, slots=True)
-class SpanShape:
+class SpanShape(NamedTuple):
     """One span of a traced run as the SDK received it, without ids and times."""
 
     name: str

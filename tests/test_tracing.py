@@ -429,3 +429,47 @@ def test_a_tracing_bug_never_breaks_the_run(
     assert any("could not finish span" in m for m in messages)
     assert any("could not record event" in m for m in messages)
     assert any("could not record a model call" in m for m in messages)
+
+
+def _benchmark() -> Any:
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "tracing.py"
+    spec = importlib.util.spec_from_file_location("tracing_benchmark", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_tracing_benchmark_runs_at_a_small_size(capsys: pytest.CaptureFixture[str]) -> None:
+    summary = _benchmark().main(["--leaves", "20", "--repeats", "1", "--clock", "cpu"])
+    assert set(summary) >= {"off", "api", "sdk-traces", "sdk", "sdk-floor"}
+    assert summary["sdk-floor"]["overhead_us_per_leaf"] > 0
+    assert summary["hierplan_us_per_leaf"] == pytest.approx(
+        summary["sdk"]["overhead_us_per_leaf"] - summary["sdk-floor"]["overhead_us_per_leaf"]
+    )
+    assert "= SDK floor" in capsys.readouterr().out
+
+
+def test_the_benchmark_floor_replays_the_very_spans_of_a_traced_run() -> None:
+    bench = _benchmark()
+    shape = anyio.run(bench.capture, 5)
+    replayed = Telemetry()
+    bench.replay(replayed.tracer_provider.get_tracer("floor"), shape)
+    telemetry = Telemetry()
+    result = hierplan.run_sync(instruments=[telemetry.tracing()], **bench._options(5))
+    assert result.status == "succeeded"
+    tree = _without_run_id(span_tree(telemetry.finished()))
+    assert _without_run_id(span_tree(replayed.finished())) == tree
+    leaves = tree["children"][0]["children"][1:]  # after the root's planning round
+    assert [leaf["name"] for leaf in leaves] == ["invoke_agent executor"] * 5
+    assert [[c["name"] for c in leaf["children"]] for leaf in leaves] == [["execute_tool noop"]] * 5
+
+
+def _without_run_id(tree: dict[str, Any]) -> dict[str, Any]:
+    """``tree`` without what names the run (each run has an id of its own)."""
+    named = {"hierplan.run_id", "gen_ai.agent.id"}
+    attributes = {k: v for k, v in tree["attributes"].items() if k not in named}
+    children = [_without_run_id(c) for c in tree.get("children", [])]
+    return {**tree, "attributes": attributes, "children": children}
