@@ -12,11 +12,15 @@ each figure is the median over ``--repeats`` runs.
 - ``api``: :class:`Tracing` with no SDK installed (the API's no-op tracer and meter);
 - ``sdk-traces``: SDK tracer provider, BatchSpanProcessor, no-op exporter; no-op meter;
 - ``sdk``: as ``sdk-traces`` plus an SDK meter provider (periodic reader, no-op exporter);
-- ``sdk-floor``: not a run: the SDK alone creating the very spans of a traced run (the same
-  names, kinds, attributes, events and nesting, captured from one traced run beforehand) in a
-  bare loop, with the same tracer provider set-up as ``sdk``. Its time per leaf is the least
-  any instrumentation emitting these spans can add; ``sdk`` minus ``sdk-floor`` is hierplan's
-  own part of the overhead.
+- ``sdk-replay``: an instrument that emits the very spans of a traced run (the same names,
+  kinds, attributes and nesting, captured from one traced run beforehand) through the same
+  instrument seam, on the same tracer provider set-up, and does nothing else: no attributes
+  to compute, no rollups, no run events, no metrics (and no ``chat`` span: the run has one);
+- ``sdk-floor``: not a run: the SDK alone creating those spans (and the run's span events) in
+  a bare loop. Its time per leaf is the least any instrumentation emitting these spans can
+  add; ``sdk`` minus ``sdk-floor`` is hierplan's own part of the overhead, of which
+  ``sdk-replay`` minus ``sdk-floor`` is the instrument seam's and what the SDK costs more in
+  the middle of a run than in a tight loop.
 
 ``--clock cpu`` times the process's CPU time (every thread, the batch processor's included)
 instead of the wall clock; on a shared machine it is less disturbed by other processes.
@@ -32,6 +36,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any, NamedTuple
 
 import anyio
@@ -55,7 +60,17 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.util.types import Attributes
 
 import hierplan
-from hierplan import FunctionModel, Instrument, ModelRequest, ModelResponse, RunSettings, Usage
+from hierplan import (
+    FunctionModel,
+    Instrument,
+    ModelRequest,
+    ModelResponse,
+    NodeContext,
+    RunContext,
+    RunSettings,
+    ToolCall,
+    Usage,
+)
 from hierplan.tracing.otel import Tracing
 
 
@@ -195,6 +210,68 @@ def replay(tracer: trace.Tracer, shape: SpanShape) -> None:
     span.end()
 
 
+class ReplayScope(AbstractAsyncContextManager[None]):
+    """One captured span, started, made current and ended: nothing else."""
+
+    __slots__ = ("_shape", "_span", "_token", "_tracer")
+
+    def __init__(self, tracer: trace.Tracer, shape: SpanShape) -> None:
+        self._tracer = tracer
+        self._shape = shape
+
+    async def __aenter__(self) -> None:
+        shape = self._shape
+        self._span = self._tracer.start_span(
+            shape.name, kind=shape.kind, attributes=shape.attributes
+        )
+        self._token = context.attach(trace.set_span_in_context(self._span))
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        context.detach(self._token)
+        self._span.end()
+
+
+class ReplayInstrument(Instrument):
+    """Emits the captured spans of a run through the instrument seam, and nothing else."""
+
+    def __init__(self, tracer: trace.Tracer, tree: SpanShape) -> None:
+        self.tracer = tracer
+        self.tree = tree
+        self.shapes: dict[tuple[str, object], SpanShape] = {}  # by operation and node path
+        stack = [tree]
+        while stack:
+            shape = stack.pop()
+            stack.extend(shape.children)
+            attributes = shape.attributes or {}
+            operation = str(attributes.get("gen_ai.operation.name"))
+            self.shapes[(operation, attributes.get("hierplan.node.path"))] = shape
+
+    def run_scope(self, run: RunContext) -> AbstractAsyncContextManager[None]:
+        """The workflow span."""
+        return ReplayScope(self.tracer, self.tree)
+
+    def node_scope(self, node: NodeContext) -> AbstractAsyncContextManager[None]:
+        """The node's agent span."""
+        return ReplayScope(self.tracer, self.shapes[("invoke_agent", node.path)])
+
+    def planning_scope(self, node: NodeContext, reason: str) -> AbstractAsyncContextManager[None]:
+        """The node's plan span."""
+        return ReplayScope(self.tracer, self.shapes[("plan", node.path)])
+
+    def tool_scope(self, node: NodeContext, call: ToolCall) -> AbstractAsyncContextManager[None]:
+        """The node's tool span."""
+        return ReplayScope(self.tracer, self.shapes[("execute_tool", node.path)])
+
+
+def _replaying(tree: SpanShape) -> Setup:
+    def setup() -> tuple[list[Instrument], Callable[[], None]]:
+        provider = TracerProvider()
+        provider.add_span_processor(BatchSpanProcessor(NoOpSpanExporter()))
+        return [ReplayInstrument(provider.get_tracer("replay"), tree)], provider.shutdown
+
+    return setup
+
+
 async def _one(leaves: int, setup: Setup, clock: Callable[[], float]) -> float:
     instruments, close = setup()
     options = _options(leaves)
@@ -224,12 +301,13 @@ async def measure(leaves: int, repeats: int, clock: str = "wall") -> dict[str, l
     """Run every configuration ``repeats`` times, alternating; seconds per run."""
     tick = CLOCKS[clock]
     tree = await capture(leaves)
-    times: dict[str, list[float]] = {name: [] for name in [*CONFIGS, "sdk-floor"]}
+    configs = {**CONFIGS, "sdk-replay": _replaying(tree)}
+    times: dict[str, list[float]] = {name: [] for name in [*configs, "sdk-floor"]}
     for setup in CONFIGS.values():  # warm-up: imports, caches
         await _one(min(leaves, 50), setup, tick)
     _floor(tree, tick)
     for _ in range(repeats):
-        for name, setup in CONFIGS.items():
+        for name, setup in configs.items():
             times[name].append(await _one(leaves, setup, tick))
         times["sdk-floor"].append(_floor(tree, tick))
     return times
@@ -259,10 +337,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     target = 60.0
     sdk = summary["sdk"]["overhead_us_per_leaf"]
     floor = summary["sdk-floor"]["overhead_us_per_leaf"]
+    replay = summary["sdk-replay"]["overhead_us_per_leaf"]
     summary["hierplan_us_per_leaf"] = sdk - floor
     print(
         f"sdk overhead {sdk:.1f} µs per leaf (target ≤ {target:.0f} µs) = SDK floor {floor:.1f}"
-        f" + hierplan {sdk - floor:.1f}"
+        f" + hierplan {sdk - floor:.1f} (of which seam and SDK in a run {replay - floor:.1f},"
+        f" Tracing's own work and the run events it listens to {sdk - replay:.1f})"
     )
     print(json.dumps(summary))
     return summary

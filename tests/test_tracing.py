@@ -444,7 +444,7 @@ def _benchmark() -> Any:
 
 def test_the_tracing_benchmark_runs_at_a_small_size(capsys: pytest.CaptureFixture[str]) -> None:
     summary = _benchmark().main(["--leaves", "20", "--repeats", "1", "--clock", "cpu"])
-    assert set(summary) >= {"off", "api", "sdk-traces", "sdk", "sdk-floor"}
+    assert set(summary) >= {"off", "api", "sdk-traces", "sdk", "sdk-replay", "sdk-floor"}
     assert summary["sdk-floor"]["overhead_us_per_leaf"] > 0
     assert summary["hierplan_us_per_leaf"] == pytest.approx(
         summary["sdk"]["overhead_us_per_leaf"] - summary["sdk-floor"]["overhead_us_per_leaf"]
