@@ -119,10 +119,10 @@ class SpanScope(AbstractAsyncContextManager[None]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
         context.detach(self._token)
         span = self._span
         try:
+            self.close()
             if span.is_recording():
                 self.finish(span, exc)
         except Exception:  # tracing must never break a run
