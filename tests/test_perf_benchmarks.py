@@ -124,8 +124,12 @@ def test_scale_compares_the_large_run_with_the_small_one(tmp_path: Path) -> None
 
 def test_tracing_measures_every_configuration(tmp_path: Path) -> None:
     data = _load("tracing").main(["--leaves", "10", "--repeats", "1", "--out", str(tmp_path)])
-    assert {"off", "api", "sdk-traces", "sdk"} <= set(data)
+    assert {"off", "api", "sdk-traces", "sdk", "sdk-replay", "sdk-floor"} <= set(data)
     assert data["off"]["ratio"] == 1.0
+    assert data["sdk-floor"]["overhead_us_per_leaf"] > 0
+    assert data["hierplan_us_per_leaf"]["cpu"] == pytest.approx(
+        data["sdk"]["cpu_overhead_us_per_leaf"] - data["sdk-floor"]["cpu_overhead_us_per_leaf"]
+    )
     assert (tmp_path / "tracing.json").exists()
 
 

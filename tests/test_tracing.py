@@ -12,7 +12,10 @@ from typing import Any, Literal
 import anyio
 import pytest
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, NumberDataPoint
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, Sampler
 from tracing_support import (
     ScriptedRun,
     Telemetry,
@@ -368,6 +371,31 @@ def test_without_an_sdk_tracing_records_nothing_and_runs_the_same() -> None:
     assert result.totals()["calls"] == 7
 
 
+class BusProbe(Instrument):
+    """Notes whether anyone listens to the run's events while its nodes run."""
+
+    def __init__(self) -> None:
+        self.listened: set[bool] = set()
+
+    def node_scope(self, node: NodeContext) -> AbstractAsyncContextManager[None] | None:
+        self.listened.add(node.run.bus.active)
+        return None
+
+
+@pytest.mark.parametrize(("sampler", "listened"), [(ALWAYS_OFF, False), (ALWAYS_ON, True)])
+def test_a_trace_that_is_not_recorded_takes_no_events(sampler: Sampler, listened: bool) -> None:
+    # Span events of a sampled-out trace go nowhere, so the run builds none for tracing.
+    provider = TracerProvider(sampler=sampler)
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    probe = BusProbe()
+    options = ScriptedRun().run_options()
+    result = hierplan.run_sync(instruments=[Tracing(tracer_provider=provider), probe], **options)
+    assert result.status == "succeeded"
+    assert probe.listened == {listened}
+    assert bool(exporter.get_finished_spans()) == listened
+
+
 def test_tracing_sets_the_anthropic_switch_only_when_unset(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ANTHROPIC_OPEN_TELEMETRY", raising=False)
     Tracing()
@@ -384,12 +412,13 @@ def test_a_tracing_bug_never_breaks_the_run(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     import hierplan.tracing.otel as otel
+    import hierplan.tracing.scopes as scopes
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("bug in tracing")
 
-    monkeypatch.setattr(otel, "_node_rollups", broken)
-    monkeypatch.setattr(otel, "_attribute_value", broken)
+    monkeypatch.setattr(scopes, "node_rollups", broken)
+    monkeypatch.setattr(otel, "attribute_value", broken)
     monkeypatch.setattr(otel.TracedModel, "_record", broken)
     telemetry = Telemetry()
     result = hierplan.run_sync(instruments=[telemetry.tracing()], **ScriptedRun().run_options())
@@ -400,3 +429,37 @@ def test_a_tracing_bug_never_breaks_the_run(
     assert any("could not finish span" in m for m in messages)
     assert any("could not record event" in m for m in messages)
     assert any("could not record a model call" in m for m in messages)
+
+
+def _benchmark() -> Any:
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "tracing.py"
+    spec = importlib.util.spec_from_file_location("tracing_benchmark", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_benchmark_floor_replays_the_very_spans_of_a_traced_run() -> None:
+    bench = _benchmark()
+    shape = anyio.run(bench.capture, 5)
+    replayed = Telemetry()
+    bench.replay(replayed.tracer_provider.get_tracer("floor"), shape)
+    telemetry = Telemetry()
+    result = hierplan.run_sync(instruments=[telemetry.tracing()], **bench._options(5))
+    assert result.status == "succeeded"
+    tree = _without_run_id(span_tree(telemetry.finished()))
+    assert _without_run_id(span_tree(replayed.finished())) == tree
+    leaves = tree["children"][0]["children"][1:]  # after the root's planning round
+    assert [leaf["name"] for leaf in leaves] == ["invoke_agent executor"] * 5
+    assert [[c["name"] for c in leaf["children"]] for leaf in leaves] == [["execute_tool noop"]] * 5
+
+
+def _without_run_id(tree: dict[str, Any]) -> dict[str, Any]:
+    """``tree`` without what names the run (each run has an id of its own)."""
+    named = {"hierplan.run_id", "gen_ai.agent.id"}
+    attributes = {k: v for k, v in tree["attributes"].items() if k not in named}
+    children = [_without_run_id(c) for c in tree.get("children", [])]
+    return {**tree, "attributes": attributes, "children": children}

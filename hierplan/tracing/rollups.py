@@ -1,0 +1,127 @@
+"""Rollups: the usage, cost and budget figures agent, plan and workflow spans end with, computed
+from the run record so that they agree with ``run.json``. Cost itself sits on ``chat`` spans
+only; these are totals of the calls below a span, under ``gen_ai.aggregated_usage.*`` and
+``hierplan.*``, so a backend that sums a trace's spans does not count a call twice."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from opentelemetry.util.types import AttributeValue
+
+from hierplan.hierarchy.context import RunContext
+from hierplan.hierarchy.record import NodeRecord
+from hierplan.tracing.attributes import attribute_value
+
+
+@dataclass(slots=True)
+class _Totals:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost_usd: float = 0.0
+    planning_cost_usd: float = 0.0
+    execution_cost_usd: float = 0.0
+    calls: int = 0
+    unpriced_calls: int = 0
+    nodes: int = 0
+
+    def add(self, record: NodeRecord) -> None:
+        self.nodes += 1
+        usage = record.usage
+        self.input_tokens += usage.input_tokens
+        self.output_tokens += usage.output_tokens
+        self.cached_input_tokens += usage.cached_input_tokens
+        self.reasoning_tokens += usage.reasoning_tokens
+        self.cost_usd += record.cost_usd
+        self.planning_cost_usd += record.planning_cost_usd
+        self.execution_cost_usd += record.execution_cost_usd
+        self.calls += len(record.calls)
+        self.unpriced_calls += record.unpriced_calls
+
+    def rollups(self, record: NodeRecord) -> dict[str, AttributeValue]:
+        """These totals as the rollups of ``record``'s span, with its children and budget."""
+        attributes: dict[str, AttributeValue] = {
+            "gen_ai.aggregated_usage.input_tokens": self.input_tokens,
+            "gen_ai.aggregated_usage.output_tokens": self.output_tokens,
+            "gen_ai.aggregated_usage.cache_read.input_tokens": self.cached_input_tokens,
+            "gen_ai.aggregated_usage.reasoning.output_tokens": self.reasoning_tokens,
+            "gen_ai.aggregated_usage.cost": self.cost_usd,
+            "hierplan.cost.subtree_usd": self.cost_usd,
+            "hierplan.cost.planning_usd": self.planning_cost_usd,
+            "hierplan.cost.execution_usd": self.execution_cost_usd,
+            "hierplan.calls": self.calls,
+            "hierplan.unpriced_calls": self.unpriced_calls,
+        }
+        if record.children:
+            attributes["hierplan.children"] = len(record.children)
+        for key, value in (record.budget or {}).items():
+            converted = attribute_value(value)
+            if converted is not None:
+                attributes[f"hierplan.budget.{key}"] = converted
+        return attributes
+
+
+def _subtree_rollups(record: NodeRecord) -> dict[str, AttributeValue]:
+    totals = _Totals()
+    for node in record.walk():
+        totals.add(node)
+    return totals.rollups(record)
+
+
+def node_rollups(record: NodeRecord) -> dict[str, AttributeValue]:
+    """What an agent span ends with. A leaf that made no model call (a direct tool step) gets
+    no usage rollups: all of them would be zero, and leaves are the hot path."""
+    if record.calls or record.children:
+        attributes = _subtree_rollups(record)
+        attributes["hierplan.cost.node_usd"] = record.cost_usd
+    else:
+        attributes = {"hierplan.calls": 0}
+        if record.budget:
+            attributes.update(_subtree_rollups(record))
+    if record.attempts > 1:
+        attributes["hierplan.node.attempts"] = record.attempts
+    if record.plan_versions:
+        attributes["hierplan.plan.versions"] = len(record.plan_versions)
+    return attributes
+
+
+def workflow_rollups(root: NodeRecord, run: RunContext) -> dict[str, AttributeValue]:
+    """What the workflow span ends with: the whole tree's rollups and one list per level."""
+    totals = _Totals()
+    levels: dict[int, _Totals] = {}
+    for node in root.walk():  # one walk for the whole tree and every level
+        totals.add(node)
+        levels.setdefault(node.depth, _Totals()).add(node)
+    attributes = totals.rollups(root)
+    # One list per figure, index i for depth i + 1: backends such as Phoenix read numeric key
+    # segments ("hierplan.level.1.cost") as list indexes and would show them shifted.
+    ordered = [levels[d] for d in sorted(levels)]
+    attributes["hierplan.level.cost_usd"] = [t.cost_usd for t in ordered]
+    attributes["hierplan.level.input_tokens"] = [t.input_tokens for t in ordered]
+    attributes["hierplan.level.output_tokens"] = [t.output_tokens for t in ordered]
+    attributes["hierplan.level.nodes"] = [t.nodes for t in ordered]
+    attributes["hierplan.nodes"] = totals.nodes
+    attributes["hierplan.node.status"] = root.status
+    attributes["hierplan.peak_concurrent_leaves"] = run.peak_leaves
+    return attributes
+
+
+def planning_rollups(record: NodeRecord, first_call: int) -> dict[str, AttributeValue]:
+    """What a ``plan`` span ends with: the planning calls ``record`` made from its call number
+    ``first_call`` on (the calls of that round; a record's calls are only ever appended)."""
+    input_tokens = output_tokens = calls = 0
+    cost = 0.0
+    for call in record.calls[first_call:]:
+        if call.phase == "planning":
+            input_tokens += call.usage.input_tokens
+            output_tokens += call.usage.output_tokens
+            cost += call.cost_usd or 0.0
+            calls += 1
+    return {
+        "gen_ai.aggregated_usage.input_tokens": input_tokens,
+        "gen_ai.aggregated_usage.output_tokens": output_tokens,
+        "gen_ai.aggregated_usage.cost": cost,
+        "hierplan.calls": calls,
+    }

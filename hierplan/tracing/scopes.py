@@ -1,0 +1,302 @@
+"""The spans around a run, its nodes, planning rounds and tool calls: scopes that
+:class:`~hierplan.tracing.otel.Tracing` hands to the run, and the run events they attach."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+import anyio
+from opentelemetry import context, trace
+from opentelemetry.trace import Span, SpanKind
+from opentelemetry.util.types import AttributeValue
+
+from hierplan.agents.models.base import ToolCall
+from hierplan.hierarchy.context import NodeContext, RunContext
+from hierplan.hierarchy.events import RunEvent
+from hierplan.hierarchy.record import NodeRecord
+from hierplan.tracing.attributes import (
+    FAILED_STATUSES,
+    agent_attributes,
+    agent_base,
+    names_model,
+    plan_attributes,
+    set_error,
+    set_failed,
+)
+from hierplan.tracing.content import to_json
+from hierplan.tracing.rollups import node_rollups, planning_rollups, workflow_rollups
+
+if TYPE_CHECKING:
+    from hierplan.tracing.otel import Tracing
+
+# Events that are already spans (or their ends): attaching them again would only add noise.
+SPAN_LIKE_EVENTS = frozenset(
+    {"run_started", "node_started", "node_finished", "model_called", "tool_called", "run_finished"}
+)
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class RunTrace:
+    """What one run's spans share: the open node spans by path, the root record, and the
+    attributes every agent span of a kind starts with (the same for the whole run)."""
+
+    run: RunContext
+    workflow: Span
+    spans: dict[str, Span] = field(default_factory=dict)
+    root: NodeRecord | None = None
+    agent_bases: dict[tuple[str, bool], dict[str, AttributeValue]] = field(default_factory=dict)
+
+    def agent_base(self, kind: str, with_model: bool) -> dict[str, AttributeValue]:
+        """The run-wide attributes of ``kind``'s agent spans, built once per run."""
+        key = (kind, with_model)
+        base = self.agent_bases.get(key)
+        if base is None:
+            base = self.agent_bases[key] = agent_base(self.run, kind, with_model)
+        return base
+
+    def span_for(self, path: str) -> Span:
+        """The open span of ``path``, of its nearest open ancestor, or the workflow span."""
+        while path:
+            found = self.spans.get(path)
+            if found is not None:
+                return found
+            path = path.rpartition(".")[0]
+        return self.workflow
+
+
+def _listener(tracing: Tracing, state: RunTrace) -> Callable[[RunEvent], None]:
+    """The bus listener of one run: events to span events."""
+
+    def listener(event: RunEvent) -> None:
+        if event.type in SPAN_LIKE_EVENTS:
+            return
+        try:
+            tracing.attach_event(state, event)
+        except Exception:  # tracing must never break a run
+            _log.exception("hierplan tracing: could not record event %s", event.type)
+
+    return listener
+
+
+class SpanScope(AbstractAsyncContextManager[None]):
+    """A span made current for the scope's duration. Subclasses say how it starts and ends.
+
+    Small classes rather than ``@asynccontextmanager`` generators: these wrap every leaf, and a
+    generator-based context manager costs several times more per use.
+    """
+
+    __slots__ = ("_span", "_token", "tracing")
+
+    def __init__(self, tracing: Tracing) -> None:
+        self.tracing = tracing
+
+    def start(self) -> Span:
+        """Start the span (when the scope is entered)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Forget the span (when the scope is left, before the span ends)."""
+
+    def finish(self, span: Span, exc: BaseException | None) -> None:
+        """Add what is known at the end to a recorded span; ``exc`` is what ended the scope."""
+        if exc is not None:
+            set_error(span, exc)
+
+    async def __aenter__(self) -> None:
+        self._span = self.start()
+        self._token = context.attach(trace.set_span_in_context(self._span))
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        context.detach(self._token)
+        span = self._span
+        try:
+            self.close()
+            if span.is_recording():
+                self.finish(span, exc)
+        except Exception:  # tracing must never break a run
+            _log.exception("hierplan tracing: could not finish span %r", span)
+        finally:
+            span.end()
+
+
+class RunScope(SpanScope):
+    """``invoke_workflow hierplan``: the run, with the rollups of the whole tree."""
+
+    __slots__ = ("run", "state", "unsubscribe")
+
+    def __init__(self, tracing: Tracing, run: RunContext) -> None:
+        super().__init__(tracing)
+        self.run = run
+
+    def start(self) -> Span:
+        """Start the workflow span and listen to the run's events."""
+        run = self.run
+        settings = run.settings
+        attributes: dict[str, AttributeValue] = {
+            "gen_ai.operation.name": "invoke_workflow",
+            "gen_ai.workflow.name": "hierplan",
+            "openinference.span.kind": "CHAIN",
+            "hierplan.run_id": run.run_id,
+            "hierplan.strategy": settings.strategy,
+            "hierplan.max_depth": settings.max_depth,
+            "hierplan.concurrency": settings.concurrency,
+            "hierplan.seed": settings.seed,
+            "hierplan.planner_model": run.planner_model.name,
+            "hierplan.executor_model": run.executor_model.name,
+            "hierplan.price_table": run.pricing.version,
+        }
+        if run.planner_model.simulated or run.executor_model.simulated:
+            attributes["hierplan.simulated"] = True
+        span = self.tracing.tracer.start_span(
+            "invoke_workflow hierplan", kind=SpanKind.INTERNAL, attributes=attributes
+        )
+        self.state = RunTrace(run, span)
+        self.tracing.runs[run] = self.state
+        # Span events of a trace that is not recorded (no SDK, or sampled out) go nowhere: no
+        # listener then, so that the run does not build its events for nothing.
+        self.unsubscribe = (
+            run.bus.subscribe(_listener(self.tracing, self.state)) if span.is_recording() else None
+        )
+        return span
+
+    def close(self) -> None:
+        """Stop listening; forget the run."""
+        if self.unsubscribe is not None:
+            self.unsubscribe()
+        del self.tracing.runs[self.run]
+
+    def finish(self, span: Span, exc: BaseException | None) -> None:
+        """The whole tree's rollups and the run's status."""
+        super().finish(span, exc)
+        root = self.state.root
+        if root is None:
+            return
+        span.set_attributes(workflow_rollups(root, self.run))
+        if self.tracing.capture_content:
+            span.set_attribute("hierplan.goal", self.tracing.content(root.goal))
+        if root.status in FAILED_STATUSES:
+            set_failed(span, root.error or root.status)
+
+
+class NodeScope(SpanScope):
+    """``invoke_agent planner|executor``: one node, with the rollups of its subtree."""
+
+    __slots__ = ("node", "state")
+
+    def __init__(self, tracing: Tracing, node: NodeContext) -> None:
+        super().__init__(tracing)
+        self.node = node
+
+    def start(self) -> Span:
+        """Start the agent span; register it as the node's span for events."""
+        node = self.node
+        record = node.record
+        tracing = self.tracing
+        state = self.state = tracing.runs.get(node.run)
+        kind = record.kind
+        with_model = names_model(node)
+        if state is None:
+            base = agent_base(node.run, kind, with_model)
+        else:
+            base = state.agent_base(kind, with_model)
+        attributes = agent_attributes(node, base)
+        if tracing.capture_content:
+            attributes["hierplan.goal"] = tracing.content(record.goal)
+        span = tracing.tracer.start_span(
+            f"invoke_agent {kind}", kind=SpanKind.INTERNAL, attributes=attributes
+        )
+        if state is not None:
+            state.spans[record.path] = span
+            if node.parent is None:
+                state.root = record
+        return span
+
+    def close(self) -> None:
+        """Events of this node go to its parent's span from here on."""
+        if self.state is not None:
+            self.state.spans.pop(self.node.record.path, None)
+
+    def finish(self, span: Span, exc: BaseException | None) -> None:
+        """The subtree's rollups and the node's status."""
+        record = self.node.record
+        status = record.status
+        # One set_attributes call: the SDK takes its lock and checks every value per call.
+        attributes = node_rollups(record)
+        if exc is not None:
+            if isinstance(exc, anyio.get_cancelled_exc_class()):
+                status = "cancelled"
+            else:
+                # node_lifecycle marks the record failed only after this scope has closed
+                status = "failed" if status == "running" else status
+                attributes["error.type"] = type(exc).__qualname__
+        attributes["hierplan.node.status"] = status
+        if self.tracing.capture_content and record.output:
+            attributes["hierplan.output"] = self.tracing.content(record.output)
+        span.set_attributes(attributes)
+        if status in FAILED_STATUSES:
+            set_failed(span, record.error or status)
+
+
+class PlanScope(SpanScope):
+    """``plan <agent>``: one planning round, with the rollups of its model calls."""
+
+    __slots__ = ("first_call", "node", "reason")
+
+    def __init__(self, tracing: Tracing, node: NodeContext, reason: str) -> None:
+        super().__init__(tracing)
+        self.node = node
+        self.reason = reason
+
+    def start(self) -> Span:
+        """Start the plan span."""
+        node = self.node
+        self.first_call = len(node.record.calls)
+        return self.tracing.tracer.start_span(
+            f"plan {node.record.kind}",
+            kind=SpanKind.INTERNAL,
+            attributes=plan_attributes(node, self.reason),
+        )
+
+    def finish(self, span: Span, exc: BaseException | None) -> None:
+        """The round's planning calls."""
+        super().finish(span, exc)
+        span.set_attributes(planning_rollups(self.node.record, self.first_call))
+
+
+class ToolScope(SpanScope):
+    """``execute_tool <tool>``: one tool call."""
+
+    __slots__ = ("call", "node")
+
+    def __init__(self, tracing: Tracing, node: NodeContext, call: ToolCall) -> None:
+        super().__init__(tracing)
+        self.node = node
+        self.call = call
+
+    def start(self) -> Span:
+        """Start the tool span."""
+        call = self.call
+        attributes: dict[str, AttributeValue] = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": call.name,
+            "gen_ai.tool.call.id": call.id,
+            "gen_ai.tool.type": "function",
+            "hierplan.node.path": self.node.record.path,
+        }
+        if self.tracing.capture_content:
+            attributes["gen_ai.tool.call.arguments"] = self.tracing.content(to_json(call.arguments))
+        return self.tracing.tracer.start_span(
+            f"execute_tool {call.name}", kind=SpanKind.INTERNAL, attributes=attributes
+        )
