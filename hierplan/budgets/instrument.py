@@ -24,6 +24,8 @@ from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Any
 
+import anyio
+
 from hierplan.agents.models.base import (
     Model,
     ModelRequest,
@@ -443,22 +445,43 @@ class _NodeBudget(AbstractAsyncContextManager[None]):
         self.account: Account | None = None
 
     async def __aenter__(self) -> None:
+        ledger = self.instrument.ledger
+        if type(ledger) is LocalLedger:
+            # No await: nothing can come between carving the allocation and registering it.
+            opened = ledger.open_now(*self._funding())
+            planner = self.node.record.kind == "planner"
+            self._opened(opened, ledger.balance_now(opened) if planner else None)
+            return
+        # A ledger that waits for I/O could be cancelled after it carved the allocation but
+        # before the account is registered here (and so closed by __aexit__): the allocation
+        # would never go back to the parent. Shielded, the cancellation lands in the node's
+        # body instead, and __aexit__ closes the account.
+        with anyio.CancelScope(shield=True):
+            account = await ledger.open(*self._funding())
+            try:
+                planner = self.node.record.kind == "planner"
+                balance = await ledger.balance(account) if planner else None
+            except BaseException:
+                await ledger.close(account)  # __aexit__ will not run: give the allocation back
+                raise
+            self._opened(account, balance)
+
+    def _funding(self) -> tuple[str, Account | None, Grant]:
         instrument = self.instrument
         node = self.node
         if node.parent is None:
-            parent = instrument.parent
-            grant: Grant = instrument.root_grant()
-        else:
-            parent = instrument.account(node.parent)
-            grant = instrument.grant(node)
-        account = await instrument.ledger.open(node.path, parent, grant)
+            return node.path, instrument.parent, instrument.root_grant()
+        return node.path, instrument.account(node.parent), instrument.grant(node)
+
+    def _opened(self, account: Account, balance: Balance | None) -> None:
+        """Register the open account; a planner sees its budget while it plans (the gate too)."""
+        instrument = self.instrument
+        node = self.node
         self.account = account
         node.state[instrument] = account
         if node.parent is None:
             instrument.root = account
-        if node.record.kind == "planner":
-            # Planners see their budget while they plan (the gate gets it too).
-            balance = await instrument.ledger.balance(account)
+        if balance is not None:
             node.record.budget = instrument.record(balance, node)
 
     async def __aexit__(
@@ -471,7 +494,11 @@ class _NodeBudget(AbstractAsyncContextManager[None]):
         if account is None:
             return
         instrument = self.instrument
-        balance = await instrument.ledger.close(account)
+        ledger = instrument.ledger
+        if type(ledger) is LocalLedger:
+            balance = ledger.close_now(account)
+        else:
+            balance = await ledger.close(account)
         self.node.record.budget = instrument.record(balance, self.node)
         if self.node.parent is None:
             instrument.root_balance = balance
