@@ -511,6 +511,7 @@ class BudgetedModel:
         "_account",
         "_inner",
         "_instrument",
+        "_local",
         "_node",
         "_rates",
         "name",
@@ -525,6 +526,9 @@ class BudgetedModel:
         self._instrument = instrument
         self._account: Account | None = None
         self._rates = instrument.rates(inner.priced_as)
+        # The in-memory ledger is called directly: no coroutine per reserve and settle.
+        ledger = instrument.ledger
+        self._local = ledger if type(ledger) is LocalLedger else None
         self.name = inner.name
         self.provider = inner.provider
         self.priced_as = inner.priced_as
@@ -536,15 +540,16 @@ class BudgetedModel:
         if account is None:
             account = self._account = self._instrument.account(self._node)
         ledger = self._instrument.ledger
+        local = self._local
         rate_in, _, rate_out = self._rates
         input_tokens = estimate_request_tokens(request)
         wanted = request.max_tokens
-        reservation = await ledger.reserve(
-            account,
-            input_tokens + wanted,
-            input_tokens * rate_in + wanted * rate_out,
-            request.phase,
-        )
+        tokens = input_tokens + wanted
+        pico = input_tokens * rate_in + wanted * rate_out
+        if local is not None:
+            reservation = local.reserve_now(account, tokens, pico, request.phase)
+        else:
+            reservation = await ledger.reserve(account, tokens, pico, request.phase)
         if reservation is None:
             reservation, request = await self._fit(account, request, input_tokens)
         bus = self._node.run.bus
@@ -564,14 +569,14 @@ class BudgetedModel:
             response = await self._inner.request(request)
         except ModelError as exc:
             if exc.usage is None:
-                await ledger.release(reservation)
+                await self._release(reservation)
                 self._settled(reservation, 0, 0, ["failed", "released"])
             else:
                 await self._settle(reservation, exc.usage, ["failed"])
             raise
         except BaseException:
             # Cancelled, or a failure that used nothing: the whole reservation goes back.
-            await ledger.release(reservation)
+            await self._release(reservation)
             self._settled(reservation, 0, 0, ["released"])
             raise
         usage = response.usage
@@ -595,12 +600,23 @@ class BudgetedModel:
             + cached * rate_cached
             + usage.output_tokens * rate_out
         )
-        await self._instrument.ledger.settle(reservation, tokens, pico)
+        local = self._local
+        if local is not None:
+            local.settle_now(reservation, tokens, pico)
+        else:
+            await self._instrument.ledger.settle(reservation, tokens, pico)
         if tokens > reservation.tokens or pico > reservation.pico:
             flags.append("overrun")
             self._overrun(reservation, tokens, pico)
         self._settled(reservation, tokens, pico, flags)
         return flags
+
+    async def _release(self, reservation: Reservation) -> None:
+        local = self._local
+        if local is not None:
+            local.settle_now(reservation, 0, 0, used=False)
+        else:
+            await self._instrument.ledger.release(reservation)
 
     def _overrun(self, reservation: Reservation, tokens: int, pico: int) -> None:
         record = self._node.record

@@ -18,9 +18,11 @@ through ``run.pause`` (:mod:`hierplan.hierarchy.pause`).
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -71,54 +73,92 @@ class PlanPolicy:
     as_needed: bool = False
 
 
-@asynccontextmanager
-async def node_lifecycle(node: NodeContext) -> AsyncIterator[None]:
-    """Mark the node running, open instrument scopes, and close the record whatever happens."""
-    record = node.record
-    run = node.run
-    record.status = "running"
-    record.started_at = time.time()
-    if run.bus.active:
-        run.bus.emit(
-            NodeStarted(
-                run_id=run.run_id,
-                path=record.path,
-                kind=record.kind,
-                goal=record.goal,
-                step_id=record.step_id,
+class NodeLifecycle:
+    """Marks the node running, opens every instrument's node scope, and closes the record
+    whatever happens (success, failure, cancellation). Use it as ``async with
+    node_lifecycle(node):``. A node scope cannot suppress the node's exception."""
+
+    __slots__ = ("node", "scope")
+
+    def __init__(self, node: NodeContext) -> None:
+        self.node = node
+        self.scope: AbstractAsyncContextManager[Any] | None = None
+
+    async def __aenter__(self) -> None:
+        node = self.node
+        record = node.record
+        run = node.run
+        record.status = "running"
+        record.started_at = time.time()
+        if run.bus.active:
+            run.bus.emit(
+                NodeStarted(
+                    run_id=run.run_id,
+                    path=record.path,
+                    kind=record.kind,
+                    goal=record.goal,
+                    step_id=record.step_id,
+                )
             )
-        )
-    try:
-        scopes = [s for s in (i.node_scope(node) for i in run.instruments) if s is not None]
-        if len(scopes) == 1:  # the common case (a budget, say) without an exit stack's cost
-            async with scopes[0]:
-                yield
-        elif scopes:
-            async with AsyncExitStack() as stack:
-                for scope in scopes:
-                    await stack.enter_async_context(scope)
-                yield
-        else:
-            yield
-        if node.parent is None:
-            # A cancel() that came during the run's last synchronous steps ends it here.
-            await anyio.lowlevel.checkpoint_if_cancelled()
-    except anyio.get_cancelled_exc_class():
-        if run.pause.pausing:
-            record.status = "paused"
-        else:
-            record.status = "cancelled"
-            record.error = record.error or "cancelled"
-        raise
-    except BaseException as exc:
-        if node.parent is None and run.cancel_requested:
+        try:
+            scopes = [s for s in (i.node_scope(node) for i in run.instruments) if s is not None]
+            if len(scopes) == 1:  # the common case (a budget, say) without an exit stack's cost
+                await scopes[0].__aenter__()
+                self.scope = scopes[0]
+            elif scopes:
+                self.scope = await _enter_all(scopes)
+        except BaseException as exc:
+            self._failed(exc)
+            self._ended()
+            raise
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        node = self.node
+        try:
+            try:
+                if self.scope is not None:
+                    await self.scope.__aexit__(exc_type, exc, tb)
+            except BaseException as inner:
+                self._failed(inner)
+                raise
+            if exc is not None:
+                self._failed(exc)
+            elif node.parent is None:
+                try:
+                    # A cancel() that came during the run's last synchronous steps ends it here.
+                    await anyio.lowlevel.checkpoint_if_cancelled()
+                except BaseException as late:
+                    self._failed(late)
+                    raise
+        finally:
+            self._ended()
+
+    def _failed(self, exc: BaseException) -> None:
+        node = self.node
+        record = node.record
+        run = node.run
+        if isinstance(exc, anyio.get_cancelled_exc_class()):
+            if run.pause.pausing:
+                record.status = "paused"
+            else:
+                record.status = "cancelled"
+                record.error = record.error or "cancelled"
+        elif node.parent is None and run.cancel_requested:
             record.status = "cancelled"  # the root failed after the run was cancelled
             record.error = record.error or "cancelled"
         elif record.status == "running":
             record.status = "failed"
             record.error = record.error or f"{type(exc).__name__}: {exc}"
-        raise
-    finally:
+
+    def _ended(self) -> None:
+        node = self.node
+        record = node.record
+        run = node.run
         record.finished_at = time.time()
         if node.parent is None:
             run.nodes_finished = True  # from here on, cancel() changes nothing
@@ -133,6 +173,20 @@ async def node_lifecycle(node: NodeContext) -> AsyncIterator[None]:
                     error=record.error,
                 )
             )
+
+
+node_lifecycle = NodeLifecycle
+
+
+async def _enter_all(scopes: list[AbstractAsyncContextManager[None]]) -> AsyncExitStack:
+    stack = AsyncExitStack()
+    try:
+        for scope in scopes:
+            await stack.enter_async_context(scope)
+    except BaseException as exc:
+        await stack.__aexit__(type(exc), exc, exc.__traceback__)
+        raise
+    return stack
 
 
 def _as_step_failure(exc: Exception) -> StepFailed:
@@ -179,56 +233,71 @@ async def run_task_node(
     run = node.run
     settings = run.settings
     retries = settings.max_retries if max_retries is None else max_retries
-    await run.pause.wait_if_paused()
-    with run.pause.working():
-        return await _run_task_attempts(node, step, inputs, react, retries)
-
-
-async def _run_task_attempts(
-    node: NodeContext, step: Step, inputs: Mapping[str, StepResult], react: bool, retries: int
-) -> StepResult:
-    run = node.run
-    settings = run.settings
-    async with node_lifecycle(node):
-        attempt = 0
-        while True:
-            attempt += 1
-            node.record.attempts = attempt
-            try:
-                async with run.leaf_limiter:
-                    run.leaf_started()
-                    try:
-                        with anyio.fail_after(settings.step_timeout_s):
-                            result = await _execute_step(node, step, inputs, react)
-                    finally:
-                        run.leaf_finished()
-            except TimeoutError:
-                failure = StepFailed(
-                    f"step timed out after {settings.step_timeout_s:g} s", retryable=True
-                )
-            except (UnexpectedModelCall, ModelAuthError):
-                raise
-            except HierplanError as exc:
-                failure = _as_step_failure(exc)
-            else:
-                _finish(node, "succeeded", output=result.text)
-                run.pause.finished(node.path, result)
-                return result
-            if not failure.retryable or attempt > retries:
-                _finish(node, failure.status, error=str(failure))
-                raise failure
-            delay = settings.retry_backoff_s * 2.0 ** (attempt - 1)
-            if run.bus.active:
-                run.bus.emit(
-                    StepRetried(
-                        run_id=run.run_id,
-                        path=node.path,
-                        attempt=attempt,
-                        error=str(failure),
-                        delay_s=delay,
+    pause = run.pause
+    if pause.pausing:
+        await pause.wait_if_paused()
+    pause.work_started()  # not a `with pause.working()`: this runs for every leaf
+    try:
+        async with NodeLifecycle(node):
+            attempt = 0
+            while True:
+                attempt += 1
+                node.record.attempts = attempt
+                try:
+                    result = await _attempt(node, step, inputs, react)
+                except TimeoutError:
+                    failure = StepFailed(
+                        f"step timed out after {settings.step_timeout_s:g} s", retryable=True
                     )
-                )
-            await anyio.sleep(delay)
+                except (UnexpectedModelCall, ModelAuthError):
+                    raise
+                except HierplanError as exc:
+                    failure = _as_step_failure(exc)
+                else:
+                    _finish(node, "succeeded", output=result.text)
+                    pause.finished(node.path, result)
+                    return result
+                if not failure.retryable or attempt > retries:
+                    _finish(node, failure.status, error=str(failure))
+                    raise failure
+                delay = settings.retry_backoff_s * 2.0 ** (attempt - 1)
+                if run.bus.active:
+                    run.bus.emit(
+                        StepRetried(
+                            run_id=run.run_id,
+                            path=node.path,
+                            attempt=attempt,
+                            error=str(failure),
+                            delay_s=delay,
+                        )
+                    )
+                await anyio.sleep(delay)
+    finally:
+        pause.work_ended()
+
+
+async def _attempt(
+    node: NodeContext, step: Step, inputs: Mapping[str, StepResult], react: bool
+) -> StepResult:
+    """One attempt at a step, holding a slot of the run-wide leaf limit, under the deadline."""
+    run = node.run
+    limiter = run.leaf_limiter
+    try:
+        limiter.acquire_nowait()  # no checkpoint when a slot is free (the common case)
+    except anyio.WouldBlock:
+        await limiter.acquire()
+    run.leaf_started()
+    try:
+        timeout = run.settings.step_timeout_s
+        if timeout is None:
+            return await _execute_step(node, step, inputs, react)
+        with anyio.CancelScope(deadline=anyio.current_time() + timeout):
+            return await _execute_step(node, step, inputs, react)
+        # Only a deadline that passed gets here (the scope caught its own cancellation).
+        raise TimeoutError
+    finally:
+        run.leaf_finished()
+        limiter.release()
 
 
 def _gate_context(
