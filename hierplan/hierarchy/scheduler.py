@@ -81,10 +81,16 @@ async def run_dag(
             if limiter is None:
                 result = await run_step(step, inputs)
             else:
-                async with limiter:
+                try:
+                    limiter.acquire_nowait()  # no checkpoint when a slot is free
+                except anyio.WouldBlock:
+                    await limiter.acquire()
+                try:
                     if stopping:
                         return
                     result = await run_step(step, inputs)
+                finally:
+                    limiter.release()
         except StepFailed as exc:
             outcome.failed[step.id] = exc
             if stop_on_failure:
