@@ -221,6 +221,12 @@ class NodeContext:
             self._model = base
         return self._model
 
+    def forget_model(self) -> None:
+        """Drop the wrapped model once the node has finished. Wrappers refer back to their
+        node, so without this a finished node's context would wait for the garbage collector
+        instead of going as soon as nothing uses it (the model is built again if needed)."""
+        self._model = None
+
     def child(
         self, number: int, kind: NodeKind, goal: str, step: Step | None = None
     ) -> NodeContext:

@@ -160,6 +160,7 @@ class NodeLifecycle:
         record = node.record
         run = node.run
         record.finished_at = time.time()
+        node.forget_model()
         if node.parent is None:
             run.nodes_finished = True  # from here on, cancel() changes nothing
         if run.bus.active:
