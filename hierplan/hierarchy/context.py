@@ -308,18 +308,19 @@ class NodeContext:
         if not ok:
             call_flags.append("failed")
         duration = time.perf_counter() - t0
+        # Positional, in field order: this runs for every call, and keywords cost more.
         self.record.add_call(
             CallRecord(
-                phase=request.phase,
-                model=model_name or model.name,
-                purpose=request.purpose,
-                usage=usage,
-                cost_usd=cost,
-                started_at=started,
-                duration_s=duration,
-                attempt=attempt,
-                ok=ok,
-                flags=call_flags,
+                request.phase,
+                model_name or model.name,
+                request.purpose,
+                usage,
+                cost,
+                started,
+                duration,
+                attempt,
+                ok,
+                call_flags,
             )
         )
         if self.run.bus.active:

@@ -18,7 +18,7 @@ through ``run.pause`` (:mod:`hierplan.hierarchy.pause`).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass
 from types import TracebackType
@@ -210,14 +210,15 @@ def _finish(
         record.error = error
 
 
-async def _execute_step(
+def _execute_step(
     node: NodeContext, step: Step, inputs: Mapping[str, StepResult], react: bool
-) -> StepResult:
+) -> Awaitable[StepResult]:
+    """The executor's coroutine for the step (returned, not awaited here: one frame less)."""
     run = node.run
     if step.tool is not None and step.args is not None:
-        return await run.tool_executor.execute(node, step.tool, step.args, inputs)
+        return run.tool_executor.execute(node, step.tool, step.args, inputs)
     context = "" if node.parent is None else node.parent.record.goal
-    return await run.llm_executor.execute(
+    return run.llm_executor.execute(
         node, step.instruction, inputs, context=context, only_tool=step.tool, react=react
     )
 
@@ -622,7 +623,10 @@ async def execute_plan(
     limiter = anyio.CapacityLimiter(1 if policy.sequential else settings.plan_concurrency)
 
     async def run_step(step: Step, step_inputs: dict[str, StepResult]) -> StepResult:
-        return await run_child(children.by_step[step.id], step, step_inputs, policy)
+        child = children.by_step[step.id]
+        if child.record.kind == "executor":  # the leaf: one coroutine less on its stack
+            return await run_task_node(child, step, step_inputs)
+        return await run_child(child, step, step_inputs, policy)
 
     while True:
         children.sync(plan, done, len(node.record.plan_versions), policy)
