@@ -32,6 +32,7 @@ from hierplan.hierarchy.gate import Gate
 from hierplan.hierarchy.pause import PauseControl, Restore
 from hierplan.hierarchy.plan import DEFAULT_MAX_DEPTH, DEFAULT_MAX_STEPS, Step
 from hierplan.hierarchy.record import CallRecord, NodeKind, NodeRecord
+from hierplan.hierarchy.scheduler import Slots
 
 StrategyName = Literal["react", "plan-execute", "replan", "dag", "hierarchical", "as-needed"]
 STRATEGY_NAMES: tuple[str, ...] = (
@@ -145,7 +146,7 @@ class RunContext:
         self.pause = PauseControl(restore)
         self.tool_executor = ToolExecutor()
         self.llm_executor = LLMExecutor()
-        self.leaf_limiter = anyio.CapacityLimiter(settings.concurrency)
+        self.leaf_limiter = Slots(settings.concurrency)
         self.active_leaves = 0
         self.peak_leaves = 0
         # The run sets the scope while its nodes run; cancel() ends the run as "cancelled".

@@ -51,7 +51,7 @@ from hierplan.hierarchy.gate import GateContext, GateOutcome
 from hierplan.hierarchy.pause import PlanState, invalid_feedback, rejection_feedback
 from hierplan.hierarchy.plan import Plan, Step, diff_plans, topological_order
 from hierplan.hierarchy.record import DecisionRecord, NodeKind, PlanVersion
-from hierplan.hierarchy.scheduler import run_dag
+from hierplan.hierarchy.scheduler import Slots, run_dag
 
 OUTPUT_LIMIT = 2000
 
@@ -284,10 +284,7 @@ async def _attempt(
     """One attempt at a step, holding a slot of the run-wide leaf limit, under the deadline."""
     run = node.run
     limiter = run.leaf_limiter
-    try:
-        limiter.acquire_nowait()  # no checkpoint when a slot is free (the common case)
-    except anyio.WouldBlock:
-        await limiter.acquire()
+    await limiter.acquire()
     run.leaf_started()
     try:
         timeout = run.settings.step_timeout_s
@@ -620,7 +617,7 @@ async def execute_plan(
     if restored is not None:
         children.by_step, done = restored
     replans = 0
-    limiter = anyio.CapacityLimiter(1 if policy.sequential else settings.plan_concurrency)
+    limiter = Slots(1 if policy.sequential else settings.plan_concurrency)
 
     async def run_step(step: Step, step_inputs: dict[str, StepResult]) -> StepResult:
         child = children.by_step[step.id]
