@@ -232,15 +232,17 @@ class NodeContext:
         self, number: int, kind: NodeKind, goal: str, step: Step | None = None
     ) -> NodeContext:
         """Create the child node ``<path>.<number>`` and add it to this node's record."""
+        parent = self.record
+        # Positional (path, kind, goal, depth, step_id, tool): one per node of the run.
         record = NodeRecord(
-            path=f"{self.record.path}.{number}",
-            kind=kind,
-            goal=goal,
-            depth=self.record.depth + 1,
-            step_id=None if step is None else step.id,
-            tool=None if step is None else step.tool,
+            f"{parent.path}.{number}",
+            kind,
+            goal,
+            parent.depth + 1,
+            None if step is None else step.id,
+            None if step is None else step.tool,
         )
-        self.record.children.append(record)
+        parent.children.append(record)
         allowed = self.allowed_tools
         if step is not None and step.tools is not None:
             allowed = allowed & frozenset(step.tools)

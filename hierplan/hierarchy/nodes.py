@@ -101,7 +101,11 @@ class NodeLifecycle:
                 )
             )
         try:
-            scopes = [s for s in (i.node_scope(node) for i in run.instruments) if s is not None]
+            scopes = []
+            for instrument in run.instruments:
+                scope = instrument.node_scope(node)
+                if scope is not None:
+                    scopes.append(scope)
             if len(scopes) == 1:  # the common case (a budget, say) without an exit stack's cost
                 await scopes[0].__aenter__()
                 self.scope = scopes[0]
