@@ -30,7 +30,7 @@ from hierplan.agents.models.scripted import FunctionModel, ScriptedModel
 from hierplan.agents.models.tokens import estimate_request_tokens
 from hierplan.agents.prompts import parse_plan_prompt, parse_step_prompt
 from hierplan.agents.tools import Toolbox, tool
-from hierplan.budgets import instrument as instrument_module
+from hierplan.budgets import budgeted_model
 from hierplan.budgets.budget import (
     Account,
     Balance,
@@ -357,7 +357,7 @@ async def test_budget_events_are_built_only_when_someone_listens(
         raise AssertionError("an event was built with nobody listening")
 
     for name in ("BudgetReserved", "BudgetSettled", "BudgetExhausted", "BudgetOverrun"):
-        monkeypatch.setattr(instrument_module, name, refuse)
+        monkeypatch.setattr(budgeted_model, name, refuse)
     model = _priced(FunctionModel(lambda r: ModelResponse(text="ok", usage=Usage(900, 900))))
     async with budgeted_node(model, Budget(tokens=WORST * 2)) as (node, _):
         await node.call_model(REQUEST)  # an overrun: reserved, settled, overrun
