@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import random
+from pathlib import Path
 
 import anyio
 import pytest
@@ -182,3 +184,15 @@ async def test_slots_serve_waiters_in_order_and_forget_a_cancelled_waiter() -> N
     slots.release()
     slots.release()
     assert slots.free == 2
+
+
+def test_the_leaf_overhead_profile_runs_at_a_small_size(capsys: pytest.CaptureFixture[str]) -> None:
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "profile_leaves.py"
+    spec = importlib.util.spec_from_file_location("profile_leaves", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    figures = module.main(["--n", "100", "--repeats", "1"])
+    [row] = figures["rows"]
+    assert row["n"] == 100 and row["cpu_ratio"] > 0 and row["wall_ratio"] > 0
+    assert "bare cpu" in capsys.readouterr().out
