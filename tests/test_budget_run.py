@@ -17,13 +17,31 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 import hierplan
-from hierplan.agents.models.base import Message, Model, ModelRequest, ModelResponse, ToolCall, Usage
+from hierplan.agents.models.base import (
+    Message,
+    Model,
+    ModelRequest,
+    ModelResponse,
+    Phase,
+    ToolCall,
+    Usage,
+)
 from hierplan.agents.models.scripted import FunctionModel, ScriptedModel
 from hierplan.agents.models.tokens import estimate_request_tokens
 from hierplan.agents.prompts import parse_plan_prompt, parse_step_prompt
 from hierplan.agents.tools import Toolbox, tool
-from hierplan.budgets import instrument as instrument_module
-from hierplan.budgets.budget import Budget, usd_to_pico
+from hierplan.budgets import budgeted_model
+from hierplan.budgets.budget import (
+    Account,
+    Balance,
+    Budget,
+    Grant,
+    Ledger,
+    LocalLedger,
+    Outstanding,
+    Reservation,
+    usd_to_pico,
+)
 from hierplan.budgets.instrument import BudgetInstrument
 from hierplan.budgets.pricing import Price, PriceTable
 from hierplan.cli import app
@@ -36,7 +54,8 @@ from hierplan.hierarchy.events import (
     BudgetSettled,
     RunEvent,
 )
-from hierplan.hierarchy.record import NodeRecord, RunResult
+from hierplan.hierarchy.plan import Step
+from hierplan.hierarchy.record import NodeKind, NodeRecord, RunResult
 from hierplan.tracing.report import render_run
 
 pytestmark = pytest.mark.anyio
@@ -261,6 +280,76 @@ async def test_cancellation_mid_call_releases_the_reservation() -> None:
     assert [e.flags for e in events if isinstance(e, BudgetSettled)] == [["released"]]
 
 
+class _ReplyLatencyLedger(Ledger):
+    """A local ledger behind a wait for each reply, as a ledger on a server has: the operation
+    is done on the other side before the caller gets the answer (and can be cancelled)."""
+
+    def __init__(self, slow: str) -> None:
+        self.inner = LocalLedger()
+        self.slow = slow  # which method's reply takes a while
+        self.waiting = anyio.Event()
+
+    async def _reply(self, method: str) -> None:
+        if method == self.slow:
+            self.waiting.set()
+            await anyio.sleep(0.05)
+
+    async def open(self, name: str, parent: Account | None, grant: Grant) -> Account:
+        account = self.inner.open_now(name, parent, grant)
+        await self._reply("open")
+        return account
+
+    async def reserve(
+        self, account: Account, tokens: int, pico: int, phase: Phase
+    ) -> Reservation | None:
+        return self.inner.reserve_now(account, tokens, pico, phase)
+
+    async def settle(self, reservation: Reservation, tokens: int, pico: int) -> None:
+        self.inner.settle_now(reservation, tokens, pico)
+
+    async def release(self, reservation: Reservation) -> None:
+        self.inner.settle_now(reservation, 0, 0, used=False)
+
+    async def close(self, account: Account) -> Balance:
+        return self.inner.close_now(account)
+
+    async def available(self, account: Account) -> tuple[int | None, int | None]:
+        return self.inner.available_now(account)
+
+    async def balance(self, account: Account) -> Balance:
+        found = self.inner.balance_now(account)
+        await self._reply("balance")
+        return found
+
+    async def outstanding(self) -> Outstanding:
+        return await self.inner.outstanding()
+
+
+@pytest.mark.parametrize(("slow", "kind"), [("open", "executor"), ("balance", "planner")])
+async def test_a_node_cancelled_while_its_account_opens_gives_its_allocation_back(
+    slow: str, kind: NodeKind
+) -> None:
+    ledger = _ReplyLatencyLedger(slow)
+    model = _priced(FunctionModel(lambda request: ModelResponse(text="ok")))
+    async with budgeted_node(model, Budget(tokens=10_000), ledger=ledger) as (root, instrument):
+        assert instrument.root is not None
+        before = await ledger.available(instrument.root)
+        child = root.child(1, kind, "child", Step(id="s1", title="s", instruction="do it"))
+        scope = instrument.node_scope(child)
+        assert scope is not None
+
+        async def node_life() -> None:
+            async with scope:
+                await anyio.sleep_forever()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(node_life)
+            await ledger.waiting.wait()  # the child's allocation is carved; the reply is due
+            tg.cancel_scope.cancel()
+        assert await ledger.available(instrument.root) == before
+        assert (await ledger.outstanding()).accounts == 1  # the root's only
+
+
 async def test_budget_events_are_built_only_when_someone_listens(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -268,7 +357,7 @@ async def test_budget_events_are_built_only_when_someone_listens(
         raise AssertionError("an event was built with nobody listening")
 
     for name in ("BudgetReserved", "BudgetSettled", "BudgetExhausted", "BudgetOverrun"):
-        monkeypatch.setattr(instrument_module, name, refuse)
+        monkeypatch.setattr(budgeted_model, name, refuse)
     model = _priced(FunctionModel(lambda r: ModelResponse(text="ok", usage=Usage(900, 900))))
     async with budgeted_node(model, Budget(tokens=WORST * 2)) as (node, _):
         await node.call_model(REQUEST)  # an overrun: reserved, settled, overrun

@@ -13,7 +13,7 @@ from eventcheck import check_events
 
 import hierplan
 from hierplan import Budget, BudgetInstrument, LocalLedger
-from hierplan.hierarchy import nodes
+from hierplan.hierarchy import nodes, planning
 from hierplan.hierarchy.events import (
     BudgetExhausted,
     EventBus,
@@ -91,7 +91,7 @@ async def test_runs_without_listeners_build_no_events(monkeypatch: pytest.Monkey
         raise AssertionError("an event was built although nobody listens")
 
     monkeypatch.setattr(nodes, "NodeStarted", forbidden)
-    monkeypatch.setattr(nodes, "PlanProposed", forbidden)
+    monkeypatch.setattr(planning, "PlanProposed", forbidden)
     result = await hierplan.run(
         goal_for(GROUPS),
         oracle=CapitalsOracle(),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import random
+from pathlib import Path
 
 import anyio
 import pytest
@@ -12,7 +14,7 @@ from hypothesis import strategies as st
 from hierplan.agents.executor import StepResult
 from hierplan.errors import StepFailed
 from hierplan.hierarchy.plan import Plan, Step
-from hierplan.hierarchy.scheduler import run_dag
+from hierplan.hierarchy.scheduler import Slots, run_dag
 
 pytestmark = pytest.mark.anyio
 
@@ -151,3 +153,46 @@ def test_random_dags_run_each_step_once_after_its_dependencies(
         for d in ds:
             assert rec.index("start", sid) > rec.index("end", d)
     assert rec.peak <= limit
+
+
+async def test_slots_serve_waiters_in_order_and_forget_a_cancelled_waiter() -> None:
+    slots = Slots(2)
+    await slots.acquire()
+    await slots.acquire()  # both slots held: everyone below waits
+    order: list[str] = []
+    scopes: list[anyio.CancelScope] = []
+
+    async def waiter(name: str) -> None:
+        with anyio.CancelScope() as scope:
+            scopes.append(scope)
+            await slots.acquire()
+            order.append(name)
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            for name in ("first", "cancelled", "third"):
+                tg.start_soon(waiter, name)
+                await anyio.wait_all_tasks_blocked()
+            scopes[1].cancel()
+            await anyio.wait_all_tasks_blocked()
+            slots.release()  # to "first"
+            await anyio.wait_all_tasks_blocked()
+            assert order == ["first"]
+            slots.release()  # to "third": the cancelled waiter left the queue
+    assert order == ["first", "third"]
+    assert slots.free == 0  # "first" and "third" hold the two slots
+    slots.release()
+    slots.release()
+    assert slots.free == 2
+
+
+def test_the_leaf_overhead_profile_runs_at_a_small_size(capsys: pytest.CaptureFixture[str]) -> None:
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "profile_leaves.py"
+    spec = importlib.util.spec_from_file_location("profile_leaves", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    figures = module.main(["--n", "100", "--repeats", "1"])
+    [row] = figures["rows"]
+    assert row["n"] == 100 and row["cpu_ratio"] > 0 and row["wall_ratio"] > 0
+    assert "bare cpu" in capsys.readouterr().out

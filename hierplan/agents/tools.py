@@ -198,6 +198,8 @@ class Toolbox:
 
     def __init__(self, tools: Iterable[Tool] = ()) -> None:
         self._tools: dict[str, Tool] = {}
+        # specs() per allowlist: every leaf asks, and nodes of a plan share their allowlist.
+        self._specs: dict[frozenset[str] | None, tuple[ToolSpec, ...]] = {}
         for t in tools:
             self.add(t)
 
@@ -209,6 +211,7 @@ class Toolbox:
                 "tool_prefix for this)"
             )
         self._tools[new.name] = new
+        self._specs.clear()
 
     def __contains__(self, name: object) -> bool:
         return name in self._tools
@@ -235,7 +238,14 @@ class Toolbox:
 
     def specs(self, allowed: frozenset[str] | None = None) -> tuple[ToolSpec, ...]:
         """Tool specs for a model request, limited to ``allowed`` when given."""
-        return tuple(t.spec for t in self._tools.values() if allowed is None or t.name in allowed)
+        found = self._specs.get(allowed)
+        if found is None:
+            found = tuple(
+                t.spec for t in self._tools.values() if allowed is None or t.name in allowed
+            )
+            if len(self._specs) < 1024:  # allowlists are few; never let the cache grow unbounded
+                self._specs[allowed] = found
+        return found
 
 
 def result_text(result: Any, *, limit: int = 4000) -> str:

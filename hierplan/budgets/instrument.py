@@ -3,18 +3,11 @@ model wrapper that reserves before every call and settles after.
 
 :class:`BudgetInstrument` opens each node's account when the node starts (carved from its parent
 by the allocation policy) and closes it when the node ends, writing the node's
-``record.budget``. :class:`BudgetedModel` wraps the node's model:
+``record.budget``; at the end of the run it sums the budgets up per level and phase.
+:class:`~hierplan.budgets.budgeted_model.BudgetedModel` wraps the node's model (reserve the
+worst case, lower ``max_tokens`` to fit or refuse, settle the actual usage).
 
-1. reserve the worst case: estimated input tokens plus ``max_tokens``, priced by the run's
-   price table for the model's ``priced_as``;
-2. if that does not fit, lower ``max_tokens`` to what fits, down to a floor; below the floor the
-   call is not made and :class:`~hierplan.errors.BudgetExceeded` is raised;
-3. after the call, settle the actual usage (a failed call's usage counts; a response without
-   usage settles at the reserved worst case and is flagged ``no_usage``; usage above the
-   reservation is charged, flagged ``overrun`` and reported); a cancelled call releases all.
-
-Providers and strategies know nothing of this; retries pass through the wrapper one attempt at
-a time, so each attempt is reserved and settled on its own.
+Providers and strategies know nothing of this.
 """
 
 from __future__ import annotations
@@ -24,14 +17,12 @@ from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Any
 
+import anyio
+
 from hierplan.agents.models.base import (
     Model,
-    ModelRequest,
-    ModelResponse,
-    Usage,
     parse_model_string,
 )
-from hierplan.agents.models.tokens import estimate_request_tokens
 from hierplan.budgets.budget import (
     ALLOCATIONS,
     DEFAULT_ON_DEMAND_FRACTION,
@@ -44,23 +35,16 @@ from hierplan.budgets.budget import (
     Grant,
     Ledger,
     LocalLedger,
-    Reservation,
     Share,
-    pico_to_usd,
     rate_to_pico,
     step_weights,
     usd_to_pico,
     uses_model,
 )
+from hierplan.budgets.budgeted_model import BudgetedModel
 from hierplan.budgets.pricing import DEFAULT_SIMULATED_PRICED_AS, Price, PriceTable
-from hierplan.errors import BudgetExceeded, ModelError, UserInputError
+from hierplan.errors import BudgetExceeded, UserInputError
 from hierplan.hierarchy.context import Instrument, NodeContext, RunContext
-from hierplan.hierarchy.events import (
-    BudgetExhausted,
-    BudgetOverrun,
-    BudgetReserved,
-    BudgetSettled,
-)
 from hierplan.hierarchy.plan import Plan
 from hierplan.hierarchy.record import NodeRecord
 
@@ -411,16 +395,6 @@ def _usd(pico: int | None) -> float | None:
     return None if pico is None else pico / PICO_PER_USD
 
 
-class _Counts:
-    """Calls of one node whose ``max_tokens`` was lowered, and calls refused."""
-
-    __slots__ = ("lowered", "refused")
-
-    def __init__(self) -> None:
-        self.lowered = 0
-        self.refused = 0
-
-
 class _Shares:
     """Weights of a plan version's steps that have not started yet."""
 
@@ -443,22 +417,43 @@ class _NodeBudget(AbstractAsyncContextManager[None]):
         self.account: Account | None = None
 
     async def __aenter__(self) -> None:
+        ledger = self.instrument.ledger
+        if type(ledger) is LocalLedger:
+            # No await: nothing can come between carving the allocation and registering it.
+            opened = ledger.open_now(*self._funding())
+            planner = self.node.record.kind == "planner"
+            self._opened(opened, ledger.balance_now(opened) if planner else None)
+            return
+        # A ledger that waits for I/O could be cancelled after it carved the allocation but
+        # before the account is registered here (and so closed by __aexit__): the allocation
+        # would never go back to the parent. Shielded, the cancellation lands in the node's
+        # body instead, and __aexit__ closes the account.
+        with anyio.CancelScope(shield=True):
+            account = await ledger.open(*self._funding())
+            try:
+                planner = self.node.record.kind == "planner"
+                balance = await ledger.balance(account) if planner else None
+            except BaseException:
+                await ledger.close(account)  # __aexit__ will not run: give the allocation back
+                raise
+            self._opened(account, balance)
+
+    def _funding(self) -> tuple[str, Account | None, Grant]:
         instrument = self.instrument
         node = self.node
         if node.parent is None:
-            parent = instrument.parent
-            grant: Grant = instrument.root_grant()
-        else:
-            parent = instrument.account(node.parent)
-            grant = instrument.grant(node)
-        account = await instrument.ledger.open(node.path, parent, grant)
+            return node.path, instrument.parent, instrument.root_grant()
+        return node.path, instrument.account(node.parent), instrument.grant(node)
+
+    def _opened(self, account: Account, balance: Balance | None) -> None:
+        """Register the open account; a planner sees its budget while it plans (the gate too)."""
+        instrument = self.instrument
+        node = self.node
         self.account = account
         node.state[instrument] = account
         if node.parent is None:
             instrument.root = account
-        if node.record.kind == "planner":
-            # Planners see their budget while they plan (the gate gets it too).
-            balance = await instrument.ledger.balance(account)
+        if balance is not None:
             node.record.budget = instrument.record(balance, node)
 
     async def __aexit__(
@@ -471,221 +466,11 @@ class _NodeBudget(AbstractAsyncContextManager[None]):
         if account is None:
             return
         instrument = self.instrument
-        balance = await instrument.ledger.close(account)
+        ledger = instrument.ledger
+        if type(ledger) is LocalLedger:
+            balance = ledger.close_now(account)
+        else:
+            balance = await ledger.close(account)
         self.node.record.budget = instrument.record(balance, self.node)
         if self.node.parent is None:
             instrument.root_balance = balance
-
-
-class BudgetedModel:
-    """A model behind a node's budget (see the module docstring)."""
-
-    __slots__ = (
-        "_account",
-        "_inner",
-        "_instrument",
-        "_node",
-        "_rates",
-        "name",
-        "priced_as",
-        "provider",
-        "simulated",
-    )
-
-    def __init__(self, inner: Model, node: NodeContext, instrument: BudgetInstrument) -> None:
-        self._inner = inner
-        self._node = node
-        self._instrument = instrument
-        self._account: Account | None = None
-        self._rates = instrument.rates(inner.priced_as)
-        self.name = inner.name
-        self.provider = inner.provider
-        self.priced_as = inner.priced_as
-        self.simulated = inner.simulated
-
-    async def request(self, request: ModelRequest) -> ModelResponse:
-        """Reserve, call, settle (see the module docstring)."""
-        account = self._account
-        if account is None:
-            account = self._account = self._instrument.account(self._node)
-        ledger = self._instrument.ledger
-        rate_in, _, rate_out = self._rates
-        input_tokens = estimate_request_tokens(request)
-        wanted = request.max_tokens
-        reservation = await ledger.reserve(
-            account,
-            input_tokens + wanted,
-            input_tokens * rate_in + wanted * rate_out,
-            request.phase,
-        )
-        if reservation is None:
-            reservation, request = await self._fit(account, request, input_tokens)
-        bus = self._node.run.bus
-        if bus.active:
-            bus.emit(
-                BudgetReserved(
-                    run_id=bus.run_id,
-                    path=self._node.path,
-                    phase=request.phase,
-                    tokens=reservation.tokens,
-                    usd=self._usd(reservation.pico),
-                    max_tokens=request.max_tokens,
-                    requested_max_tokens=wanted,
-                )
-            )
-        try:
-            response = await self._inner.request(request)
-        except ModelError as exc:
-            if exc.usage is None:
-                await ledger.release(reservation)
-                self._settled(reservation, 0, 0, ["failed", "released"])
-            else:
-                await self._settle(reservation, exc.usage, ["failed"])
-            raise
-        except BaseException:
-            # Cancelled, or a failure that used nothing: the whole reservation goes back.
-            await ledger.release(reservation)
-            self._settled(reservation, 0, 0, ["released"])
-            raise
-        usage = response.usage
-        if usage is None:
-            usage = Usage(input_tokens, request.max_tokens)
-            response.usage = usage
-            response.flags.append("no_usage")
-            flags = await self._settle(reservation, usage, ["no_usage"])
-        else:
-            flags = await self._settle(reservation, usage, [])
-        if "overrun" in flags:
-            response.flags.append("overrun")
-        return response
-
-    async def _settle(self, reservation: Reservation, usage: Usage, flags: list[str]) -> list[str]:
-        rate_in, rate_cached, rate_out = self._rates
-        cached = usage.cached_input_tokens
-        tokens = usage.input_tokens + usage.output_tokens
-        pico = (
-            (usage.input_tokens - cached) * rate_in
-            + cached * rate_cached
-            + usage.output_tokens * rate_out
-        )
-        await self._instrument.ledger.settle(reservation, tokens, pico)
-        if tokens > reservation.tokens or pico > reservation.pico:
-            flags.append("overrun")
-            self._overrun(reservation, tokens, pico)
-        self._settled(reservation, tokens, pico, flags)
-        return flags
-
-    def _overrun(self, reservation: Reservation, tokens: int, pico: int) -> None:
-        record = self._node.record
-        if "overrun" not in record.flags:
-            record.flags.append("overrun")
-        bus = self._node.run.bus
-        if bus.active:
-            bus.emit(
-                BudgetOverrun(
-                    run_id=bus.run_id,
-                    path=self._node.path,
-                    phase=reservation.phase,
-                    tokens_over=max(0, tokens - reservation.tokens),
-                    usd_over=self._usd(max(0, pico - reservation.pico)),
-                )
-            )
-
-    def _settled(self, reservation: Reservation, tokens: int, pico: int, flags: list[str]) -> None:
-        bus = self._node.run.bus
-        if bus.active:
-            bus.emit(
-                BudgetSettled(
-                    run_id=bus.run_id,
-                    path=self._node.path,
-                    phase=reservation.phase,
-                    tokens=tokens,
-                    usd=self._usd(pico),
-                    reserved_tokens=reservation.tokens,
-                    reserved_usd=self._usd(reservation.pico),
-                    flags=flags,
-                )
-            )
-
-    def _usd(self, pico: int) -> float | None:
-        return pico_to_usd(pico) if self._instrument.usd_tracked else None
-
-    async def _fit(
-        self, account: Account, request: ModelRequest, input_tokens: int
-    ) -> tuple[Reservation, ModelRequest]:
-        """Lower ``max_tokens`` to what the budget has left, down to the floor, or raise."""
-        instrument = self._instrument
-        ledger = instrument.ledger
-        rate_in, _, rate_out = self._rates
-        floor = instrument.output_floor(request.max_tokens)
-        input_pico = input_tokens * rate_in
-        avail_t: int | None = None
-        avail_p: int | None = None
-        # A shared ledger may hand what looked available to another process between the two
-        # calls below; try again a few times before giving up.
-        for _ in range(3):
-            avail_t, avail_p = await ledger.available(account)
-            fits = request.max_tokens
-            if avail_t is not None:
-                fits = min(fits, avail_t - input_tokens)
-            if avail_p is not None:
-                rest = avail_p - input_pico
-                if rate_out:
-                    fits = min(fits, rest // rate_out)
-                elif rest < 0:
-                    fits = -1
-            if fits < floor:
-                break
-            reservation = await ledger.reserve(
-                account, input_tokens + fits, input_pico + fits * rate_out, request.phase
-            )
-            if reservation is not None:
-                self._counts().lowered += 1
-                return reservation, request.with_max_tokens(fits)
-        need_t = input_tokens + floor
-        need_p = input_pico + floor * rate_out
-        self._counts().refused += 1
-        self._exhausted(request, need_t, need_p, avail_t, avail_p)
-        raise BudgetExceeded(
-            f"node {self._node.path} is out of budget: its {request.phase} call needs at least "
-            f"{self._amount(need_t, need_p)} (max_tokens lowered to {floor:,}) but "
-            f"{self._amount(avail_t, avail_p)} remain; the call was not made"
-        )
-
-    def _counts(self) -> _Counts:
-        state = self._node.state
-        key = self._instrument.counts_key
-        counts = state.get(key)
-        if not isinstance(counts, _Counts):
-            counts = state[key] = _Counts()
-        return counts
-
-    def _amount(self, tokens: int | None, pico: int | None) -> str:
-        parts = []
-        if tokens is not None:
-            parts.append(f"{tokens:,} tokens")
-        if pico is not None and self._instrument.usd_tracked:
-            parts.append(f"${pico_to_usd(pico):.6f}")
-        return " / ".join(parts) or "no limit"
-
-    def _exhausted(
-        self,
-        request: ModelRequest,
-        need_t: int,
-        need_p: int,
-        avail_t: int | None,
-        avail_p: int | None,
-    ) -> None:
-        bus = self._node.run.bus
-        if bus.active:
-            bus.emit(
-                BudgetExhausted(
-                    run_id=bus.run_id,
-                    path=self._node.path,
-                    phase=request.phase,
-                    needed_tokens=need_t,
-                    needed_usd=self._usd(need_p),
-                    available_tokens=avail_t,
-                    available_usd=None if avail_p is None else self._usd(avail_p),
-                )
-            )

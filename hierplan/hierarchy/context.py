@@ -32,6 +32,7 @@ from hierplan.hierarchy.gate import Gate
 from hierplan.hierarchy.pause import PauseControl, Restore
 from hierplan.hierarchy.plan import DEFAULT_MAX_DEPTH, DEFAULT_MAX_STEPS, Step
 from hierplan.hierarchy.record import CallRecord, NodeKind, NodeRecord
+from hierplan.hierarchy.scheduler import Slots
 
 StrategyName = Literal["react", "plan-execute", "replan", "dag", "hierarchical", "as-needed"]
 STRATEGY_NAMES: tuple[str, ...] = (
@@ -145,7 +146,7 @@ class RunContext:
         self.pause = PauseControl(restore)
         self.tool_executor = ToolExecutor()
         self.llm_executor = LLMExecutor()
-        self.leaf_limiter = anyio.CapacityLimiter(settings.concurrency)
+        self.leaf_limiter = Slots(settings.concurrency)
         self.active_leaves = 0
         self.peak_leaves = 0
         # The run sets the scope while its nodes run; cancel() ends the run as "cancelled".
@@ -221,19 +222,27 @@ class NodeContext:
             self._model = base
         return self._model
 
+    def forget_model(self) -> None:
+        """Drop the wrapped model once the node has finished. Wrappers refer back to their
+        node, so without this a finished node's context would wait for the garbage collector
+        instead of going as soon as nothing uses it (the model is built again if needed)."""
+        self._model = None
+
     def child(
         self, number: int, kind: NodeKind, goal: str, step: Step | None = None
     ) -> NodeContext:
         """Create the child node ``<path>.<number>`` and add it to this node's record."""
+        parent = self.record
+        # Positional (path, kind, goal, depth, step_id, tool): one per node of the run.
         record = NodeRecord(
-            path=f"{self.record.path}.{number}",
-            kind=kind,
-            goal=goal,
-            depth=self.record.depth + 1,
-            step_id=None if step is None else step.id,
-            tool=None if step is None else step.tool,
+            f"{parent.path}.{number}",
+            kind,
+            goal,
+            parent.depth + 1,
+            None if step is None else step.id,
+            None if step is None else step.tool,
         )
-        self.record.children.append(record)
+        parent.children.append(record)
         allowed = self.allowed_tools
         if step is not None and step.tools is not None:
             allowed = allowed & frozenset(step.tools)
@@ -302,18 +311,19 @@ class NodeContext:
         if not ok:
             call_flags.append("failed")
         duration = time.perf_counter() - t0
+        # Positional, in field order: this runs for every call, and keywords cost more.
         self.record.add_call(
             CallRecord(
-                phase=request.phase,
-                model=model_name or model.name,
-                purpose=request.purpose,
-                usage=usage,
-                cost_usd=cost,
-                started_at=started,
-                duration_s=duration,
-                attempt=attempt,
-                ok=ok,
-                flags=call_flags,
+                request.phase,
+                model_name or model.name,
+                request.purpose,
+                usage,
+                cost,
+                started,
+                duration,
+                attempt,
+                ok,
+                call_flags,
             )
         )
         if self.run.bus.active:

@@ -2,8 +2,8 @@
 
 - :func:`run_task_node`: an executor node; one step with retries, a deadline and the run-wide
   leaf limit.
-- :func:`obtain_plan`: plan (or replan), then the gate; invalid or rejected plans go back to the
-  planner, a bounded number of times.
+- :func:`~hierplan.hierarchy.planning.obtain_plan` (in :mod:`hierplan.hierarchy.planning`):
+  plan (or replan), then the gate; invalid or rejected plans go back to the planner.
 - :func:`execute_plan`: run an approved plan's DAG; on a step's permanent failure, replan the rest
   (keeping finished steps) or finish partial.
 - :func:`run_planner_node` and :func:`run_as_needed_node`: planner nodes for the hierarchical and
@@ -18,9 +18,10 @@ through ``run.pause`` (:mod:`hierplan.hierarchy.pause`).
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import Awaitable, Mapping
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from types import TracebackType
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -30,96 +31,111 @@ from hierplan.errors import (
     BudgetExceeded,
     HierplanError,
     ModelAuthError,
-    ModelError,
-    PlanParseError,
-    SimulatorCoverageError,
     StepFailed,
     UnexpectedModelCall,
 )
 from hierplan.hierarchy.context import NodeContext
-from hierplan.hierarchy.events import (
-    NodeFinished,
-    NodeStarted,
-    PlanDecided,
-    PlanProposed,
-    Replanned,
-    StepRetried,
-)
-from hierplan.hierarchy.gate import GateContext, GateOutcome
-from hierplan.hierarchy.pause import PlanState, invalid_feedback, rejection_feedback
-from hierplan.hierarchy.plan import Plan, Step, diff_plans, topological_order
-from hierplan.hierarchy.record import DecisionRecord, NodeKind, PlanVersion
-from hierplan.hierarchy.scheduler import run_dag
+from hierplan.hierarchy.events import NodeFinished, NodeStarted, StepRetried
+from hierplan.hierarchy.plan import Plan, Step, topological_order
+from hierplan.hierarchy.planning import PlanPolicy, obtain_plan
+from hierplan.hierarchy.record import NodeKind
+from hierplan.hierarchy.scheduler import Slots, run_dag
 
 OUTPUT_LIMIT = 2000
 
 
-@dataclass(slots=True, frozen=True)
-class PlanPolicy:
-    """How a strategy plans and executes.
+class NodeLifecycle:
+    """Marks the node running, opens every instrument's node scope, and closes the record
+    whatever happens (success, failure, cancellation). Use it as ``async with
+    node_lifecycle(node):``. A node scope cannot suppress the node's exception."""
 
-    ``flat``: plans may not contain sub-goals. ``sequential``: one step of a plan at a time.
-    ``replan_on_failure``: a failed step leads to a replan (up to ``max_replans``).
-    ``replan_each_step``: replan after every finished step (interleaved planning).
-    ``as_needed``: each task is first attempted directly and decomposed only if that fails.
-    """
+    __slots__ = ("node", "scope")
 
-    flat: bool = False
-    sequential: bool = False
-    replan_on_failure: bool = True
-    replan_each_step: bool = False
-    as_needed: bool = False
+    def __init__(self, node: NodeContext) -> None:
+        self.node = node
+        self.scope: AbstractAsyncContextManager[Any] | None = None
 
-
-@asynccontextmanager
-async def node_lifecycle(node: NodeContext) -> AsyncIterator[None]:
-    """Mark the node running, open instrument scopes, and close the record whatever happens."""
-    record = node.record
-    run = node.run
-    record.status = "running"
-    record.started_at = time.time()
-    if run.bus.active:
-        run.bus.emit(
-            NodeStarted(
-                run_id=run.run_id,
-                path=record.path,
-                kind=record.kind,
-                goal=record.goal,
-                step_id=record.step_id,
+    async def __aenter__(self) -> None:
+        node = self.node
+        record = node.record
+        run = node.run
+        record.status = "running"
+        record.started_at = time.time()
+        if run.bus.active:
+            run.bus.emit(
+                NodeStarted(
+                    run_id=run.run_id,
+                    path=record.path,
+                    kind=record.kind,
+                    goal=record.goal,
+                    step_id=record.step_id,
+                )
             )
-        )
-    try:
-        scopes = [s for s in (i.node_scope(node) for i in run.instruments) if s is not None]
-        if len(scopes) == 1:  # the common case (a budget, say) without an exit stack's cost
-            async with scopes[0]:
-                yield
-        elif scopes:
-            async with AsyncExitStack() as stack:
-                for scope in scopes:
-                    await stack.enter_async_context(scope)
-                yield
-        else:
-            yield
-        if node.parent is None:
-            # A cancel() that came during the run's last synchronous steps ends it here.
-            await anyio.lowlevel.checkpoint_if_cancelled()
-    except anyio.get_cancelled_exc_class():
-        if run.pause.pausing:
-            record.status = "paused"
-        else:
-            record.status = "cancelled"
-            record.error = record.error or "cancelled"
-        raise
-    except BaseException as exc:
-        if node.parent is None and run.cancel_requested:
+        try:
+            scopes = []
+            for instrument in run.instruments:
+                scope = instrument.node_scope(node)
+                if scope is not None:
+                    scopes.append(scope)
+            if len(scopes) == 1:  # the common case (a budget, say) without an exit stack's cost
+                await scopes[0].__aenter__()
+                self.scope = scopes[0]
+            elif scopes:
+                self.scope = await _enter_all(scopes)
+        except BaseException as exc:
+            self._failed(exc)
+            self._ended()
+            raise
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        node = self.node
+        try:
+            try:
+                if self.scope is not None:
+                    await self.scope.__aexit__(exc_type, exc, tb)
+            except BaseException as inner:
+                self._failed(inner)
+                raise
+            if exc is not None:
+                self._failed(exc)
+            elif node.parent is None:
+                try:
+                    # A cancel() that came during the run's last synchronous steps ends it here.
+                    await anyio.lowlevel.checkpoint_if_cancelled()
+                except BaseException as late:
+                    self._failed(late)
+                    raise
+        finally:
+            self._ended()
+
+    def _failed(self, exc: BaseException) -> None:
+        node = self.node
+        record = node.record
+        run = node.run
+        if isinstance(exc, anyio.get_cancelled_exc_class()):
+            if run.pause.pausing:
+                record.status = "paused"
+            else:
+                record.status = "cancelled"
+                record.error = record.error or "cancelled"
+        elif node.parent is None and run.cancel_requested:
             record.status = "cancelled"  # the root failed after the run was cancelled
             record.error = record.error or "cancelled"
         elif record.status == "running":
             record.status = "failed"
             record.error = record.error or f"{type(exc).__name__}: {exc}"
-        raise
-    finally:
+
+    def _ended(self) -> None:
+        node = self.node
+        record = node.record
+        run = node.run
         record.finished_at = time.time()
+        node.forget_model()
         if node.parent is None:
             run.nodes_finished = True  # from here on, cancel() changes nothing
         if run.bus.active:
@@ -133,6 +149,20 @@ async def node_lifecycle(node: NodeContext) -> AsyncIterator[None]:
                     error=record.error,
                 )
             )
+
+
+node_lifecycle = NodeLifecycle
+
+
+async def _enter_all(scopes: list[AbstractAsyncContextManager[None]]) -> AsyncExitStack:
+    stack = AsyncExitStack()
+    try:
+        for scope in scopes:
+            await stack.enter_async_context(scope)
+    except BaseException as exc:
+        await stack.__aexit__(type(exc), exc, exc.__traceback__)
+        raise
+    return stack
 
 
 def _as_step_failure(exc: Exception) -> StepFailed:
@@ -155,14 +185,15 @@ def _finish(
         record.error = error
 
 
-async def _execute_step(
+def _execute_step(
     node: NodeContext, step: Step, inputs: Mapping[str, StepResult], react: bool
-) -> StepResult:
+) -> Awaitable[StepResult]:
+    """The executor's coroutine for the step (returned, not awaited here: one frame less)."""
     run = node.run
     if step.tool is not None and step.args is not None:
-        return await run.tool_executor.execute(node, step.tool, step.args, inputs)
+        return run.tool_executor.execute(node, step.tool, step.args, inputs)
     context = "" if node.parent is None else node.parent.record.goal
-    return await run.llm_executor.execute(
+    return run.llm_executor.execute(
         node, step.instruction, inputs, context=context, only_tool=step.tool, react=react
     )
 
@@ -179,293 +210,68 @@ async def run_task_node(
     run = node.run
     settings = run.settings
     retries = settings.max_retries if max_retries is None else max_retries
-    await run.pause.wait_if_paused()
-    with run.pause.working():
-        return await _run_task_attempts(node, step, inputs, react, retries)
-
-
-async def _run_task_attempts(
-    node: NodeContext, step: Step, inputs: Mapping[str, StepResult], react: bool, retries: int
-) -> StepResult:
-    run = node.run
-    settings = run.settings
-    async with node_lifecycle(node):
-        attempt = 0
-        while True:
-            attempt += 1
-            node.record.attempts = attempt
-            try:
-                async with run.leaf_limiter:
-                    run.leaf_started()
-                    try:
-                        with anyio.fail_after(settings.step_timeout_s):
-                            result = await _execute_step(node, step, inputs, react)
-                    finally:
-                        run.leaf_finished()
-            except TimeoutError:
-                failure = StepFailed(
-                    f"step timed out after {settings.step_timeout_s:g} s", retryable=True
-                )
-            except (UnexpectedModelCall, ModelAuthError):
-                raise
-            except HierplanError as exc:
-                failure = _as_step_failure(exc)
-            else:
-                _finish(node, "succeeded", output=result.text)
-                run.pause.finished(node.path, result)
-                return result
-            if not failure.retryable or attempt > retries:
-                _finish(node, failure.status, error=str(failure))
-                raise failure
-            delay = settings.retry_backoff_s * 2.0 ** (attempt - 1)
-            if run.bus.active:
-                run.bus.emit(
-                    StepRetried(
-                        run_id=run.run_id,
-                        path=node.path,
-                        attempt=attempt,
-                        error=str(failure),
-                        delay_s=delay,
+    pause = run.pause
+    if pause.pausing:
+        await pause.wait_if_paused()
+    pause.work_started()  # not a `with pause.working()`: this runs for every leaf
+    try:
+        async with NodeLifecycle(node):
+            attempt = 0
+            while True:
+                attempt += 1
+                node.record.attempts = attempt
+                try:
+                    result = await _attempt(node, step, inputs, react)
+                except TimeoutError:
+                    failure = StepFailed(
+                        f"step timed out after {settings.step_timeout_s:g} s", retryable=True
                     )
-                )
-            await anyio.sleep(delay)
+                except (UnexpectedModelCall, ModelAuthError):
+                    raise
+                except HierplanError as exc:
+                    failure = _as_step_failure(exc)
+                else:
+                    _finish(node, "succeeded", output=result.text)
+                    pause.finished(node.path, result)
+                    return result
+                if not failure.retryable or attempt > retries:
+                    _finish(node, failure.status, error=str(failure))
+                    raise failure
+                delay = settings.retry_backoff_s * 2.0 ** (attempt - 1)
+                if run.bus.active:
+                    run.bus.emit(
+                        StepRetried(
+                            run_id=run.run_id,
+                            path=node.path,
+                            attempt=attempt,
+                            error=str(failure),
+                            delay_s=delay,
+                        )
+                    )
+                await anyio.sleep(delay)
+    finally:
+        pause.work_ended()
 
 
-def _gate_context(
-    node: NodeContext, plan: Plan, version: PlanVersion, previous: Plan | None, policy: PlanPolicy
-) -> GateContext:
-    settings = node.run.settings
-    if previous is None and version.version > 1:
-        previous = _plan_before(node, version)
-    return GateContext(
-        path=node.path,
-        goal=node.record.goal,
-        depth=node.depth,
-        max_depth=node.depth if policy.flat else settings.max_depth,
-        max_steps=settings.max_steps,
-        allowed_tools=node.allowed_tools,
-        toolbox=node.run.toolbox,
-        version=version.version,
-        reason=version.reason,
-        previous=previous,
-        diff=version.diff,
-        budget=node.record.budget,
-        step=node.step,
-    )
-
-
-def _plan_before(node: NodeContext, version: PlanVersion) -> Plan | None:
-    """The proposal ``version`` replaces (refused edits are not proposals)."""
-    earlier = [
-        v
-        for v in node.record.plan_versions
-        if v.version < version.version and not (v.reason == "edit" and v.decision == "invalid")
-    ]
-    return earlier[-1].plan if earlier else None
-
-
-def _add_version(node: NodeContext, plan: Plan, reason: str, previous: Plan | None) -> PlanVersion:
-    versions = node.record.plan_versions
-    version = PlanVersion(
-        version=len(versions) + 1,
-        plan=plan,
-        reason=reason,
-        created_at=time.time(),
-        diff=None if previous is None else diff_plans(previous, plan),
-    )
-    versions.append(version)
+async def _attempt(
+    node: NodeContext, step: Step, inputs: Mapping[str, StepResult], react: bool
+) -> StepResult:
+    """One attempt at a step, holding a slot of the run-wide leaf limit, under the deadline."""
     run = node.run
-    if run.bus.active:
-        run.bus.emit(
-            PlanProposed(
-                run_id=run.run_id,
-                path=node.path,
-                version=version.version,
-                reason=reason,
-                plan=plan.model_dump(mode="json"),
-            )
-        )
-        if previous is not None and reason == "replan":
-            diff = version.diff
-            run.bus.emit(
-                Replanned(
-                    run_id=run.run_id,
-                    path=node.path,
-                    version=version.version,
-                    reason=reason,
-                    diff=diff.summary() if diff else "",
-                    added=list(diff.added) if diff else [],
-                    removed=list(diff.removed) if diff else [],
-                    changed=list(diff.changed) if diff else [],
-                )
-            )
-    return version
-
-
-def _decide(node: NodeContext, version: PlanVersion, outcome: GateOutcome) -> None:
-    version.decision = outcome.kind
-    version.decided_by = outcome.by
-    version.decided_at = time.time()
-    version.note = outcome.note
-    version.problems = list(outcome.problems)
-    version.history.append(
-        DecisionRecord(
-            outcome.kind, outcome.by, version.decided_at, outcome.note, list(outcome.problems)
-        )
-    )
-    run = node.run
-    if run.bus.active:
-        run.bus.emit(
-            PlanDecided(
-                run_id=run.run_id,
-                path=node.path,
-                version=version.version,
-                decision=outcome.kind,
-                decided_by=outcome.by,
-                note=outcome.note,
-                problems=outcome.problems,
-            )
-        )
-
-
-async def _propose(
-    node: NodeContext,
-    policy: PlanPolicy,
-    inputs: Mapping[str, StepResult],
-    previous: Plan | None,
-    progress: Mapping[str, StepResult] | None,
-    failure: str | None,
-    feedback: str | None,
-) -> Plan:
-    run = node.run
-    texts = {k: v.text for k, v in inputs.items()}
-    reason = "initial" if previous is None else "replan"
-    scopes = [i.planning_scope(node, reason) for i in run.instruments]
-    async with AsyncExitStack() as stack:
-        for scope in scopes:
-            if scope is not None:
-                await stack.enter_async_context(scope)
-        try:
-            if previous is None:
-                return await run.planner.plan(
-                    node, inputs=texts, feedback=feedback, flat=policy.flat
-                )
-            done = {k: v.text for k, v in (progress or {}).items()}
-            return await run.planner.replan(
-                node, previous, done, failure, inputs=texts, feedback=feedback, flat=policy.flat
-            )
-        except PlanParseError as exc:
-            raise StepFailed(str(exc)) from None
-        except SimulatorCoverageError as exc:
-            raise StepFailed(str(exc)) from None
-        except (ModelAuthError, UnexpectedModelCall):
-            raise
-        except ModelError as exc:
-            # The model call failed after its retries: this node fails (its parent may replan)
-            # rather than the whole run.
-            raise StepFailed(f"planning failed: {exc}") from None
-
-
-async def obtain_plan(
-    node: NodeContext,
-    policy: PlanPolicy,
-    inputs: Mapping[str, StepResult],
-    *,
-    previous: Plan | None = None,
-    progress: Mapping[str, StepResult] | None = None,
-    failure: str | None = None,
-    feedback: str | None = None,
-) -> Plan:
-    """A plan the gate approved (or an approved edit of it).
-
-    Invalid plans return to the planner with the validators' findings, rejected ones with the
-    reviewer's reason; past ``max_invalid_plans`` or ``max_rejections`` the node fails. A
-    deferred plan pauses the run here. In a resumed run, the node's approved plan is used again
-    and a pending one gets the decision made outside the run.
-    """
-    settings = node.run.settings
-    pause = node.run.pause
-    invalid = rejections = 0
-    reason = "initial" if previous is None else "replan"
-    pending: PlanVersion | None = None
-    restored = pause.plan_state(node)
-    if restored is not None:
-        if restored.approved is not None:
-            return restored.approved
-        pending, feedback = restored.pending, restored.feedback
-        invalid, rejections = restored.invalid, restored.rejections
-        previous, progress, reason = _resumed_context(node, restored)
-    while True:
-        with pause.working():
-            if pending is None:
-                plan = await _propose(node, policy, inputs, previous, progress, failure, feedback)
-                version = _add_version(node, plan, reason, previous or _last_plan(node))
-                decision = None
-            else:
-                version, pending = pending, None
-                plan, decision = version.plan, pause.restore_decision(node.path)
-            outcome = await node.run.gate.review(
-                plan, _gate_context(node, plan, version, previous, policy), decision
-            )
-            _decide(node, version, outcome)
-            _record_refused(node, plan, outcome)
-        if outcome.kind == "pending":
-            await pause.hold()
-        if outcome.kind == "approved":
-            return plan
-        if outcome.kind == "edited":
-            edited = _add_version(node, outcome.plan, "edit", plan)
-            _decide(node, edited, GateOutcome("approved", outcome.plan, outcome.by, outcome.note))
-            return outcome.plan
-        if outcome.kind == "invalid":
-            invalid += 1
-            if invalid > settings.max_invalid_plans:
-                raise StepFailed(
-                    f"the planner proposed {invalid} invalid plans; last problems: "
-                    + "; ".join(outcome.problems)
-                )
-            feedback = invalid_feedback(outcome.problems)
-        else:
-            rejections += 1
-            if rejections > settings.max_rejections:
-                raise StepFailed(
-                    f"plan rejected {rejections} times; last reason: {outcome.note}",
-                    status="rejected",
-                )
-            feedback = rejection_feedback(outcome.note)
-        reason = "retry"
-
-
-def _resumed_context(
-    node: NodeContext, restored: PlanState
-) -> tuple[Plan | None, Mapping[str, StepResult] | None, str]:
-    """``previous``, ``progress`` and the next version's reason for a restored node."""
-    if restored.previous is None:
-        return None, None, "retry"
-    return restored.previous, node.run.pause.done_for(node, restored.previous), "replan"
-
-
-def _record_refused(node: NodeContext, plan: Plan, outcome: GateOutcome) -> None:
-    """Keep every edit the validators refused as a plan version, for the audit trail."""
-    for refused in outcome.refused:
-        version = _add_version(node, refused.plan, "edit", plan)
-        version.created_at = refused.at
-        _decide(
-            node,
-            version,
-            GateOutcome(
-                "invalid",
-                refused.plan,
-                "validators",
-                f"edit by {outcome.by} refused",
-                problems=list(refused.problems),
-            ),
-        )
-
-
-def _last_plan(node: NodeContext) -> Plan | None:
-    versions = node.record.plan_versions
-    return versions[-1].plan if versions else None
+    limiter = run.leaf_limiter
+    await limiter.acquire()
+    run.leaf_started()
+    try:
+        timeout = run.settings.step_timeout_s
+        if timeout is None:
+            return await _execute_step(node, step, inputs, react)
+        with anyio.CancelScope(deadline=anyio.current_time() + timeout):
+            return await _execute_step(node, step, inputs, react)
+        # Only a deadline that passed gets here (the scope caught its own cancellation).
+        raise TimeoutError
+    finally:
+        run.leaf_finished()
+        limiter.release()
 
 
 def _answer(plan: Plan, results: Mapping[str, StepResult]) -> str:
@@ -549,10 +355,13 @@ async def execute_plan(
     if restored is not None:
         children.by_step, done = restored
     replans = 0
-    limiter = anyio.CapacityLimiter(1 if policy.sequential else settings.plan_concurrency)
+    limiter = Slots(1 if policy.sequential else settings.plan_concurrency)
 
     async def run_step(step: Step, step_inputs: dict[str, StepResult]) -> StepResult:
-        return await run_child(children.by_step[step.id], step, step_inputs, policy)
+        child = children.by_step[step.id]
+        if child.record.kind == "executor":  # the leaf: one coroutine less on its stack
+            return await run_task_node(child, step, step_inputs)
+        return await run_child(child, step, step_inputs, policy)
 
     while True:
         children.sync(plan, done, len(node.record.plan_versions), policy)

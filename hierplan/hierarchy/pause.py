@@ -125,6 +125,15 @@ class PauseControl:
             self.busy -= 1
             self._stop_if_idle()
 
+    def work_started(self) -> None:
+        """:meth:`working` without the context manager: call :meth:`work_ended` after."""
+        self.busy += 1
+
+    def work_ended(self) -> None:
+        """The end of work counted by :meth:`work_started`."""
+        self.busy -= 1
+        self._stop_if_idle()
+
     async def wait_if_paused(self) -> None:
         """Called before a step starts: while the run pauses, wait to be cancelled."""
         if self.pausing:

@@ -220,6 +220,8 @@ def _step_problems(
 
 
 def _cycle_problems(plan: Plan) -> list[PlanProblem]:
+    if not any(d != s.id for s in plan.steps for d in s.depends_on):
+        return []  # no edge between two steps, no cycle: skip building the graph
     graph = plan.graph()
     graph.remove_edges_from(list(nx.selfloop_edges(graph)))  # reported as self_dependency
     out: list[PlanProblem] = []

@@ -181,33 +181,19 @@ async def run(
     plan's steps; ``price_in``/``price_out`` (USD per million tokens) price the run's models.
     A run stopped by its budget ends ``partial``; ``RunResult.not_done()`` says what is left.
     """
-    run_settings = _settings(
-        settings,
-        {
-            "strategy": strategy,
-            "max_depth": max_depth,
-            "concurrency": concurrency,
-            "seed": seed,
-        },
-    )
+    given = {"strategy": strategy, "max_depth": max_depth, "concurrency": concurrency}
+    run_settings = _settings(settings, {**given, "seed": seed})
     chosen = get_strategy(run_settings.strategy)
-    option = (model_options or {}).get("priced_as")
-    priced = [
-        priced_as_of(model, option),
-        priced_as_of(model if executor_model is None else executor_model, option),
-    ]
-    pricing = with_price(pricing or PriceTable(), price_in, price_out, priced)
-    budgeting = prepare_budget(
-        budget_usd=budget_usd,
-        budget_tokens=budget_tokens,
-        allocation=allocation,
-        pricing=pricing,
-        models=priced,
+    budget_options = {
+        "budget_usd": budget_usd,
+        "budget_tokens": budget_tokens,
+        "allocation": allocation,
+        "price_in": price_in,
+        "price_out": price_out,
+    }
+    pricing, instruments = _with_budget(
+        model, executor_model, model_options, pricing, budget_options, restore, instruments
     )
-    if budgeting is not None:
-        if restore is not None and restore.record.budget is not None:
-            budgeting.carry_over(restore.record.budget["spent"])  # both parts share the budget
-        instruments = [*instruments, budgeting]
     models = _Models(
         profile=sim_profile,
         seed=run_settings.seed,
@@ -228,26 +214,17 @@ async def run(
             rid,
             reopen=restore is not None,
         )
-        planner_model = models.get(model, prepared.oracle)
-        exec_model = (
-            planner_model if executor_model is None else models.get(executor_model, prepared.oracle)
-        )
-        if planner_model.provider == "sim" and prepared.oracle is None:
-            raise UserInputError(f"the goal {prepared.goal[:120]!r} is free text. {COVERAGE_HINT}")
-        bus = EventBus(rid)
-        for listener in listeners:
-            bus.subscribe(listener)
-        ctx = RunContext(
-            run_id=rid,
-            settings=run_settings,
-            toolbox=Toolbox(prepared.tools),
-            planner_model=planner_model,
-            executor_model=exec_model,
-            pricing=pricing or PriceTable(),
-            instruments=instruments,
-            bus=bus,
-            gate=gate or Gate(approver),
-            restore=restore,
+        ctx = _run_context(
+            models.get(model, prepared.oracle),
+            None if executor_model is None else models.get(executor_model, prepared.oracle),
+            prepared,
+            rid,
+            run_settings,
+            pricing,
+            instruments,
+            listeners,
+            gate or Gate(approver),
+            restore,
         )
         if restore is not None:
             policy = getattr(chosen, "policy", None)
@@ -262,34 +239,103 @@ async def run(
             result.budget = instrument.summary(result.tree)
             break
     if result.status == "paused":
-        if checkpoint_dir is not None:
-            invocation = {
-                "goal": prepared.goal,
-                "scenario": prepared.scenario,
-                "model": model if isinstance(model, str) else None,
-                "executor_model": executor_model if isinstance(executor_model, str) else None,
-                "executor_model_object": not isinstance(executor_model, str | None),
-                "sim_profile": sim_profile,
-                "sim_latency_scale": sim_latency_scale,
-                "model_options": _saved_options(model_options),
-                "budget": {
-                    "budget_usd": budget_usd,
-                    "budget_tokens": budget_tokens,
-                    "allocation": allocation,
-                    "price_in": price_in,
-                    "price_out": price_out,
-                },
-            }
-            write_checkpoint(
-                checkpoint_dir,
-                result,
-                ctx.pause,
-                _invocation(ctx, prepared, invocation),
-                checkpoint_extra,
-            )
-        else:
-            result.error = "paused for a review, but no checkpoint_dir was given to resume from"
+        invocation = {
+            "goal": prepared.goal,
+            "scenario": prepared.scenario,
+            "model": model if isinstance(model, str) else None,
+            "executor_model": executor_model if isinstance(executor_model, str) else None,
+            "executor_model_object": not isinstance(executor_model, str | None),
+            "sim_profile": sim_profile,
+            "sim_latency_scale": sim_latency_scale,
+            "model_options": _saved_options(model_options),
+            "budget": budget_options,
+        }
+        _save_paused(ctx, prepared, result, checkpoint_dir, invocation, checkpoint_extra)
     return result
+
+
+def _with_budget(
+    model: str | Model,
+    executor_model: str | Model | None,
+    model_options: dict[str, Any] | None,
+    pricing: PriceTable | None,
+    budget: dict[str, Any],
+    restore: Restore | None,
+    instruments: Sequence[Instrument],
+) -> tuple[PriceTable, Sequence[Instrument]]:
+    """The run's price table (with ``price_in``/``price_out``) and its instruments, with a
+    budget instrument added when the run has a budget (checked before anything runs)."""
+    option = (model_options or {}).get("priced_as")
+    priced = [
+        priced_as_of(model, option),
+        priced_as_of(model if executor_model is None else executor_model, option),
+    ]
+    pricing = with_price(pricing or PriceTable(), budget["price_in"], budget["price_out"], priced)
+    budgeting = prepare_budget(
+        budget_usd=budget["budget_usd"],
+        budget_tokens=budget["budget_tokens"],
+        allocation=budget["allocation"],
+        pricing=pricing,
+        models=priced,
+    )
+    if budgeting is None:
+        return pricing, instruments
+    if restore is not None and restore.record.budget is not None:
+        budgeting.carry_over(restore.record.budget["spent"])  # both parts share the budget
+    return pricing, [*instruments, budgeting]
+
+
+def _run_context(
+    planner_model: Model,
+    executor_model: Model | None,
+    prepared: _Prepared,
+    run_id: str,
+    settings: RunSettings,
+    pricing: PriceTable,
+    instruments: Sequence[Instrument],
+    listeners: Sequence[Listener],
+    gate: Gate,
+    restore: Restore | None,
+) -> RunContext:
+    """The run's context; a free-text goal for the simulator is refused here."""
+    if planner_model.provider == "sim" and prepared.oracle is None:
+        raise UserInputError(f"the goal {prepared.goal[:120]!r} is free text. {COVERAGE_HINT}")
+    bus = EventBus(run_id)
+    for listener in listeners:
+        bus.subscribe(listener)
+    return RunContext(
+        run_id=run_id,
+        settings=settings,
+        toolbox=Toolbox(prepared.tools),
+        planner_model=planner_model,
+        executor_model=planner_model if executor_model is None else executor_model,
+        pricing=pricing,
+        instruments=instruments,
+        bus=bus,
+        gate=gate,
+        restore=restore,
+    )
+
+
+def _save_paused(
+    ctx: RunContext,
+    prepared: _Prepared,
+    result: RunResult,
+    checkpoint_dir: Path | None,
+    invocation: dict[str, Any],
+    checkpoint_extra: Mapping[str, Any] | None,
+) -> None:
+    """Write a paused run's checkpoint, or say in the result why it cannot be resumed."""
+    if checkpoint_dir is None:
+        result.error = "paused for a review, but no checkpoint_dir was given to resume from"
+        return
+    write_checkpoint(
+        checkpoint_dir,
+        result,
+        ctx.pause,
+        _invocation(ctx, prepared, invocation),
+        checkpoint_extra,
+    )
 
 
 def _invocation(ctx: RunContext, prepared: _Prepared, given: dict[str, Any]) -> dict[str, Any]:

@@ -12,8 +12,10 @@ the steps already running finish. Bookkeeping is O(1) per step and per dependenc
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import anyio
 
@@ -22,6 +24,58 @@ from hierplan.errors import StepFailed
 from hierplan.hierarchy.plan import Plan, Step
 
 RunStep = Callable[[Step, dict[str, StepResult]], Awaitable[StepResult]]
+
+
+class Limiter(Protocol):
+    """What bounds how many steps run at once: :class:`Slots` or an ``anyio.CapacityLimiter``."""
+
+    async def acquire(self) -> None:
+        """Wait for a free slot and take it."""
+
+    def release(self) -> None:
+        """Give the slot back."""
+
+
+class Slots:
+    """A capacity limiter for the tasks of one event loop: ``total`` slots, first come first
+    served.
+
+    Unlike ``anyio.CapacityLimiter`` it keeps no set of borrowers and takes a free slot without
+    a checkpoint, so the common case (a slot is free) is an integer test; a task that must wait
+    waits on an event, and a released slot goes straight to the first waiter.
+    """
+
+    __slots__ = ("_waiters", "free", "total")
+
+    def __init__(self, total: int) -> None:
+        if total < 1:
+            raise ValueError(f"a limiter needs at least one slot, not {total}")
+        self.total = total
+        self.free = total
+        self._waiters: deque[anyio.Event] = deque()
+
+    async def acquire(self) -> None:
+        """Take a slot, waiting for one if none is free."""
+        if self.free > 0 and not self._waiters:
+            self.free -= 1
+            return
+        event = anyio.Event()
+        self._waiters.append(event)
+        try:
+            await event.wait()
+        except BaseException:
+            if event.is_set():
+                self.release()  # the slot was handed over as this task was cancelled: pass it on
+            else:
+                self._waiters.remove(event)
+            raise
+
+    def release(self) -> None:
+        """Give a slot back: to the first waiter, if any."""
+        if self._waiters:
+            self._waiters.popleft().set()
+        else:
+            self.free += 1
 
 
 @dataclass(slots=True)
@@ -44,7 +98,7 @@ async def run_dag(
     run_step: RunStep,
     *,
     done: Mapping[str, StepResult] | None = None,
-    limiter: anyio.CapacityLimiter | None = None,
+    limiter: Limiter | None = None,
     stop_on_failure: bool = False,
 ) -> DagOutcome:
     """Run every step of ``plan`` not already in ``done``, each after its dependencies.
@@ -81,10 +135,13 @@ async def run_dag(
             if limiter is None:
                 result = await run_step(step, inputs)
             else:
-                async with limiter:
+                await limiter.acquire()
+                try:
                     if stopping:
                         return
                     result = await run_step(step, inputs)
+                finally:
+                    limiter.release()
         except StepFailed as exc:
             outcome.failed[step.id] = exc
             if stop_on_failure:

@@ -24,12 +24,12 @@ from hierplan.agents.executor import StepResult
 from hierplan.errors import UserInputError
 from hierplan.hierarchy.context import STRATEGY_NAMES, NodeContext
 from hierplan.hierarchy.nodes import (
-    PlanPolicy,
     run_as_needed_node,
     run_planner_node,
     run_task_node,
 )
 from hierplan.hierarchy.plan import Step
+from hierplan.hierarchy.planning import PlanPolicy
 from hierplan.hierarchy.record import NodeKind
 
 

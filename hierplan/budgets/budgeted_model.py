@@ -1,0 +1,273 @@
+"""The model wrapper of a node under a budget: reserve before every call, settle after.
+
+1. reserve the worst case: estimated input tokens plus ``max_tokens``, priced by the run's
+   price table for the model's ``priced_as``;
+2. if that does not fit, lower ``max_tokens`` to what fits, down to a floor; below the floor the
+   call is not made and :class:`~hierplan.errors.BudgetExceeded` is raised;
+3. after the call, settle the actual usage (a failed call's usage counts; a response without
+   usage settles at the reserved worst case and is flagged ``no_usage``; usage above the
+   reservation is charged, flagged ``overrun`` and reported); a cancelled call releases all.
+
+Retries pass through the wrapper one attempt at a time, so each attempt is reserved and settled
+on its own. :class:`~hierplan.budgets.instrument.BudgetInstrument` puts it around every node's
+model.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hierplan.agents.models.base import Model, ModelRequest, ModelResponse, Usage
+from hierplan.agents.models.tokens import estimate_request_tokens
+from hierplan.budgets.budget import Account, LocalLedger, Reservation, pico_to_usd
+from hierplan.errors import BudgetExceeded, ModelError
+from hierplan.hierarchy.context import NodeContext
+from hierplan.hierarchy.events import (
+    BudgetExhausted,
+    BudgetOverrun,
+    BudgetReserved,
+    BudgetSettled,
+)
+
+if TYPE_CHECKING:
+    from hierplan.budgets.instrument import BudgetInstrument
+
+
+class _Counts:
+    """Calls of one node whose ``max_tokens`` was lowered, and calls refused."""
+
+    __slots__ = ("lowered", "refused")
+
+    def __init__(self) -> None:
+        self.lowered = 0
+        self.refused = 0
+
+
+class BudgetedModel:
+    """A model behind a node's budget (see the module docstring)."""
+
+    __slots__ = (
+        "_account",
+        "_inner",
+        "_instrument",
+        "_local",
+        "_node",
+        "_rates",
+        "name",
+        "priced_as",
+        "provider",
+        "simulated",
+    )
+
+    def __init__(self, inner: Model, node: NodeContext, instrument: BudgetInstrument) -> None:
+        self._inner = inner
+        self._node = node
+        self._instrument = instrument
+        self._account: Account | None = None
+        self._rates = instrument.rates(inner.priced_as)
+        # The in-memory ledger is called directly: no coroutine per reserve and settle.
+        ledger = instrument.ledger
+        self._local = ledger if type(ledger) is LocalLedger else None
+        self.name = inner.name
+        self.provider = inner.provider
+        self.priced_as = inner.priced_as
+        self.simulated = inner.simulated
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        """Reserve, call, settle (see the module docstring)."""
+        account = self._account
+        if account is None:
+            account = self._account = self._instrument.account(self._node)
+        ledger = self._instrument.ledger
+        local = self._local
+        rate_in, _, rate_out = self._rates
+        input_tokens = estimate_request_tokens(request)
+        wanted = request.max_tokens
+        tokens = input_tokens + wanted
+        pico = input_tokens * rate_in + wanted * rate_out
+        if local is not None:
+            reservation = local.reserve_now(account, tokens, pico, request.phase)
+        else:
+            reservation = await ledger.reserve(account, tokens, pico, request.phase)
+        if reservation is None:
+            reservation, request = await self._fit(account, request, input_tokens)
+        bus = self._node.run.bus
+        if bus.active:
+            bus.emit(
+                BudgetReserved(
+                    run_id=bus.run_id,
+                    path=self._node.path,
+                    phase=request.phase,
+                    tokens=reservation.tokens,
+                    usd=self._usd(reservation.pico),
+                    max_tokens=request.max_tokens,
+                    requested_max_tokens=wanted,
+                )
+            )
+        try:
+            response = await self._inner.request(request)
+        except ModelError as exc:
+            if exc.usage is None:
+                await self._release(reservation)
+                self._settled(reservation, 0, 0, ["failed", "released"])
+            else:
+                await self._settle(reservation, exc.usage, ["failed"])
+            raise
+        except BaseException:
+            # Cancelled, or a failure that used nothing: the whole reservation goes back.
+            await self._release(reservation)
+            self._settled(reservation, 0, 0, ["released"])
+            raise
+        usage = response.usage
+        if usage is None:
+            usage = Usage(input_tokens, request.max_tokens)
+            response.usage = usage
+            response.flags.append("no_usage")
+            flags = await self._settle(reservation, usage, ["no_usage"])
+        else:
+            flags = await self._settle(reservation, usage, [])
+        if "overrun" in flags:
+            response.flags.append("overrun")
+        return response
+
+    async def _settle(self, reservation: Reservation, usage: Usage, flags: list[str]) -> list[str]:
+        rate_in, rate_cached, rate_out = self._rates
+        cached = usage.cached_input_tokens
+        tokens = usage.input_tokens + usage.output_tokens
+        pico = (
+            (usage.input_tokens - cached) * rate_in
+            + cached * rate_cached
+            + usage.output_tokens * rate_out
+        )
+        local = self._local
+        if local is not None:
+            local.settle_now(reservation, tokens, pico)
+        else:
+            await self._instrument.ledger.settle(reservation, tokens, pico)
+        if tokens > reservation.tokens or pico > reservation.pico:
+            flags.append("overrun")
+            self._overrun(reservation, tokens, pico)
+        self._settled(reservation, tokens, pico, flags)
+        return flags
+
+    async def _release(self, reservation: Reservation) -> None:
+        local = self._local
+        if local is not None:
+            local.settle_now(reservation, 0, 0, used=False)
+        else:
+            await self._instrument.ledger.release(reservation)
+
+    def _overrun(self, reservation: Reservation, tokens: int, pico: int) -> None:
+        record = self._node.record
+        if "overrun" not in record.flags:
+            record.flags.append("overrun")
+        bus = self._node.run.bus
+        if bus.active:
+            bus.emit(
+                BudgetOverrun(
+                    run_id=bus.run_id,
+                    path=self._node.path,
+                    phase=reservation.phase,
+                    tokens_over=max(0, tokens - reservation.tokens),
+                    usd_over=self._usd(max(0, pico - reservation.pico)),
+                )
+            )
+
+    def _settled(self, reservation: Reservation, tokens: int, pico: int, flags: list[str]) -> None:
+        bus = self._node.run.bus
+        if bus.active:
+            bus.emit(
+                BudgetSettled(
+                    run_id=bus.run_id,
+                    path=self._node.path,
+                    phase=reservation.phase,
+                    tokens=tokens,
+                    usd=self._usd(pico),
+                    reserved_tokens=reservation.tokens,
+                    reserved_usd=self._usd(reservation.pico),
+                    flags=flags,
+                )
+            )
+
+    def _usd(self, pico: int) -> float | None:
+        return pico_to_usd(pico) if self._instrument.usd_tracked else None
+
+    async def _fit(
+        self, account: Account, request: ModelRequest, input_tokens: int
+    ) -> tuple[Reservation, ModelRequest]:
+        """Lower ``max_tokens`` to what the budget has left, down to the floor, or raise."""
+        instrument = self._instrument
+        ledger = instrument.ledger
+        rate_in, _, rate_out = self._rates
+        floor = instrument.output_floor(request.max_tokens)
+        input_pico = input_tokens * rate_in
+        avail_t: int | None = None
+        avail_p: int | None = None
+        # A shared ledger may hand what looked available to another process between the two
+        # calls below; try again a few times before giving up.
+        for _ in range(3):
+            avail_t, avail_p = await ledger.available(account)
+            fits = request.max_tokens
+            if avail_t is not None:
+                fits = min(fits, avail_t - input_tokens)
+            if avail_p is not None:
+                rest = avail_p - input_pico
+                if rate_out:
+                    fits = min(fits, rest // rate_out)
+                elif rest < 0:
+                    fits = -1
+            if fits < floor:
+                break
+            reservation = await ledger.reserve(
+                account, input_tokens + fits, input_pico + fits * rate_out, request.phase
+            )
+            if reservation is not None:
+                self._counts().lowered += 1
+                return reservation, request.with_max_tokens(fits)
+        need_t = input_tokens + floor
+        need_p = input_pico + floor * rate_out
+        self._counts().refused += 1
+        self._exhausted(request, need_t, need_p, avail_t, avail_p)
+        raise BudgetExceeded(
+            f"node {self._node.path} is out of budget: its {request.phase} call needs at least "
+            f"{self._amount(need_t, need_p)} (max_tokens lowered to {floor:,}) but "
+            f"{self._amount(avail_t, avail_p)} remain; the call was not made"
+        )
+
+    def _counts(self) -> _Counts:
+        state = self._node.state
+        key = self._instrument.counts_key
+        counts = state.get(key)
+        if not isinstance(counts, _Counts):
+            counts = state[key] = _Counts()
+        return counts
+
+    def _amount(self, tokens: int | None, pico: int | None) -> str:
+        parts = []
+        if tokens is not None:
+            parts.append(f"{tokens:,} tokens")
+        if pico is not None and self._instrument.usd_tracked:
+            parts.append(f"${pico_to_usd(pico):.6f}")
+        return " / ".join(parts) or "no limit"
+
+    def _exhausted(
+        self,
+        request: ModelRequest,
+        need_t: int,
+        need_p: int,
+        avail_t: int | None,
+        avail_p: int | None,
+    ) -> None:
+        bus = self._node.run.bus
+        if bus.active:
+            bus.emit(
+                BudgetExhausted(
+                    run_id=bus.run_id,
+                    path=self._node.path,
+                    phase=request.phase,
+                    needed_tokens=need_t,
+                    needed_usd=self._usd(need_p),
+                    available_tokens=avail_t,
+                    available_usd=None if avail_p is None else self._usd(avail_p),
+                )
+            )

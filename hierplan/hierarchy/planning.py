@@ -1,0 +1,284 @@
+"""Planning a node: propose a plan (or a replan), pass it through the gate, keep every version.
+
+:func:`obtain_plan` asks the planner, records the proposal as a plan version (with its diff
+against the plan it replaces), has the gate decide, and sends invalid or rejected plans back to
+the planner a bounded number of times. A deferred plan pauses the run here; in a resumed run the
+node's approved plan is used again. :class:`PlanPolicy` says how a strategy plans and executes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+
+from hierplan.agents.executor import StepResult
+from hierplan.errors import (
+    ModelAuthError,
+    ModelError,
+    PlanParseError,
+    SimulatorCoverageError,
+    StepFailed,
+    UnexpectedModelCall,
+)
+from hierplan.hierarchy.context import NodeContext
+from hierplan.hierarchy.events import PlanDecided, PlanProposed, Replanned
+from hierplan.hierarchy.gate import GateContext, GateOutcome
+from hierplan.hierarchy.pause import PlanState, invalid_feedback, rejection_feedback
+from hierplan.hierarchy.plan import Plan, diff_plans
+from hierplan.hierarchy.record import DecisionRecord, PlanVersion
+
+
+@dataclass(slots=True, frozen=True)
+class PlanPolicy:
+    """How a strategy plans and executes.
+
+    ``flat``: plans may not contain sub-goals. ``sequential``: one step of a plan at a time.
+    ``replan_on_failure``: a failed step leads to a replan (up to ``max_replans``).
+    ``replan_each_step``: replan after every finished step (interleaved planning).
+    ``as_needed``: each task is first attempted directly and decomposed only if that fails.
+    """
+
+    flat: bool = False
+    sequential: bool = False
+    replan_on_failure: bool = True
+    replan_each_step: bool = False
+    as_needed: bool = False
+
+
+def _gate_context(
+    node: NodeContext, plan: Plan, version: PlanVersion, previous: Plan | None, policy: PlanPolicy
+) -> GateContext:
+    settings = node.run.settings
+    if previous is None and version.version > 1:
+        previous = _plan_before(node, version)
+    return GateContext(
+        path=node.path,
+        goal=node.record.goal,
+        depth=node.depth,
+        max_depth=node.depth if policy.flat else settings.max_depth,
+        max_steps=settings.max_steps,
+        allowed_tools=node.allowed_tools,
+        toolbox=node.run.toolbox,
+        version=version.version,
+        reason=version.reason,
+        previous=previous,
+        diff=version.diff,
+        budget=node.record.budget,
+        step=node.step,
+    )
+
+
+def _plan_before(node: NodeContext, version: PlanVersion) -> Plan | None:
+    """The proposal ``version`` replaces (refused edits are not proposals)."""
+    earlier = [
+        v
+        for v in node.record.plan_versions
+        if v.version < version.version and not (v.reason == "edit" and v.decision == "invalid")
+    ]
+    return earlier[-1].plan if earlier else None
+
+
+def _add_version(node: NodeContext, plan: Plan, reason: str, previous: Plan | None) -> PlanVersion:
+    versions = node.record.plan_versions
+    version = PlanVersion(
+        version=len(versions) + 1,
+        plan=plan,
+        reason=reason,
+        created_at=time.time(),
+        diff=None if previous is None else diff_plans(previous, plan),
+    )
+    versions.append(version)
+    run = node.run
+    if run.bus.active:
+        run.bus.emit(
+            PlanProposed(
+                run_id=run.run_id,
+                path=node.path,
+                version=version.version,
+                reason=reason,
+                plan=plan.model_dump(mode="json"),
+            )
+        )
+        if previous is not None and reason == "replan":
+            diff = version.diff
+            run.bus.emit(
+                Replanned(
+                    run_id=run.run_id,
+                    path=node.path,
+                    version=version.version,
+                    reason=reason,
+                    diff=diff.summary() if diff else "",
+                    added=list(diff.added) if diff else [],
+                    removed=list(diff.removed) if diff else [],
+                    changed=list(diff.changed) if diff else [],
+                )
+            )
+    return version
+
+
+def _decide(node: NodeContext, version: PlanVersion, outcome: GateOutcome) -> None:
+    version.decision = outcome.kind
+    version.decided_by = outcome.by
+    version.decided_at = time.time()
+    version.note = outcome.note
+    version.problems = list(outcome.problems)
+    version.history.append(
+        DecisionRecord(
+            outcome.kind, outcome.by, version.decided_at, outcome.note, list(outcome.problems)
+        )
+    )
+    run = node.run
+    if run.bus.active:
+        run.bus.emit(
+            PlanDecided(
+                run_id=run.run_id,
+                path=node.path,
+                version=version.version,
+                decision=outcome.kind,
+                decided_by=outcome.by,
+                note=outcome.note,
+                problems=outcome.problems,
+            )
+        )
+
+
+async def _propose(
+    node: NodeContext,
+    policy: PlanPolicy,
+    inputs: Mapping[str, StepResult],
+    previous: Plan | None,
+    progress: Mapping[str, StepResult] | None,
+    failure: str | None,
+    feedback: str | None,
+) -> Plan:
+    run = node.run
+    texts = {k: v.text for k, v in inputs.items()}
+    reason = "initial" if previous is None else "replan"
+    scopes = [i.planning_scope(node, reason) for i in run.instruments]
+    async with AsyncExitStack() as stack:
+        for scope in scopes:
+            if scope is not None:
+                await stack.enter_async_context(scope)
+        try:
+            if previous is None:
+                return await run.planner.plan(
+                    node, inputs=texts, feedback=feedback, flat=policy.flat
+                )
+            done = {k: v.text for k, v in (progress or {}).items()}
+            return await run.planner.replan(
+                node, previous, done, failure, inputs=texts, feedback=feedback, flat=policy.flat
+            )
+        except PlanParseError as exc:
+            raise StepFailed(str(exc)) from None
+        except SimulatorCoverageError as exc:
+            raise StepFailed(str(exc)) from None
+        except (ModelAuthError, UnexpectedModelCall):
+            raise
+        except ModelError as exc:
+            # The model call failed after its retries: this node fails (its parent may replan)
+            # rather than the whole run.
+            raise StepFailed(f"planning failed: {exc}") from None
+
+
+async def obtain_plan(
+    node: NodeContext,
+    policy: PlanPolicy,
+    inputs: Mapping[str, StepResult],
+    *,
+    previous: Plan | None = None,
+    progress: Mapping[str, StepResult] | None = None,
+    failure: str | None = None,
+    feedback: str | None = None,
+) -> Plan:
+    """A plan the gate approved (or an approved edit of it).
+
+    Invalid plans return to the planner with the validators' findings, rejected ones with the
+    reviewer's reason; past ``max_invalid_plans`` or ``max_rejections`` the node fails. A
+    deferred plan pauses the run here. In a resumed run, the node's approved plan is used again
+    and a pending one gets the decision made outside the run.
+    """
+    settings = node.run.settings
+    pause = node.run.pause
+    invalid = rejections = 0
+    reason = "initial" if previous is None else "replan"
+    pending: PlanVersion | None = None
+    restored = pause.plan_state(node)
+    if restored is not None:
+        if restored.approved is not None:
+            return restored.approved
+        pending, feedback = restored.pending, restored.feedback
+        invalid, rejections = restored.invalid, restored.rejections
+        previous, progress, reason = _resumed_context(node, restored)
+    while True:
+        with pause.working():
+            if pending is None:
+                plan = await _propose(node, policy, inputs, previous, progress, failure, feedback)
+                version = _add_version(node, plan, reason, previous or _last_plan(node))
+                decision = None
+            else:
+                version, pending = pending, None
+                plan, decision = version.plan, pause.restore_decision(node.path)
+            outcome = await node.run.gate.review(
+                plan, _gate_context(node, plan, version, previous, policy), decision
+            )
+            _decide(node, version, outcome)
+            _record_refused(node, plan, outcome)
+        if outcome.kind == "pending":
+            await pause.hold()
+        if outcome.kind == "approved":
+            return plan
+        if outcome.kind == "edited":
+            edited = _add_version(node, outcome.plan, "edit", plan)
+            _decide(node, edited, GateOutcome("approved", outcome.plan, outcome.by, outcome.note))
+            return outcome.plan
+        if outcome.kind == "invalid":
+            invalid += 1
+            if invalid > settings.max_invalid_plans:
+                raise StepFailed(
+                    f"the planner proposed {invalid} invalid plans; last problems: "
+                    + "; ".join(outcome.problems)
+                )
+            feedback = invalid_feedback(outcome.problems)
+        else:
+            rejections += 1
+            if rejections > settings.max_rejections:
+                raise StepFailed(
+                    f"plan rejected {rejections} times; last reason: {outcome.note}",
+                    status="rejected",
+                )
+            feedback = rejection_feedback(outcome.note)
+        reason = "retry"
+
+
+def _resumed_context(
+    node: NodeContext, restored: PlanState
+) -> tuple[Plan | None, Mapping[str, StepResult] | None, str]:
+    """``previous``, ``progress`` and the next version's reason for a restored node."""
+    if restored.previous is None:
+        return None, None, "retry"
+    return restored.previous, node.run.pause.done_for(node, restored.previous), "replan"
+
+
+def _record_refused(node: NodeContext, plan: Plan, outcome: GateOutcome) -> None:
+    """Keep every edit the validators refused as a plan version, for the audit trail."""
+    for refused in outcome.refused:
+        version = _add_version(node, refused.plan, "edit", plan)
+        version.created_at = refused.at
+        _decide(
+            node,
+            version,
+            GateOutcome(
+                "invalid",
+                refused.plan,
+                "validators",
+                f"edit by {outcome.by} refused",
+                problems=list(refused.problems),
+            ),
+        )
+
+
+def _last_plan(node: NodeContext) -> Plan | None:
+    versions = node.record.plan_versions
+    return versions[-1].plan if versions else None
