@@ -17,9 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from hierplan.batch import parse_goals, run_batch
+from hierplan.batch import BatchBudget, BatchConfig, RunOptions, parse_goals, run_batch
 from hierplan.batch.budget import decide
 from hierplan.batch.journal import Journal
+from hierplan.bench.suites import get_suite
 from hierplan.budgets.budget import Fixed, usd_to_pico
 from hierplan.cli import app
 from hierplan.errors import UserInputError
@@ -121,7 +122,67 @@ def test_any_goals_file_parses_or_fails_with_line_numbers(lines: list[str]) -> N
         return
     assert goals and len({g.id for g in goals}) == len(goals)
     for goal in goals:
-        assert (goal.spec.goal is None) != (goal.spec.scenario is None)
+        named = [goal.spec.goal, goal.spec.scenario, goal.spec.suite]
+        assert sum(n is not None for n in named) == 1
+
+
+def test_suite_task_lines_name_a_task_of_a_bench_suite() -> None:
+    goals = parse_goals(
+        '{"suite": "game24", "task": "game24-0-3"}\n'
+        '{"suite": "blocksworld", "task": 2, "strategy": "dag", "id": "bw"}\n'
+        '{"suite": "parallel_qa", "task": "parallel_qa-5-0", "model": "openai:gpt-5-mini"}'
+    )
+    assert [(g.id, g.spec.kind, g.spec.label()) for g in goals] == [
+        ("line-1", "suite", "game24 task game24-0-3"),
+        ("bw", "suite", "blocksworld task 2"),
+        ("line-3", "suite", "parallel_qa task parallel_qa-5-0"),
+    ]
+    # the task's own text is the goal: the same one `hierplan bench` runs
+    assert goals[0].spec.known_text() == get_suite("game24").generate(4, 0)[3].goal
+    bad = (
+        '{"suite": "chess", "task": 1}\n'
+        '{"suite": "game24", "task": "blocksworld-0-1"}\n'
+        '{"suite": "game24", "task": 10000}\n'
+        '{"suite": "game24"}\n'
+        '{"task": 3}\n'
+        '{"suite": "game24", "task": true}\n'
+        '{"suite": "game24", "task": 1, "scenario": "data_migration"}\n'
+    )
+    with pytest.raises(UserInputError) as caught:
+        parse_goals(bad)
+    message = str(caught.value)
+    for expected in (
+        "7 invalid line(s)",
+        "line 1: unknown suite 'chess'",
+        "line 2: task 'blocksworld-0-1' is not a task of game24",
+        "line 3: task index 10000 is out of range",
+        "line 4: 'suite' and 'task' go together",
+        "line 5: 'suite' and 'task' go together",
+        "line 6: task: must be a task id",
+        "line 7: give one of 'goal', 'scenario' or 'suite', not scenario and suite",
+    ):
+        assert expected in message, message
+
+
+def test_suite_tasks_run_and_are_judged_by_the_suite_verifier(tmp_path: Path) -> None:
+    goals = tmp_path / "goals.jsonl"
+    goals.write_text(
+        '{"suite": "game24", "task": 0}\n{"suite": "blocksworld", "task": "blocksworld-0-1"}\n'
+    )
+    batch = BatchConfig(
+        goals,
+        tmp_path / "out",
+        BatchBudget(None, usd_to_pico(1), 2),
+        RunOptions(sim_latency_scale=0),
+    )
+    summary = anyio.run(run_batch, batch)
+    assert summary["counts"]["succeeded"] == 2, summary
+    game = json.loads((tmp_path / "out" / "goals" / "line-1" / "run.json").read_text())
+    task = get_suite("game24").generate(1, 0)[0]
+    assert game["goal"] == task.goal
+    assert game["verification"]["ok"] and "= 24" in game["verification"]["summary"]
+    blocks = json.loads((tmp_path / "out" / "goals" / "line-2" / "run.json").read_text())
+    assert "valid actions" in blocks["verification"]["summary"]
 
 
 # -- grants --------------------------------------------------------------------------------
