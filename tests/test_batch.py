@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ from typer.testing import CliRunner
 
 from hierplan.batch import BatchBudget, BatchConfig, RunOptions, parse_goals, run_batch
 from hierplan.batch.budget import decide
+from hierplan.batch.goals import goal_seed
 from hierplan.batch.journal import Journal
 from hierplan.bench.suites import get_suite
 from hierplan.budgets.budget import Fixed, usd_to_pico
@@ -183,6 +185,54 @@ def test_suite_tasks_run_and_are_judged_by_the_suite_verifier(tmp_path: Path) ->
     assert game["verification"]["ok"] and "= 24" in game["verification"]["summary"]
     blocks = json.loads((tmp_path / "out" / "goals" / "line-2" / "run.json").read_text())
     assert "valid actions" in blocks["verification"]["summary"]
+
+
+# -- per-goal simulator seeds --------------------------------------------------------------
+
+
+def test_goal_seeds_derive_from_the_batch_seed_and_the_goal_id() -> None:
+    goals = parse_goals(
+        '{"suite": "game24", "task": 0, "id": "a"}\n'
+        '{"suite": "game24", "task": 0, "id": "b"}\n'
+        '{"suite": "game24", "task": 0, "id": "c", "seed": 7}'
+    )
+    seeds = [RunOptions(seed=1).settings(g).seed for g in goals]
+    assert seeds == [goal_seed(1, "a"), goal_seed(1, "b"), 7]
+    assert len(set(seeds)) == 3
+    assert [RunOptions(seed=2).settings(g).seed for g in goals][:2] != seeds[:2]
+    digest = hashlib.sha256(b"1:a").digest()  # the documented derivation
+    assert goal_seed(1, "a") == int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+def test_goals_with_the_same_task_get_their_own_noise_and_keep_it(tmp_path: Path) -> None:
+    goals = tmp_path / "goals.jsonl"
+    goals.write_text("".join(f'{{"suite": "game24", "task": 5, "id": "g{i}"}}\n' for i in range(4)))
+
+    def run_into(out: Path) -> dict[str, tuple[int, int]]:
+        batch = BatchConfig(
+            goals,
+            out,
+            BatchBudget(None, usd_to_pico(1), 4),
+            RunOptions(seed=3, sim_latency_scale=0),
+        )
+        anyio.run(run_batch, batch)
+        found = {}
+        for goal_id in ("g0", "g1", "g2", "g3"):
+            record = json.loads((out / "goals" / goal_id / "run.json").read_text())
+            found[goal_id] = (record["seed"], record["budget"]["spent"]["tokens"])
+        return found
+
+    first = run_into(tmp_path / "one")
+    assert len({seed for seed, _ in first.values()}) == 4
+    # The same task under different seeds: the simulator's noise differs between goals.
+    assert len({tokens for _, tokens in first.values()}) > 1, first
+    assert run_into(tmp_path / "two") == first  # a rerun draws the same noise
+    # A resumed batch takes its goals and options from the journal: the same seeds again.
+    journal = Journal(tmp_path / "one" / "journal.sqlite")
+    options = RunOptions.from_dict(journal.meta()["options"])
+    resumed = {r.id: options.settings(r.goal).seed for r in journal.rows()}
+    journal.close()
+    assert resumed == {goal_id: seed for goal_id, (seed, _) in first.items()}
 
 
 # -- grants --------------------------------------------------------------------------------

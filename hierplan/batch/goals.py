@@ -16,7 +16,8 @@ succeeded.
 Optionally a line has its own settings: ``id`` (a name of letters, digits, ``.``, ``_``, ``-``;
 by default ``line-N``), ``strategy``, ``model``, ``max_depth``, ``concurrency`` (steps at once
 within the goal), ``seed``, ``allocation``, and a budget cap ``budget_usd`` / ``budget_tokens``.
-Blank lines are skipped. A goals file comes from anywhere, so every line is
+A goal without a ``seed`` gets its own, derived from the batch's seed and its id (see
+:func:`goal_seed`). Blank lines are skipped. A goals file comes from anywhere, so every line is
 checked and every problem is reported with its line number; nothing runs until the whole file
 is valid.
 """
@@ -156,6 +157,18 @@ class GoalsFile:
     path: Path
     goals: tuple[BatchGoal, ...]
     digest: str
+
+
+def goal_seed(batch_seed: int, goal_id: str) -> int:
+    """The simulator seed of a goal whose line sets none: the first 31 bits of
+    ``sha256(f"{batch_seed}:{goal_id}")``.
+
+    The simulator keys its draws by the asking node's path, which is the same in every goal;
+    one seed for the whole batch would give every goal the same noise. Derived from the goal's
+    id, a goal keeps its seed when the batch is resumed, rerun, or its lines are reordered.
+    """
+    digest = hashlib.sha256(f"{batch_seed}:{goal_id}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
 @lru_cache(maxsize=16)

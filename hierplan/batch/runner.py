@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hierplan.batch.budget import Amounts, GoalLedger
-from hierplan.batch.goals import BatchGoal, suite_task
+from hierplan.batch.goals import BatchGoal, goal_seed, suite_task
 from hierplan.bench.base import TaskEnv
 from hierplan.bench.suites import get_suite
 from hierplan.budgets.budget import Budget, pico_to_usd
@@ -43,11 +43,12 @@ class RunOptions:
         return cls(**data)
 
     def settings(self, goal: BatchGoal) -> RunSettings:
-        """The goal's run settings: its own, else these defaults."""
+        """The goal's run settings: its own, else these defaults. A goal without a seed of
+        its own gets one derived from the batch's seed and its id (see :func:`goal_seed`)."""
         spec = goal.spec
         values: dict[str, Any] = {
             "strategy": spec.strategy or self.strategy,
-            "seed": spec.seed if spec.seed is not None else self.seed,
+            "seed": spec.seed if spec.seed is not None else goal_seed(self.seed, goal.id),
         }
         if spec.max_depth is not None:
             values["max_depth"] = spec.max_depth
