@@ -375,3 +375,31 @@ def test_the_batch_ledger_write_off_counts_held_calls_as_spent() -> None:
         ledger.drop()
 
     anyio.run(main)
+
+
+def test_the_redis_ledger_counts_exactly_on_both_sides_of_its_arithmetic_shortcut() -> None:
+    from redis_support import require_redis
+
+    from hierplan.budgets.budget import Ledger, LocalLedger
+    from hierplan.budgets.redis_ledger import RedisLedger
+
+    server = require_redis()
+    # 15 digits take the double-precision shortcut; past it, the digit-group arithmetic.
+    amounts = [999_999_999_999_999, 10**15, 2**53 + 1, 10**18 + 7, 3]
+
+    async def figures(ledger: Ledger) -> list[object]:
+        root = await ledger.open("batch", None, Fixed(10**21, 10**21))
+        goal = await ledger.open("goal", root, Fixed(10**20, 10**20 + 1))
+        for held, used in zip(amounts, reversed(amounts), strict=True):
+            reservation = await ledger.reserve(goal, held, held + 1, "execution")
+            assert reservation is not None
+            await ledger.settle(reservation, used, used + 1)  # some under, some over
+        closed = await ledger.close(goal)
+        return [closed, await ledger.balance(root), await ledger.available(root)]
+
+    async def main() -> None:
+        redis_ledger = RedisLedger(server.url)
+        assert await figures(redis_ledger) == await figures(LocalLedger())
+        redis_ledger.drop()
+
+    anyio.run(main)

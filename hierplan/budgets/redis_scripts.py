@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 # Exact non-negative integers as decimal strings, in groups of 7 digits (exact in doubles).
+# Amounts of up to 15 digits (below $1,000 in pico-dollars) take a shortcut: their sum is below
+# 2^53, so Lua's doubles add and subtract them exactly.
 PRELUDE = r"""
 local P = ARGV[1]
 local BASE = 10000000
@@ -39,6 +41,7 @@ local function unlimbs(t)
   return table.concat(parts)
 end
 local function add(a, b)
+  if #a <= 15 and #b <= 15 then return string.format('%.0f', tonumber(a) + tonumber(b)) end
   local x, y, r, c = limbs(a), limbs(b), {}, 0
   local n = #x
   if #y > n then n = #y end
@@ -56,6 +59,7 @@ local function cmp(a, b)
 end
 local function sub(a, b)
   if cmp(a, b) <= 0 then return '0' end
+  if #a <= 15 then return string.format('%.0f', tonumber(a) - tonumber(b)) end
   local x, y, r, c = limbs(a), limbs(b), {}, 0
   for k = 1, #x do
     local v = x[k] - (y[k] or 0) - c
@@ -79,29 +83,37 @@ local function limit(k, f)
 end
 local function inc(k, f, amount) redis.call('HSET', k, f, add(get(k, f), amount)) end
 local function dec(k, f, amount) redis.call('HSET', k, f, sub(get(k, f), amount)) end
-local function used(k, d)
-  return add(add(get(k, 's' .. d), get(k, 'r' .. d)), get(k, 'g' .. d))
+-- An account's limits, what it has used (spent + reserved + granted), its kind and parent,
+-- in one HMGET: the checks walk every ancestor up to the first fixed one.
+local function figures(k)
+  local f = redis.call('HMGET', k, 'lt', 'lp', 'st', 'rt', 'gt', 'sp', 'rp', 'gp', 'fixed',
+    'parent')
+  local function opt(v) if v == false or v == '' then return nil end return v end
+  return {
+    lt = opt(f[1]), lp = opt(f[2]),
+    ut = add(add(f[3] or '0', f[4] or '0'), f[5] or '0'),
+    up = add(add(f[6] or '0', f[7] or '0'), f[8] or '0'),
+    fixed = f[9] == '1', parent = opt(f[10]),
+  }
 end
 local function fits(id, t, p)
   while id do
-    local k = key(id)
-    local lt, lp = limit(k, 'lt'), limit(k, 'lp')
-    if lt and cmp(add(used(k, 't'), t), lt) > 0 then return false end
-    if lp and cmp(add(used(k, 'p'), p), lp) > 0 then return false end
-    if get(k, 'fixed') == '1' then return true end
-    id = limit(k, 'parent')
+    local a = figures(key(id))
+    if a.lt and cmp(add(a.ut, t), a.lt) > 0 then return false end
+    if a.lp and cmp(add(a.up, p), a.lp) > 0 then return false end
+    if a.fixed then return true end
+    id = a.parent
   end
   return true
 end
 local function available(id)
   local bt, bp = nil, nil
   while id do
-    local k = key(id)
-    local lt, lp = limit(k, 'lt'), limit(k, 'lp')
-    if lt then bt = minimum(bt, sub(lt, used(k, 't'))) end
-    if lp then bp = minimum(bp, sub(lp, used(k, 'p'))) end
-    if get(k, 'fixed') == '1' then break end
-    id = limit(k, 'parent')
+    local a = figures(key(id))
+    if a.lt then bt = minimum(bt, sub(a.lt, a.ut)) end
+    if a.lp then bp = minimum(bp, sub(a.lp, a.up)) end
+    if a.fixed then break end
+    id = a.parent
   end
   return bt, bp
 end
