@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from batch_support import config, text_goals
+from batch_support import config, load_benchmark, text_goals
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -403,3 +404,15 @@ def test_the_redis_ledger_counts_exactly_on_both_sides_of_its_arithmetic_shortcu
         redis_ledger.drop()
 
     anyio.run(main)
+
+
+def test_the_batch_benchmark_runs_at_a_small_size(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--goals", "1", "--tasks", "4", "--pairs", "50", "--concurrency", "2", "--no-celery"]
+    figures = load_benchmark().main(argv)
+    assert figures["game24_local_goals_per_s"] > 0
+    assert figures["data_migration_local_goals_per_s"] > 0
+    assert figures["local_ledger_pairs_per_s"] > 0
+    assert "game24_celery_goals_per_s" not in figures
+    if shutil.which("redis-server"):
+        assert figures["redis_vs_local_ledger"] > 0
+    assert "game24_local_goals_per_s:" in capsys.readouterr().out
