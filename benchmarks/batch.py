@@ -56,7 +56,7 @@ async def pairs_per_second(ledger: Ledger, pairs: int) -> float:
 
 def goals_files(work: Path, scenarios: int, tasks: int) -> dict[str, Path]:
     """The two workloads: data_migration scenarios and game24 suite tasks."""
-    files = {
+    files: dict[str, list[dict[str, Any]]] = {
         "data_migration": [{"scenario": "data_migration"} for _ in range(scenarios)],
         "game24": [{"suite": "game24", "task": i} for i in range(tasks)],
     }
