@@ -239,7 +239,9 @@ async def work_on_goal(payload: dict[str, Any], worker: _Worker) -> str:
         options,
         GoalLedger(ledger, account),
         inner_budget(grant, cap),
-        worker.workdir / payload["namespace"] / goal.id,
+        # A directory per delivery: a goal delivered again while an earlier delivery still
+        # runs (it outlived the visibility timeout) must not set up its files over that one's.
+        worker.workdir / payload["namespace"] / goal.id / fence[:12],
         worker.instruments,
     )
     try:
