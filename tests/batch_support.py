@@ -8,6 +8,7 @@ crash tests).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from functools import partial
@@ -82,6 +83,16 @@ def config(
         resume=resume,
         run_fn=partial(run_with_stand_in, stand_in(delay_s)),
     )
+
+
+def load_benchmark() -> Any:
+    """``benchmarks/batch.py`` as a module (for its smoke tests)."""
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "batch.py"
+    spec = importlib.util.spec_from_file_location("batch_benchmark", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def main(argv: list[str]) -> None:

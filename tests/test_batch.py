@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,14 +14,16 @@ from pathlib import Path
 
 import anyio
 import pytest
-from batch_support import config, text_goals
+from batch_support import config, load_benchmark, text_goals
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from hierplan.batch import parse_goals, run_batch
+from hierplan.batch import BatchBudget, BatchConfig, RunOptions, parse_goals, run_batch
 from hierplan.batch.budget import decide
+from hierplan.batch.goals import goal_seed
 from hierplan.batch.journal import Journal
+from hierplan.bench.suites import get_suite
 from hierplan.budgets.budget import Fixed, usd_to_pico
 from hierplan.cli import app
 from hierplan.errors import UserInputError
@@ -121,7 +125,115 @@ def test_any_goals_file_parses_or_fails_with_line_numbers(lines: list[str]) -> N
         return
     assert goals and len({g.id for g in goals}) == len(goals)
     for goal in goals:
-        assert (goal.spec.goal is None) != (goal.spec.scenario is None)
+        named = [goal.spec.goal, goal.spec.scenario, goal.spec.suite]
+        assert sum(n is not None for n in named) == 1
+
+
+def test_suite_task_lines_name_a_task_of_a_bench_suite() -> None:
+    goals = parse_goals(
+        '{"suite": "game24", "task": "game24-0-3"}\n'
+        '{"suite": "blocksworld", "task": 2, "strategy": "dag", "id": "bw"}\n'
+        '{"suite": "parallel_qa", "task": "parallel_qa-5-0", "model": "openai:gpt-5-mini"}'
+    )
+    assert [(g.id, g.spec.kind, g.spec.label()) for g in goals] == [
+        ("line-1", "suite", "game24 task game24-0-3"),
+        ("bw", "suite", "blocksworld task 2"),
+        ("line-3", "suite", "parallel_qa task parallel_qa-5-0"),
+    ]
+    # the task's own text is the goal: the same one `hierplan bench` runs
+    assert goals[0].spec.known_text() == get_suite("game24").generate(4, 0)[3].goal
+    bad = (
+        '{"suite": "chess", "task": 1}\n'
+        '{"suite": "game24", "task": "blocksworld-0-1"}\n'
+        '{"suite": "game24", "task": 10000}\n'
+        '{"suite": "game24"}\n'
+        '{"task": 3}\n'
+        '{"suite": "game24", "task": true}\n'
+        '{"suite": "game24", "task": 1, "scenario": "data_migration"}\n'
+    )
+    with pytest.raises(UserInputError) as caught:
+        parse_goals(bad)
+    message = str(caught.value)
+    for expected in (
+        "7 invalid line(s)",
+        "line 1: unknown suite 'chess'",
+        "line 2: task 'blocksworld-0-1' is not a task of game24",
+        "line 3: task index 10000 is out of range",
+        "line 4: 'suite' and 'task' go together",
+        "line 5: 'suite' and 'task' go together",
+        "line 6: task: must be a task id",
+        "line 7: give one of 'goal', 'scenario' or 'suite', not scenario and suite",
+    ):
+        assert expected in message, message
+
+
+def test_suite_tasks_run_and_are_judged_by_the_suite_verifier(tmp_path: Path) -> None:
+    goals = tmp_path / "goals.jsonl"
+    goals.write_text(
+        '{"suite": "game24", "task": 0}\n{"suite": "blocksworld", "task": "blocksworld-0-1"}\n'
+    )
+    batch = BatchConfig(
+        goals,
+        tmp_path / "out",
+        BatchBudget(None, usd_to_pico(1), 2),
+        RunOptions(sim_latency_scale=0),
+    )
+    summary = anyio.run(run_batch, batch)
+    assert summary["counts"]["succeeded"] == 2, summary
+    game = json.loads((tmp_path / "out" / "goals" / "line-1" / "run.json").read_text())
+    task = get_suite("game24").generate(1, 0)[0]
+    assert game["goal"] == task.goal
+    assert game["verification"]["ok"] and "= 24" in game["verification"]["summary"]
+    blocks = json.loads((tmp_path / "out" / "goals" / "line-2" / "run.json").read_text())
+    assert "valid actions" in blocks["verification"]["summary"]
+
+
+# -- per-goal simulator seeds --------------------------------------------------------------
+
+
+def test_goal_seeds_derive_from_the_batch_seed_and_the_goal_id() -> None:
+    goals = parse_goals(
+        '{"suite": "game24", "task": 0, "id": "a"}\n'
+        '{"suite": "game24", "task": 0, "id": "b"}\n'
+        '{"suite": "game24", "task": 0, "id": "c", "seed": 7}'
+    )
+    seeds = [RunOptions(seed=1).settings(g).seed for g in goals]
+    assert seeds == [goal_seed(1, "a"), goal_seed(1, "b"), 7]
+    assert len(set(seeds)) == 3
+    assert [RunOptions(seed=2).settings(g).seed for g in goals][:2] != seeds[:2]
+    digest = hashlib.sha256(b"1:a").digest()  # the documented derivation
+    assert goal_seed(1, "a") == int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+def test_goals_with_the_same_task_get_their_own_noise_and_keep_it(tmp_path: Path) -> None:
+    goals = tmp_path / "goals.jsonl"
+    goals.write_text("".join(f'{{"suite": "game24", "task": 5, "id": "g{i}"}}\n' for i in range(4)))
+
+    def run_into(out: Path) -> dict[str, tuple[int, int]]:
+        batch = BatchConfig(
+            goals,
+            out,
+            BatchBudget(None, usd_to_pico(1), 4),
+            RunOptions(seed=3, sim_latency_scale=0),
+        )
+        anyio.run(run_batch, batch)
+        found = {}
+        for goal_id in ("g0", "g1", "g2", "g3"):
+            record = json.loads((out / "goals" / goal_id / "run.json").read_text())
+            found[goal_id] = (record["seed"], record["budget"]["spent"]["tokens"])
+        return found
+
+    first = run_into(tmp_path / "one")
+    assert len({seed for seed, _ in first.values()}) == 4
+    # The same task under different seeds: the simulator's noise differs between goals.
+    assert len({tokens for _, tokens in first.values()}) > 1, first
+    assert run_into(tmp_path / "two") == first  # a rerun draws the same noise
+    # A resumed batch takes its goals and options from the journal: the same seeds again.
+    journal = Journal(tmp_path / "one" / "journal.sqlite")
+    options = RunOptions.from_dict(journal.meta()["options"])
+    resumed = {r.id: options.settings(r.goal).seed for r in journal.rows()}
+    journal.close()
+    assert resumed == {goal_id: seed for goal_id, (seed, _) in first.items()}
 
 
 # -- grants --------------------------------------------------------------------------------
@@ -264,3 +376,43 @@ def test_the_batch_ledger_write_off_counts_held_calls_as_spent() -> None:
         ledger.drop()
 
     anyio.run(main)
+
+
+def test_the_redis_ledger_counts_exactly_on_both_sides_of_its_arithmetic_shortcut() -> None:
+    from redis_support import require_redis
+
+    from hierplan.budgets.budget import Ledger, LocalLedger
+    from hierplan.budgets.redis_ledger import RedisLedger
+
+    server = require_redis()
+    # 15 digits take the double-precision shortcut; past it, the digit-group arithmetic.
+    amounts = [999_999_999_999_999, 10**15, 2**53 + 1, 10**18 + 7, 3]
+
+    async def figures(ledger: Ledger) -> list[object]:
+        root = await ledger.open("batch", None, Fixed(10**21, 10**21))
+        goal = await ledger.open("goal", root, Fixed(10**20, 10**20 + 1))
+        for held, used in zip(amounts, reversed(amounts), strict=True):
+            reservation = await ledger.reserve(goal, held, held + 1, "execution")
+            assert reservation is not None
+            await ledger.settle(reservation, used, used + 1)  # some under, some over
+        closed = await ledger.close(goal)
+        return [closed, await ledger.balance(root), await ledger.available(root)]
+
+    async def main() -> None:
+        redis_ledger = RedisLedger(server.url)
+        assert await figures(redis_ledger) == await figures(LocalLedger())
+        redis_ledger.drop()
+
+    anyio.run(main)
+
+
+def test_the_batch_benchmark_runs_at_a_small_size(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--goals", "1", "--tasks", "4", "--pairs", "50", "--concurrency", "2", "--no-celery"]
+    figures = load_benchmark().main(argv)
+    assert figures["game24_local_goals_per_s"] > 0
+    assert figures["data_migration_local_goals_per_s"] > 0
+    assert figures["local_ledger_pairs_per_s"] > 0
+    assert "game24_celery_goals_per_s" not in figures
+    if shutil.which("redis-server"):
+        assert figures["redis_vs_local_ledger"] > 0
+    assert "game24_local_goals_per_s:" in capsys.readouterr().out

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from batch_support import load_benchmark
 from redis_support import RedisServer, redis_available
 
 from hierplan.batch.celery_backend import goal_key
@@ -148,3 +149,14 @@ def test_a_worker_killed_mid_goal_loses_nothing_and_overspends_nothing(tmp_path:
         server.stop()
         while LOGS:
             LOGS.pop().close()
+
+
+def test_the_batch_benchmark_measures_two_celery_workers_at_a_small_size() -> None:
+    if not redis_available():
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    argv = ["--goals", "0", "--tasks", "6", "--pairs", "50", "--concurrency", "2"]
+    figures = load_benchmark().main(argv)
+    assert figures["game24_celery_goals_per_s"] > 0
+    assert figures["game24_celery_vs_local"] == pytest.approx(
+        figures["game24_celery_goals_per_s"] / figures["game24_local_goals_per_s"]
+    )

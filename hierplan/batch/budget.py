@@ -106,12 +106,13 @@ def goal_minimum(
     ``max_tokens`` lowered to the budget's floor, in tokens and pico-dollars.
 
     The input is estimated from the goal's text (a scenario's text is not known before it is
-    set up, so only the prompt's own text counts there), priced as the goal's model. A model
+    set up, so only the prompt's own text counts there; a suite task's is), priced as the
+    goal's model. A model
     without a price gives 0 pico-dollars (a USD budget refuses it before anything starts).
     """
     floor = max(1, math.ceil(settings.planner_max_tokens * DEFAULT_MIN_OUTPUT_FRACTION))
     prompt = PlanPrompt(
-        goal=goal.spec.goal or "",
+        goal=goal.spec.known_text(),
         depth=1,
         max_depth=goal.spec.max_depth or settings.max_depth,
         max_steps=DEFAULT_MAX_STEPS,

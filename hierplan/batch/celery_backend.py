@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 TASK_NAME = "hierplan.batch.goal"
 QUEUE = "hierplan"
 CELERY_INSTALL_HINT = "pip install 'hierplan[celery]'"
-POLL_S = 0.2
+POLL_S = 0.2  # the driver's longest wait between looks at its goals' states
 WAIT_RETRY_S = 0.5
 
 _CLAIM = r"""
@@ -76,11 +76,17 @@ end
 return 'ok'
 """
 
-# ARGV: fence, then field/value pairs to set if the fence still holds.
+# KEYS: the goal's hash, the batch's list of finished goals. ARGV: fence, goal id, then
+# field/value pairs to set if the fence still holds. A goal left in a final state is announced
+# on the list, which wakes the driver.
 _FENCED_SET = r"""
 local g = KEYS[1]
 if redis.call('HGET', g, 'fence') ~= ARGV[1] then return 'superseded' end
-for i = 2, #ARGV, 2 do redis.call('HSET', g, ARGV[i], ARGV[i + 1]) end
+for i = 3, #ARGV, 2 do redis.call('HSET', g, ARGV[i], ARGV[i + 1]) end
+local state = redis.call('HGET', g, 'state')
+if state == 'succeeded' or state == 'failed' or state == 'skipped' then
+  redis.call('RPUSH', KEYS[2], ARGV[2])
+end
 return 'ok'
 """
 
@@ -185,6 +191,11 @@ def goal_key(namespace: str, goal_id: str) -> str:
     return f"{{{namespace}}}:g:{goal_id}"
 
 
+def done_key(namespace: str) -> str:
+    """The Redis list where workers announce goals that finished."""
+    return f"{{{namespace}}}:done"
+
+
 async def work_on_goal(payload: dict[str, Any], worker: _Worker) -> str:
     """Claim, write off earlier deliveries, get a grant, run, close, finish (fenced)."""
     ledger = worker.ledger(payload["redis"], payload["namespace"])
@@ -195,6 +206,10 @@ async def work_on_goal(payload: dict[str, Any], worker: _Worker) -> str:
 
     def script(source: str, *args: str | int) -> Any:
         return client.register_script(source)(keys=[key], args=list(args))
+
+    def fenced_set(*fields: str) -> Any:
+        keys = [key, done_key(payload["namespace"])]
+        return client.register_script(_FENCED_SET)(keys=keys, args=[fence, goal.id, *fields])
 
     if await anyio.to_thread.run_sync(script, _CLAIM, fence, worker.name) == "final":
         return "duplicate"
@@ -214,10 +229,8 @@ async def work_on_goal(payload: dict[str, Any], worker: _Worker) -> str:
         return "wait"
     if decision == "skip" or not isinstance(account, RedisAccount):
         done = _finish_fields(GoalOutcome("skipped", "not_started", _SKIP_REASON, None), (0, 0))
-        return str(await anyio.to_thread.run_sync(script, _FENCED_SET, fence, *done))
-    started = await anyio.to_thread.run_sync(
-        script, _FENCED_SET, fence, "account", account.id, "state", "running"
-    )
+        return str(await anyio.to_thread.run_sync(fenced_set, *done))
+    started = await anyio.to_thread.run_sync(fenced_set, "account", account.id, "state", "running")
     if started != "ok":
         await ledger.write_off(account)
         return "superseded"
@@ -226,7 +239,9 @@ async def work_on_goal(payload: dict[str, Any], worker: _Worker) -> str:
         options,
         GoalLedger(ledger, account),
         inner_budget(grant, cap),
-        worker.workdir / payload["namespace"] / goal.id,
+        # A directory per delivery: a goal delivered again while an earlier delivery still
+        # runs (it outlived the visibility timeout) must not set up its files over that one's.
+        worker.workdir / payload["namespace"] / goal.id / fence[:12],
         worker.instruments,
     )
     try:
@@ -234,7 +249,7 @@ async def work_on_goal(payload: dict[str, Any], worker: _Worker) -> str:
     except LedgerError:
         return "superseded"  # written off by a later delivery, which counted the spend
     fields = _finish_fields(outcome, (balance.spent_tokens, balance.spent_pico))
-    return str(await anyio.to_thread.run_sync(script, _FENCED_SET, fence, *fields))
+    return str(await anyio.to_thread.run_sync(fenced_set, *fields))
 
 
 _SKIP_REASON = "budget: what the batch has left cannot cover the goal's minimum"
@@ -344,7 +359,7 @@ async def run_celery(batch: Batch) -> None:
                 )
             )
             following[goal.id] = goal
-        await anyio.sleep(POLL_S)
+        await anyio.to_thread.run_sync(_wait_for_news, client, namespace)
         for goal_id, state in await anyio.to_thread.run_sync(
             _states, client, namespace, list(following)
         ):
@@ -365,6 +380,14 @@ async def run_celery(batch: Batch) -> None:
                     ),
                 )
     batch.journal.set_meta("ledger", _root_figures(await ledger.balance(root)))
+
+
+def _wait_for_news(client: Any, namespace: str) -> None:
+    """Block until a worker announces a finished goal, or ``POLL_S`` passes; then clear the
+    announcements (the states read next include every goal announced so far)."""
+    key = done_key(namespace)
+    if client.blpop([key], POLL_S) is not None:
+        client.delete(key)
 
 
 def _states(client: Any, namespace: str, goal_ids: list[str]) -> list[tuple[str, dict[str, str]]]:

@@ -16,12 +16,13 @@ from rich.console import Console
 
 from hierplan.agents.models.simulated import PROFILES
 from hierplan.batch.budget import BatchBudget
-from hierplan.batch.core import BatchConfig, execute, prepare
+from hierplan.batch.core import Batch, BatchConfig, execute, prepare
 from hierplan.batch.display import BatchDisplay, summary_table
+from hierplan.batch.runner import RunOptions
 from hierplan.budgets.budget import ALLOCATIONS, usd_to_pico
 from hierplan.errors import HierplanError, UserInputError
 from hierplan.hierarchy.context import STRATEGY_NAMES
-from hierplan.tracing.setup import TRACE_HELP, configure_tracing
+from hierplan.tracing.setup import TRACE_HELP, TraceSetup, configure_tracing
 
 BrokerOpt = Annotated[
     str | None,
@@ -47,59 +48,80 @@ def _pico(usd: float | None) -> int | None:
     return None if usd is None else usd_to_pico(usd)
 
 
+GoalsArg = Annotated[Path, typer.Argument(help="The goals file: one JSON object per line.")]
+OutOpt = Annotated[
+    Path, typer.Option("--out", "-o", help="The batch's directory (journal, run records).")
+]
+BudgetUsdOpt = Annotated[
+    float | None, typer.Option("--budget-usd", min=0.0, help="The whole batch's budget in USD.")
+]
+BudgetTokensOpt = Annotated[
+    int | None, typer.Option("--budget-tokens", min=0, help="The whole batch's budget in tokens.")
+]
+ConcurrencyOpt = Annotated[
+    int, typer.Option("--concurrency", "-c", min=1, help="Goals running at once.")
+]
+ResumeOpt = Annotated[
+    bool, typer.Option("--resume", help="Continue the batch in --out after a crash.")
+]
+BackendOpt = Annotated[
+    str, typer.Option("--backend", help="local (this process) or celery (workers).")
+]
+GoalUsdOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--goal-budget-usd",
+        min=0.0,
+        help="Cap of a goal that sets none (default: the budget / --concurrency).",
+    ),
+]
+GoalTokensOpt = Annotated[
+    int | None,
+    typer.Option("--goal-budget-tokens", min=0, help="Token cap of a goal that sets none."),
+]
+ModelOpt = Annotated[
+    str, typer.Option("--model", "-m", help="Default model: sim, openai:<m>, anthropic:<m>.")
+]
+StrategyOpt = Annotated[
+    str, typer.Option("--strategy", "-s", help=f"Default strategy: {', '.join(STRATEGY_NAMES)}.")
+]
+AllocationOpt = Annotated[
+    str, typer.Option("--allocation", help="Default: equal, weighted or on-demand.")
+]
+SeedOpt = Annotated[
+    int,
+    typer.Option(
+        "--seed",
+        help="The batch's simulator seed: a goal without a seed of its own gets one derived "
+        "from it and the goal's id.",
+    ),
+]
+ProfileOpt = Annotated[
+    str, typer.Option("--sim-profile", help=f"Simulator noise: {', '.join(PROFILES)}.")
+]
+LatencyOpt = Annotated[
+    float,
+    typer.Option("--sim-latency-scale", min=0.0, help="Scale simulated latency (0 = none)."),
+]
+
+
 def batch_command(
-    goals: Annotated[Path, typer.Argument(help="The goals file: one JSON object per line.")],
-    out: Annotated[
-        Path, typer.Option("--out", "-o", help="The batch's directory (journal, run records).")
-    ],
-    budget_usd: Annotated[
-        float | None,
-        typer.Option("--budget-usd", min=0.0, help="The whole batch's budget in USD."),
-    ] = None,
-    budget_tokens: Annotated[
-        int | None,
-        typer.Option("--budget-tokens", min=0, help="The whole batch's budget in tokens."),
-    ] = None,
-    concurrency: Annotated[
-        int, typer.Option("--concurrency", "-c", min=1, help="Goals running at once.")
-    ] = 4,
-    resume: Annotated[
-        bool, typer.Option("--resume", help="Continue the batch in --out after a crash.")
-    ] = False,
-    backend: Annotated[
-        str, typer.Option("--backend", help="local (this process) or celery (workers).")
-    ] = "local",
+    goals: GoalsArg,
+    out: OutOpt,
+    budget_usd: BudgetUsdOpt = None,
+    budget_tokens: BudgetTokensOpt = None,
+    concurrency: ConcurrencyOpt = 4,
+    resume: ResumeOpt = False,
+    backend: BackendOpt = "local",
     broker: BrokerOpt = None,
-    goal_budget_usd: Annotated[
-        float | None,
-        typer.Option(
-            "--goal-budget-usd",
-            min=0.0,
-            help="Cap of a goal that sets none (default: the budget / --concurrency).",
-        ),
-    ] = None,
-    goal_budget_tokens: Annotated[
-        int | None,
-        typer.Option("--goal-budget-tokens", min=0, help="Token cap of a goal that sets none."),
-    ] = None,
-    model: Annotated[
-        str, typer.Option("--model", "-m", help="Default model: sim, openai:<m>, anthropic:<m>.")
-    ] = "sim",
-    strategy: Annotated[
-        str,
-        typer.Option("--strategy", "-s", help=f"Default strategy: {', '.join(STRATEGY_NAMES)}."),
-    ] = "hierarchical",
-    allocation: Annotated[
-        str, typer.Option("--allocation", help="Default: equal, weighted or on-demand.")
-    ] = "equal",
-    seed: Annotated[int, typer.Option("--seed", help="Default simulator seed.")] = 0,
-    sim_profile: Annotated[
-        str, typer.Option("--sim-profile", help=f"Simulator noise: {', '.join(PROFILES)}.")
-    ] = "typical",
-    sim_latency_scale: Annotated[
-        float,
-        typer.Option("--sim-latency-scale", min=0.0, help="Scale simulated latency (0 = none)."),
-    ] = 1.0,
+    goal_budget_usd: GoalUsdOpt = None,
+    goal_budget_tokens: GoalTokensOpt = None,
+    model: ModelOpt = "sim",
+    strategy: StrategyOpt = "hierarchical",
+    allocation: AllocationOpt = "equal",
+    seed: SeedOpt = 0,
+    sim_profile: ProfileOpt = "typical",
+    sim_latency_scale: LatencyOpt = 1.0,
     visibility_timeout: VisibilityOpt = 3600.0,
     trace: TraceOpt = None,
 ) -> None:
@@ -109,49 +131,30 @@ def batch_command(
     budget before it starts; when what is left cannot cover a goal, the goal is recorded as
     not started. Writes DIR/goals/<id>/run.json per goal and DIR/summary.json.
     """
-    console = Console()
+    tracing = None
     try:
-        from hierplan.batch.runner import RunOptions
-
-        if backend not in ("local", "celery"):
-            raise UserInputError(f"unknown backend {backend!r}: choose local or celery")
-        if strategy not in STRATEGY_NAMES:
-            raise UserInputError(
-                f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGY_NAMES)}"
-            )
-        if allocation not in ALLOCATIONS:
-            raise UserInputError(
-                f"unknown allocation {allocation!r}: choose one of {', '.join(ALLOCATIONS)}"
-            )
-        if sim_profile not in PROFILES:
-            raise UserInputError(
-                f"unknown simulator profile {sim_profile!r}: choose one of {', '.join(PROFILES)}"
-            )
-        if backend == "celery" and broker is None:
-            raise UserInputError("--backend celery needs --broker redis://HOST:PORT/DB")
-        if backend == "local" and broker is not None:
-            raise UserInputError("--broker applies to --backend celery only")
+        _check_choices(backend, strategy, allocation, sim_profile, broker, trace)
         tracing = configure_tracing(trace) if backend == "local" else None
-        if trace and backend == "celery":
-            raise UserInputError("on Celery, give --trace to each `hierplan worker` instead")
+        budget = BatchBudget(
+            budget_tokens,
+            _pico(budget_usd),
+            concurrency,
+            goal_budget_tokens,
+            _pico(goal_budget_usd),
+        )
+        options = RunOptions(
+            model=model,
+            strategy=strategy,
+            allocation=allocation,
+            seed=seed,
+            sim_profile=sim_profile,
+            sim_latency_scale=sim_latency_scale,
+        )
         config = BatchConfig(
             goals_path=goals,
             out=out,
-            budget=BatchBudget(
-                budget_tokens,
-                _pico(budget_usd),
-                concurrency,
-                goal_budget_tokens,
-                _pico(goal_budget_usd),
-            ),
-            options=RunOptions(
-                model=model,
-                strategy=strategy,
-                allocation=allocation,
-                seed=seed,
-                sim_profile=sim_profile,
-                sim_latency_scale=sim_latency_scale,
-            ),
+            budget=budget,
+            options=options,
             backend="celery" if backend == "celery" else "local",
             resume=resume,
             broker=broker,
@@ -160,7 +163,47 @@ def batch_command(
         )
         batch = prepare(config)
     except HierplanError as exc:
+        if tracing is not None:
+            tracing.shutdown()
         _fail(str(exc))
+    _run(batch, tracing)
+
+
+def _check_choices(
+    backend: str,
+    strategy: str,
+    allocation: str,
+    sim_profile: str,
+    broker: str | None,
+    trace: list[str] | None,
+) -> None:
+    """The options that name one of a set, and those that go with one backend only."""
+    if backend not in ("local", "celery"):
+        raise UserInputError(f"unknown backend {backend!r}: choose local or celery")
+    if strategy not in STRATEGY_NAMES:
+        raise UserInputError(
+            f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGY_NAMES)}"
+        )
+    if allocation not in ALLOCATIONS:
+        raise UserInputError(
+            f"unknown allocation {allocation!r}: choose one of {', '.join(ALLOCATIONS)}"
+        )
+    if sim_profile not in PROFILES:
+        raise UserInputError(
+            f"unknown simulator profile {sim_profile!r}: choose one of {', '.join(PROFILES)}"
+        )
+    if backend == "celery" and broker is None:
+        raise UserInputError("--backend celery needs --broker redis://HOST:PORT/DB")
+    if backend == "local" and broker is not None:
+        raise UserInputError("--broker applies to --backend celery only")
+    if trace and backend == "celery":
+        raise UserInputError("on Celery, give --trace to each `hierplan worker` instead")
+
+
+def _run(batch: Batch, tracing: TraceSetup | None) -> NoReturn:
+    """Run a prepared batch under the live display, print its summary, exit with its status."""
+    console = Console()
+    config = batch.config
     started = time.monotonic()
     display = BatchDisplay(console, batch.tally())
     batch.display = display
@@ -170,14 +213,18 @@ def batch_command(
     except HierplanError as exc:
         _fail(str(exc))
     except KeyboardInterrupt:
-        _fail(f"interrupted; continue with: hierplan batch {goals} --out {out} --resume", 130)
+        _fail(
+            f"interrupted; continue with: hierplan batch {config.goals_path} --out {config.out} "
+            "--resume",
+            130,
+        )
     finally:
         batch.journal.close()
         if tracing is not None:
             tracing.shutdown()
     console.print(summary_table(summary))
     console.print(
-        f"journal: {out / 'journal.sqlite'}  summary: {out / 'summary.json'}  "
+        f"journal: {config.out / 'journal.sqlite'}  summary: {config.out / 'summary.json'}  "
         f"({time.monotonic() - started:.1f} s)",
         highlight=False,
     )

@@ -6,12 +6,20 @@ Each line is a JSON object naming one goal in one of these ways:
 
     {"goal": "Summarise the Q3 incident reports", "model": "openai:gpt-5-mini"}
     {"scenario": "data_migration", "seed": 3}
+    {"suite": "game24", "task": "game24-0-7"}
 
-and optionally its own settings: ``id`` (a name of letters, digits, ``.``, ``_``, ``-``; by
-default ``line-N``), ``strategy``, ``model``, ``max_depth``, ``concurrency`` (steps at once
+A ``suite`` line names a task of a benchmark suite (see ``hierplan bench``): ``task`` is its id
+as the benchmark writes it (``<suite>-<task seed>-<index>``), or just its index (task seed 0).
+It runs with the suite's tools and oracle, and the suite's verifier decides whether it
+succeeded.
+
+Optionally a line has its own settings: ``id`` (a name of letters, digits, ``.``, ``_``, ``-``;
+by default ``line-N``), ``strategy``, ``model``, ``max_depth``, ``concurrency`` (steps at once
 within the goal), ``seed``, ``allocation``, and a budget cap ``budget_usd`` / ``budget_tokens``.
-Blank lines are skipped. A goals file comes from anywhere, so every line is checked and every
-problem is reported with its line number; nothing runs until the whole file is valid.
+A goal without a ``seed`` gets its own, derived from the batch's seed and its id (see
+:func:`goal_seed`). Blank lines are skipped. A goals file comes from anywhere, so every line is
+checked and every problem is reported with its line number; nothing runs until the whole file
+is valid.
 """
 
 from __future__ import annotations
@@ -21,12 +29,24 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from hierplan.agents.models.base import parse_model_string
+from hierplan.bench.base import BenchTask
+from hierplan.bench.suites import get_suite
 from hierplan.budgets.budget import ALLOCATIONS
 from hierplan.errors import HierplanError, UserInputError
 from hierplan.hierarchy.context import StrategyName
@@ -36,7 +56,10 @@ MAX_ERRORS_SHOWN = 20
 MAX_LINE_CHARS = 100_000
 GOAL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
-GoalKind = Literal["text", "scenario"]
+MAX_TASK_INDEX = 9_999
+TASK_ID = re.compile(r"^([a-z0-9_]+)-(\d{1,9})-(\d{1,4})$")
+
+GoalKind = Literal["text", "scenario", "suite"]
 
 
 class GoalLine(BaseModel):
@@ -47,6 +70,8 @@ class GoalLine(BaseModel):
     id: str | None = Field(default=None, pattern=GOAL_ID.pattern)
     goal: str | None = Field(default=None, min_length=1, max_length=20_000)
     scenario: str | None = Field(default=None, min_length=1, max_length=100)
+    suite: str | None = Field(default=None, min_length=1, max_length=100)
+    task: Annotated[StrictStr, Field(max_length=100)] | StrictInt | None = None
     strategy: StrategyName | None = None
     model: str | None = Field(default=None, min_length=1, max_length=200)
     max_depth: int | None = Field(default=None, ge=1, le=10)
@@ -56,13 +81,24 @@ class GoalLine(BaseModel):
     budget_usd: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     budget_tokens: int | None = Field(default=None, ge=0, le=10**15)
 
+    @field_validator("task", mode="before")
+    @classmethod
+    def _task_name(cls, value: Any) -> Any:
+        if value is None or isinstance(value, str) or type(value) is int:
+            return value
+        raise ValueError('must be a task id (e.g. "game24-0-3") or a task index (e.g. 3)')
+
     @model_validator(mode="after")
     def _one_goal(self) -> GoalLine:
-        named = [k for k in ("goal", "scenario") if getattr(self, k) is not None]
+        if (self.suite is None) != (self.task is None):
+            raise ValueError("'suite' and 'task' go together: name a suite and one of its tasks")
+        named = [k for k in ("goal", "scenario", "suite") if getattr(self, k) is not None]
         if not named:
-            raise ValueError("give a 'goal' (free text) or a 'scenario'")
+            raise ValueError("give a 'goal' (free text), a 'scenario', or a 'suite' and a 'task'")
         if len(named) > 1:
-            raise ValueError(f"give one of 'goal' or 'scenario', not {' and '.join(named)}")
+            raise ValueError(
+                f"give one of 'goal', 'scenario' or 'suite', not {' and '.join(named)}"
+            )
         if self.goal is not None and not self.goal.strip():
             raise ValueError("'goal' is blank")
         if self.allocation is not None and self.allocation not in ALLOCATIONS:
@@ -71,13 +107,24 @@ class GoalLine(BaseModel):
 
     @property
     def kind(self) -> GoalKind:
-        """What the line names: free text for a real model, or a scenario."""
-        return "scenario" if self.scenario is not None else "text"
+        """What the line names: free text for a real model, a scenario, or a suite's task."""
+        if self.scenario is not None:
+            return "scenario"
+        return "suite" if self.suite is not None else "text"
+
+    def known_text(self) -> str:
+        """The goal's text where it is known before the run starts (free text, or a suite
+        task's), else ``""`` (a scenario's text comes from setting it up)."""
+        if self.suite is not None and self.task is not None:
+            return suite_task(self.suite, self.task).goal
+        return self.goal or ""
 
     def label(self) -> str:
         """A short description for displays."""
         if self.scenario is not None:
             return f"scenario {self.scenario}"
+        if self.suite is not None:
+            return f"{self.suite} task {self.task}"
         text = (self.goal or "").strip().replace("\n", " ")
         return text if len(text) <= 60 else text[:57] + "..."
 
@@ -112,6 +159,44 @@ class GoalsFile:
     digest: str
 
 
+def goal_seed(batch_seed: int, goal_id: str) -> int:
+    """The simulator seed of a goal whose line sets none: the first 31 bits of
+    ``sha256(f"{batch_seed}:{goal_id}")``.
+
+    The simulator keys its draws by the asking node's path, which is the same in every goal;
+    one seed for the whole batch would give every goal the same noise. Derived from the goal's
+    id, a goal keeps its seed when the batch is resumed, rerun, or its lines are reordered.
+    """
+    digest = hashlib.sha256(f"{batch_seed}:{goal_id}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+@lru_cache(maxsize=16)
+def _suite_tasks(suite: str, task_seed: int, count: int) -> tuple[BenchTask, ...]:
+    return tuple(get_suite(suite).generate(count, task_seed))
+
+
+def suite_task(suite: str, task: str | int) -> BenchTask:
+    """The task of ``suite`` that a goals line names (an id ``<suite>-<seed>-<index>``, or an
+    index of task seed 0); :class:`UserInputError` says what is wrong with a bad name."""
+    get_suite(suite)  # a clear error naming the known suites
+    if isinstance(task, int) and not isinstance(task, bool):
+        task_seed, index = 0, task
+    else:
+        match = TASK_ID.match(str(task))
+        if match is None or match.group(1) != suite:
+            raise UserInputError(
+                f"task {task!r} is not a task of {suite}: give its index, or its id as "
+                f"'{suite}-<task seed>-<index>' (e.g. '{suite}-0-3')"
+            )
+        task_seed, index = int(match.group(2)), int(match.group(3))
+    if not 0 <= index <= MAX_TASK_INDEX:
+        raise UserInputError(f"task index {index} is out of range: 0 to {MAX_TASK_INDEX}")
+    # Generate in blocks of 100 so that a file of many tasks generates each block once.
+    count = (index // 100 + 1) * 100
+    return _suite_tasks(suite, task_seed, count)[index]
+
+
 def _problems(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
@@ -122,19 +207,21 @@ def _problems(exc: ValidationError) -> str:
 
 
 def _check_line(spec: GoalLine, default_model: str) -> str | None:
-    """Problems that need more than the schema: the model string, the scenario's name, and
-    whether the simulator can answer the goal."""
+    """Problems that need more than the schema: the model string, the scenario's or the
+    suite task's name, and whether the simulator can answer the goal."""
     model = spec.model or default_model
     try:
         parsed = parse_model_string(model)
         if spec.scenario is not None:
             get_scenario(spec.scenario)
+        if spec.suite is not None and spec.task is not None:
+            suite_task(spec.suite, spec.task)
     except HierplanError as exc:
         return str(exc)
     if spec.kind == "text" and parsed.provider == "sim":
         return (
             "a free-text goal needs a real model (set 'model', e.g. \"openai:gpt-5-mini\", or "
-            "--model): the offline simulator only answers scenarios"
+            "--model): the offline simulator only answers scenarios and suite tasks"
         )
     return None
 
@@ -165,7 +252,7 @@ def parse_goals(
             continue
         if not isinstance(data, dict):
             errors.append(
-                f"line {number}: must be a JSON object with a 'goal' or a 'scenario', "
+                f"line {number}: must be a JSON object with a 'goal', a 'scenario' or a 'suite', "
                 f"not {_json_type(data)}"
             )
             continue

@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from hierplan.batch.budget import Amounts, GoalLedger
-from hierplan.batch.goals import BatchGoal
+from hierplan.batch.goals import BatchGoal, goal_seed, suite_task
+from hierplan.bench.base import TaskEnv
+from hierplan.bench.suites import get_suite
 from hierplan.budgets.budget import Budget, pico_to_usd
 from hierplan.budgets.instrument import BudgetInstrument
 from hierplan.errors import HierplanError
@@ -41,11 +43,12 @@ class RunOptions:
         return cls(**data)
 
     def settings(self, goal: BatchGoal) -> RunSettings:
-        """The goal's run settings: its own, else these defaults."""
+        """The goal's run settings: its own, else these defaults. A goal without a seed of
+        its own gets one derived from the batch's seed and its id (see :func:`goal_seed`)."""
         spec = goal.spec
         values: dict[str, Any] = {
             "strategy": spec.strategy or self.strategy,
-            "seed": spec.seed if spec.seed is not None else self.seed,
+            "seed": spec.seed if spec.seed is not None else goal_seed(self.seed, goal.id),
         }
         if spec.max_depth is not None:
             values["max_depth"] = spec.max_depth
@@ -88,9 +91,17 @@ async def run_goal(
     budgeting = BudgetInstrument(
         budget, allocation=spec.allocation or options.allocation, ledger=ledger
     )
+    task_env: TaskEnv | None = None
+    extra: dict[str, Any] = {}
     try:
+        if spec.suite is not None and spec.task is not None:
+            suite = get_suite(spec.suite)
+            task_env = suite.environment(
+                suite_task(spec.suite, spec.task), latency_scale=options.sim_latency_scale
+            )
+            extra = {"tools": task_env.tools, "oracle": suite.oracle()}
         result = await run_fn(
-            spec.goal,
+            task_env.goal if task_env is not None else spec.goal,
             scenario=spec.scenario,
             model=spec.model or options.model,
             settings=options.settings(goal),
@@ -99,7 +110,11 @@ async def run_goal(
             sim_latency_scale=options.sim_latency_scale,
             workdir=workdir / "work" if spec.scenario else None,
             run_id=goal.id,
+            **extra,
         )
+        if task_env is not None:
+            # The suite's verifier checks the world (or the gold answer), as the bench does.
+            result.verification = task_env.verify(result.answer).to_dict()
     except HierplanError as exc:
         return GoalOutcome("failed", "error", f"{type(exc).__name__}: {exc}", None)
     except Exception as exc:  # a bug must not take the batch down: record it on the goal
