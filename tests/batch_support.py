@@ -38,10 +38,18 @@ def text_goals(path: Path, count: int) -> Path:
     return path
 
 
-def stand_in(delay_s: float = 0.0, output_tokens: int = 200) -> FunctionModel:
-    """A model that answers every call with a final answer, after ``delay_s``."""
+def stand_in(
+    delay_s: float = 0.0, output_tokens: int = 200, *, hold: str | None = None
+) -> FunctionModel:
+    """A model that answers every call with a final answer, after ``delay_s``.
+
+    A call whose messages mention ``hold`` never returns: that goal stays running until the
+    process is killed, so a crash test always finds a goal in flight.
+    """
 
     async def respond(request: ModelRequest) -> ModelResponse:
+        if hold is not None and any(hold in m.content for m in request.messages):
+            await anyio.sleep_forever()
         if delay_s:
             await anyio.sleep(delay_s)
         usage = Usage(estimate_request_tokens(request), output_tokens)
@@ -67,6 +75,7 @@ def config(
     resume: bool = False,
     delay_s: float = 0.0,
     goal_budget_usd: float | None = None,
+    hold: str | None = None,
 ) -> BatchConfig:
     """A local batch of stand-in goals."""
     return BatchConfig(
@@ -81,7 +90,7 @@ def config(
         ),
         RunOptions(sim_latency_scale=0),
         resume=resume,
-        run_fn=partial(run_with_stand_in, stand_in(delay_s)),
+        run_fn=partial(run_with_stand_in, stand_in(delay_s, hold=hold)),
     )
 
 
@@ -98,8 +107,13 @@ def load_benchmark() -> Any:
 def main(argv: list[str]) -> None:
     out, goals, budget, concurrency = Path(argv[0]), Path(argv[1]), float(argv[2]), int(argv[3])
     resume = "--resume" in argv
+    # Before the crash the first goal holds its slot, so the kill always lands while a goal
+    # runs: goals that all take the same time would otherwise finish in waves, with moments
+    # when none is running. After the crash every goal answers.
+    hold = None if resume else "Answer question 0"
     summary = anyio.run(
-        run_batch, config(goals, out, budget, concurrency, resume=resume, delay_s=0.15)
+        run_batch,
+        config(goals, out, budget, concurrency, resume=resume, delay_s=0.15, hold=hold),
     )
     print(json.dumps(summary))
 
