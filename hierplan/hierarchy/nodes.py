@@ -357,11 +357,13 @@ async def execute_plan(
     replans = 0
     limiter = Slots(1 if policy.sequential else settings.plan_concurrency)
 
-    async def run_step(step: Step, step_inputs: dict[str, StepResult]) -> StepResult:
+    def run_step(step: Step, step_inputs: dict[str, StepResult]) -> Awaitable[StepResult]:
+        # Returns the child's coroutine rather than awaiting it: no frame of its own stays on
+        # each leaf's stack for the leaf's lifetime (memory and time at 100,000 leaves).
         child = children.by_step[step.id]
-        if child.record.kind == "executor":  # the leaf: one coroutine less on its stack
-            return await run_task_node(child, step, step_inputs)
-        return await run_child(child, step, step_inputs, policy)
+        if child.record.kind == "executor":
+            return run_task_node(child, step, step_inputs)
+        return run_child(child, step, step_inputs, policy)
 
     while True:
         children.sync(plan, done, len(node.record.plan_versions), policy)
