@@ -126,6 +126,24 @@ def test_bus_delivers_in_order_and_unsubscribes() -> None:
     assert not bus.active
 
 
+def test_a_type_every_listener_ignores_is_not_wanted_nor_delivered() -> None:
+    bus = EventBus("r")
+    quiet: list[str] = []
+    stop_quiet = bus.subscribe(lambda e: quiet.append(e.type), ignore=frozenset({"node_started"}))
+    assert bus.active and not bus.wants("node_started") and bus.wants("plan_proposed")
+    bus.emit(NodeStarted(path="1", kind="planner", goal="g"))
+    assert quiet == []
+    loud: list[str] = []
+    stop_loud = bus.subscribe(lambda e: loud.append(e.type))
+    assert bus.wants("node_started")  # one listener takes it: it is built again
+    bus.emit(NodeStarted(path="1.1", kind="executor", goal="g"))
+    assert (quiet, loud) == ([], ["node_started"])
+    stop_loud()
+    assert not bus.wants("node_started")
+    stop_quiet()
+    assert not bus.active and not bus.wants("plan_proposed")
+
+
 @pytest.mark.anyio
 async def test_budget_events_bracket_every_model_call() -> None:
     """Under a budget each call is reserved before it is made and settled when it returns

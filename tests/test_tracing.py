@@ -396,6 +396,30 @@ def test_a_trace_that_is_not_recorded_takes_no_events(sampler: Sampler, listened
     assert bool(exporter.get_finished_spans()) == listened
 
 
+
+def test_tracing_alone_builds_no_events_its_spans_already_show(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Node starts and ends, model and tool calls are spans already: with tracing the only
+    # listener the run does not build those events, and the span tree is whole without them.
+    from hierplan.hierarchy import nodes
+
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a span-like event was built for tracing")
+
+    for name in ("NodeStarted", "NodeFinished"):
+        monkeypatch.setattr(nodes, name, forbidden)
+    provider = TracerProvider()
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    result = hierplan.run_sync(
+        instruments=[Tracing(tracer_provider=provider)], **ScriptedRun().run_options()
+    )
+    assert result.status == "succeeded", result.error
+    names = [span.name for span in exporter.get_finished_spans()]
+    assert any(n.startswith("invoke_agent executor") for n in names), names
+    assert any(n.startswith("chat ") for n in names), names
+
 def test_tracing_sets_the_anthropic_switch_only_when_unset(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ANTHROPIC_OPEN_TELEMETRY", raising=False)
     Tracing()

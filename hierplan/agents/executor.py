@@ -74,7 +74,7 @@ async def call_tool(
         error = str(exc)
         raise
     finally:
-        if run.bus.active:
+        if run.bus.wants("tool_called"):
             run.bus.emit(
                 ToolCalled(
                     run_id=run.run_id,

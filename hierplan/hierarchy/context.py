@@ -326,7 +326,7 @@ class NodeContext:
                 call_flags,
             )
         )
-        if self.run.bus.active:
+        if self.run.bus.wants("model_called"):
             self.run.bus.emit(
                 ModelCalled(
                     run_id=self.run.run_id,

@@ -236,23 +236,47 @@ Listener = Callable[[RunEvent], None]
 
 
 class EventBus:
-    """Delivers events to listeners in the order they are emitted."""
+    """Delivers events to listeners in the order they are emitted.
+
+    A listener may name event types it ignores; an event type that every listener ignores is
+    not built at all (see :meth:`wants`), which matters for the per-leaf events.
+    """
 
     def __init__(self, run_id: str = "") -> None:
         self.run_id = run_id
-        self._listeners: list[Listener] = []
+        self._listeners: list[tuple[Listener, frozenset[str]]] = []
+        self._ignored_by_all: frozenset[str] = frozenset()
 
     @property
     def active(self) -> bool:
         """Whether anyone listens (build events only then)."""
         return bool(self._listeners)
 
-    def subscribe(self, listener: Listener) -> Callable[[], None]:
-        """Add a listener; the returned function removes it."""
-        self._listeners.append(listener)
-        return lambda: self._listeners.remove(listener)
+    def wants(self, event_type: str) -> bool:
+        """Whether some listener takes events of ``event_type`` (build that event only then)."""
+        return bool(self._listeners) and event_type not in self._ignored_by_all
+
+    def subscribe(
+        self, listener: Listener, *, ignore: frozenset[str] = frozenset()
+    ) -> Callable[[], None]:
+        """Add a listener, which is not sent events of the ``ignore`` types; the returned
+        function removes it."""
+        entry = (listener, ignore)
+        self._listeners.append(entry)
+        self._update()
+
+        def unsubscribe() -> None:
+            self._listeners.remove(entry)
+            self._update()
+
+        return unsubscribe
+
+    def _update(self) -> None:
+        ignored = [ignore for _, ignore in self._listeners]
+        self._ignored_by_all = frozenset.intersection(*ignored) if ignored else frozenset()
 
     def emit(self, event: RunEvent) -> None:
-        """Send ``event`` to every listener."""
-        for listener in self._listeners:
-            listener(event)
+        """Send ``event`` to every listener that does not ignore its type."""
+        for listener, ignore in self._listeners:
+            if event.type not in ignore:
+                listener(event)

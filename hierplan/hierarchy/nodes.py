@@ -61,7 +61,7 @@ class NodeLifecycle:
         run = node.run
         record.status = "running"
         record.started_at = time.time()
-        if run.bus.active:
+        if run.bus.wants("node_started"):
             run.bus.emit(
                 NodeStarted(
                     run_id=run.run_id,
@@ -138,7 +138,7 @@ class NodeLifecycle:
         node.forget_model()
         if node.parent is None:
             run.nodes_finished = True  # from here on, cancel() changes nothing
-        if run.bus.active:
+        if run.bus.wants("node_finished"):
             run.bus.emit(
                 NodeFinished(
                     run_id=run.run_id,

@@ -75,8 +75,6 @@ def _listener(tracing: Tracing, state: RunTrace) -> Callable[[RunEvent], None]:
     """The bus listener of one run: events to span events."""
 
     def listener(event: RunEvent) -> None:
-        if event.type in SPAN_LIKE_EVENTS:
-            return
         try:
             tracing.attach_event(state, event)
         except Exception:  # tracing must never break a run
@@ -167,7 +165,9 @@ class RunScope(SpanScope):
         # Span events of a trace that is not recorded (no SDK, or sampled out) go nowhere: no
         # listener then, so that the run does not build its events for nothing.
         self.unsubscribe = (
-            run.bus.subscribe(_listener(self.tracing, self.state)) if span.is_recording() else None
+            run.bus.subscribe(_listener(self.tracing, self.state), ignore=SPAN_LIKE_EVENTS)
+            if span.is_recording()
+            else None
         )
         return span
 
