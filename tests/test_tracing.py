@@ -396,7 +396,6 @@ def test_a_trace_that_is_not_recorded_takes_no_events(sampler: Sampler, listened
     assert bool(exporter.get_finished_spans()) == listened
 
 
-
 def test_tracing_alone_builds_no_events_its_spans_already_show(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -419,6 +418,7 @@ def test_tracing_alone_builds_no_events_its_spans_already_show(
     names = [span.name for span in exporter.get_finished_spans()]
     assert any(n.startswith("invoke_agent executor") for n in names), names
     assert any(n.startswith("chat ") for n in names), names
+
 
 def test_tracing_sets_the_anthropic_switch_only_when_unset(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ANTHROPIC_OPEN_TELEMETRY", raising=False)
