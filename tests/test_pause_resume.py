@@ -293,3 +293,40 @@ async def test_as_needed_resumes_its_decomposition_without_a_second_attempt(
     assert result.status == "succeeded", result.error
     assert attempts == [ROOT_GOAL, part_goal(1), part_goal(2)]  # the root is not tried again
     assert model.calls == 1 + 1 + 2  # one attempt, one plan, two sub-goal attempts
+
+
+@pytest.mark.anyio
+async def test_replans_made_before_a_pause_still_count_after_resume(tmp_path: Path) -> None:
+    # max_replans is per node and per run: a pause between replans does not start it afresh.
+    from hierplan.agents.models.scripted import plan_response
+    from hierplan.agents.tools import tool
+    from hierplan.hierarchy.context import RunSettings
+
+    proposals: list[str] = []
+
+    def planner(request: ModelRequest) -> ModelResponse:
+        proposals.append(f"try{len(proposals) + 1}")
+        step = Step(id=proposals[-1], title="Try", instruction="try it", tool="broken", args={})
+        return plan_response(Plan(goal=ROOT_GOAL, steps=[step]))
+
+    @tool
+    def broken() -> str:
+        """Always fails."""
+        raise RuntimeError("still broken")
+
+    async def first_replan_waits(plan: Plan, ctx: GateContext) -> Approve | Defer:
+        return Defer(by="test") if ctx.reason == "replan" and ctx.version == 2 else Approve()
+
+    common = {
+        "model": FunctionModel(planner),
+        "tools": [broken],
+        "approver": CallbackApprover(first_replan_waits),
+        "settings": RunSettings(max_replans=1, max_retries=0),
+    }
+    first = await hierplan.run(ROOT_GOAL, checkpoint_dir=tmp_path, **common)
+    assert first.status == "paused"
+    assert [v.reason for v in first.tree.plan_versions] == ["initial", "replan"]
+    resumed = await hierplan.resume(tmp_path, Approve(by="dana"), **common)
+    assert resumed.status == "failed"
+    assert proposals == ["try1", "try2"]  # the one replan allowed was made before the pause
+    assert [v.reason for v in resumed.tree.plan_versions] == ["initial", "replan"]

@@ -354,7 +354,9 @@ async def execute_plan(
     restored = node.run.pause.restore_children(node, plan)
     if restored is not None:
         children.by_step, done = restored
-    replans = 0
+    # Counted from the record, not from zero: replans made before a pause still count after
+    # the run resumes (max_replans is per node, however many times the run was paused).
+    replans = sum(1 for v in node.record.plan_versions if v.reason == "replan")
     limiter = Slots(1 if policy.sequential else settings.plan_concurrency)
 
     def run_step(step: Step, step_inputs: dict[str, StepResult]) -> Awaitable[StepResult]:
