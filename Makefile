@@ -28,7 +28,7 @@ test: lint typecheck pytest
 
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check hierplan tests $(wildcard benchmarks examples)
-	$(BIN)/ruff format --check hierplan tests $(wildcard benchmarks examples)
+	$(BIN)/ruff format --check hierplan tests $(wildcard benchmarks examples) README.md
 
 typecheck: $(DEV_STAMP)
 	$(BIN)/mypy
