@@ -82,3 +82,20 @@ def test_untrusted_goal_data_is_accepted_or_rejected_with_a_message(data: Any) -
         assert str(exc).startswith("goal is not a valid goal: ")
     else:
         assert spec.goal is not None or spec.scenario is not None
+
+
+def test_records_are_written_with_the_mode_a_plain_write_gives(tmp_path: Path) -> None:
+    import stat
+
+    from hierplan.hierarchy import record
+
+    fresh = tmp_path / "run.json"
+    record.write_atomic(fresh, "{}")
+    # 0666 less the umask (0644 under the usual 022), not the temporary file's 0600
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o666 & ~record._UMASK
+    kept = tmp_path / "private.json"
+    kept.write_text("old")
+    kept.chmod(0o600)
+    record.write_atomic(kept, "new")
+    assert kept.read_text() == "new" and stat.S_IMODE(kept.stat().st_mode) == 0o600
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

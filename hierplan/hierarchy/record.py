@@ -332,10 +332,29 @@ def _add_subtree_costs(data: dict[str, Any], node: NodeRecord) -> float:
     return total
 
 
+def _read_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# Read once, at import: os.umask can only be read by setting it, which is not thread-safe later.
+_UMASK = _read_umask()
+
+
 def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename."""
+    """Write ``text`` to ``path`` through a temporary file and a rename.
+
+    The file gets the mode a plain ``open(path, "w")`` would give it (an existing file's mode,
+    else 0666 less the umask), not the owner-only mode of the temporary file.
+    """
+    try:
+        mode = path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        mode = 0o666 & ~_UMASK
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
         os.replace(tmp, path)
