@@ -152,3 +152,16 @@ def test_the_report_writes_tables_between_the_markers_and_keeps_the_prose(
     readme.write_text("no markers")
     with pytest.raises(SystemExit, match="markers"):
         report.main(["--results", str(results), "--readme", str(readme)])
+
+
+def test_the_events_benchmark_reads_every_event_of_its_runs() -> None:
+    import anyio
+
+    events = _load("events")
+    figures = anyio.run(events.main, 20, 1)
+    # three per leaf; the run's start and end, and the root's start, plan call, proposal,
+    # decision and end
+    assert figures["events"] == 3 * 20 + 7
+    assert figures["live_lag_events"] == 0
+    assert set(figures["median_s"]) == {"bare", "consumer", "consumer_json"}
+    assert figures["read_per_s"] > 0 and figures["bytes_per_event"] > 0
