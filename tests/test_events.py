@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +14,12 @@ from capitals import CapitalsOracle, goal_for, local_tools
 from eventcheck import check_events
 
 import hierplan
-from hierplan import Budget, BudgetInstrument, LocalLedger
+from hierplan import Budget, BudgetInstrument, Instrument, LocalLedger, Plan, ScriptedModel, Step
+from hierplan.agents.models.base import ToolCall
+from hierplan.agents.models.scripted import plan_response
+from hierplan.errors import ToolError
 from hierplan.hierarchy import nodes, planning
+from hierplan.hierarchy.context import NodeContext, RunSettings
 from hierplan.hierarchy.events import (
     BudgetExhausted,
     EventBus,
@@ -177,3 +183,62 @@ async def test_a_budget_too_small_shows_in_exhausted_events() -> None:
         assert event.available_tokens is not None
         assert event.needed_tokens > event.available_tokens
         assert result.tree.find(event.path).status == "budget_exhausted"
+
+
+class _ToolScopes(Instrument):
+    """Logs its tool scopes: entered, then left with the tool's outcome."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name = name
+        self.log = log
+
+    def tool_scope(self, node: NodeContext, call: ToolCall) -> AbstractAsyncContextManager[None]:
+        @asynccontextmanager
+        async def scope() -> AsyncIterator[None]:
+            self.log.append(f"{self.name} enter {call.name}")
+            try:
+                yield
+            except ToolError:
+                self.log.append(f"{self.name} saw failure")
+                raise
+            self.log.append(f"{self.name} exit")
+
+        return scope()
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_tool_scopes_wrap_each_tool_call_in_instrument_order(count: int) -> None:
+    log: list[str] = []
+    calls: list[str] = []
+
+    @hierplan.tool
+    def only(text: str) -> str:
+        """Record a text, or fail on 'boom'."""
+        if text == "boom":
+            raise ValueError("boom")
+        calls.append(text)
+        return text
+
+    plan = Plan(
+        goal="g",
+        steps=[
+            Step(id="a", title="a", instruction="a", tool="only", args={"text": "hi"}),
+            Step(id="b", title="b", instruction="b", tool="only", args={"text": "boom"}),
+        ],
+    )
+    instruments = [_ToolScopes(name, log) for name in ("outer", "inner")[:count]]
+    result = hierplan.run_sync(
+        "g",
+        model=ScriptedModel([plan_response(plan)]),
+        tools=[only],
+        strategy="plan-execute",
+        settings=RunSettings(max_retries=0, concurrency=1, plan_concurrency=1),
+        instruments=instruments,
+    )
+    assert result.status != "succeeded" and calls == ["hi"]
+    ok = ["outer enter only", "inner enter only", "inner exit", "outer exit"]
+    failed = ["outer enter only", "inner enter only", "inner saw failure", "outer saw failure"]
+    if count == 1:
+        ok = [e for e in ok if not e.startswith("inner")]
+        failed = [e for e in failed if not e.startswith("inner")]
+    assert log == ok + failed

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from contextlib import AsyncExitStack
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -60,16 +60,16 @@ async def call_tool(
     started = time.perf_counter()
     error: str | None = None
     try:
-        scopes = [
-            i.tool_scope(node, ToolCall(call_id, target.name, arguments)) for i in run.instruments
-        ]
-        if any(s is not None for s in scopes):
-            async with AsyncExitStack() as stack:
-                for scope in scopes:
-                    if scope is not None:
-                        await stack.enter_async_context(scope)
+        scopes = _tool_scopes(node, target, arguments, call_id) if run.instruments else []
+        if not scopes:
+            return await _call(target, arguments)
+        if len(scopes) == 1:  # the common case (tracing, say) without an exit stack's cost
+            async with scopes[0]:
                 return await _call(target, arguments)
-        return await _call(target, arguments)
+        async with AsyncExitStack() as stack:
+            for scope in scopes:
+                await stack.enter_async_context(scope)
+            return await _call(target, arguments)
     except HierplanError as exc:
         error = str(exc)
         raise
@@ -86,6 +86,14 @@ async def call_tool(
                     error=error,
                 )
             )
+
+
+def _tool_scopes(
+    node: NodeContext, target: Tool, arguments: Mapping[str, Any], call_id: str
+) -> list[AbstractAsyncContextManager[None]]:
+    call = ToolCall(call_id, target.name, arguments)
+    scopes = (i.tool_scope(node, call) for i in node.run.instruments)
+    return [scope for scope in scopes if scope is not None]
 
 
 async def _call(target: Tool, arguments: Mapping[str, Any]) -> Any:
