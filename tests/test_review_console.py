@@ -233,6 +233,8 @@ def test_reject_with_a_reason_shows_the_new_plan_and_its_diff(
     assert shows("- verify [subgoal] Verify the migration", shown)
     session.send("a")
     assert session.finish("reject") == 0
+    # The new plan verifies the orders group (one table) on its own: counted in the singular.
+    assert shows("verify_orders: verified 1 table (", session.log.getvalue())
     record = session.record()
     versions = record["tree"]["plan_versions"]
     assert [(v["reason"], v["decision"], v["note"]) for v in versions] == [

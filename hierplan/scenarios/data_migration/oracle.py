@@ -425,10 +425,8 @@ class MigrationOracle:
         if bad:
             return Action(text=f"FAILED: mismatch in tables: {', '.join(bad)}")
         rows = sum(int(str(results[t].get("target_rows", 0))) for t in tables)
-        return Action(
-            text=f"verified {len(tables)} tables ({rows:,} rows): counts, checksums and indexes "
-            "match"
-        )
+        count = f"{len(tables)} table" + ("" if len(tables) == 1 else "s")
+        return Action(text=f"verified {count} ({rows:,} rows): counts, checksums and indexes match")
 
     def _act_all(self, done: Sequence[tuple[ToolCall, str]]) -> Action:
         if not any(c.name == "list_tables" for c, _ in done):
