@@ -165,3 +165,14 @@ def test_the_events_benchmark_reads_every_event_of_its_runs() -> None:
     assert figures["live_lag_events"] == 0
     assert set(figures["median_s"]) == {"bare", "consumer", "consumer_json"}
     assert figures["read_per_s"] > 0 and figures["bytes_per_event"] > 0
+
+
+def test_the_memory_benchmark_counts_a_leaf_in_flight_and_after_the_run() -> None:
+    memory = _load("memory")
+    figures = memory.main(["--leaves", "200", "--top", "3"])
+    # a leaf in flight holds more than a bare task, and keeps less after the run than in flight
+    assert figures["in_flight_bytes"] > figures["anyio_in_flight_bytes"] > 0
+    assert 0 < figures["after_bytes"] < figures["in_flight_bytes"]
+    names = [name for name, _ in figures["chain"]]
+    assert "run_task_node" in names and "LLMExecutor.execute" in names
+    assert figures["types"]["hierplan.hierarchy.record.NodeRecord"][0] >= 1.0

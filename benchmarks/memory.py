@@ -1,0 +1,196 @@
+"""What one leaf holds in memory while it waits, and what stays of it after the run: the
+evidence behind the 100,000-leaf peak RSS of ``benchmarks/scale.py``.
+
+    .venv/bin/python benchmarks/memory.py [--leaves 10000] [--top 25]
+
+The workload is that of ``benchmarks/overhead.py`` (a three-level hierplan tree, budgets on,
+tracing off, concurrency not limited), except that every leaf's model call waits for the
+last leaf to arrive rather than for 10 ms: so the snapshot is taken with every leaf in flight
+at once, as happens at 100,000 leaves, where all of them start before the first one's timer
+fires. Beside it, a bare anyio task group whose N tasks wait the same way.
+
+Reported, per leaf:
+
+- ``tracemalloc``: bytes allocated by the run and alive with every leaf in flight, and still
+  alive after the run (the run record, which a run exists to keep), against the bare task
+  group's bytes in flight;
+- the object types alive in flight (objects the garbage collector tracks; shallow sizes, so a
+  type's figure excludes what its objects point to): which objects each leaf costs;
+- the chain of coroutines one waiting leaf is suspended in, with each frame's size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gc
+import sys
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+sys.path.append(str(Path(__file__).resolve().parent))  # overhead; last, to shadow nothing
+import overhead
+
+import hierplan
+from hierplan import FunctionModel, ModelRequest, ModelResponse, RunSettings
+
+Histogram = dict[str, tuple[int, int]]  # type name -> (count, shallow bytes)
+
+
+def _histogram() -> Histogram:
+    counts: collections.Counter[str] = collections.Counter()
+    sizes: collections.Counter[str] = collections.Counter()
+    for obj in gc.get_objects():
+        kind = type(obj)
+        name = f"{getattr(kind, '__module__', '')}.{kind.__qualname__}"
+        counts[name] += 1
+        sizes[name] += sys.getsizeof(obj)
+    return {name: (counts[name], sizes[name]) for name in counts}
+
+
+def _coroutine_chain(task_coro: Any) -> list[tuple[str, int]]:
+    chain: list[tuple[str, int]] = []
+    coro = task_coro
+    while coro is not None and hasattr(coro, "cr_frame"):
+        chain.append((coro.__qualname__, sys.getsizeof(coro)))
+        coro = coro.cr_await
+    return chain
+
+
+class _Gate:
+    """Holds every leaf until the last one arrives, and takes the snapshots then."""
+
+    def __init__(self, leaves: int) -> None:
+        self.leaves = leaves
+        self.arrived = 0
+        self.open = anyio.Event()
+        self.traced: tracemalloc.Snapshot | None = None
+        self.types: Histogram = {}
+        self.chain: list[tuple[str, int]] = []
+
+    async def wait(self) -> None:
+        self.arrived += 1
+        if self.arrived == self.leaves:
+            gc.collect()
+            # The object census before the snapshot (whose traces are objects themselves);
+            # what the census keeps is a few hundred entries, nothing per leaf.
+            self.types = _histogram()
+            self.chain = self._one_leaf_chain()
+            self.traced = tracemalloc.take_snapshot()
+            self.open.set()
+        await self.open.wait()
+
+    @staticmethod
+    def _one_leaf_chain() -> list[tuple[str, int]]:
+        import asyncio  # the chain is read off asyncio's tasks: anyio has no such view
+
+        for task in asyncio.all_tasks():
+            chain = _coroutine_chain(task.get_coro())
+            if any(name.endswith("LLMExecutor.execute") for name, _ in chain):
+                return chain
+        return []
+
+
+def _model(leaves: int, gate: _Gate) -> FunctionModel:
+    planner = overhead.hierplan_model(leaves, leaf_s=0.0)
+
+    async def respond(request: ModelRequest) -> ModelResponse:
+        if request.phase == "execution":
+            await gate.wait()
+        return await planner.request(request)
+
+    return FunctionModel(respond, priced_as="openai:gpt-5-mini")
+
+
+def _bytes(snapshot: tracemalloc.Snapshot, base: tracemalloc.Snapshot) -> int:
+    return sum(stat.size_diff for stat in snapshot.compare_to(base, "filename"))
+
+
+async def measure_hierplan(leaves: int) -> dict[str, Any]:
+    """Snapshots of one hierplan run with every leaf in flight, and after it."""
+    await overhead.run_hierplan(50, 0.0)  # warm-up: imports, caches
+    gate = _Gate(leaves)
+    gc.collect()
+    base_types = _histogram()
+    tracemalloc.start()
+    base = tracemalloc.take_snapshot()
+    result = await hierplan.run(
+        "many leaves",
+        strategy="hierarchical",
+        model=_model(leaves, gate),
+        settings=RunSettings(concurrency=leaves, plan_concurrency=max(leaves, 50)),
+        budget_usd=overhead.BUDGET_USD,
+        budget_tokens=overhead.BUDGET_TOKENS,
+    )
+    gc.collect()
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    if result.status != "succeeded" or overhead.count_leaves(result.tree) != leaves:
+        raise RuntimeError(f"the run went wrong: {result.status} {result.error}")
+    assert gate.traced is not None
+    types = {
+        name: (count - base_types.get(name, (0, 0))[0], size - base_types.get(name, (0, 0))[1])
+        for name, (count, size) in gate.types.items()
+    }
+    return {
+        "in_flight_bytes": _bytes(gate.traced, base) / leaves,
+        "after_bytes": _bytes(after, base) / leaves,
+        "types": {name: (c / leaves, s / leaves) for name, (c, s) in types.items() if s > 0},
+        "chain": gate.chain,
+    }
+
+
+async def measure_anyio(leaves: int) -> float:
+    """Bytes per task of a bare task group whose tasks all wait at once."""
+    arrived = 0
+    every = anyio.Event()
+    in_flight: list[int] = []
+
+    async def leaf() -> None:
+        nonlocal arrived
+        arrived += 1
+        if arrived == leaves:
+            gc.collect()
+            in_flight.append(_bytes(tracemalloc.take_snapshot(), base))
+            every.set()
+        await every.wait()
+
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.take_snapshot()
+    async with anyio.create_task_group() as tg:
+        for _ in range(leaves):
+            tg.start_soon(leaf)
+    tracemalloc.stop()
+    return in_flight[0] / leaves
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Measure and print; returns the figures."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--leaves", type=int, default=10_000)
+    parser.add_argument("--top", type=int, default=25, help="object types to list")
+    args = parser.parse_args(argv)
+    ours = anyio.run(measure_hierplan, args.leaves)
+    bare = anyio.run(measure_anyio, args.leaves)
+    ours["anyio_in_flight_bytes"] = bare
+    print(f"{args.leaves:,} leaves, every one in flight at once; bytes per leaf (tracemalloc)")
+    print(f"  hierplan in flight {ours['in_flight_bytes']:>8,.0f}")
+    print(f"  hierplan after run {ours['after_bytes']:>8,.0f}  (the run record)")
+    print(f"  bare anyio task    {bare:>8,.0f}")
+    print("object types alive in flight, per leaf (count, shallow bytes):")
+    rows = sorted(ours["types"].items(), key=lambda item: -item[1][1])[: args.top]
+    for name, (count, size) in rows:
+        print(f"  {count:6.2f} {size:8,.0f}  {name}")
+    print("coroutines one waiting leaf is suspended in (bytes each):")
+    for name, size in ours["chain"]:
+        print(f"  {size:6,}  {name}")
+    print(f"  {sum(size for _, size in ours['chain']):6,}  total")
+    return ours
+
+
+if __name__ == "__main__":
+    main()
