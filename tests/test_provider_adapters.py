@@ -24,7 +24,7 @@ from hierplan.agents.models.base import (
     ToolSpec,
     Usage,
 )
-from hierplan.agents.models.openai import OpenAIModel
+from hierplan.agents.models.openai import OpenAIModel, token_field_for
 from hierplan.agents.planner import PLAN_SCHEMA
 from hierplan.errors import ModelAuthError, ModelError
 from hierplan.hierarchy.plan import Plan
@@ -232,7 +232,7 @@ RETRYABLE = ("rate_limit", "server_error", "overloaded", "slow", "malformed", "t
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("provider", PROVIDERS)
-@pytest.mark.parametrize("kind", [*RETRYABLE, "stream_error"])
+@pytest.mark.parametrize("kind", [*RETRYABLE, "stream_error", "stream_timeout"])
 async def test_faults_become_retryable_model_errors(provider: str, kind: str) -> None:
     with WireServer(ScriptBackend([Reply(text="x")]), slow_s=1.0) as server:
         server.faults.script([kind])
@@ -390,3 +390,94 @@ async def test_thinking_blocks_go_back_with_the_turn_that_called_tools() -> None
             await other.request(ModelRequest(followup, tools=(ADD,)))
         for m in (model, other):
             await m.aclose()  # type: ignore[attr-defined]
+
+
+ADD_CALL = [("call_1", "add", {"a": 2, "b": 3})]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_tool_call_cut_at_max_tokens_is_not_retried_and_says_what_to_raise(
+    provider: str,
+) -> None:
+    cut = Reply(tool_calls=ADD_CALL, raw_arguments='{"a": 2, "b', finish="length")
+    with WireServer(ScriptBackend([cut])) as server, pytest.raises(ModelError) as caught:
+        await one(server, provider, ModelRequest(ask("Add"), tools=(ADD,), max_tokens=64))
+    error = caught.value
+    # The same request would be cut at the same place, and every attempt is paid in full.
+    assert not error.retryable
+    assert "cut at max_tokens=64" in str(error) and "executor_max_tokens" in str(error)
+    assert error.usage is not None and error.usage.output_tokens > 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_json_nested_too_deeply_is_an_unreadable_reply_not_a_crash(provider: str) -> None:
+    deep = "[" * 5000
+    plan_request = ModelRequest(ask("Plan"), output_schema=OutputSchema("plan", PLAN_SCHEMA))
+    script = [Reply(raw_output=deep), Reply(tool_calls=ADD_CALL, raw_arguments=deep)]
+    with WireServer(ScriptBackend(script)) as server:
+        plan = await one(server, provider, plan_request)
+        with pytest.raises(ModelError) as caught:
+            await one(server, provider, ModelRequest(ask("Add"), tools=(ADD,)))
+    # A plan that cannot be read goes back to the planner as text, which asks for a repair.
+    assert plan.output is None and plan.text == deep
+    assert caught.value.retryable and "nested too deeply" in str(caught.value)
+
+
+@pytest.mark.anyio
+async def test_openai_tool_arguments_sent_as_an_object_are_read() -> None:
+    reply = Reply(tool_calls=ADD_CALL, object_arguments=True)
+    with WireServer(ScriptBackend([reply])) as server:
+        response = await one(server, "openai", ModelRequest(ask("Add"), tools=(ADD,)))
+    assert [(c.name, dict(c.arguments)) for c in response.tool_calls] == [("add", {"a": 2, "b": 3})]
+
+
+@pytest.mark.anyio
+async def test_openai_refusals_and_content_filter_stops_are_flagged() -> None:
+    script = [Reply(refusal="I can't help with that."), Reply(finish="content_filter")]
+    with WireServer(ScriptBackend(script)) as server:
+        refused = await one(server, "openai", ModelRequest(ask("x")))
+        filtered = await one(server, "openai", ModelRequest(ask("y")))
+    assert refused.text == "I can't help with that." and "refusal" in refused.flags
+    assert filtered.text == "" and "content_filter" in filtered.flags
+
+
+def test_openai_content_parts_are_read_as_text() -> None:
+    model = OpenAIModel("gpt-5-mini", api_key="k")
+    parts = [{"type": "text", "text": "Hello, "}, {"type": "text", "text": "world"}]
+    completion = openai.types.chat.ChatCompletion.model_construct(
+        id="c",
+        model="gpt-5-mini",
+        object="chat.completion",
+        created=0,
+        usage=None,
+        choices=[
+            openai.types.chat.chat_completion.Choice.model_construct(
+                index=0,
+                finish_reason="stop",
+                message=openai.types.chat.ChatCompletionMessage.model_construct(
+                    role="assistant", content=parts, refusal=None, tool_calls=None
+                ),
+            )
+        ],
+    )
+    assert model.parse_completion(completion, ModelRequest(ask("x"))).text == "Hello, world"
+
+
+def test_openai_token_field_for_openai_and_azure_hosts_whatever_the_url_says() -> None:
+    assert token_field_for(None) == "max_completion_tokens"
+    assert token_field_for("https://api.openai.com/v1") == "max_completion_tokens"
+    assert token_field_for("https://my-res.openai.azure.com/openai/v1") == "max_completion_tokens"
+    assert token_field_for("http://localhost:11434/v1") == "max_tokens"
+    assert token_field_for("https://openai.example.com/v1") == "max_tokens"
+
+
+@pytest.mark.anyio
+async def test_a_used_up_quota_is_not_retried_and_says_what_to_do() -> None:
+    with WireServer(ScriptBackend([])) as server:
+        server.faults.script(["quota"])
+        with pytest.raises(ModelError) as caught:
+            await one(server, "openai", ModelRequest(ask("x")))
+    assert not caught.value.retryable
+    assert "HTTP 429" in str(caught.value) and "add credit or use another key" in str(caught.value)

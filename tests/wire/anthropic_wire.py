@@ -154,7 +154,8 @@ def _blocks(reply: Reply, call: WireCall) -> list[dict[str, Any]]:
         raw = reply.raw_output if reply.raw_output is not None else json.dumps(reply.output)
         blocks.append({"type": "tool_use", "id": "toolu_out", "name": call.schema_name, "raw": raw})
     for call_id, name, args in reply.tool_calls:
-        blocks.append({"type": "tool_use", "id": call_id, "name": name, "raw": json.dumps(args)})
+        raw = reply.raw_arguments if reply.raw_arguments is not None else json.dumps(args)
+        blocks.append({"type": "tool_use", "id": call_id, "name": name, "raw": raw})
     return blocks
 
 

@@ -50,14 +50,20 @@ class Reply:
     """An answer before encoding: text, tool calls ``(id, name, args)`` or structured output.
 
     Token counts left ``None`` are estimated from the request and the answer. ``raw_output``
-    replaces the encoded structured output verbatim (to send output that is not JSON);
-    ``thinking`` is sent as a signed thinking block (Anthropic).
+    replaces the encoded structured output verbatim (to send output that is not JSON), and
+    ``raw_arguments`` every tool call's encoded arguments; ``object_arguments`` sends OpenAI
+    tool-call arguments as a JSON object rather than a string, as some compatible servers do;
+    ``refusal`` is OpenAI's refusal field; ``thinking`` is sent as a signed thinking block
+    (Anthropic).
     """
 
     text: str = ""
     tool_calls: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     output: Any = None
     raw_output: str | None = None
+    raw_arguments: str | None = None
+    object_arguments: bool = False
+    refusal: str = ""
     thinking: str = ""
     input_tokens: int | None = None
     output_tokens: int | None = None

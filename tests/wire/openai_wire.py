@@ -119,7 +119,11 @@ def _schema_error(name: str, where: str, what: str) -> WireError:
 
 def completion(reply: Reply, call: WireCall, *, usage: bool = True) -> dict[str, Any]:
     """A ``chat.completion`` object for ``reply``."""
-    message: dict[str, Any] = {"role": "assistant", "content": reply.text or None}
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": reply.text or None,
+        "refusal": reply.refusal or None,
+    }
     if reply.raw_output is not None:
         message["content"] = reply.raw_output
     elif reply.output is not None:
@@ -130,7 +134,7 @@ def completion(reply: Reply, call: WireCall, *, usage: bool = True) -> dict[str,
             {
                 "id": call_id or f"call_{i}",
                 "type": "function",
-                "function": {"name": name, "arguments": json.dumps(args)},
+                "function": {"name": name, "arguments": _arguments(reply, args)},
             }
             for i, (call_id, name, args) in enumerate(reply.tool_calls)
         ]
@@ -152,6 +156,12 @@ def completion(reply: Reply, call: WireCall, *, usage: bool = True) -> dict[str,
             "completion_tokens_details": {"reasoning_tokens": reply.reasoning_tokens},
         }
     return body
+
+
+def _arguments(reply: Reply, args: dict[str, Any]) -> Any:
+    if reply.raw_arguments is not None:
+        return reply.raw_arguments
+    return args if reply.object_arguments else json.dumps(args)
 
 
 def error(status: int, kind: str, message: str) -> dict[str, Any]:

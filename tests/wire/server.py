@@ -10,6 +10,8 @@ rate_limit     429 with ``retry-after`` (and ``retry-after-ms``)
 server_error   500
 overloaded     529 ``overloaded_error`` (Anthropic) / 503 (OpenAI)
 stream_error   an ``error`` event inside a 200 stream (Anthropic; 500 for OpenAI)
+stream_timeout a ``timeout_error`` event inside a 200 stream (Anthropic; 500 for OpenAI)
+quota          429 ``insufficient_quota``: the account's credit is used up (OpenAI)
 slow           nothing for ``slow_s`` seconds (past the client's timeout), then no answer
 malformed      a 200 whose JSON (or one streamed event) does not parse
 no_usage       a good reply without usage
@@ -53,6 +55,12 @@ FAULT_KINDS = (
 
 NOT_FAILURES = frozenset({"no_usage"})
 """Faults after which the attempt still succeeds."""
+
+STREAM_FAULTS: dict[str, tuple[int, str, str]] = {
+    "stream_error": (529, "overloaded_error", "Overloaded"),
+    "stream_timeout": (504, "timeout_error", "Request timed out"),
+}
+"""Errors sent inside a 200 stream (Anthropic), by fault."""
 
 
 @dataclass(frozen=True)
@@ -201,6 +209,7 @@ _ERRORS = {
         "server_error": (500, "server_error", "The server had an error processing your request."),
         "overloaded": (503, "server_error", "The engine is currently overloaded."),
         "stream_error": (500, "server_error", "The server had an error processing your request."),
+        "quota": (429, "insufficient_quota", "You exceeded your current quota."),
         "bad_request": (400, "invalid_request_error", "This model's maximum context is exceeded."),
         "unauthorized": (401, "invalid_api_key", "Incorrect API key provided."),
     },
@@ -241,7 +250,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(401, fmt.error(401, kind, "invalid or missing API key"))
             return
         fault = wire.faults.next()
-        if fault == "stream_error" and provider == "openai":
+        if fault in STREAM_FAULTS and provider == "openai":
             fault = "server_error"
         try:
             call = fmt.parse(json.loads(raw))
@@ -251,7 +260,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         # Each request is logged before a byte of its answer leaves: a client that has its
         # answer finds the request in the log.
-        error = None if fault == "stream_error" else _ERRORS[provider].get(str(fault))
+        error = None if fault in STREAM_FAULTS else _ERRORS[provider].get(str(fault))
         if error is not None:
             status, kind, message = error
             wire.log(Hit(provider, fault, status))
@@ -264,7 +273,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             # A broken reply needs no answer: the backend's answers are kept for the retry.
-            broken = fault in ("malformed", "truncated", "stream_error")
+            broken = fault in ("malformed", "truncated", *STREAM_FAULTS)
             reply = Reply(text="(an answer that never arrives whole)") if broken else None
             reply = reply or wire.backend.answer(call)
         except Exception as exc:  # a backend bug or a used-up script: loud, and not retried
@@ -323,9 +332,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _stream(self, events: list[tuple[str, str]], fault: str | None) -> None:
         if fault == "malformed":
             events = [*events[:2], ("content_block_start", "{not json"), *events[2:]]
-        if fault == "stream_error":
-            error = anthropic_wire.error(529, "overloaded_error", "Overloaded")
-            events = [events[0], ("error", json.dumps(error))]
+        if fault in STREAM_FAULTS:
+            error = STREAM_FAULTS[fault]
+            events = [events[0], ("error", json.dumps(anthropic_wire.error(*error)))]
         cut = len(events) // 2 if fault == "truncated" else len(events)
         try:
             self.send_response(200)

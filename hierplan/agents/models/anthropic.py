@@ -49,11 +49,14 @@ from hierplan.agents.models.provider import (
     ProviderModel,
     body_message,
     connection_error,
+    loads_json,
     malformed_error,
     status_error,
     timeout_error,
     tool_arguments,
+    truncated_error,
 )
+from hierplan.errors import ModelError
 
 API_KEY_VARIABLE = "ANTHROPIC_API_KEY"
 ALWAYS_THINKING = ("claude-fable", "claude-mythos")
@@ -61,11 +64,29 @@ ALWAYS_THINKING = ("claude-fable", "claude-mythos")
 
 # Error types the API may send inside a stream that started with HTTP 200.
 # Read-only: shared by every run.
-_RETRYABLE_TYPES: Mapping[str, int] = MappingProxyType(
-    {"overloaded_error": 529, "api_error": 500, "rate_limit_error": 429}
+# The status each one stands for; a type not listed is taken for a server error (500), which is
+# retried: the stream broke on the provider's side.
+_STREAM_ERROR_STATUS: Mapping[str, int] = MappingProxyType(
+    {
+        "invalid_request_error": 400,
+        "authentication_error": 401,
+        "billing_error": 402,
+        "permission_error": 403,
+        "not_found_error": 404,
+        "request_too_large": 413,
+        "rate_limit_error": 429,
+        "api_error": 500,
+        "timeout_error": 504,
+        "overloaded_error": 529,
+    }
 )
 _STOP_REASONS: Mapping[str, str] = MappingProxyType(
-    {"end_turn": "stop", "tool_use": "tool_calls", "max_tokens": "length"}
+    {
+        "end_turn": "stop",
+        "tool_use": "tool_calls",
+        "max_tokens": "length",
+        "model_context_window_exceeded": "length",
+    }
 )
 
 
@@ -139,8 +160,10 @@ class AnthropicModel(ProviderModel[anthropic.AsyncAnthropic]):
         if status < 400:
             # An "error" event inside a stream that began with HTTP 200.
             kind = getattr(exc, "type", None) or ""
-            status = _RETRYABLE_TYPES.get(str(kind), 400)
-        return status_error(self._name, status, message, exc.response.headers, usage=reply.usage())
+            status = _STREAM_ERROR_STATUS.get(str(kind), 500)
+        return status_error(
+            self._name, status, message, exc.response.headers, usage=reply.usage(), body=exc.body
+        )
 
     def build_params(self, request: ModelRequest) -> dict[str, Any]:
         """The keyword arguments of ``messages.create`` for ``request`` (always streamed)."""
@@ -173,6 +196,7 @@ class AnthropicModel(ProviderModel[anthropic.AsyncAnthropic]):
         answered = False
         text_parts: list[str] = []
         calls: list[ToolCall] = []
+        finish = _STOP_REASONS.get(reply.stop_reason, reply.stop_reason or "stop")
         for block in reply.blocks:
             if block.kind == "text":
                 text_parts.append("".join(block.parts))
@@ -184,13 +208,18 @@ class AnthropicModel(ProviderModel[anthropic.AsyncAnthropic]):
                         text_parts.append(raw_text)
                     answered = True
                     continue
-                arguments = tool_arguments(self._name, block.name, raw, usage, "input")
+                try:
+                    arguments = tool_arguments(self._name, block.name, raw, usage, "input")
+                except ModelError:
+                    if finish != "length":
+                        raise
+                    what = f"the input of tool call {block.name!r}"
+                    raise truncated_error(self._name, request.max_tokens, what, usage) from None
                 calls.append(ToolCall(block.id, block.name, arguments))
         thinking = [t for t in (b.thinking() for b in reply.blocks) if t is not None]
         if thinking and calls:
             self._thinking.remember(calls[0].id, thinking)
         flags: list[str] = []
-        finish = _STOP_REASONS.get(reply.stop_reason, reply.stop_reason or "stop")
         if answered and not calls and finish == "tool_calls":
             finish = "stop"  # the forced output tool is the answer, not a call to make
         if finish == "length":
@@ -214,8 +243,8 @@ def _json_or_text(raw: str) -> tuple[Any, str]:
     """The forced tool's input as data, or ``(None, raw)`` so the planner reports the JSON
     error and asks for a repair."""
     try:
-        return json.loads(raw), raw
-    except json.JSONDecodeError:
+        return loads_json(raw), raw
+    except ValueError:  # not JSON, or nested too deeply to read
         return None, raw
 
 

@@ -24,6 +24,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import openai
 
@@ -41,12 +42,15 @@ from hierplan.agents.models.provider import (
     ProviderModel,
     body_message,
     connection_error,
+    loads_json,
     malformed_error,
     status_error,
     timeout_error,
     tool_arguments,
+    truncated_error,
 )
 from hierplan.agents.models.schema import Decoder, strict_decoder, strict_schema
+from hierplan.errors import ModelError
 
 API_KEY_VARIABLE = "OPENAI_API_KEY"
 BASE_URL_VARIABLE = "OPENAI_BASE_URL"
@@ -83,9 +87,7 @@ class OpenAIModel(ProviderModel[openai.AsyncOpenAI]):
         key = self._setup(model_name, api_key, timeout_s, priced_as)
         base = base_url or os.environ.get(BASE_URL_VARIABLE) or None
         self.base_url = base
-        self.token_field: TokenField = max_tokens_field or (
-            "max_tokens" if base else "max_completion_tokens"
-        )
+        self.token_field: TokenField = max_tokens_field or token_field_for(base)
         self.strict_output = strict_output
         self._client = openai.AsyncOpenAI(
             api_key=key,
@@ -107,7 +109,9 @@ class OpenAIModel(ProviderModel[openai.AsyncOpenAI]):
             raise connection_error(self._name, exc) from None
         except openai.APIStatusError as exc:
             message = body_message(exc.body) or exc.message
-            raise status_error(self._name, exc.status_code, message, exc.response.headers) from None
+            raise status_error(
+                self._name, exc.status_code, message, exc.response.headers, body=exc.body
+            ) from None
         except (openai.APIResponseValidationError, json.JSONDecodeError, ValueError) as exc:
             raise malformed_error(self._name, f"{type(exc).__name__}: {exc}") from None
         return self.parse_completion(completion, request)
@@ -161,15 +165,23 @@ class OpenAIModel(ProviderModel[openai.AsyncOpenAI]):
         if message is None:
             raise malformed_error(self._name, "the reply has no message", usage)
         flags: list[str] = []
-        text = getattr(message, "content", None) or ""
+        text = _content_text(getattr(message, "content", None))
         refusal = getattr(message, "refusal", None)
         if refusal:
-            text = refusal
+            text = str(refusal)
             flags.append("refusal")
-        calls = tuple(self._tool_calls(getattr(message, "tool_calls", None) or (), usage))
         finish = str(getattr(choice, "finish_reason", None) or "stop")
+        try:
+            calls = tuple(self._tool_calls(getattr(message, "tool_calls", None) or (), usage))
+        except ModelError:
+            if finish != "length":
+                raise
+            what = "a tool call's arguments"
+            raise truncated_error(self._name, request.max_tokens, what, usage) from None
         if finish == "length":
             flags.append("truncated")
+        elif finish == "content_filter":
+            flags.append("content_filter")
         if usage is None:
             flags.append("no_usage")
         output = None
@@ -192,21 +204,51 @@ class OpenAIModel(ProviderModel[openai.AsyncOpenAI]):
             if function is None:
                 continue  # a custom (free-text) tool call: hierplan never offers those
             name = str(getattr(function, "name", "") or "")
-            arguments = getattr(function, "arguments", None) or "{}"
-            parsed = tool_arguments(self._name, name, arguments, usage)
+            arguments = getattr(function, "arguments", None)
+            parsed = tool_arguments(self._name, name, arguments or "{}", usage)
             call_id = str(getattr(item, "id", "") or f"call_{index}")
             calls.append(ToolCall(call_id, name, parsed))
         return calls
+
+
+def token_field_for(base_url: str | None) -> TokenField:
+    """The field that carries ``max_tokens`` to a server: OpenAI's own API (and Azure OpenAI)
+    take ``max_completion_tokens`` (reasoning models refuse ``max_tokens``); other servers
+    speaking the format (vLLM, llama.cpp, Ollama...) know ``max_tokens``."""
+    if not base_url:
+        return "max_completion_tokens"
+    host = (urlsplit(base_url).hostname or "").lower()
+    if host == "api.openai.com" or host.endswith(".openai.azure.com"):
+        return "max_completion_tokens"
+    return "max_tokens"
 
 
 def _structured(decode: Decoder, text: str) -> Any:
     """The structured output in ``text``, or ``None`` when it is not JSON (the planner then
     reads the text, fails to parse it, and asks for a repair with the error)."""
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
+        data = loads_json(text)
+    except ValueError:  # not JSON, or nested too deeply to read
         return None
     return decode(data)
+
+
+def _part_text(part: Any) -> str | None:
+    text = part.get("text") if isinstance(part, Mapping) else getattr(part, "text", None)
+    return text if isinstance(text, str) else None
+
+
+def _content_text(content: Any) -> str:
+    """A message's content as text: a string, or the text of its parts when a server sends a
+    list of content parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):
+        texts = [_part_text(part) for part in content]
+        return "".join(t for t in texts if t)
+    return str(content)
 
 
 def _unchanged(value: Any) -> Any:

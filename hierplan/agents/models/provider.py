@@ -166,11 +166,19 @@ def status_error(
     headers: Mapping[str, str] | None = None,
     *,
     usage: Usage | None = None,
+    body: Any = None,
 ) -> ModelError:
-    """The :class:`ModelError` for an HTTP error status, with the provider's message."""
+    """The :class:`ModelError` for an HTTP error status, with the provider's message (``body``:
+    the error body, which tells a used-up quota from a rate limit)."""
     text = f"{model}: HTTP {status}: {message}"
     if status in (401, 403):
         return ModelAuthError(text)
+    if quota_exhausted(body):
+        return ModelError(
+            f"{text} (the account's credit or spend limit is used up: add credit or use another "
+            "key; not retried)",
+            usage=usage,
+        )
     return ModelError(
         text,
         retryable=status in RETRYABLE_STATUS or status >= 500,
@@ -200,20 +208,60 @@ def malformed_error(model: str, what: str, usage: Usage | None = None) -> ModelE
     return ModelError(f"{model}: malformed reply: {what}", retryable=True, usage=usage)
 
 
+def truncated_error(
+    model: str, max_tokens: int, what: str, usage: Usage | None = None
+) -> ModelError:
+    """The error for a reply cut at ``max_tokens`` in the middle of ``what``. Not retryable:
+    the same request would be cut at the same place, and every attempt is paid in full."""
+    return ModelError(
+        f"{model}: the reply was cut at max_tokens={max_tokens} in the middle of {what}; "
+        "raise executor_max_tokens / planner_max_tokens (or the node's budget, if it lowered "
+        "max_tokens to fit)",
+        retryable=False,
+        usage=usage,
+    )
+
+
+def quota_exhausted(body: Any) -> bool:
+    """Whether an error body says the account's credit or spend limit is used up: an HTTP
+    429 that waiting does not cure."""
+    inner = body.get("error", body) if isinstance(body, Mapping) else None
+    if not isinstance(inner, Mapping):
+        return False
+    codes = {inner.get("type"), inner.get("code")}
+    return bool(codes & {"insufficient_quota", "billing_hard_limit_reached"})
+
+
+def loads_json(text: str) -> Any:
+    """``json.loads``, with the nesting too deep for the parser reported as the
+    :class:`ValueError` that any other unreadable JSON raises (a model that loops on ``[``
+    until ``max_tokens`` writes exactly that)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to read") from None
+
+
 def tool_arguments(
     model: str,
     tool: str,
-    raw: str,
+    raw: Any,
     usage: Usage | None,
     field: Literal["arguments", "input"] = "arguments",
 ) -> dict[str, Any]:
-    """A tool call's JSON ``raw`` arguments as an object, or a :func:`malformed_error` saying
-    what was wrong (``field``: what the provider calls them)."""
+    """A tool call's arguments as an object, or a :func:`malformed_error` saying what was
+    wrong (``field``: what the provider calls them). ``raw`` is their JSON text, or already an
+    object: some servers speaking a provider's format send the object itself."""
     subject = f"the {field} of tool call {tool!r} {'are' if field == 'arguments' else 'is'}"
+    if isinstance(raw, Mapping):
+        return dict(raw)
+    if not isinstance(raw, str):
+        raise malformed_error(model, f"{subject} neither JSON text nor an object", usage)
     try:
-        parsed = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise malformed_error(model, f"{subject} not JSON ({exc.msg})", usage) from None
+        parsed = loads_json(raw)
+    except ValueError as exc:  # JSONDecodeError is a ValueError
+        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+        raise malformed_error(model, f"{subject} not JSON ({reason})", usage) from None
     if not isinstance(parsed, dict):
         raise malformed_error(model, f"{subject} not an object", usage)
     return parsed
