@@ -124,6 +124,33 @@ async def test_executor_turns_are_bounded() -> None:
     assert result.status == "failed" and "no answer after 2 model turns" in (result.error or "")
 
 
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        (ModelResponse(text="Hello, dear us", finish_reason="length", flags=["truncated"]),
+         "the answer was cut at the token limit (executor_max_tokens=1024"),
+        (ModelResponse(text="", finish_reason="length", flags=["truncated"]),
+         "the answer was cut at the token limit"),
+        (ModelResponse(text="I can't help with that.", flags=["refusal"]),
+         "the model refused the step: I can't help with that."),
+        (ModelResponse(text="", finish_reason="content_filter", flags=["content_filter"]),
+         "the provider's content filter stopped the answer"),
+    ],
+)  # fmt: skip
+async def test_a_cut_refused_or_filtered_answer_fails_the_step_without_retrying_it(
+    answer: ModelResponse, reason: str
+) -> None:
+    plan = {"goal": "g", "steps": [{"id": "a", "title": "A", "instruction": "greet"}]}
+    model = ScriptedModel([plan_response(plan), answer])
+    result = await hierplan.run(
+        "g", model=model, strategy="plan-execute", settings=hierplan.RunSettings(max_retries=2)
+    )
+    model.assert_complete()  # one executor call: the same request would end the same way
+    leaf = result.tree.children[0]
+    assert leaf.status == "failed" and leaf.attempts == 1
+    assert (leaf.error or "").startswith(reason)
+
+
 async def test_step_deadline_then_retries_then_failure() -> None:
     steps: list[dict[str, Any]] = [
         {"id": "a", "title": "A", "instruction": "nap", "tool": "nap", "args": {"seconds": 5}}

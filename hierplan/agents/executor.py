@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from hierplan.agents.models.base import Message, ModelRequest, ToolCall
+from hierplan.agents.models.base import Message, ModelRequest, ModelResponse, ToolCall
 from hierplan.agents.prompts import FAILED_PREFIX, StepPrompt, render_step_prompt
 from hierplan.agents.tools import Tool, result_text
 from hierplan.errors import HierplanError, StepFailed, ToolError
@@ -105,6 +105,24 @@ async def _call(target: Tool, arguments: Mapping[str, Any]) -> Any:
         raise ToolError(f"tool {target.name!r} failed: {type(exc).__name__}: {exc}") from exc
 
 
+def unusable_answer(response: ModelResponse, max_tokens: int) -> str | None:
+    """Why an answer cannot be taken as the step's result, or ``None`` when it can: a refusal,
+    an answer the provider's content filter stopped, or one cut at the token limit (an empty
+    answer too, when a reasoning model spent the whole limit thinking). Not retried: the same
+    request would end the same way; the planner gets the reason."""
+    flags = response.flags
+    if "refusal" in flags:
+        return f"the model refused the step: {response.text.strip()[:200]}"
+    if "content_filter" in flags or response.finish_reason == "content_filter":
+        return "the provider's content filter stopped the answer"
+    if "truncated" in flags or response.finish_reason == "length":
+        return (
+            f"the answer was cut at the token limit (executor_max_tokens={max_tokens}, or less "
+            "where the node's budget lowered it): raise executor_max_tokens or the budget"
+        )
+    return None
+
+
 class ToolExecutor:
     """Runs a step's tool with the plan's arguments; no model call."""
 
@@ -158,6 +176,9 @@ class LLMExecutor:
                 )
             )
             if not response.tool_calls:
+                unusable = unusable_answer(response, settings.executor_max_tokens)
+                if unusable is not None:
+                    raise StepFailed(unusable)
                 text = response.text.strip()
                 if text.startswith(FAILED_PREFIX):
                     raise StepFailed(
