@@ -26,7 +26,7 @@ from hierplan.agents.models.base import (
     ToolCall,
     Usage,
 )
-from hierplan.agents.models.scripted import FunctionModel, ScriptedModel
+from hierplan.agents.models.scripted import FunctionModel, ScriptedModel, plan_response
 from hierplan.agents.models.tokens import estimate_request_tokens
 from hierplan.agents.prompts import parse_plan_prompt, parse_step_prompt
 from hierplan.agents.tools import Toolbox, tool
@@ -204,6 +204,35 @@ async def test_a_response_without_usage_settles_at_the_worst_case_and_is_flagged
     assert node.record.budget["spent_tokens"] == WORST
     settled = [e for e in events if isinstance(e, BudgetSettled)]
     assert settled[0].flags == ["no_usage"] and settled[0].tokens == WORST
+
+
+async def test_a_reply_an_adapter_flagged_without_usage_is_flagged_once() -> None:
+    flagged = ModelResponse(text="ok", flags=["no_usage"])
+    model = ScriptedModel([flagged], report_usage=False, priced_as="test:model")
+    async with budgeted_node(model, Budget(tokens=10_000)) as (node, _):
+        response = await node.call_model(REQUEST)
+    assert response.flags == ["no_usage"]
+    assert node.record.calls[0].flags == ["no_usage"]
+
+
+async def test_without_a_budget_a_reply_without_usage_is_recorded_at_its_worst_case() -> None:
+    plan = {"goal": "g", "steps": [{"id": "a", "title": "A", "instruction": "say ok"}]}
+    model = ScriptedModel(
+        [plan_response(plan), ModelResponse(text="ok")], report_usage=False, priced_as="test:model"
+    )
+    result = await hierplan.run("g", model=model, strategy="plan-execute", pricing=PRICING)
+    calls = [c for node in result.nodes() for c in node.calls]
+    assert len(calls) == 2 and result.budget is None
+    settings = hierplan.RunSettings()
+    for call in calls:
+        limit = (
+            settings.planner_max_tokens
+            if call.phase == "planning"
+            else settings.executor_max_tokens
+        )
+        assert call.flags == ["no_usage"]
+        assert call.usage.input_tokens > 0 and call.usage.output_tokens == limit
+        assert call.cost_usd is not None and call.cost_usd > 0  # never counted as free
 
 
 async def test_usage_above_the_reservation_is_charged_flagged_and_reported() -> None:

@@ -122,7 +122,8 @@ class BudgetedModel:
         if usage is None:
             usage = Usage(input_tokens, request.max_tokens)
             response.usage = usage
-            response.flags.append("no_usage")
+            if "no_usage" not in response.flags:  # an adapter may have flagged it already
+                response.flags.append("no_usage")
             flags = await self._settle(reservation, usage, ["no_usage"])
         else:
             flags = await self._settle(reservation, usage, [])
