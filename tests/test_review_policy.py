@@ -243,3 +243,28 @@ def test_review_view_after_a_rejection() -> None:
     assert "planner's estimate for this sub-goal: est. 7,000 tok" in text
     assert "replaces the previous proposal, which was rejected: too slow" in text
     assert "changes: +1 -1 ~0 (added: b; removed: a)" in text
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("allocation", ["equal", "on-demand"])
+async def test_a_budget_policy_weighs_each_subgoal_by_what_it_may_spend(allocation: str) -> None:
+    # Each sub-goal of a 1,000,000-token run may spend far more than 100 tokens: an on-demand
+    # sub-goal is allocated nothing up front, but its cap is what it may draw.
+    reviewed: list[str] = []
+
+    async def reviewer(plan: Plan, ctx: GateContext) -> Approve:
+        reviewed.append(ctx.path)
+        return Approve(by="person")
+
+    calls: list[str] = []
+    result = await hierplan.run(
+        ROOT_GOAL,
+        model=fanout_planner(3),
+        tools=[recording_tool(calls)],
+        strategy="hierarchical",
+        approver=PolicyApprover(CallbackApprover(reviewer), "tokens>100"),
+        budget_tokens=1_000_000,
+        allocation=allocation,
+    )
+    assert result.status == "succeeded", result.error
+    assert sorted(reviewed) == ["1", "1.1", "1.2", "1.3"]

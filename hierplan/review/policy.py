@@ -78,10 +78,13 @@ def subgoal_budget(ctx: GateContext, unit: Literal["usd", "tokens"]) -> float | 
 
 
 def _allocated(budget: dict[str, Any] | None, unit: str) -> float | None:
-    """The allocated amount in a node's budget record, whichever common shape it has."""
+    """What a node may spend by its budget record, whichever common shape it has: its limit
+    first (an ``on-demand`` node is allocated nothing up front but may draw up to its cap),
+    else what it was allocated."""
     if not budget:
         return None
     candidates: list[Any] = [
+        budget.get(f"limit_{unit}"),
         budget.get(f"allocated_{unit}"),
         budget.get(f"{unit}_allocated"),
         budget.get(f"{unit}_limit"),
