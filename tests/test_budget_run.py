@@ -1001,3 +1001,50 @@ async def test_a_paused_run_resumes_with_what_its_budget_has_left(tmp_path: Path
     assert resumed.budget["spent"]["tokens"] == everything <= limit
     phases = resumed.budget["phases"]
     assert phases["planning"]["tokens"] + phases["execution"]["tokens"] == everything
+
+
+async def test_a_listener_that_raises_on_a_reservation_leaves_nothing_reserved() -> None:
+    def bug(event: RunEvent) -> None:
+        if isinstance(event, BudgetReserved):
+            raise RuntimeError("listener bug")
+
+    model = ScriptedModel([ModelResponse(text="never asked")], priced_as="test:model")
+    # The node's account closes when the block ends: it could not with a reservation open.
+    with pytest.raises(RuntimeError, match="listener bug"):
+        async with budgeted_node(model, Budget(tokens=10_000), listeners=(bug,)) as (node, _):
+            await node.call_model(REQUEST)
+    assert model.requests == []
+
+
+async def test_impossible_usage_settles_as_the_nearest_possible_and_is_flagged() -> None:
+    odd = ModelResponse(text="ok", usage=Usage(10, 5, cached_input_tokens=1_000))
+    model = ScriptedModel([odd], priced_as="test:model")
+    async with budgeted_node(model, Budget(tokens=10_000)) as (node, instrument):
+        response = await node.call_model(REQUEST)
+        balance = await instrument.ledger.balance(instrument.account(node))
+    assert "invalid_usage" in response.flags and "invalid_usage" in node.record.calls[0].flags
+    assert balance.spent_tokens == 15
+    # every input token cached: priced at the cached rate (here the input rate), never negative
+    assert balance.spent_pico == usd_to_pico((10 * 1.0 + 5 * 4.0) / 1e6)
+
+
+def test_tiny_amounts_of_money_are_shown_with_two_significant_digits() -> None:
+    from hierplan.tracing.report import money
+
+    assert [money(v) for v in (0.00001, 1.23e-9, 0.0043, 0.0, 12.5)] == [
+        "$0.000010",
+        "$0.0000000012",
+        "$0.0043",
+        "$0.0000",
+        "$12.50",
+    ]
+
+
+async def test_without_a_budget_impossible_usage_is_recorded_as_the_nearest_possible() -> None:
+    plan = {"goal": "g", "steps": [{"id": "a", "title": "A", "instruction": "say ok"}]}
+    odd = ModelResponse(text="ok", usage=Usage(10, 5, cached_input_tokens=1_000))
+    model = ScriptedModel([plan_response(plan), odd], priced_as="test:model")
+    result = await hierplan.run("g", model=model, strategy="plan-execute", pricing=PRICING)
+    call = result.tree.children[0].calls[0]
+    assert call.flags == ["invalid_usage"] and call.usage == Usage(10, 5, cached_input_tokens=10)
+    assert call.cost_usd == pytest.approx((10 * 1.0 + 5 * 4.0) / 1e6)

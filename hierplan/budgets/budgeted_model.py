@@ -91,20 +91,21 @@ class BudgetedModel:
             reservation = await ledger.reserve(account, tokens, pico, request.phase)
         if reservation is None:
             reservation, request = await self._fit(account, request, input_tokens)
-        bus = self._node.run.bus
-        if bus.active:
-            bus.emit(
-                BudgetReserved(
-                    run_id=bus.run_id,
-                    path=self._node.path,
-                    phase=request.phase,
-                    tokens=reservation.tokens,
-                    usd=self._usd(reservation.pico),
-                    max_tokens=request.max_tokens,
-                    requested_max_tokens=wanted,
-                )
-            )
         try:
+            # Inside the try: a listener that raises must not leave the reservation open.
+            bus = self._node.run.bus
+            if bus.active:
+                bus.emit(
+                    BudgetReserved(
+                        run_id=bus.run_id,
+                        path=self._node.path,
+                        phase=request.phase,
+                        tokens=reservation.tokens,
+                        usd=self._usd(reservation.pico),
+                        max_tokens=request.max_tokens,
+                        requested_max_tokens=wanted,
+                    )
+                )
             response = await self._inner.request(request)
         except ModelError as exc:
             if exc.usage is None:
@@ -126,19 +127,28 @@ class BudgetedModel:
                 response.flags.append("no_usage")
             flags = await self._settle(reservation, usage, ["no_usage"])
         else:
-            flags = await self._settle(reservation, usage, [])
+            possible = usage.possible()
+            if possible is not usage:
+                # Impossible usage (negative counts, more cached input than input) is counted
+                # as the nearest possible, so that the reservation closes and the run goes on.
+                response.usage = possible
+                response.flags.append("invalid_usage")
+            flags = await self._settle(reservation, possible, [])
         if "overrun" in flags:
             response.flags.append("overrun")
         return response
 
     async def _settle(self, reservation: Reservation, usage: Usage, flags: list[str]) -> list[str]:
         rate_in, rate_cached, rate_out = self._rates
-        cached = usage.cached_input_tokens
-        tokens = usage.input_tokens + usage.output_tokens
+        possible = usage.possible()
+        if possible is not usage:  # a failed attempt's usage: what its response would get
+            flags.append("invalid_usage")
+        cached = possible.cached_input_tokens
+        tokens = possible.input_tokens + possible.output_tokens
         pico = (
-            (usage.input_tokens - cached) * rate_in
+            (possible.input_tokens - cached) * rate_in
             + cached * rate_cached
-            + usage.output_tokens * rate_out
+            + possible.output_tokens * rate_out
         )
         local = self._local
         if local is not None:
@@ -232,7 +242,8 @@ class BudgetedModel:
         raise BudgetExceeded(
             f"node {self._node.path} is out of budget: its {request.phase} call needs at least "
             f"{self._amount(need_t, need_p)} (max_tokens lowered to {floor:,}) but "
-            f"{self._amount(avail_t, avail_p)} remain; the call was not made"
+            f"{self._amount(avail_t, avail_p)} remain; the call was not made (give the run a "
+            "larger budget, --budget-tokens / --budget-usd, or this node a larger share)"
         )
 
     def _counts(self) -> _Counts:

@@ -289,6 +289,9 @@ class NodeContext:
                 usage = Usage(estimate_request_tokens(request), request.max_tokens)
                 if "no_usage" not in response.flags:
                     response.flags.append("no_usage")
+            elif usage.possible() is not usage:  # without a budget, nothing has checked it
+                usage = response.usage = usage.possible()
+                response.flags.append("invalid_usage")
             self._record(
                 request,
                 usage,

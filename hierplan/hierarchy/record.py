@@ -44,7 +44,9 @@ class CallRecord:
     """One model call (one attempt): usage, cost, timing, phase and flags.
 
     ``cost_usd`` is ``None`` when the model has no known price. Flags name anything unusual:
-    ``no_usage`` (settled at the reserved worst case), ``overrun``, ``failed``.
+    ``no_usage`` (counted at the request's worst case), ``overrun``, ``invalid_usage`` (usage
+    reported with negative counts or more cached input than input, counted as the nearest
+    possible usage), ``failed``.
     """
 
     phase: Phase

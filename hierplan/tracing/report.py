@@ -6,6 +6,7 @@ user wrote (goals, errors, answers) is printed as text, never as rich markup.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -45,6 +46,9 @@ def money(value: float | None) -> str:
     """USD with enough digits for sub-cent model calls."""
     if value is None:
         return "n/a"
+    if 0 < abs(value) < 0.0001:  # a tiny budget or one cheap call: two significant digits,
+        decimals = 1 - math.floor(math.log10(abs(value)))  # not $0.0000
+        return f"${value:.{decimals}f}"
     return f"${value:.4f}" if value < 1 else f"${value:,.2f}"
 
 

@@ -40,6 +40,21 @@ class Usage:
         """Input plus output tokens."""
         return self.input_tokens + self.output_tokens
 
+    def possible(self) -> Usage:
+        """This usage if it can be (no negative count, no more cached input than input, no
+        more reasoning than output), else the nearest usage that can."""
+        inp, out = max(0, self.input_tokens), max(0, self.output_tokens)
+        cached = min(max(0, self.cached_input_tokens), inp)
+        reasoning = min(max(0, self.reasoning_tokens), out)
+        if (inp, out, cached, reasoning) == (
+            self.input_tokens,
+            self.output_tokens,
+            self.cached_input_tokens,
+            self.reasoning_tokens,
+        ):
+            return self
+        return Usage(inp, out, cached, reasoning)
+
     def __add__(self, other: Usage) -> Usage:
         return Usage(
             self.input_tokens + other.input_tokens,
