@@ -330,3 +330,60 @@ async def test_replans_made_before_a_pause_still_count_after_resume(tmp_path: Pa
     assert resumed.status == "failed"
     assert proposals == ["try1", "try2"]  # the one replan allowed was made before the pause
     assert [v.reason for v in resumed.tree.plan_versions] == ["initial", "replan"]
+
+
+@pytest.mark.anyio
+async def test_a_run_directory_moved_while_paused_resumes_on_its_own_files(
+    tmp_path: Path, source_db: Path
+) -> None:
+    first_dir = migration_dir(source_db, tmp_path / "first")
+    paused = await hierplan.run(
+        approver=PauseForReview(), checkpoint_dir=first_dir, **run_kwargs(workdir=first_dir)
+    )
+    assert paused.status == "paused"
+    moved = tmp_path / "elsewhere" / "moved"
+    moved.parent.mkdir()
+    first_dir.rename(moved)
+    done = await hierplan.resume(moved, Approve(by="alice"))
+    assert done.status == "succeeded", done.error
+    assert done.verification is not None and done.verification["ok"]
+    # The migration happened in the moved directory; nothing recreated the old one.
+    assert (moved / "target.db").stat().st_size > 0 and not first_dir.exists()
+
+
+@pytest.mark.anyio
+async def test_a_hand_edited_checkpoint_is_refused_clearly_and_stays_resumable(
+    tmp_path: Path,
+) -> None:
+    calls: list[str] = []
+    common = {"model": fanout_planner(2), "tools": [recording_tool(calls)]}
+    await hierplan.run(ROOT_GOAL, approver=PauseForReview(), checkpoint_dir=tmp_path, **common)
+    path = tmp_path / CHECKPOINT_FILE
+    saved = path.read_text()
+    edits = [
+        (("invocation", "budget", "budget_euro"), 1, r"budget has what a run does not take"),
+        (("invocation", "settings", "max_depth"), "two", r"settings are invalid \(max_depth: "),
+        (("results", "1.1"), {"output": None}, r"not a hierplan checkpoint .*first, at results"),
+    ]
+    for (*parents, key), value, problem in edits:
+        data = json.loads(saved)
+        inner = data
+        for name in parents:
+            inner = inner.setdefault(name, {}) if inner.get(name) is None else inner[name]
+        inner[key] = value
+        path.write_text(json.dumps(data))
+        with pytest.raises(UserInputError, match=problem):
+            await hierplan.resume(tmp_path, Approve(), **common)
+        assert path.exists() and not (tmp_path / RESUMING_FILE).exists()
+    path.write_text(saved)
+    done = await hierplan.resume(tmp_path, Approve(), **common)
+    assert done.status == "succeeded" and len(calls) == 2
+
+
+@pytest.mark.anyio
+async def test_an_interrupted_resume_says_how_to_go_on(tmp_path: Path) -> None:
+    common = {"model": fanout_planner(2), "tools": [recording_tool([])]}
+    await hierplan.run(ROOT_GOAL, approver=PauseForReview(), checkpoint_dir=tmp_path, **common)
+    (tmp_path / CHECKPOINT_FILE).rename(tmp_path / RESUMING_FILE)  # as a killed resume leaves it
+    with pytest.raises(UserInputError, match=f"rename {RESUMING_FILE} to {CHECKPOINT_FILE}"):
+        await hierplan.resume(tmp_path, Approve(), **common)

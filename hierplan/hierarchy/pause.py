@@ -475,7 +475,10 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
         if (run_dir / RESUMING_FILE).exists():
             raise UserInputError(
                 f"a resume of {run_dir} is running or was interrupted ({RESUMING_FILE} exists); "
-                "steps may have run since the checkpoint, so it is not resumed twice"
+                "steps may have run since the checkpoint, so it is not resumed twice. If no "
+                f"resume is running: start the run again (hierplan run ... -o {run_dir}), or "
+                f"rename {RESUMING_FILE} to {CHECKPOINT_FILE} to resume from the checkpoint "
+                "anyway (steps that ran since may run again)"
             )
         if (run_dir / "run.json").exists():
             raise UserInputError(
@@ -488,8 +491,11 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
     except (OSError, UnicodeDecodeError) as exc:
         raise UserInputError(f"cannot read {path}: {exc}") from None
     except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the file"
         raise UserInputError(
-            f"{path} is not a hierplan checkpoint ({exc.error_count()} problem(s))"
+            f"{path} is not a hierplan checkpoint ({exc.error_count()} problem(s); first, at "
+            f"{where}: {first['msg']})"
         ) from None
     if checkpoint.format != CHECKPOINT_FORMAT:
         raise UserInputError(

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from pydantic import ValidationError
 
 from hierplan.errors import UserInputError
 from hierplan.hierarchy.context import RunSettings
@@ -53,8 +54,11 @@ def decisions_for(
     return dict.fromkeys(pending, decision)
 
 
-def run_arguments(checkpoint: Checkpoint, overrides: dict[str, Any]) -> dict[str, Any]:
-    """The arguments of :func:`hierplan.run` that continue the checkpoint's run."""
+def run_arguments(
+    checkpoint: Checkpoint, overrides: dict[str, Any], run_dir: Path
+) -> dict[str, Any]:
+    """The arguments of :func:`hierplan.run` that continue the checkpoint's run, saved in
+    ``run_dir`` (a relative work directory is taken from there)."""
     inv = checkpoint.invocation
     if inv.get("model") is None and "model" not in overrides:
         raise UserInputError("the paused run used a model object, not a name: pass model=")
@@ -66,15 +70,43 @@ def run_arguments(checkpoint: Checkpoint, overrides: dict[str, Any]) -> dict[str
         "scenario": inv.get("scenario"),
         "model": inv.get("model"),
         "executor_model": inv.get("executor_model"),
-        "settings": RunSettings.model_validate(inv.get("settings", {})),
+        "settings": _saved_settings(inv.get("settings")),
         "sim_profile": inv.get("sim_profile", "typical"),
         "sim_latency_scale": inv.get("sim_latency_scale", 1.0),
-        "workdir": None if workdir is None else Path(workdir),
+        "workdir": None if workdir is None else run_dir / str(workdir),
         "model_options": inv.get("model_options") or None,
-        **(inv.get("budget") or {}),  # the same budget, less what was spent before the pause
+        **_saved_budget(inv.get("budget")),  # the same budget, less what was spent before
     }
     kwargs.update(overrides)
     return kwargs
+
+
+# What a checkpoint's invocation may say about the budget (hierplan.run's own arguments).
+_BUDGET_KEYS = frozenset({"budget_usd", "budget_tokens", "allocation", "price_in", "price_out"})
+
+
+def _saved_settings(saved: Any) -> RunSettings:
+    try:
+        return RunSettings.model_validate(saved or {})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise UserInputError(
+            f"the checkpoint's run settings are invalid ({where}: {first['msg']}); was "
+            f"{CHECKPOINT_FILE} edited by hand?"
+        ) from None
+
+
+def _saved_budget(saved: Any) -> dict[str, Any]:
+    if saved is None:
+        return {}
+    if not isinstance(saved, dict) or not set(saved) <= _BUDGET_KEYS:
+        unknown = sorted(set(saved) - _BUDGET_KEYS) if isinstance(saved, dict) else saved
+        raise UserInputError(
+            f"the checkpoint's budget has what a run does not take ({unknown}); was "
+            f"{CHECKPOINT_FILE} edited by hand?"
+        )
+    return dict(saved)
 
 
 async def resume(
@@ -98,7 +130,7 @@ async def resume(
     """
     checkpoint = load_checkpoint(run_dir)
     restore = checkpoint.restore(decisions_for(checkpoint, decision, node))
-    kwargs = run_arguments(checkpoint, overrides)
+    kwargs = run_arguments(checkpoint, overrides, run_dir)
     kwargs.setdefault("checkpoint_extra", checkpoint.extra)
     kwargs.pop("checkpoint_dir", None)  # a resumed run saves its next pause where it was
     saved = run_dir / CHECKPOINT_FILE

@@ -333,12 +333,14 @@ def _save_paused(
         checkpoint_dir,
         result,
         ctx.pause,
-        _invocation(ctx, prepared, invocation),
+        _invocation(ctx, prepared, invocation, checkpoint_dir),
         checkpoint_extra,
     )
 
 
-def _invocation(ctx: RunContext, prepared: _Prepared, given: dict[str, Any]) -> dict[str, Any]:
+def _invocation(
+    ctx: RunContext, prepared: _Prepared, given: dict[str, Any], checkpoint_dir: Path
+) -> dict[str, Any]:
     """How to start this run again (for ``resume``): what can be saved, and nothing secret."""
     profile = given["sim_profile"]
     return {
@@ -347,9 +349,22 @@ def _invocation(ctx: RunContext, prepared: _Prepared, given: dict[str, Any]) -> 
         "scenario": prepared.scenario,
         "settings": ctx.settings.model_dump(mode="json"),
         "sim_profile": profile if isinstance(profile, str) else profile.model_dump(),
-        "workdir": None if prepared.workdir is None else str(prepared.workdir),
+        "workdir": None
+        if prepared.workdir is None
+        else _saved_workdir(prepared.workdir, checkpoint_dir),
         "tools": sorted(ctx.toolbox.names()),
     }
+
+
+def _saved_workdir(workdir: Path, checkpoint_dir: Path) -> str:
+    """The work directory as the checkpoint keeps it: relative to the checkpoint's directory
+    when inside it (so that a run directory moved or copied elsewhere resumes on its own
+    files, never on those of the place it came from), else absolute."""
+    absolute = workdir.resolve()
+    try:
+        return absolute.relative_to(checkpoint_dir.resolve()).as_posix()
+    except ValueError:
+        return str(absolute)
 
 
 class _Models:
