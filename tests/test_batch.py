@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from hierplan.batch import BatchBudget, BatchConfig, RunOptions, parse_goals, run_batch
 from hierplan.batch.budget import decide
 from hierplan.batch.goals import goal_seed
-from hierplan.batch.journal import Journal
+from hierplan.batch.journal import Journal, open_journal
 from hierplan.bench.suites import get_suite
 from hierplan.budgets.budget import Fixed, usd_to_pico
 from hierplan.cli import app
@@ -289,6 +289,20 @@ def test_resume_refuses_a_changed_goals_file(tmp_path: Path) -> None:
     text_goals(goals, 3)
     with pytest.raises(UserInputError, match="changed since the batch started"):
         anyio.run(run_batch, config(goals, tmp_path / "out", 1.0, 2, resume=True))
+
+
+def test_a_batch_directory_is_run_by_one_process_at_a_time(tmp_path: Path) -> None:
+    goals = text_goals(tmp_path / "goals.jsonl", 2)
+    out = tmp_path / "out"
+    anyio.run(run_batch, config(goals, out, 1.0, 2))
+    running = open_journal(out, resume=True)  # as a batch still running holds it
+    try:
+        # A second process resuming it would run the same pending goals on the same budget.
+        with pytest.raises(UserInputError, match=f"being run by process {os.getpid()}"):
+            anyio.run(run_batch, config(goals, out, 1.0, 2, resume=True))
+    finally:
+        running.close()
+    assert anyio.run(run_batch, config(goals, out, 1.0, 2, resume=True))["counts"]["succeeded"] == 2
 
 
 # -- a crash and a resume ------------------------------------------------------------------

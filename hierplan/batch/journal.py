@@ -16,6 +16,7 @@ billed), stays spent as ``prior``.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
@@ -28,6 +29,8 @@ from hierplan.batch.goals import BatchGoal
 from hierplan.errors import UserInputError
 
 JOURNAL = "journal.sqlite"
+LOCK = "batch.lock"
+"""Held (``flock``) by the one process that runs the batch; it holds that process's id."""
 FINAL_STATES = ("succeeded", "failed", "skipped")
 
 _SCHEMA = """
@@ -90,8 +93,9 @@ class GoalRow:
 class Journal:
     """The journal of one batch directory. Use it from one thread (the batch's event loop)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, lock: int | None = None) -> None:
         self.path = path
+        self._lock = lock
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
@@ -104,8 +108,12 @@ class Journal:
         return (out / JOURNAL).exists()
 
     def close(self) -> None:
-        """Close the database (every transaction is already committed)."""
+        """Close the database (every transaction is already committed) and give up the
+        batch directory's lock."""
         self.db.close()
+        if self._lock is not None:
+            os.close(self._lock)  # releases the flock
+            self._lock = None
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
@@ -244,17 +252,46 @@ class Journal:
             )
 
 
+def lock_directory(out: Path) -> int | None:
+    """Take ``out``'s batch lock for this process, or fail if another process holds it: two
+    processes running one batch would each run its pending goals and each spend what is left
+    of its budget. The lock goes with the process (and with a killed one)."""
+    try:
+        import fcntl
+    except ImportError:  # no flock on this platform: nothing to take
+        return None
+    fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise UserInputError(
+            f"{out} is being run by process {holder}: wait for it to end (or stop it) before "
+            "resuming the batch"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
+
+
 def open_journal(out: Path, *, resume: bool) -> Journal:
     """The journal of ``out``: a new one (``out`` must not hold a batch yet) or, with
-    ``resume``, the existing one."""
+    ``resume``, the existing one; either way with the directory's lock held."""
     path = out / JOURNAL
     if resume:
         if not path.exists():
             raise UserInputError(f"nothing to resume: {out} holds no batch journal ({JOURNAL})")
+        lock = lock_directory(out)
+        journal: Journal | None = None
         try:
-            journal = Journal(path)
+            journal = Journal(path, lock)
             journal.meta()
         except sqlite3.DatabaseError as exc:
+            if journal is not None:
+                journal.close()
+            elif lock is not None:
+                os.close(lock)
             raise UserInputError(f"cannot read the batch journal {path}: {exc}") from None
         return journal
     if path.exists():
@@ -262,4 +299,4 @@ def open_journal(out: Path, *, resume: bool) -> Journal:
             f"{out} already holds a batch: pass --resume to continue it, or choose another --out"
         )
     out.mkdir(parents=True, exist_ok=True)
-    return Journal(path)
+    return Journal(path, lock_directory(out))
