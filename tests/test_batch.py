@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from hierplan.batch import BatchBudget, BatchConfig, RunOptions, parse_goals, run_batch
 from hierplan.batch.budget import decide
-from hierplan.batch.goals import goal_seed
+from hierplan.batch.goals import goal_seed, load_goals
 from hierplan.batch.journal import Journal, open_journal
 from hierplan.bench.suites import get_suite
 from hierplan.budgets.budget import Fixed, usd_to_pico
@@ -60,6 +60,26 @@ def test_a_malformed_goals_file_is_refused_with_line_numbers(tmp_path: Path) -> 
         assert expected in text
     assert "Traceback" not in text
     assert not out.exists()  # nothing written but the error
+
+
+def test_goal_lines_end_at_newlines_only_and_a_byte_order_mark_is_not_a_goal(
+    tmp_path: Path,
+) -> None:
+    # JSON allows U+2028, U+2029 and U+0085 unescaped inside strings, as json.dumps writes them
+    # with ensure_ascii=False.
+    lines = [
+        json.dumps(
+            {"goal": "first\u2028part\u0085two", "model": "openai:gpt-5-mini"}, ensure_ascii=False
+        ),
+        json.dumps({"goal": "second\u2029goal", "model": "openai:gpt-5-mini"}, ensure_ascii=False),
+    ]
+    path = tmp_path / "goals.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + ("\r\n".join(lines) + "\r\n").encode())
+    goals = load_goals(path).goals
+    assert [(g.id, g.spec.goal) for g in goals] == [
+        ("line-1", "first\u2028part\u0085two"),
+        ("line-2", "second\u2029goal"),
+    ]
 
 
 def test_free_text_goals_need_a_real_model_and_known_fields() -> None:
@@ -430,3 +450,12 @@ def test_the_batch_benchmark_runs_at_a_small_size(capsys: pytest.CaptureFixture[
     if shutil.which("redis-server"):
         assert figures["redis_vs_local_ledger"] > 0
     assert "game24_local_goals_per_s:" in capsys.readouterr().out
+
+
+def test_a_budget_beyond_what_the_journal_counts_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    goals = text_goals(tmp_path / "goals.jsonl", 2)
+    with pytest.raises(UserInputError, match=r"--budget-usd is too large: at most \$9,223,372"):
+        anyio.run(run_batch, config(goals, tmp_path / "out", 100_000_000.0, 2))
+    assert not (tmp_path / "out").exists()

@@ -143,11 +143,33 @@ class Batch:
                     write_atomic(path, row.record)
 
 
+# The journal keeps amounts as SQLite integers (64-bit): pico-dollars reach that at about
+# $9.2 million.
+_MOST = 2**63 - 1
+
+
+def _check_amounts(budget: BatchBudget, goals: Sequence[BatchGoal]) -> None:
+    amounts = [("--budget-tokens", budget.tokens), ("--budget-usd", budget.pico)]
+    amounts += [
+        ("--goal-budget-tokens", budget.goal_tokens),
+        ("--goal-budget-usd", budget.goal_pico),
+    ]
+    for goal in goals:
+        tokens, pico = goal_cap(goal, budget)
+        amounts += [(f"the budget_tokens of goal {goal.id!r}", tokens)]
+        amounts += [(f"the budget_usd of goal {goal.id!r}", pico)]
+    for name, amount in amounts:
+        if amount is not None and amount > _MOST:
+            most = f"{_MOST:,} tokens" if "tokens" in name else f"${pico_to_usd(_MOST):,.0f}"
+            raise UserInputError(f"{name} is too large: at most {most}")
+
+
 def prepare(config: BatchConfig, pricing: PriceTable | None = None) -> Batch:
     """Validate everything and open the journal; nothing is written if anything is wrong."""
     if config.budget.concurrency < 1:
         raise UserInputError("--concurrency must be at least 1")
     goals = load_goals(config.goals_path, default_model=config.options.model)
+    _check_amounts(config.budget, goals.goals)
     check_prices(goals.goals, config.options.model, pricing or PriceTable(), _usd(config))
     if config.resume:
         journal = open_journal(config.out, resume=True)

@@ -237,7 +237,9 @@ def parse_goals(
     errors: list[str] = []
     goals: list[BatchGoal] = []
     seen: dict[str, int] = {}
-    for number, raw in enumerate(text.splitlines(), 1):
+    # Lines end at "\n" only: str.splitlines would also split at U+2028 and the like, which
+    # JSON allows unescaped inside strings.
+    for number, raw in enumerate(text.split("\n"), 1):
         line = raw.strip()
         if not line:
             continue
@@ -292,7 +294,7 @@ def load_goals(path: Path, *, default_model: str = "sim") -> GoalsFile:
     except OSError as exc:
         raise UserInputError(f"cannot read goals file {path}: {exc.strerror or exc}") from None
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a byte-order mark some editors write is not a goal
     except UnicodeDecodeError as exc:
         raise UserInputError(
             f"goals file {path} is not UTF-8 text (byte {exc.start} cannot be decoded)"
