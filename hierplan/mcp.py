@@ -75,13 +75,17 @@ class _Connection:
                 scope.cancel()
         return self.error()
 
-    async def call(self, name: str, arguments: dict[str, Any]) -> mcp_types.CallToolResult:
+    async def call(
+        self, name: str, arguments: dict[str, Any], timeout_s: float
+    ) -> mcp_types.CallToolResult:
         if self.gone is not None:
             raise self.error()
         with anyio.CancelScope() as scope:
             self._calls.add(scope)
             try:
-                return await self.client.call_tool(name, arguments)
+                # The call's own deadline, not the session's (the connect timeout): a tool
+                # may take longer than starting the server does.
+                return await self.client.call_tool(name, arguments, read_timeout_seconds=timeout_s)
             except MCPError as exc:
                 if exc.code == mcp_types.CONNECTION_CLOSED:
                     raise self.mark_gone("the connection closed") from exc
@@ -142,7 +146,7 @@ class MCPTool(Tool):
 
     async def invoke(self, arguments: Mapping[str, Any]) -> Any:
         """Call the tool on the server; structured content if it returns any, else its text."""
-        result = await self._connection.call(self.remote_name, dict(arguments))
+        result = await self._connection.call(self.remote_name, dict(arguments), self.timeout_s)
         text = _content_text(result.content)
         if result.is_error:
             raise ToolError(f"MCP tool {self.name!r} failed: {text or 'no message'}")

@@ -86,6 +86,18 @@ async def test_server_tools_become_hierplan_tools_with_their_schemas(
 
 
 @pytest.mark.anyio
+async def test_a_tool_call_may_take_longer_than_connecting_does(errlog: TextIO) -> None:
+    quick_to_connect = MCPServerStdio(
+        sys.executable, [str(SERVER)], timeout_s=10, connect_timeout_s=1, errlog=errlog
+    )
+    async with quick_to_connect.open() as tools:
+        slow = _by_name(tools)["slow"]
+        assert await slow.call({"seconds": 1.5}) == {
+            "result": "waited 1.5 s"
+        }  # timeout_s bounds it
+
+
+@pytest.mark.anyio
 async def test_executors_call_mcp_tools_in_a_three_level_run(server: MCPServerStdio) -> None:
     events: list[RunEvent] = []
     result = await hierplan.run(
