@@ -27,6 +27,7 @@ from hierplan.hierarchy.events import (
     PlanDecided,
     Replanned,
     RunEvent,
+    RunFinished,
     ToolCalled,
     parse_event,
 )
@@ -130,6 +131,22 @@ def test_bus_delivers_in_order_and_unsubscribes() -> None:
     bus.emit(NodeStarted(path="1.3", kind="planner", goal="g"))
     assert seen == ["1", "1.1", "1.2"]
     assert not bus.active
+
+
+def test_a_listener_that_unsubscribes_while_an_event_is_delivered_costs_no_one_else_it() -> None:
+    bus = EventBus("r")
+    first: list[str] = []
+    after: list[str] = []
+
+    def once(event: RunEvent) -> None:
+        first.append(event.path)
+        stop_first()
+
+    stop_first = bus.subscribe(once)
+    bus.subscribe(lambda e: after.append(e.path))
+    for path in ("1", "1.1", "1.2"):
+        bus.emit(NodeStarted(path=path, kind="planner", goal="g"))
+    assert first == ["1"] and after == ["1", "1.1", "1.2"]
 
 
 def test_a_type_every_listener_ignores_is_not_wanted_nor_delivered() -> None:
@@ -242,3 +259,17 @@ def test_tool_scopes_wrap_each_tool_call_in_instrument_order(count: int) -> None
         ok = [e for e in ok if not e.startswith("inner")]
         failed = [e for e in failed if not e.startswith("inner")]
     assert log == ok + failed
+
+
+@pytest.mark.anyio
+async def test_a_run_that_raises_still_ends_its_events_with_run_finished() -> None:
+    from hierplan.errors import ModelAuthError
+
+    events: list[RunEvent] = []
+    model = ScriptedModel([ModelAuthError("openai:gpt-5-mini: HTTP 401: key refused")])
+    with pytest.raises(ModelAuthError):
+        await hierplan.run("g", model=model, listeners=[events.append])
+    last = events[-1]
+    assert isinstance(last, RunFinished) and last.status == "error"
+    assert last.error == "ModelAuthError: openai:gpt-5-mini: HTTP 401: key refused"
+    assert [e.type for e in events].count("run_finished") == 1

@@ -262,11 +262,13 @@ class EventBus:
         """Add a listener, which is not sent events of the ``ignore`` types; the returned
         function removes it."""
         entry = (listener, ignore)
-        self._listeners.append(entry)
+        # The list is replaced, never changed in place: an emit under way (a listener that
+        # unsubscribes, or subscribes another) goes on over the listeners it started with.
+        self._listeners = [*self._listeners, entry]
         self._update()
 
         def unsubscribe() -> None:
-            self._listeners.remove(entry)
+            self._listeners = [e for e in self._listeners if e is not entry]
             self._update()
 
         return unsubscribe

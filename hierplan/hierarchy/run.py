@@ -414,7 +414,14 @@ async def _execute(ctx: RunContext, chosen: Strategy, prepared: _Prepared) -> Ru
         await enter_scopes(stack, [i.run_scope(ctx) for i in ctx.instruments])
         if ctx.bus.active:
             ctx.bus.emit(_run_started(ctx, prepared.goal))
-        status, answer, error = await _run_nodes(ctx, chosen, root)
+        try:
+            status, answer, error = await _run_nodes(ctx, chosen, root)
+        except Exception as exc:
+            # The run raises (a refused API key, a scripted model used up...): its event stream
+            # still ends with run_finished, with status "error" and what went wrong.
+            if ctx.bus.active:
+                ctx.bus.emit(_run_failed(ctx.run_id, record, exc))
+            raise
     models = {ctx.planner_model.name, ctx.executor_model.name}
     result = RunResult(
         run_id=ctx.run_id,
@@ -495,6 +502,21 @@ async def _run_nodes(
     if ctx.pause.paused:
         return "paused", "", None
     return status, answer, error
+
+
+def _run_failed(run_id: str, record: NodeRecord, exc: Exception) -> RunFinished:
+    """The last event of a run that raised."""
+    usage = [call.usage for node in record.walk() for call in node.calls]
+    return RunFinished(
+        run_id=run_id,
+        path="1",
+        status="error",
+        cost_usd=record.subtree_cost_usd,
+        answer="",
+        input_tokens=sum(u.input_tokens for u in usage),
+        output_tokens=sum(u.output_tokens for u in usage),
+        error=f"{type(exc).__name__}: {exc}",
+    )
 
 
 def _run_started(ctx: RunContext, goal: str) -> RunStarted:
