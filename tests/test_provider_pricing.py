@@ -28,6 +28,9 @@ def test_every_entry_names_its_source_and_date() -> None:
         ("anthropic:claude-haiku-4-5-20251001", "anthropic:claude-haiku-4-5"),
         ("anthropic:claude-sonnet-4-5-20250929", "anthropic:claude-sonnet-4-5"),
         ("openai:gpt-5.5-pro", "openai:gpt-5.5-pro"),
+        ("openai:gpt-4o-2024-08-06", "openai:gpt-4o"),
+        # a snapshot priced apart from its base model keeps its own price
+        ("openai:gpt-4o-2024-05-13", "openai:gpt-4o-2024-05-13"),
     ],
 )
 def test_dated_snapshots_take_their_base_models_price(model: str, entry: str) -> None:

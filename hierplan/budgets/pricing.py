@@ -17,7 +17,7 @@ from types import MappingProxyType
 
 from hierplan.agents.models.base import Usage
 
-PRICE_TABLE_VERSION = "2026-12-02"
+PRICE_TABLE_VERSION = "2026-12-03"
 
 # The providers' own pages are the canonical sources. Where a figure was checked against a
 # second, dated page (the providers' pages cannot be fetched from every machine), that page is
@@ -110,6 +110,9 @@ DEFAULT_PRICES: Mapping[str, Price] = {
     "openai:gpt-4.1-mini": _openai(0.40, 1.60, 0.10, "2025-04-14"),
     "openai:gpt-4.1-nano": _openai(0.10, 0.40, 0.025, "2025-04-14"),
     "openai:gpt-4o": _openai(2.50, 10.00, 1.25, "2024-10-01"),
+    # A snapshot dearer than its base model: listed on its own, so that the date fallback does
+    # not price it as gpt-4o (half what it costs).
+    "openai:gpt-4o-2024-05-13": _openai(5.00, 15.00, None, "2024-05-13"),
     "openai:gpt-4o-mini": _openai(0.15, 0.60, 0.075, "2024-07-18"),
     "openai:o3": _openai(2.00, 8.00, 0.50, "2025-06-10"),
     "openai:o4-mini": _openai(1.10, 4.40, 0.275, "2025-04-16"),
