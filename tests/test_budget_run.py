@@ -996,8 +996,10 @@ async def test_a_paused_run_resumes_with_what_its_budget_has_left(tmp_path: Path
     assert resumed.budget["limit"] == {"tokens": limit, "usd": None}
     assert resumed.budget["policy"] == "weighted"
     assert resumed.tree.budget is not None
-    assert resumed.tree.budget["limit_tokens"] == limit - before
     everything = sum(c.usage.total_tokens for n in resumed.nodes() for c in n.calls)
+    # The root's record covers both parts: the limit it was given, all it spent.
+    assert resumed.tree.budget["limit_tokens"] == limit
+    assert resumed.tree.budget["spent_tokens"] == everything
     assert resumed.budget["spent"]["tokens"] == everything <= limit
     phases = resumed.budget["phases"]
     assert phases["planning"]["tokens"] + phases["execution"]["tokens"] == everything

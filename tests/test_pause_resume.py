@@ -387,3 +387,42 @@ async def test_an_interrupted_resume_says_how_to_go_on(tmp_path: Path) -> None:
     (tmp_path / CHECKPOINT_FILE).rename(tmp_path / RESUMING_FILE)  # as a killed resume leaves it
     with pytest.raises(UserInputError, match=f"rename {RESUMING_FILE} to {CHECKPOINT_FILE}"):
         await hierplan.resume(tmp_path, Approve(), **common)
+
+
+@pytest.mark.anyio
+async def test_each_nodes_budget_counts_what_it_spent_before_and_after_pauses(
+    tmp_path: Path, source_db: Path
+) -> None:
+    straight_dir = migration_dir(source_db, tmp_path / "straight")
+    straight = await hierplan.run(budget_usd=0.05, **run_kwargs(workdir=straight_dir))
+    paused_dir = migration_dir(source_db, tmp_path / "paused")
+    result = await hierplan.run(
+        approver=PolicyApprover(PauseForReview(), "all"),
+        checkpoint_dir=paused_dir,
+        budget_usd=0.05,
+        **run_kwargs(workdir=paused_dir),
+    )
+    pauses = 0
+    while result.status == "paused":
+        pauses += 1
+        result = await hierplan.resume(
+            paused_dir, Approve(by="alice"), approver=PolicyApprover(PauseForReview(), "all")
+        )
+    assert pauses >= 3 and result.status == straight.status == "succeeded", result.error
+
+    def spent(run: hierplan.RunResult) -> dict[str, tuple[int, int, int]]:
+        return {
+            n.path: (
+                n.budget["spent_tokens"],
+                n.budget["planning_tokens"],
+                n.budget["limit_tokens"] or 0,
+            )
+            for n in run.nodes()
+            if n.budget is not None
+        }
+
+    # The same calls were made, paused or not: every node's figures are the same.
+    assert spent(result) == spent(straight)
+    assert result.budget is not None and straight.budget is not None
+    levels = [(lv["depth"], lv["spent_tokens"]) for lv in result.budget["levels"]]
+    assert levels == [(lv["depth"], lv["spent_tokens"]) for lv in straight.budget["levels"]]

@@ -380,6 +380,45 @@ class BudgetInstrument(Instrument):
         }
 
 
+# Figures of a node's budget record that add up over the parts of a paused run, and those
+# that stay as the node was first given them.
+_ADDED = (
+    "spent_tokens",
+    "released_tokens",
+    "overrun_tokens",
+    "spent_usd",
+    "released_usd",
+    "overrun_usd",
+    "planning_tokens",
+    "planning_usd",
+    "execution_tokens",
+    "execution_usd",
+    "lowered",
+    "refused",
+)
+_FIRST = ("policy", "grant", "limit_tokens", "allocated_tokens", "limit_usd", "allocated_usd")
+_MOST = ("peak_reserved_tokens", "peak_reserved_usd")
+
+
+def _continued(prior: dict[str, Any] | None, now: dict[str, Any]) -> dict[str, Any]:
+    """A node's budget record over the parts of a paused run: ``prior`` from before the pause
+    (``None`` for a node that starts in this part), ``now`` from this part. The limit and
+    allocation are those it was first given (this part's account gets what was left)."""
+    if not prior:
+        return now
+    merged = dict(now)
+    for key in _FIRST:
+        if key in prior:
+            merged[key] = prior[key]
+    for key in _ADDED:
+        before, after = prior.get(key), now.get(key)
+        merged[key] = None if before is None and after is None else (before or 0) + (after or 0)
+    for key in _MOST:
+        values = [v for v in (prior.get(key), now.get(key)) if v is not None]
+        merged[key] = max(values) if values else None
+    return merged
+
+
 def _level_row(depth: int, usd: bool) -> dict[str, Any]:
     return {
         "depth": depth,
@@ -409,12 +448,15 @@ class _Shares:
 class _NodeBudget(AbstractAsyncContextManager[None]):
     """Opens a node's account when the node starts; closes it (and records it) at the end."""
 
-    __slots__ = ("account", "instrument", "node")
+    __slots__ = ("account", "instrument", "node", "prior")
 
     def __init__(self, instrument: BudgetInstrument, node: NodeContext) -> None:
         self.instrument = instrument
         self.node = node
         self.account: Account | None = None
+        # A node that goes on after a pause: what its account showed when the run paused
+        # (its allocation, what it had spent), to which this part's figures are added.
+        self.prior = node.record.budget if node.run.pause.restore is not None else None
 
     async def __aenter__(self) -> None:
         ledger = self.instrument.ledger
@@ -454,7 +496,7 @@ class _NodeBudget(AbstractAsyncContextManager[None]):
         if node.parent is None:
             instrument.root = account
         if balance is not None:
-            node.record.budget = instrument.record(balance, node)
+            node.record.budget = _continued(self.prior, instrument.record(balance, node))
 
     async def __aexit__(
         self,
@@ -471,6 +513,6 @@ class _NodeBudget(AbstractAsyncContextManager[None]):
             balance = ledger.close_now(account)
         else:
             balance = await ledger.close(account)
-        self.node.record.budget = instrument.record(balance, self.node)
+        self.node.record.budget = _continued(self.prior, instrument.record(balance, self.node))
         if self.node.parent is None:
             instrument.root_balance = balance
