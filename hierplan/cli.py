@@ -149,7 +149,11 @@ Start = Callable[..., Awaitable[RunResult]]
 
 
 def _finish(console: Console, result: RunResult, out: Path, started: float) -> NoReturn:
-    path = result.write(out / "run.json")
+    try:
+        path: Path | None = result.write(out / "run.json")
+    except (OSError, HierplanError) as exc:
+        # The run is over whatever happens to its record: show it before saying so.
+        path, unsaved = None, str(exc) if isinstance(exc, HierplanError) else exc.strerror
     console.print()
     print_run(result, console)
     stats = [
@@ -160,6 +164,8 @@ def _finish(console: Console, result: RunResult, out: Path, started: float) -> N
     if "rows_per_second" in details:
         stats.append(f"rows migrated per second {details['rows_per_second']:,}")
     console.print("  ".join(stats), style="dim", highlight=False)
+    if path is None:
+        _fail(f"the run record could not be written to {out / 'run.json'}: {unsaved}", 1)
     console.print(f"run record: {path}", highlight=False)
     if result.status == "paused":
         print_paused(console, result, out)

@@ -16,15 +16,14 @@ concerns; nothing runs until the whole file is valid.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hierplan.errors import UserInputError
 from hierplan.hierarchy.context import StrategyName
+from hierplan.hierarchy.plan import parse_yaml_or_json, read_text_file
 
 
 class GoalSpec(BaseModel):
@@ -66,19 +65,10 @@ def goal_from_data(data: Any, *, source: str) -> GoalSpec:
 
 def load_goal_file(path: Path) -> GoalSpec:
     """Read a goal file (YAML, JSON, or plain text for ``.txt``)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UserInputError(f"cannot read goal file {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise UserInputError(f"goal file {path} is not UTF-8 text") from None
-    if path.suffix == ".txt":
+    text = read_text_file(path, "goal file")
+    if path.suffix.lower() == ".txt":
         return goal_from_data({"goal": text.strip() or None}, source=f"goal file {path}")
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise UserInputError(f"goal file {path} is not valid YAML/JSON: {first}") from None
+    data = parse_yaml_or_json(text, path, "goal file")
     if not isinstance(data, dict):
         raise UserInputError(
             f"goal file {path} must hold a mapping with a 'goal' or 'scenario' key, "

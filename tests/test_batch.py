@@ -306,6 +306,10 @@ def test_resume_refuses_a_changed_goals_file(tmp_path: Path) -> None:
     anyio.run(run_batch, config(goals, tmp_path / "out", 1.0, 2))
     with pytest.raises(UserInputError, match="already holds a batch"):
         anyio.run(run_batch, config(goals, tmp_path / "out", 1.0, 2))
+    # A batch goes on as it was started: a budget or an option given anew is refused, not
+    # silently dropped.
+    with pytest.raises(UserInputError, match="with --budget-usd, --concurrency: a batch goes on"):
+        anyio.run(run_batch, config(goals, tmp_path / "out", 5.0, 8, resume=True))
     text_goals(goals, 3)
     with pytest.raises(UserInputError, match="changed since the batch started"):
         anyio.run(run_batch, config(goals, tmp_path / "out", 1.0, 2, resume=True))
@@ -459,3 +463,26 @@ def test_a_budget_beyond_what_the_journal_counts_is_refused_before_anything_is_w
     with pytest.raises(UserInputError, match=r"--budget-usd is too large: at most \$9,223,372"):
         anyio.run(run_batch, config(goals, tmp_path / "out", 100_000_000.0, 2))
     assert not (tmp_path / "out").exists()
+
+
+def test_provider_goals_without_an_api_key_are_refused_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    goals = text_goals(tmp_path / "goals.jsonl", 2)  # goals for openai:gpt-5-mini
+    batch = BatchConfig(goals, tmp_path / "out", BatchBudget(None, None, 2), RunOptions())
+    with pytest.raises(UserInputError, match=r"set OPENAI_API_KEY \(needed by lines 1, 2\)"):
+        anyio.run(run_batch, batch)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unpriced_goal_model_under_a_usd_budget_says_what_a_batch_can_do(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "goals.jsonl"
+    path.write_text('{"scenario": "data_migration", "model": "sim:my-model"}\n')
+    batch = BatchConfig(path, tmp_path / "out", BatchBudget(None, 10**12, 1), RunOptions())
+    with pytest.raises(
+        UserInputError, match=r"budget the batch in tokens only \(--budget-tokens\)"
+    ):
+        anyio.run(run_batch, batch)

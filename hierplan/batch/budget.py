@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -54,7 +55,6 @@ from hierplan.budgets.budget import (
 from hierplan.budgets.instrument import (
     DEFAULT_MIN_OUTPUT_FRACTION,
     priced_as_of,
-    unknown_price_message,
 )
 from hierplan.budgets.pricing import PriceTable
 from hierplan.errors import BudgetExceeded, UserInputError
@@ -144,7 +144,34 @@ def check_prices(
         parse_model_string(model)
         priced = priced_as_of(model)
         if pricing.lookup(priced) is None:
-            raise UserInputError(f"line {goal.line}: {unknown_price_message(priced)}")
+            # Not unknown_price_message: a batch takes no --price-in/--price-out.
+            raise UserInputError(
+                f"line {goal.line}: no price is known for model {priced!r}, so a USD budget "
+                "cannot be enforced: budget the batch in tokens only (--budget-tokens), or give "
+                "the goal a model the price table knows"
+            )
+
+
+# The variable each provider's API key is read from.
+_KEY_VARIABLES = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+
+
+def check_keys(goals: tuple[BatchGoal, ...], default_model: str) -> None:
+    """Every provider model the goals name has its API key in the environment, checked
+    before anything starts (as a run checks it), with the lines that need each key."""
+    missing: dict[str, list[int]] = {}
+    for goal in goals:
+        provider = parse_model_string(goal.spec.model or default_model).provider
+        variable = _KEY_VARIABLES.get(provider)
+        if variable is not None and not os.environ.get(variable, "").strip():
+            missing.setdefault(variable, []).append(goal.line)
+    if missing:
+        needs = "; ".join(
+            f"set {var} (needed by line{'s' if len(lines) > 1 else ''} "
+            f"{', '.join(map(str, lines[:10]))}{' ...' if len(lines) > 10 else ''})"
+            for var, lines in missing.items()
+        )
+        raise UserInputError(f"goals use provider models without an API key: {needs}")
 
 
 Decision = Literal["grant", "wait", "skip"]

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from hierplan.agents.models.simulated import PROFILES
 from hierplan.batch.budget import BatchBudget
-from hierplan.batch.core import Batch, BatchConfig, execute, prepare
+from hierplan.batch.core import DEFAULT_CONCURRENCY, Batch, BatchConfig, execute, prepare
 from hierplan.batch.display import BatchDisplay, summary_table
 from hierplan.batch.runner import RunOptions
 from hierplan.budgets.budget import ALLOCATIONS, usd_to_pico
@@ -110,7 +110,7 @@ def batch_command(
     out: OutOpt,
     budget_usd: BudgetUsdOpt = None,
     budget_tokens: BudgetTokensOpt = None,
-    concurrency: ConcurrencyOpt = 4,
+    concurrency: ConcurrencyOpt = DEFAULT_CONCURRENCY,
     resume: ResumeOpt = False,
     backend: BackendOpt = "local",
     broker: BrokerOpt = None,

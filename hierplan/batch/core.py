@@ -21,6 +21,7 @@ import anyio
 from hierplan.batch.budget import (
     BatchBudget,
     GoalLedger,
+    check_keys,
     check_prices,
     goal_cap,
     goal_minimum,
@@ -164,6 +165,33 @@ def _check_amounts(budget: BatchBudget, goals: Sequence[BatchGoal]) -> None:
             raise UserInputError(f"{name} is too large: at most {most}")
 
 
+DEFAULT_CONCURRENCY = 4
+"""Goals running at once unless ``--concurrency`` says otherwise."""
+
+
+def _changed_on_resume(config: BatchConfig, meta: dict[str, Any]) -> list[str]:
+    """The flags given with ``--resume`` whose values differ from those the batch was started
+    with (a value left at its default is not counted: it may not have been given)."""
+    stored, given = meta.get("budget", {}), config.budget
+    changed = [
+        flag
+        for flag, key, value in (
+            ("--budget-tokens", "tokens", given.tokens),
+            ("--budget-usd", "pico", given.pico),
+            ("--goal-budget-tokens", "goal_tokens", given.goal_tokens),
+            ("--goal-budget-usd", "goal_pico", given.goal_pico),
+        )
+        if value is not None and value != stored.get(key)
+    ]
+    if given.concurrency not in (stored.get("concurrency"), DEFAULT_CONCURRENCY):
+        changed.append("--concurrency")
+    defaults, options = RunOptions().to_dict(), meta.get("options", {})
+    for key, value in config.options.to_dict().items():
+        if value not in (options.get(key), defaults[key]):
+            changed.append("--" + key.replace("_", "-"))
+    return changed
+
+
 def prepare(config: BatchConfig, pricing: PriceTable | None = None) -> Batch:
     """Validate everything and open the journal; nothing is written if anything is wrong."""
     if config.budget.concurrency < 1:
@@ -171,6 +199,10 @@ def prepare(config: BatchConfig, pricing: PriceTable | None = None) -> Batch:
     goals = load_goals(config.goals_path, default_model=config.options.model)
     _check_amounts(config.budget, goals.goals)
     check_prices(goals.goals, config.options.model, pricing or PriceTable(), _usd(config))
+    # hierplan.run resolves the goals' provider models here (Celery workers read their keys
+    # from their own environment; another run function brings its own models).
+    if config.backend == "local" and config.run_fn is run:
+        check_keys(goals.goals, config.options.model)
     if config.resume:
         journal = open_journal(config.out, resume=True)
         meta = journal.meta()
@@ -186,6 +218,14 @@ def prepare(config: BatchConfig, pricing: PriceTable | None = None) -> Batch:
             raise UserInputError(
                 f"cannot resume {config.out} with --backend {config.backend}: it was started "
                 f"with --backend {meta.get('backend')}"
+            )
+        changed = _changed_on_resume(config, meta)
+        if changed:
+            journal.close()
+            raise UserInputError(
+                f"cannot resume {config.out} with {', '.join(changed)}: a batch goes on with the "
+                "budget and options it was started with (kept in its journal); leave them out, "
+                "or start a new batch with another --out"
             )
         return Batch(config, goals, journal, meta)
     meta = {

@@ -27,6 +27,7 @@ from typing import Any
 
 from hierplan.batch.goals import BatchGoal
 from hierplan.errors import UserInputError
+from hierplan.hierarchy.record import make_directory
 
 JOURNAL = "journal.sqlite"
 LOCK = "batch.lock"
@@ -298,5 +299,5 @@ def open_journal(out: Path, *, resume: bool) -> Journal:
         raise UserInputError(
             f"{out} already holds a batch: pass --resume to continue it, or choose another --out"
         )
-    out.mkdir(parents=True, exist_ok=True)
+    make_directory(out, "the batch directory")
     return Journal(path, lock_directory(out))

@@ -30,7 +30,7 @@ from hierplan.bench.base import BenchTask, Suite
 from hierplan.bench.suites import SUITE_NAMES, get_suite
 from hierplan.errors import HierplanError, ModelAuthError, UserInputError
 from hierplan.hierarchy.context import STRATEGY_NAMES, Instrument, NodeContext, RunSettings
-from hierplan.hierarchy.record import RunResult, write_atomic
+from hierplan.hierarchy.record import RunResult, make_directory, write_atomic
 from hierplan.hierarchy.run import run
 
 RESULTS = "results.jsonl"
@@ -279,7 +279,7 @@ def _prepare_out(config: BenchConfig, out: Path, resume: bool) -> list[dict[str,
                 f"{results} already exists: pass --resume to continue that benchmark, or choose "
                 "another --out"
             )
-        out.mkdir(parents=True, exist_ok=True)
+        make_directory(out, "the benchmark directory")
         write_atomic(manifest, json.dumps(config.identity(), indent=1))
         return []
     if not results.exists():

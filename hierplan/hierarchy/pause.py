@@ -36,7 +36,13 @@ from hierplan.agents.executor import StepResult
 from hierplan.errors import UserInputError
 from hierplan.hierarchy.gate import Decision, Edit, GateContext
 from hierplan.hierarchy.plan import Plan, plan_to_yaml
-from hierplan.hierarchy.record import NodeRecord, PlanVersion, RunResult, write_atomic
+from hierplan.hierarchy.record import (
+    NodeRecord,
+    PlanVersion,
+    RunResult,
+    make_directory,
+    write_atomic,
+)
 
 if TYPE_CHECKING:
     from hierplan.hierarchy.context import NodeContext, RunContext
@@ -419,7 +425,7 @@ def write_checkpoint(
     extra: Mapping[str, Any] | None = None,
 ) -> Path:
     """Save a paused run in ``run_dir``: ``checkpoint.json`` and ``pending/<node>.yaml``."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_directory(run_dir, "the checkpoint's directory")
     pending = pending_versions(result.tree)
     folder = run_dir / PENDING_DIR
     folder.mkdir(exist_ok=True)

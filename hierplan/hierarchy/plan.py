@@ -288,19 +288,35 @@ def plan_from_data(data: Any, *, source: str = "plan") -> Plan:
         raise UserInputError(f"{source} is not a valid plan: {problems}") from None
 
 
-def load_plan(path: Path) -> Plan:
-    """Read a plan from a YAML or JSON file, with a clear error for anything wrong."""
+def read_text_file(path: Path, what: str) -> str:
+    """A file's text, or a :class:`UserInputError` saying why ``what`` cannot be read."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise UserInputError(f"cannot read plan file {path}: {exc.strerror or exc}") from None
+        raise UserInputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
-        raise UserInputError(f"plan file {path} is not UTF-8 text") from None
+        raise UserInputError(f"{what} {path} is not UTF-8 text") from None
+
+
+def parse_yaml_or_json(text: str, path: Path, what: str) -> Any:
+    """The data in ``text`` (JSON for a ``.json`` file, else YAML), or a
+    :class:`UserInputError` saying what is wrong with ``what``."""
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise UserInputError(f"plan file {path} is not valid YAML/JSON: {first}") from None
+        raise UserInputError(f"{what} {path} is not valid YAML/JSON: {first}") from None
+    except RecursionError:
+        raise UserInputError(f"{what} {path} is nested too deeply to read") from None
+    if data is None:
+        raise UserInputError(f"{what} {path} is empty")
+    return data
+
+
+def load_plan(path: Path) -> Plan:
+    """Read a plan from a YAML or JSON file, with a clear error for anything wrong."""
+    text = read_text_file(path, "plan file")
+    data = parse_yaml_or_json(text, path, "plan file")
     return plan_from_data(data, source=f"plan file {path}")
 
 

@@ -292,7 +292,7 @@ class RunResult:
 
     def write(self, path: Path) -> Path:
         """Write ``run.json`` atomically (a reader never sees half a file)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_directory(path.parent, "the run record's directory")
         write_atomic(path, self.to_json())
         return path
 
@@ -303,6 +303,10 @@ class RunResult:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise UserInputError(f"cannot read {path}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise UserInputError(
+                f"{path} is not a hierplan run record: not UTF-8 text (byte {exc.start})"
+            ) from None
         try:
             return _ADAPTER.validate_json(text)
         except ValidationError as exc:
@@ -342,6 +346,18 @@ def _read_umask() -> int:
 
 # Read once, at import: os.umask can only be read by setting it, which is not thread-safe later.
 _UMASK = _read_umask()
+
+
+def make_directory(path: Path, what: str) -> None:
+    """Create the directory ``path`` (and its parents), or raise :class:`UserInputError`
+    saying why it cannot be (``what``: what the directory is for, in the message)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        # "File exists" would mislead when a file stands where a directory should be.
+        blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+        reason = f"{blocker} is a file, not a directory" if blocker else exc.strerror or str(exc)
+        raise UserInputError(f"cannot create {what} {path}: {reason}") from None
 
 
 def write_atomic(path: Path, text: str) -> None:

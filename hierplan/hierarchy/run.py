@@ -48,7 +48,7 @@ from hierplan.hierarchy.pause import (
     clear_checkpoint,
     write_checkpoint,
 )
-from hierplan.hierarchy.record import NodeRecord, RunResult, RunStatus
+from hierplan.hierarchy.record import NodeRecord, RunResult, RunStatus, make_directory
 from hierplan.hierarchy.strategies import Strategy, get_strategy
 from hierplan.scenarios import Scenario, ScenarioEnv, get_scenario
 
@@ -93,7 +93,7 @@ async def _prepare(
     found = get_scenario(scenario) if isinstance(scenario, str) else scenario
     # One directory per run: concurrent runs of a scenario must not share its files.
     where = workdir or Path("runs") / "scenarios" / found.name / run_id
-    where.mkdir(parents=True, exist_ok=True)
+    make_directory(where, "the run directory")
     make_env = found.reopen if reopen else found.setup
     env = await anyio.to_thread.run_sync(partial(make_env, where, seed=seed))
     return _Prepared(

@@ -19,7 +19,13 @@ from html import escape
 from pathlib import Path
 
 from hierplan.hierarchy.plan import Plan, Step
-from hierplan.hierarchy.record import NodeRecord, PlanVersion, RunResult, write_atomic
+from hierplan.hierarchy.record import (
+    NodeRecord,
+    PlanVersion,
+    RunResult,
+    make_directory,
+    write_atomic,
+)
 from hierplan.tracing.report import money, short
 
 TIMELINE_LIMIT = 2000
@@ -369,6 +375,6 @@ def render_html(result: RunResult) -> str:
 
 def write_html(result: RunResult, path: Path) -> Path:
     """Write the report to ``path`` atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_directory(path.parent, "the report's directory")
     write_atomic(path, render_html(result))
     return path

@@ -49,6 +49,7 @@ from opentelemetry.sdk.trace.export import (
 
 from hierplan.errors import UserInputError
 from hierplan.hierarchy.context import Instrument
+from hierplan.hierarchy.record import make_directory
 from hierplan.tracing.otel import Tracing
 
 TRACE_HELP = (
@@ -101,8 +102,8 @@ class JsonLinesSpanExporter(SpanExporter):
     """
 
     def __init__(self, path: Path) -> None:
+        make_directory(path.parent, f"--trace jsonl={path}: the directory")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
             self._file: IO[str] | None = path.open("a", encoding="utf-8")
         except OSError as exc:
             raise UserInputError(
