@@ -56,6 +56,20 @@ def test_bad_input_exits_2_with_one_line_and_no_traceback(tmp_path: Path) -> Non
     wrong_field.write_text("goal: hi\nstratgy: dag\n")
     garbage = tmp_path / "run.json"
     garbage.write_text("{}")
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    deep_yaml = tmp_path / "deep.yaml"
+    deep_yaml.write_text("[" * 100_000 + "]" * 100_000)
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing here\n")
+    shouting = tmp_path / "GOAL.TXT"
+    shouting.write_text("plan my wedding\n")
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b"\xff\xfe\x00")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    goals = tmp_path / "goals.jsonl"
+    goals.write_text('{"scenario": "data_migration"}\n')
     cases = [
         (["run", "--goal-file", str(broken), "--yes"], "not valid YAML/JSON"),
         (
@@ -77,6 +91,19 @@ def test_bad_input_exits_2_with_one_line_and_no_traceback(tmp_path: Path) -> Non
         (["view", str(garbage)], "is not a hierplan run record"),
         (["view", str(tmp_path / "missing.json")], "cannot read"),
         (["demo", "--sim-profile", "sloppy"], "unknown simulator profile 'sloppy'"),
+        (["run", "--goal-file", str(deep), "--yes"], f"goal file {deep} is nested too deeply"),
+        (["validate", str(deep_yaml)], "is nested too deeply to read"),
+        (["run", "--goal-file", str(empty), "--yes"], f"goal file {empty} is empty"),
+        (["run", "--goal-file", str(shouting), "--yes"], "is free text"),  # read as text
+        (["view", str(binary)], "is not a hierplan run record: not UTF-8 text"),
+        (
+            ["run", "--scenario", "data_migration", "--yes", "-o", str(a_file / "sub")],
+            f"cannot create the run directory {a_file / 'sub'}: {a_file} is a file",
+        ),
+        (
+            ["batch", str(goals), "--out", str(a_file), "--sim-latency-scale", "0"],
+            f"cannot create the batch directory {a_file}: {a_file} is a file",
+        ),
     ]
     for args, message in cases:
         proc = hierplan(*args, cwd=tmp_path)
@@ -143,3 +170,16 @@ def test_demo_in_a_subprocess(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "verified: 14/14 tables match the source" in proc.stdout
     assert "peak leaves running at once" in proc.stdout
+
+
+def test_a_run_record_that_cannot_be_written_is_reported_after_the_run_is_shown(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    (out / "run.json").mkdir(parents=True)  # a directory where the record should go
+    args = ["run", "--scenario", "data_migration", "--yes", "--sim-latency-scale", "0"]
+    proc = hierplan(*args, "--sim-profile", "ideal", "-o", str(out), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert "verified: 14/14 tables match the source" in proc.stdout  # the run is still shown
+    assert f"error: the run record could not be written to {out / 'run.json'}" in proc.stderr
