@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
+from urllib.parse import urlsplit
 
 import anyio
 import typer
@@ -20,6 +21,7 @@ from rich.console import Console
 from hierplan.agents.models.simulated import PROFILES
 from hierplan.batch.cli import register as register_batch_commands
 from hierplan.bench.cli import bench_command
+from hierplan.budgets.budget import MAX_BUDGET_TOKENS
 from hierplan.console import RunConsole
 from hierplan.errors import HierplanError, UserInputError
 from hierplan.goals import load_goal_file
@@ -117,7 +119,12 @@ BudgetUsdOpt = Annotated[
 ]
 BudgetTokensOpt = Annotated[
     int | None,
-    typer.Option("--budget-tokens", min=0, help="Cap the run's tokens (input + output)."),
+    typer.Option(
+        "--budget-tokens",
+        min=0,
+        max=MAX_BUDGET_TOKENS,
+        help="Cap the run's tokens (input + output).",
+    ),
 ]
 AllocationOpt = Annotated[
     str,
@@ -176,7 +183,7 @@ def _finish(console: Console, result: RunResult, out: Path, started: float) -> N
 async def _run_with_console(
     console: Console, *, setup: ReviewSetup, start: Start = run_goal, **kwargs: Any
 ) -> RunResult:
-    simulated = str(kwargs.get("model", "sim")).startswith("sim")
+    simulated = str(kwargs.get("model", "sim")).strip().lower().startswith("sim")
     display = RunConsole(console, simulated=simulated, show_root_plan=setup.mode != "console")
     try:
         approver = setup.approver(console, display)
@@ -321,6 +328,11 @@ def _model_options(model: str, base_url: str | None, timeout: float | None) -> d
     """Provider options from ``--base-url`` and ``--timeout`` (only for provider models)."""
     options: dict[str, Any] = {}
     if base_url is not None:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise UserInputError(
+                f"--base-url {base_url!r} is not a URL: give one like http://localhost:8000/v1"
+            )
         options["base_url"] = base_url
     if timeout is not None:
         options["timeout_s"] = timeout

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from hierplan.cli import app
@@ -101,6 +102,14 @@ def test_bad_input_exits_2_with_one_line_and_no_traceback(tmp_path: Path) -> Non
             f"cannot create the run directory {a_file / 'sub'}: {a_file} is a file",
         ),
         (
+            ["run", "--scenario", "data_migration", "--yes", "--budget-usd", "1e300"],
+            "a USD budget must be a number from 0 to 1,000,000,000, not 1e+300",
+        ),
+        (
+            ["batch", str(goals), "--out", str(tmp_path / "b"), "--goal-budget-usd", "inf"],
+            "a USD budget must be a number from 0 to 1,000,000,000, not inf",
+        ),
+        (
             ["batch", str(goals), "--out", str(a_file), "--sim-latency-scale", "0"],
             f"cannot create the batch directory {a_file}: {a_file} is a file",
         ),
@@ -183,3 +192,30 @@ def test_a_run_record_that_cannot_be_written_is_reported_after_the_run_is_shown(
     assert "Traceback" not in proc.stderr + proc.stdout
     assert "verified: 14/14 tables match the source" in proc.stdout  # the run is still shown
     assert f"error: the run record could not be written to {out / 'run.json'}" in proc.stderr
+
+
+def test_flags_that_cannot_work_are_refused_before_anything_runs(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from hierplan.cli import _model_options
+    from hierplan.errors import UserInputError
+    from hierplan.review.console import ConsoleReviewer
+
+    with pytest.raises(UserInputError, match="--base-url 'notaurl' is not a URL"):
+        _model_options("openai:gpt-5-mini", "notaurl", None)
+    assert _model_options("openai:gpt-5-mini", "http://localhost:8000/v1", None) == {
+        "base_url": "http://localhost:8000/v1"
+    }
+    # An editor setting that is no command is discarded with a message, not a crash.
+    for setting in ('"my editor', "   "):
+        assert ConsoleReviewer(Console(), editor=setting).editor_command() == []
+    proc = hierplan("bench", "--suite", "game24", "--max-depth", "0", cwd=tmp_path)
+    assert proc.returncode == 2 and "--max-depth" in proc.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_simulator_is_labelled_whatever_the_case_of_its_name(tmp_path: Path) -> None:
+    args = ["run", "--scenario", "data_migration", "--yes", "--sim-latency-scale", "0"]
+    proc = hierplan(*args, "--model", "SIM", "-o", str(tmp_path / "out"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "plan for node 1 [SIMULATED]" in proc.stdout

@@ -19,7 +19,7 @@ from hierplan.batch.budget import BatchBudget
 from hierplan.batch.core import DEFAULT_CONCURRENCY, Batch, BatchConfig, execute, prepare
 from hierplan.batch.display import BatchDisplay, summary_table
 from hierplan.batch.runner import RunOptions
-from hierplan.budgets.budget import ALLOCATIONS, usd_to_pico
+from hierplan.budgets.budget import ALLOCATIONS, MAX_BUDGET_TOKENS, Budget, usd_to_pico
 from hierplan.errors import HierplanError, UserInputError
 from hierplan.hierarchy.context import STRATEGY_NAMES
 from hierplan.tracing.setup import TRACE_HELP, TraceSetup, configure_tracing
@@ -45,7 +45,8 @@ def _fail(message: str, code: int = 2) -> NoReturn:
 
 
 def _pico(usd: float | None) -> int | None:
-    return None if usd is None else usd_to_pico(usd)
+    # Checked as a run's budget is: a finite amount of at most MAX_BUDGET_USD.
+    return None if usd is None else usd_to_pico(Budget(usd=usd).usd or 0.0)
 
 
 GoalsArg = Annotated[Path, typer.Argument(help="The goals file: one JSON object per line.")]
@@ -56,7 +57,10 @@ BudgetUsdOpt = Annotated[
     float | None, typer.Option("--budget-usd", min=0.0, help="The whole batch's budget in USD.")
 ]
 BudgetTokensOpt = Annotated[
-    int | None, typer.Option("--budget-tokens", min=0, help="The whole batch's budget in tokens.")
+    int | None,
+    typer.Option(
+        "--budget-tokens", min=0, max=MAX_BUDGET_TOKENS, help="The whole batch's budget in tokens."
+    ),
 ]
 ConcurrencyOpt = Annotated[
     int, typer.Option("--concurrency", "-c", min=1, help="Goals running at once.")
@@ -77,7 +81,12 @@ GoalUsdOpt = Annotated[
 ]
 GoalTokensOpt = Annotated[
     int | None,
-    typer.Option("--goal-budget-tokens", min=0, help="Token cap of a goal that sets none."),
+    typer.Option(
+        "--goal-budget-tokens",
+        min=0,
+        max=MAX_BUDGET_TOKENS,
+        help="Token cap of a goal that sets none.",
+    ),
 ]
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="Default model: sim, openai:<m>, anthropic:<m>.")

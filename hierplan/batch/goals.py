@@ -47,7 +47,7 @@ from pydantic import (
 from hierplan.agents.models.base import parse_model_string
 from hierplan.bench.base import BenchTask
 from hierplan.bench.suites import get_suite
-from hierplan.budgets.budget import ALLOCATIONS
+from hierplan.budgets.budget import ALLOCATIONS, MAX_BUDGET_TOKENS, MAX_BUDGET_USD
 from hierplan.errors import HierplanError, UserInputError
 from hierplan.hierarchy.context import StrategyName
 from hierplan.scenarios import get_scenario
@@ -78,8 +78,8 @@ class GoalLine(BaseModel):
     concurrency: int | None = Field(default=None, ge=1, le=1024)
     seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
     allocation: str | None = None
-    budget_usd: float | None = Field(default=None, ge=0, allow_inf_nan=False)
-    budget_tokens: int | None = Field(default=None, ge=0, le=10**15)
+    budget_usd: float | None = Field(default=None, ge=0, le=MAX_BUDGET_USD, allow_inf_nan=False)
+    budget_tokens: int | None = Field(default=None, ge=0, le=MAX_BUDGET_TOKENS)
 
     @field_validator("task", mode="before")
     @classmethod

@@ -120,7 +120,8 @@ BaselineOpt = Annotated[
 ]
 TaskSeedOpt = Annotated[int, typer.Option("--task-seed", help="Seed of the task generator.")]
 MaxDepthOpt = Annotated[
-    int | None, typer.Option("--max-depth", help="Deepest plan level (default 3).")
+    int | None,
+    typer.Option("--max-depth", min=1, max=10, help="Deepest plan level (default 3)."),
 ]
 PlotOpt = Annotated[
     bool, typer.Option("--plot/--no-plot", help="Write cost_vs_success.png (needs matplotlib).")

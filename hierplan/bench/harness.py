@@ -233,7 +233,7 @@ async def run_one(spec: RunSpec, config: BenchConfig, model: str | Model) -> dic
     counter = ToolCounter()
     settings = RunSettings.model_validate(
         {"strategy": spec.strategy, "seed": simulator_seed(spec.task.task_id, spec.seed)}
-        | ({"max_depth": config.max_depth} if config.max_depth else {})
+        | ({"max_depth": config.max_depth} if config.max_depth is not None else {})
     )
     result = await run(
         env.goal,

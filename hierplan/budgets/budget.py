@@ -51,6 +51,13 @@ ALLOCATIONS: tuple[str, ...] = ("equal", "weighted", "on-demand")
 DEFAULT_ON_DEMAND_FRACTION = 0.5
 
 
+MAX_BUDGET_USD = 1e9
+"""The largest USD budget: larger ones are surely typing mistakes, and their pico-dollars
+would not fit the floats that shares are computed in."""
+MAX_BUDGET_TOKENS = 10**15
+"""The largest token budget (as a goals file's ``budget_tokens``)."""
+
+
 def usd_to_pico(usd: float) -> int:
     """USD as whole pico-dollars, rounded down (a budget never grows by rounding)."""
     return math.floor(Decimal(repr(float(usd))) * PICO_PER_USD)
@@ -86,16 +93,23 @@ class Budget:
 
     def __post_init__(self) -> None:
         if self.tokens is not None and (
-            isinstance(self.tokens, bool) or not isinstance(self.tokens, int) or self.tokens < 0
+            isinstance(self.tokens, bool)
+            or not isinstance(self.tokens, int)
+            or not 0 <= self.tokens <= MAX_BUDGET_TOKENS
         ):
-            raise UserInputError(f"a token budget must be a whole number >= 0, not {self.tokens!r}")
+            raise UserInputError(
+                f"a token budget must be a whole number from 0 to {MAX_BUDGET_TOKENS:,}, "
+                f"not {self.tokens!r}"
+            )
         if self.usd is not None and (
             isinstance(self.usd, bool)
             or not isinstance(self.usd, int | float)
             or not math.isfinite(self.usd)
-            or self.usd < 0
+            or not 0 <= self.usd <= MAX_BUDGET_USD
         ):
-            raise UserInputError(f"a USD budget must be a finite number >= 0, not {self.usd!r}")
+            raise UserInputError(
+                f"a USD budget must be a number from 0 to {MAX_BUDGET_USD:,.0f}, not {self.usd!r}"
+            )
 
     @property
     def limited(self) -> bool:

@@ -146,9 +146,13 @@ class ConsoleReviewer:
             self.console.print("A reason is needed: the planner uses it for the next plan.")
 
     def editor_command(self) -> list[str]:
-        """The editor to run, from ``editor``, ``$VISUAL``, ``$EDITOR``, else ``vi``."""
+        """The editor to run, from ``editor``, ``$VISUAL``, ``$EDITOR``, else ``vi``; empty
+        when the setting cannot be read as a command (an unclosed quote, only spaces)."""
         chosen = self.editor or os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
-        return shlex.split(chosen)
+        try:
+            return shlex.split(chosen)
+        except ValueError:
+            return []
 
 
 class _UntilEnd:
@@ -270,6 +274,13 @@ class _Session:
 
     def _run_editor(self, text: str) -> str | None:
         command = self.reviewer.editor_command()
+        if not command:
+            self.console.print(
+                "Cannot read the editor command from $VISUAL / $EDITOR: set it to your editor "
+                "(the edit is discarded).",
+                markup=False,
+            )
+            return None
         fd, name = tempfile.mkstemp(prefix=f"hierplan-plan-{self.ctx.path}-", suffix=".yaml")
         path = Path(name)
         try:
