@@ -7,6 +7,7 @@ the run paused for a plan review (continue it with ``hierplan resume``); 130 whe
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -26,11 +27,11 @@ from hierplan.console import RunConsole
 from hierplan.errors import HierplanError, UserInputError
 from hierplan.goals import load_goal_file
 from hierplan.hierarchy.context import STRATEGY_NAMES, RunSettings
+from hierplan.hierarchy.handle import start as start_run
 from hierplan.hierarchy.pause import load_checkpoint
 from hierplan.hierarchy.plan import DEFAULT_MAX_DEPTH, DEFAULT_MAX_STEPS, load_plan, validate_plan
 from hierplan.hierarchy.record import RunResult
 from hierplan.hierarchy.resume import resume as resume_run
-from hierplan.hierarchy.run import run as run_goal
 from hierplan.review.console import reviewer_name
 from hierplan.review.options import (
     EXIT_PAUSED,
@@ -148,11 +149,14 @@ def _fail(message: str, code: int = 2) -> NoReturn:
 
 
 def _exit_code(result: RunResult) -> int:
+    if result.status == "cancelled":  # only Ctrl-C cancels a run started here
+        return EXIT_INTERRUPTED
     verified = result.verification is None or bool(result.verification.get("ok"))
     return 0 if result.status == "succeeded" and verified else 1
 
 
 Start = Callable[..., Awaitable[RunResult]]
+EXIT_INTERRUPTED = 130
 
 
 def _finish(console: Console, result: RunResult, out: Path, started: float) -> NoReturn:
@@ -180,8 +184,26 @@ def _finish(console: Console, result: RunResult, out: Path, started: float) -> N
     raise typer.Exit(_exit_code(result))
 
 
+async def run_until_interrupted(**options: Any) -> RunResult:
+    """:func:`hierplan.run`, which the first Ctrl-C cancels: the run ends ``cancelled`` with
+    its record (what finished, what was running). A second Ctrl-C stops at once."""
+    async with start_run(**options) as handle, anyio.create_task_group() as watch:
+
+        async def cancel_on_interrupt() -> None:
+            # Leaving the receiver gives SIGINT back to Python: the next one interrupts.
+            with anyio.open_signal_receiver(signal.SIGINT) as signals:
+                async for _ in signals:
+                    handle.cancel()
+                    return
+
+        watch.start_soon(cancel_on_interrupt)
+        result = await handle.result()
+        watch.cancel_scope.cancel()
+    return result
+
+
 async def _run_with_console(
-    console: Console, *, setup: ReviewSetup, start: Start = run_goal, **kwargs: Any
+    console: Console, *, setup: ReviewSetup, start: Start = run_until_interrupted, **kwargs: Any
 ) -> RunResult:
     simulated = str(kwargs.get("model", "sim")).strip().lower().startswith("sim")
     display = RunConsole(console, simulated=simulated, show_root_plan=setup.mode != "console")
@@ -212,7 +234,7 @@ def _execute(
     except HierplanError as exc:
         _fail(str(exc))
     except KeyboardInterrupt:
-        _fail("interrupted", 130)
+        _fail("interrupted", EXIT_INTERRUPTED)
     finally:
         if tracing is not None:
             tracing.shutdown()

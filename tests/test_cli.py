@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -219,3 +221,25 @@ def test_the_simulator_is_labelled_whatever_the_case_of_its_name(tmp_path: Path)
     proc = hierplan(*args, "--model", "SIM", "-o", str(tmp_path / "out"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "plan for node 1 [SIMULATED]" in proc.stdout
+
+
+def test_ctrl_c_cancels_the_run_and_keeps_its_record(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "hierplan", "run", "--scenario", "data_migration", "--yes"]
+    proc = subprocess.Popen(
+        [*args, "-o", str(out)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not (out / "source.db").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)  # the run has started once its scenario is set up
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stdout + stderr
+    record = json.loads((out / "run.json").read_text())
+    assert record["status"] == "cancelled"
