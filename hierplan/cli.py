@@ -187,7 +187,7 @@ def _finish(console: Console, result: RunResult, out: Path, started: float) -> N
 async def run_until_interrupted(**options: Any) -> RunResult:
     """:func:`hierplan.run`, which the first Ctrl-C cancels: the run ends ``cancelled`` with
     its record (what finished, what was running). A second Ctrl-C stops at once."""
-    async with start_run(**options) as handle, anyio.create_task_group() as watch:
+    async with start_run(**options) as handle:
 
         async def cancel_on_interrupt() -> None:
             # Leaving the receiver gives SIGINT back to Python: the next one interrupts.
@@ -196,9 +196,16 @@ async def run_until_interrupted(**options: Any) -> RunResult:
                     handle.cancel()
                     return
 
-        watch.start_soon(cancel_on_interrupt)
-        result = await handle.result()
-        watch.cancel_scope.cancel()
+        failure: Exception | None = None
+        async with anyio.create_task_group() as watch:
+            watch.start_soon(cancel_on_interrupt)
+            try:
+                result = await handle.result()
+            except Exception as exc:  # re-raised as it is, not wrapped by the task group
+                failure = exc
+            watch.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
     return result
 
 

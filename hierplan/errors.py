@@ -30,7 +30,17 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from pydantic import ValidationError
+
     from hierplan.agents.models.base import Usage
+
+
+def first_problem(exc: ValidationError, whole: str = "top level") -> str:
+    """``"<where>: <what>"`` of the first error a pydantic validation found (``whole``: what
+    to call the input itself when the error is about all of it)."""
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or whole
+    return f"{where}: {first['msg']}"
 
 
 class HierplanError(Exception):

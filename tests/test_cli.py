@@ -105,11 +105,11 @@ def test_bad_input_exits_2_with_one_line_and_no_traceback(tmp_path: Path) -> Non
         ),
         (
             ["run", "--scenario", "data_migration", "--yes", "--budget-usd", "1e300"],
-            "a USD budget must be a number from 0 to 1,000,000,000, not 1e+300",
+            "a USD budget must be a finite number from 0 to 1,000,000,000, not 1e+300",
         ),
         (
             ["batch", str(goals), "--out", str(tmp_path / "b"), "--goal-budget-usd", "inf"],
-            "a USD budget must be a number from 0 to 1,000,000,000, not inf",
+            "a USD budget must be a finite number from 0 to 1,000,000,000, not inf",
         ),
         (
             ["batch", str(goals), "--out", str(a_file), "--sim-latency-scale", "0"],

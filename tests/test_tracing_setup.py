@@ -116,7 +116,7 @@ def test_cli_rejects_a_bad_trace_target_in_one_line(tmp_path: Path) -> None:
 def test_jsonl_file_in_a_directory_that_cannot_be_made(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with pytest.raises(UserInputError, match="cannot open the file"):
+    with pytest.raises(UserInputError, match=f"{blocker} is a file, not a directory"):
         configure_tracing([f"jsonl={blocker}/spans.jsonl"])
 
 

@@ -32,6 +32,7 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Literal
 
 from hierplan.agents import planner
@@ -153,7 +154,7 @@ def check_prices(
 
 
 # The variable each provider's API key is read from.
-_KEY_VARIABLES = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+_KEY_VARIABLES = MappingProxyType({"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"})
 
 
 def check_keys(goals: tuple[BatchGoal, ...], default_model: str) -> None:

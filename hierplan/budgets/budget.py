@@ -108,7 +108,8 @@ class Budget:
             or not 0 <= self.usd <= MAX_BUDGET_USD
         ):
             raise UserInputError(
-                f"a USD budget must be a number from 0 to {MAX_BUDGET_USD:,.0f}, not {self.usd!r}"
+                f"a USD budget must be a finite number from 0 to {MAX_BUDGET_USD:,.0f}, "
+                f"not {self.usd!r}"
             )
 
     @property

@@ -33,7 +33,7 @@ import anyio
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from hierplan.agents.executor import StepResult
-from hierplan.errors import UserInputError
+from hierplan.errors import UserInputError, first_problem
 from hierplan.hierarchy.gate import Decision, Edit, GateContext
 from hierplan.hierarchy.plan import Plan, plan_to_yaml
 from hierplan.hierarchy.record import (
@@ -497,11 +497,9 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
     except (OSError, UnicodeDecodeError) as exc:
         raise UserInputError(f"cannot read {path}: {exc}") from None
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "the file"
         raise UserInputError(
             f"{path} is not a hierplan checkpoint ({exc.error_count()} problem(s); first, at "
-            f"{where}: {first['msg']})"
+            f"{first_problem(exc, 'the file')})"
         ) from None
     if checkpoint.format != CHECKPOINT_FORMAT:
         raise UserInputError(

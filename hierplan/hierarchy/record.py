@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import TypeAdapter, ValidationError
 
 from hierplan.agents.models.base import Phase, Usage
-from hierplan.errors import UserInputError
+from hierplan.errors import UserInputError, first_problem
 from hierplan.hierarchy.plan import Plan, PlanDiff
 
 RECORD_FORMAT = 1
@@ -310,11 +310,9 @@ class RunResult:
         try:
             return _ADAPTER.validate_json(text)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
             raise UserInputError(
                 f"{path} is not a hierplan run record ({exc.error_count()} problem(s); "
-                f"first at {where or 'top level'}: {first['msg']})"
+                f"first at {first_problem(exc)})"
             ) from None
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 from pydantic import ValidationError
 
-from hierplan.errors import UserInputError
+from hierplan.errors import UserInputError, first_problem
 from hierplan.hierarchy.context import RunSettings
 from hierplan.hierarchy.gate import Decision, Edit
 from hierplan.hierarchy.pause import (
@@ -89,10 +89,8 @@ def _saved_settings(saved: Any) -> RunSettings:
     try:
         return RunSettings.model_validate(saved or {})
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
         raise UserInputError(
-            f"the checkpoint's run settings are invalid ({where}: {first['msg']}); was "
+            f"the checkpoint's run settings are invalid ({first_problem(exc, 'settings')}); was "
             f"{CHECKPOINT_FILE} edited by hand?"
         ) from None
 

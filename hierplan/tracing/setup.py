@@ -102,7 +102,7 @@ class JsonLinesSpanExporter(SpanExporter):
     """
 
     def __init__(self, path: Path) -> None:
-        make_directory(path.parent, f"--trace jsonl={path}: the directory")
+        make_directory(path.parent, f"the directory of --trace jsonl={path},")
         try:
             self._file: IO[str] | None = path.open("a", encoding="utf-8")
         except OSError as exc:
