@@ -68,6 +68,10 @@ def paused(tmp_path: Path, source_db: Path) -> Path:
     assert record(run_dir)["status"] == "paused"
     assert tables(run_dir) == []
     assert (run_dir / CHECKPOINT_FILE).exists() and (run_dir / PENDING_DIR / "1.yaml").exists()
+    assert (
+        "# SIMULATED: proposed by the offline simulator."
+        in (run_dir / PENDING_DIR / "1.yaml").read_text()
+    )
     return run_dir
 
 

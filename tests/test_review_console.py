@@ -148,7 +148,11 @@ def _executors(record: dict[str, Any]) -> list[dict[str, Any]]:
 def test_approve_in_the_demo(tmp_path: Path, source_db: Path) -> None:
     session = Session(tmp_path, source_db, demo=True)
     shown = session.expect(PROMPT)
-    assert shows("Review: plan for node 1 (root), version 1 (initial)", shown)
+    assert shows(
+        "Review: plan for node 1 (root), version 1 (initial) [SIMULATED: proposed by the offline "
+        "simulator]",
+        shown,
+    )
     assert shows("wave 3 (2 in parallel)", shown)
     assert shows(
         "copy_catalog [subgoal] Copy catalog data  after schema, copy_reference  est. 4,000 tok",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import time
 from pathlib import Path
@@ -239,6 +240,11 @@ def test_review_view_after_a_rejection() -> None:
     console.print(review_view(new, ctx, rejected="too slow"))
     text = console.file.getvalue()  # type: ignore[attr-defined]
     assert "Review: plan for node 1.3 (depth 2), version 2 (retry)" in text
+    assert "SIMULATED" not in text  # a plan from a real model (or a test double)
+    console.print(review_view(new, dataclasses.replace(ctx, simulated=True)))
+    assert "version 2 (retry) [SIMULATED: proposed by the offline simulator]" in (
+        console.file.getvalue()  # type: ignore[attr-defined]
+    )
     assert "node budget: usd 0.5" in text
     assert "planner's estimate for this sub-goal: est. 7,000 tok" in text
     assert "replaces the previous proposal, which was rejected: too slow" in text

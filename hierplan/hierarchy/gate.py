@@ -63,6 +63,8 @@ class GateContext:
     step: Step | None = None
     validators: tuple[Validator, ...] = ()
     refused: list[RefusedEdit] = field(default_factory=list)
+    simulated: bool = False
+    """Whether the plan came from the offline simulator (a reviewer is told so)."""
 
     @property
     def is_root(self) -> bool:

@@ -456,6 +456,7 @@ def _pending_yaml(run_dir: Path, result: RunResult, node: NodeRecord, version: P
         f"Pending plan for node {node.path} (version {version.version}, {version.reason}) "
         f"of run {result.run_id}.",
         f"Goal: {' '.join(node.goal.split())[:200]}",
+        *(["SIMULATED: proposed by the offline simulator."] if result.simulated else []),
         f"Approve: hierplan resume {run_dir} --approve{one}",
         f'Reject:  hierplan resume {run_dir} --reject "why"{one}',
         f"Edit:    change a copy of this file, then hierplan resume {run_dir} --plan FILE{one}",

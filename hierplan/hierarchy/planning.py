@@ -67,6 +67,7 @@ def _gate_context(
         diff=version.diff,
         budget=node.record.budget,
         step=node.step,
+        simulated=node.run.planner_model.simulated,
     )
 
 

@@ -135,7 +135,10 @@ def review_view(plan: Plan, ctx: GateContext, *, rejected: str | None = None) ->
     where = "root" if ctx.is_root else f"depth {ctx.depth}"
     head = Text()
     head.append(f"Review: plan for node {ctx.path} ({where}), version {ctx.version}", style="bold")
-    head.append(f" ({ctx.reason})\n", style="dim")
+    head.append(f" ({ctx.reason})", style="dim")
+    if ctx.simulated:
+        head.append(" [SIMULATED: proposed by the offline simulator]", style="bold yellow")
+    head.append("\n")
     head.append("goal: ", style="bold")
     head.append(short(ctx.goal, 300) + "\n")
     budget = budget_text(ctx.budget)
