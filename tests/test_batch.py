@@ -44,12 +44,16 @@ def test_a_malformed_goals_file_is_refused_with_line_numbers(tmp_path: Path) -> 
         '{"goal": "free text", "strategy": "zigzag"}\n'
         '["a list"]\n'
         '{"scenario": "data_migration", "id": "line-1"}\n'
+        '{"scenario": "data_migration", "seed": true}\n'
+        '{"scenario": "data_migration", "budget_usd": "0.1"}\n'
     )
     out = tmp_path / "out"
     result = CliRunner().invoke(app, ["batch", str(goals), "--out", str(out), "--budget-usd", "1"])
     assert result.exit_code == 2
     text = result.output
-    assert "5 invalid line(s); nothing was started" in text
+    assert "7 invalid line(s); nothing was started" in text
+    assert "line 8: seed: Input should be a valid integer" in text
+    assert "line 9: budget_usd: Input should be a valid number" in text
     for expected in (
         "line 3: unknown scenario 'nowhere'",
         "line 4: not valid JSON",

@@ -65,7 +65,9 @@ GoalKind = Literal["text", "scenario", "suite"]
 class GoalLine(BaseModel):
     """One line of a goals file: what to run, and its own settings."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Strict: a goals file is untrusted input; "seed": true or "budget_usd": "0.1" is refused,
+    # not read as 1 or 0.1.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     id: str | None = Field(default=None, pattern=GOAL_ID.pattern)
     goal: str | None = Field(default=None, min_length=1, max_length=20_000)
