@@ -112,7 +112,9 @@ class BudgetedModel:
                 await self._release(reservation)
                 self._settled(reservation, 0, 0, ["failed", "released"])
             else:
-                await self._settle(reservation, exc.usage, ["failed"])
+                used = exc.usage.possible()
+                flags = ["failed"] if used is exc.usage else ["failed", "invalid_usage"]
+                await self._settle(reservation, used, flags)
             raise
         except BaseException:
             # Cancelled, or a failure that used nothing: the whole reservation goes back.
@@ -140,15 +142,12 @@ class BudgetedModel:
 
     async def _settle(self, reservation: Reservation, usage: Usage, flags: list[str]) -> list[str]:
         rate_in, rate_cached, rate_out = self._rates
-        possible = usage.possible()
-        if possible is not usage:  # a failed attempt's usage: what its response would get
-            flags.append("invalid_usage")
-        cached = possible.cached_input_tokens
-        tokens = possible.input_tokens + possible.output_tokens
+        cached = usage.cached_input_tokens  # usage is possible (see Usage.possible)
+        tokens = usage.input_tokens + usage.output_tokens
         pico = (
-            (possible.input_tokens - cached) * rate_in
+            (usage.input_tokens - cached) * rate_in
             + cached * rate_cached
-            + possible.output_tokens * rate_out
+            + usage.output_tokens * rate_out
         )
         local = self._local
         if local is not None:

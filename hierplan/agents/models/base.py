@@ -43,6 +43,12 @@ class Usage:
     def possible(self) -> Usage:
         """This usage if it can be (no negative count, no more cached input than input, no
         more reasoning than output), else the nearest usage that can."""
+        # One chained comparison for the usual case: this runs for every model call.
+        if (
+            self.input_tokens >= self.cached_input_tokens >= 0
+            and self.output_tokens >= self.reasoning_tokens >= 0
+        ):
+            return self
         inp, out = max(0, self.input_tokens), max(0, self.output_tokens)
         cached = min(max(0, self.cached_input_tokens), inp)
         reasoning = min(max(0, self.reasoning_tokens), out)
