@@ -12,8 +12,9 @@ Two measurements, both against the local wire server of the tests (no real provi
    alone.
 2. **Faults.** Whole data-migration runs on each provider with 30% of requests faulted (429,
    500, 503/529, slow past the timeout, malformed JSON, missing usage, cut-off body; seeded),
-   against clean runs: completion rate, attempts, and extra cost, both as recorded (attempts the
-   provider reported usage for) and at the worst case a budget must assume (a reply without usage,
+   against clean runs: completion rate, attempts, and extra cost, both as recorded (what the
+   provider reported, and a reply without usage at its worst case: the record never counts a
+   call as free) and at the worst case a budget must assume (a reply without usage,
    and an attempt that timed out, broke off or came back unreadable, charged as its estimated
    input plus ``max_tokens``; 429 and 5xx answers are not billed).
 
