@@ -45,8 +45,10 @@ def _fail(message: str, code: int = 2) -> NoReturn:
 
 
 def _pico(usd: float | None) -> int | None:
-    # Checked as a run's budget is: a finite amount of at most MAX_BUDGET_USD.
-    return None if usd is None else usd_to_pico(Budget(usd=usd).usd or 0.0)
+    if usd is None:
+        return None
+    Budget(usd=usd)  # checked as a run's budget is: finite, at most MAX_BUDGET_USD
+    return usd_to_pico(usd)
 
 
 GoalsArg = Annotated[Path, typer.Argument(help="The goals file: one JSON object per line.")]

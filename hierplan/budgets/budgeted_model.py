@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hierplan.agents.models.base import Model, ModelRequest, ModelResponse, Usage
-from hierplan.agents.models.tokens import estimate_request_tokens
+from hierplan.agents.models.tokens import counted_usage, estimate_request_tokens
 from hierplan.budgets.budget import Account, LocalLedger, Reservation, pico_to_usd
 from hierplan.errors import BudgetExceeded, ModelError
 from hierplan.hierarchy.context import NodeContext
@@ -121,21 +121,11 @@ class BudgetedModel:
             await self._release(reservation)
             self._settled(reservation, 0, 0, ["released"])
             raise
-        usage = response.usage
-        if usage is None:
-            usage = Usage(input_tokens, request.max_tokens)
-            response.usage = usage
-            if "no_usage" not in response.flags:  # an adapter may have flagged it already
-                response.flags.append("no_usage")
-            flags = await self._settle(reservation, usage, ["no_usage"])
-        else:
-            possible = usage.possible()
-            if possible is not usage:
-                # Impossible usage (negative counts, more cached input than input) is counted
-                # as the nearest possible, so that the reservation closes and the run goes on.
-                response.usage = possible
-                response.flags.append("invalid_usage")
-            flags = await self._settle(reservation, possible, [])
+        # A reply without usage settles at the reserved worst case; impossible usage as the
+        # nearest possible, so that the reservation closes and the run goes on.
+        missing = response.usage is None
+        usage = counted_usage(response, request, input_tokens)
+        flags = await self._settle(reservation, usage, ["no_usage"] if missing else [])
         if "overrun" in flags:
             response.flags.append("overrun")
         return response

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hierplan.agents.executor import LLMExecutor, ToolExecutor
 from hierplan.agents.models.base import Model, ModelRequest, ModelResponse, ToolCall, Usage
-from hierplan.agents.models.tokens import estimate_request_tokens
+from hierplan.agents.models.tokens import counted_usage
 from hierplan.agents.planner import LLMPlanner
 from hierplan.agents.tools import Toolbox
 from hierplan.budgets.pricing import PriceTable
@@ -282,19 +282,11 @@ class NodeContext:
                     )
                 await anyio.sleep(delay)
                 continue
-            usage = response.usage
-            if usage is None:
-                # A reply without usage counts at the request's worst case (as a budget settles
-                # it), never as free: budget or not, the record shows what it may have cost.
-                usage = Usage(estimate_request_tokens(request), request.max_tokens)
-                if "no_usage" not in response.flags:
-                    response.flags.append("no_usage")
-            elif usage.possible() is not usage:  # without a budget, nothing has checked it
-                usage = response.usage = usage.possible()
-                response.flags.append("invalid_usage")
             self._record(
                 request,
-                usage,
+                # Budget or not, the record shows what the call may have cost (a budget
+                # wrapper has already set the reply's usage the same way).
+                counted_usage(response, request),
                 started,
                 t0,
                 attempt,

@@ -54,9 +54,7 @@ from hierplan.agents.models.provider import (
     status_error,
     timeout_error,
     tool_arguments,
-    truncated_error,
 )
-from hierplan.errors import ModelError
 
 API_KEY_VARIABLE = "ANTHROPIC_API_KEY"
 ALWAYS_THINKING = ("claude-fable", "claude-mythos")
@@ -208,13 +206,10 @@ class AnthropicModel(ProviderModel[anthropic.AsyncAnthropic]):
                         text_parts.append(raw_text)
                     answered = True
                     continue
-                try:
-                    arguments = tool_arguments(self._name, block.name, raw, usage, "input")
-                except ModelError:
-                    if finish != "length":
-                        raise
-                    what = f"the input of tool call {block.name!r}"
-                    raise truncated_error(self._name, request.max_tokens, what, usage) from None
+                cut_at = request.max_tokens if finish == "length" else None
+                arguments = tool_arguments(
+                    self._name, block.name, raw, usage, "input", cut_at=cut_at
+                )
                 calls.append(ToolCall(block.id, block.name, arguments))
         thinking = [t for t in (b.thinking() for b in reply.blocks) if t is not None]
         if thinking and calls:

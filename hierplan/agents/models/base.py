@@ -51,15 +51,7 @@ class Usage:
             return self
         inp, out = max(0, self.input_tokens), max(0, self.output_tokens)
         cached = min(max(0, self.cached_input_tokens), inp)
-        reasoning = min(max(0, self.reasoning_tokens), out)
-        if (inp, out, cached, reasoning) == (
-            self.input_tokens,
-            self.output_tokens,
-            self.cached_input_tokens,
-            self.reasoning_tokens,
-        ):
-            return self
-        return Usage(inp, out, cached, reasoning)
+        return Usage(inp, out, cached, min(max(0, self.reasoning_tokens), out))
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(

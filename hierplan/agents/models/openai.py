@@ -47,10 +47,8 @@ from hierplan.agents.models.provider import (
     status_error,
     timeout_error,
     tool_arguments,
-    truncated_error,
 )
 from hierplan.agents.models.schema import Decoder, strict_decoder, strict_schema
-from hierplan.errors import ModelError
 
 API_KEY_VARIABLE = "OPENAI_API_KEY"
 BASE_URL_VARIABLE = "OPENAI_BASE_URL"
@@ -171,13 +169,8 @@ class OpenAIModel(ProviderModel[openai.AsyncOpenAI]):
             text = str(refusal)
             flags.append("refusal")
         finish = str(getattr(choice, "finish_reason", None) or "stop")
-        try:
-            calls = tuple(self._tool_calls(getattr(message, "tool_calls", None) or (), usage))
-        except ModelError:
-            if finish != "length":
-                raise
-            what = "a tool call's arguments"
-            raise truncated_error(self._name, request.max_tokens, what, usage) from None
+        cut_at = request.max_tokens if finish == "length" else None
+        calls = tuple(self._tool_calls(getattr(message, "tool_calls", None) or (), usage, cut_at))
         if finish == "length":
             flags.append("truncated")
         elif finish == "content_filter":
@@ -197,15 +190,17 @@ class OpenAIModel(ProviderModel[openai.AsyncOpenAI]):
             flags=flags,
         )
 
-    def _tool_calls(self, raw: Sequence[Any], usage: Usage | None) -> list[ToolCall]:
+    def _tool_calls(
+        self, raw: Sequence[Any], usage: Usage | None, cut_at: int | None
+    ) -> list[ToolCall]:
         calls: list[ToolCall] = []
         for index, item in enumerate(raw):
             function = getattr(item, "function", None)
             if function is None:
                 continue  # a custom (free-text) tool call: hierplan never offers those
             name = str(getattr(function, "name", "") or "")
-            arguments = getattr(function, "arguments", None)
-            parsed = tool_arguments(self._name, name, arguments or "{}", usage)
+            arguments = getattr(function, "arguments", None) or "{}"
+            parsed = tool_arguments(self._name, name, arguments, usage, cut_at=cut_at)
             call_id = str(getattr(item, "id", "") or f"call_{index}")
             calls.append(ToolCall(call_id, name, parsed))
         return calls

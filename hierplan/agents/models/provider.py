@@ -248,10 +248,14 @@ def tool_arguments(
     raw: Any,
     usage: Usage | None,
     field: Literal["arguments", "input"] = "arguments",
+    *,
+    cut_at: int | None = None,
 ) -> dict[str, Any]:
     """A tool call's arguments as an object, or a :func:`malformed_error` saying what was
     wrong (``field``: what the provider calls them). ``raw`` is their JSON text, or already an
-    object: some servers speaking a provider's format send the object itself."""
+    object: some servers speaking a provider's format send the object itself. ``cut_at``: the
+    ``max_tokens`` the reply was cut at, if it was; unreadable arguments are then a
+    :func:`truncated_error` (not retried) rather than a malformed reply."""
     subject = f"the {field} of tool call {tool!r} {'are' if field == 'arguments' else 'is'}"
     if isinstance(raw, Mapping):
         return dict(raw)
@@ -260,6 +264,9 @@ def tool_arguments(
     try:
         parsed = loads_json(raw)
     except ValueError as exc:  # JSONDecodeError is a ValueError
+        if cut_at is not None:
+            what = f"the {field} of tool call {tool!r}"
+            raise truncated_error(model, cut_at, what, usage) from None
         reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
         raise malformed_error(model, f"{subject} not JSON ({reason})", usage) from None
     if not isinstance(parsed, dict):

@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from hierplan.agents.models.base import ModelRequest
+from hierplan.agents.models.base import ModelRequest, ModelResponse, Usage
 
 CHARS_PER_TOKEN = 4
 MESSAGE_OVERHEAD_TOKENS = 4
@@ -44,3 +44,25 @@ def estimate_request_tokens(request: ModelRequest) -> int:
     if request.output_schema is not None:
         total += TOOL_OVERHEAD_TOKENS + _schema_tokens(request.output_schema.schema)
     return total
+
+
+def counted_usage(
+    response: ModelResponse, request: ModelRequest, input_tokens: int | None = None
+) -> Usage:
+    """The usage ``response`` counts for, set on it and flagged where it is not what the model
+    reported: a reply without usage counts at the request's worst case (``input_tokens``, its
+    estimate by default, plus ``max_tokens``; flag ``no_usage``), never as free; impossible
+    usage (negative counts, more cached input than input) as the nearest possible one (flag
+    ``invalid_usage``)."""
+    reported = response.usage
+    if reported is None:
+        worst = estimate_request_tokens(request) if input_tokens is None else input_tokens
+        usage = response.usage = Usage(worst, request.max_tokens)
+        if "no_usage" not in response.flags:  # an adapter may have flagged it already
+            response.flags.append("no_usage")
+        return usage
+    usage = reported.possible()
+    if usage is not reported:
+        response.usage = usage
+        response.flags.append("invalid_usage")
+    return usage
