@@ -210,6 +210,8 @@ async def run_task_node(
     run = node.run
     settings = run.settings
     retries = settings.max_retries if max_retries is None else max_retries
+    timeout = settings.step_timeout_s
+    limiter = run.leaf_limiter
     pause = run.pause
     if pause.pausing:
         await pause.wait_if_paused()
@@ -220,8 +222,19 @@ async def run_task_node(
             while True:
                 attempt += 1
                 node.record.attempts = attempt
+                # Each attempt holds a slot of the run-wide leaf limit, under the step's
+                # deadline. Inline rather than in a helper coroutine, which would stay on
+                # every waiting leaf's stack (memory at 100,000 leaves in flight).
+                await limiter.acquire()
+                run.leaf_started()
                 try:
-                    result = await _attempt(node, step, inputs, react)
+                    if timeout is None:
+                        result = await _execute_step(node, step, inputs, react)
+                    else:
+                        with anyio.CancelScope(deadline=anyio.current_time() + timeout) as scope:
+                            result = await _execute_step(node, step, inputs, react)
+                        if scope.cancelled_caught:  # the deadline passed
+                            raise TimeoutError
                 except TimeoutError:
                     failure = StepFailed(
                         f"step timed out after {settings.step_timeout_s:g} s", retryable=True
@@ -234,6 +247,9 @@ async def run_task_node(
                     _finish(node, "succeeded", output=result.text)
                     pause.finished(node.path, result)
                     return result
+                finally:
+                    run.leaf_finished()
+                    limiter.release()
                 if not failure.retryable or attempt > retries:
                     _finish(node, failure.status, error=str(failure))
                     raise failure
@@ -251,27 +267,6 @@ async def run_task_node(
                 await anyio.sleep(delay)
     finally:
         pause.work_ended()
-
-
-async def _attempt(
-    node: NodeContext, step: Step, inputs: Mapping[str, StepResult], react: bool
-) -> StepResult:
-    """One attempt at a step, holding a slot of the run-wide leaf limit, under the deadline."""
-    run = node.run
-    limiter = run.leaf_limiter
-    await limiter.acquire()
-    run.leaf_started()
-    try:
-        timeout = run.settings.step_timeout_s
-        if timeout is None:
-            return await _execute_step(node, step, inputs, react)
-        with anyio.CancelScope(deadline=anyio.current_time() + timeout):
-            return await _execute_step(node, step, inputs, react)
-        # Only a deadline that passed gets here (the scope caught its own cancellation).
-        raise TimeoutError
-    finally:
-        run.leaf_finished()
-        limiter.release()
 
 
 def _answer(plan: Plan, results: Mapping[str, StepResult]) -> str:
