@@ -99,3 +99,31 @@ def test_records_are_written_with_the_mode_a_plain_write_gives(tmp_path: Path) -
     record.write_atomic(kept, "new")
     assert kept.read_text() == "new" and stat.S_IMODE(kept.stat().st_mode) == 0o600
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_record_reaches_the_disk_before_it_replaces_the_old_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    from hierplan.hierarchy import record
+
+    target = tmp_path / "run.json"
+    target.write_text("old")
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        # What is synced is the new text, in the temporary file, not yet under the name.
+        events.append(f"fsync {os.pread(fd, 100, 0).decode()} while {target.read_text()}")
+        real_fsync(fd)
+
+    def replace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        events.append("replace")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    record.write_atomic(target, "new")
+    assert events == ["fsync new while old", "replace"]
+    assert target.read_text() == "new"

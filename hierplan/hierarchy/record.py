@@ -362,7 +362,10 @@ def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file and a rename.
 
     The file gets the mode a plain ``open(path, "w")`` would give it (an existing file's mode,
-    else 0666 less the umask), not the owner-only mode of the temporary file.
+    else 0666 less the umask), not the owner-only mode of the temporary file. Its data reaches
+    the disk before the rename: otherwise a power cut soon after could leave the renamed file
+    empty (the rename is journaled before the data is written), and a reader would find
+    neither the old text nor the new.
     """
     try:
         mode = path.stat().st_mode & 0o7777
@@ -373,6 +376,8 @@ def write_atomic(path: Path, text: str) -> None:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
