@@ -2,7 +2,7 @@
 task group fanning out the same N model calls.
 
     python benchmarks/profile_leaves.py [--n 1000 10000] [--repeats 3] [--no-budget] [--no-gc]
-                                        [--rss 100000] [--profile]
+                                        [--rss 100000] [--profile] [--gc-stats]
 
 The run is a three-level tree (the root plans sub-goals, each plans sub-goals, each plans 50
 leaf steps) so that no plan exceeds the default 50 steps; every leaf is one executor step with
@@ -15,12 +15,16 @@ time, best of ``--repeats``, and the ratio hierplan / bare measured in the same 
 alternating the two sides. ``--rss N`` runs hierplan once at N leaves in a fresh process and
 reports its peak RSS. ``--profile`` prints the top of a cProfile of one run at the first N.
 ``--no-gc`` switches the cyclic garbage collector off (to separate its cost, which grows with
-the number of live objects, from the per-leaf work).
+the number of live objects, from the per-leaf work). ``--gc-stats`` times the collector's
+passes during one run of each side at each N (``gc.callbacks``): collections per generation,
+their time per leaf, and the CPU time per leaf without them, so that what grows with N can
+be told apart: the collector's full passes over every live object, or the run's own work.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import gc
 import io
@@ -29,6 +33,7 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -120,6 +125,68 @@ def peak_rss_mib(n: int, budget: bool) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
+class GcTimer:
+    """Times the cyclic garbage collector's passes, per generation, while installed."""
+
+    def __init__(self) -> None:
+        self.passes: dict[int, list[float]] = {0: [], 1: [], 2: []}
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.process_time()
+        else:
+            self.passes[info["generation"]].append(time.process_time() - self._started)
+
+    def run(self, side: Any, *args: Any) -> tuple[float, float]:
+        """``anyio.run(side, *args)`` with only its own collections timed: the garbage of
+        earlier runs is collected first, and the side's own ``gc.collect()`` is skipped."""
+        gc.collect()
+        gc.callbacks.append(self)
+        try:
+            with _no_explicit_collect():
+                result: tuple[float, float] = anyio.run(side, *args)
+                return result
+        finally:
+            gc.callbacks.remove(self)
+
+
+@contextlib.contextmanager
+def _no_explicit_collect() -> Iterator[None]:
+    collect = gc.collect
+    gc.collect = lambda *args: 0  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        gc.collect = collect
+
+
+def gc_stats(sizes: list[int], budget: bool) -> list[dict[str, Any]]:
+    """Per N and side: CPU µs per leaf, the collector's share of it by generation, the rest."""
+    anyio.run(hierplan_side, min(sizes), budget)  # warm-up: imports, caches
+    rows: list[dict[str, Any]] = []
+    print("collector passes during one run; us per leaf (CPU)")
+    head = ("N", "side", "cpu", "gc", "gen0", "gen1", "gen2", "full passes", "cpu - gc")
+    print(" ".join(f"{h:>11}" for h in head))
+    for n in sizes:
+        for name, side, args in (
+            ("hierplan", hierplan_side, (n, budget)),
+            ("bare", bare_side, (n,)),
+        ):
+            timer = GcTimer()
+            cpu, _ = timer.run(side, *args)
+            per_gen = [sum(timer.passes[g]) / n * 1e6 for g in (0, 1, 2)]
+            row = {"n": n, "side": name, "cpu_us": cpu * 1e6, "gc_us": sum(per_gen),
+                   "gen_us": per_gen, "passes": [len(timer.passes[g]) for g in (0, 1, 2)],
+                   "full_passes": len(timer.passes[2])}  # fmt: skip
+            rows.append(row)
+            cells = (row["cpu_us"], row["gc_us"], *per_gen)
+            line = f"{n:>11} {name:>11} " + " ".join(f"{c:>11.1f}" for c in cells)
+            rest = row["cpu_us"] - row["gc_us"]
+            print(f"{line} {row['full_passes']:>11} {rest:>11.1f}", flush=True)
+    return rows
+
+
 def profile(n: int, budget: bool, top: int) -> str:
     """The top of a cProfile of one run (after a warm-up run), by own time."""
     anyio.run(hierplan_side, n, budget)
@@ -142,6 +209,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rss", type=int, default=0, help="peak RSS of a fresh run at this N")
     parser.add_argument("--rss-child", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--gc-stats", action="store_true", help="time the collector's passes")
     parser.add_argument("--top", type=int, default=30)
     args = parser.parse_args(argv)
     budget = not args.no_budget
@@ -154,6 +222,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.profile:
         print(profile(args.n[0], budget, args.top))
         return {}
+    if args.gc_stats:
+        return {"budget": budget, "gc_rows": gc_stats(args.n, budget)}
     figures: dict[str, Any] = {"budget": budget, "gc": not args.no_gc, "rows": []}
     print(f"budget {'on' if budget else 'off'}, gc {'off' if args.no_gc else 'on'}; "
           f"us per leaf, best of {args.repeats}")  # fmt: skip

@@ -6,6 +6,7 @@ benchmarks themselves are run by ``make bench``.
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import sys
 from pathlib import Path
@@ -176,3 +177,18 @@ def test_the_memory_benchmark_counts_a_leaf_in_flight_and_after_the_run() -> Non
     names = [name for name, _ in figures["chain"]]
     assert "run_task_node" in names and "LLMExecutor.execute" in names
     assert figures["types"]["hierplan.hierarchy.record.NodeRecord"][0] >= 1.0
+
+
+def test_the_collector_statistics_time_each_sides_own_passes() -> None:
+    profile_leaves = _load("profile_leaves")
+    collect = gc.collect
+    data = profile_leaves.main(["--n", "50", "--gc-stats"])
+    assert gc.collect is collect  # the side's own gc.collect() was skipped only during the run
+    rows = data["gc_rows"]
+    assert [(r["n"], r["side"]) for r in rows] == [(50, "hierplan"), (50, "bare")]
+    for row in rows:
+        assert 0 <= row["gc_us"] <= row["cpu_us"]
+        assert row["gc_us"] == pytest.approx(sum(row["gen_us"]))
+        assert row["full_passes"] == row["passes"][2]
+    # A run allocates thousands of objects: the youngest generation is collected during it.
+    assert rows[0]["passes"][0] > 0
