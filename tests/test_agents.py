@@ -90,6 +90,12 @@ def test_references_resolve_to_dependency_outputs() -> None:
     }
 
 
+def test_punctuation_after_a_reference_stays_and_dollar_amounts_are_text() -> None:
+    inputs = {"a": StepResult([1, 2], "[1, 2]"), "a.b": StepResult(3, "3")}
+    out = resolve_refs({"x": "Summary: $a.", "y": "pay $100 for $a.b-", "z": "$a-"}, inputs)
+    assert out == {"x": "Summary: [1, 2].", "y": "pay $100 for 3-", "z": "[1, 2]-"}
+
+
 async def test_tool_errors_go_back_to_the_executor_model() -> None:
     model = ScriptedModel(
         [

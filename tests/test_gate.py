@@ -90,6 +90,21 @@ async def test_references_must_name_dependencies() -> None:
     assert (await gate.review(ok, ctx())).kind == "approved"
 
 
+async def test_a_dollar_amount_or_punctuation_after_a_reference_is_not_a_reference() -> None:
+    gate = Gate()
+    plan = Plan(
+        goal="g",
+        steps=[
+            s("a", tool="copy", args={"table": "the invoice total is $100, due $5.50"}),
+            s("b", "a", tool="copy", args={"table": "Summary: $a."}),
+            s("c", tool="copy", args={"table": "after $a-"}),
+        ],
+    )
+    outcome = await gate.review(plan, ctx())
+    # $100 and $5.50 are text; "$a." and "$a-" name step a, on which c does not depend
+    assert outcome.problems == ["step 'c' uses $a but does not depend on 'a'"]
+
+
 async def test_edits_are_validated_again_and_an_invalid_edit_goes_back_to_the_approver() -> None:
     attempts: list[tuple[str, ...]] = []
     bad_edit = Plan(goal="g", steps=[s("a", "a")])

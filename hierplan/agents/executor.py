@@ -22,7 +22,7 @@ from hierplan.agents.prompts import FAILED_PREFIX, StepPrompt, render_step_promp
 from hierplan.agents.tools import Tool, result_text
 from hierplan.errors import HierplanError, StepFailed, ToolError
 from hierplan.hierarchy.events import ToolCalled
-from hierplan.hierarchy.gate import REF_PATTERN
+from hierplan.hierarchy.gate import REF_PATTERN, ref_target
 
 if TYPE_CHECKING:
     from hierplan.hierarchy.context import NodeContext
@@ -37,7 +37,12 @@ class StepResult:
 
 
 def resolve_refs(args: Mapping[str, Any], inputs: Mapping[str, StepResult]) -> dict[str, Any]:
-    """Replace ``$<id>`` references in string arguments by dependency outputs."""
+    """Replace ``$<id>`` references in string arguments by dependency outputs.
+
+    An argument that is one reference and nothing else gets the dependency's output itself
+    (a list stays a list); a reference inside text gets its text. ``$`` followed by anything
+    but a dependency's id ("$100") is left as it is.
+    """
     out: dict[str, Any] = {}
     for key, value in args.items():
         if isinstance(value, str) and "$" in value:
@@ -45,11 +50,16 @@ def resolve_refs(args: Mapping[str, Any], inputs: Mapping[str, StepResult]) -> d
             if whole and whole.group(1) in inputs:
                 out[key] = inputs[whole.group(1)].output
                 continue
-            value = REF_PATTERN.sub(
-                lambda m: inputs[m.group(1)].text if m.group(1) in inputs else m.group(0), value
-            )
+            value = REF_PATTERN.sub(lambda m: _ref_text(m.group(1), inputs), value)
         out[key] = value
     return out
+
+
+def _ref_text(token: str, inputs: Mapping[str, StepResult]) -> str:
+    target = ref_target(token, inputs)
+    if target is None:
+        return "$" + token
+    return inputs[target].text + token[len(target) :]  # the punctuation after the reference
 
 
 async def call_tool(

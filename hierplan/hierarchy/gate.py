@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 import re
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Container, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
@@ -26,6 +26,22 @@ from hierplan.errors import ToolArgsError
 from hierplan.hierarchy.plan import Plan, PlanDiff, PlanProblem, Step, validate_plan
 
 REF_PATTERN = re.compile(r"\$([A-Za-z0-9_][A-Za-z0-9_.\-]{0,63})")
+
+
+def ref_target(token: str, ids: Container[str]) -> str | None:
+    """The step id that ``$token`` (a :data:`REF_PATTERN` match) refers to, or ``None``.
+
+    Only a step id of the plan is a reference: ``$100`` in "the total is $100" is text. A
+    trailing ``.`` or ``-`` may be punctuation after the reference ("see $draft."), so it is
+    dropped when the token with it is not an id.
+    """
+    while token:
+        if token in ids:
+            return token
+        if token[-1] not in ".-":
+            return None
+        token = token[:-1]
+    return None
 
 
 @dataclass(slots=True, frozen=True)
@@ -208,10 +224,11 @@ def structure_validator(plan: Plan, ctx: GateContext) -> list[PlanProblem]:
 def args_validator(plan: Plan, ctx: GateContext) -> list[PlanProblem]:
     """Tool arguments match the tool's schema; ``$id`` references name a dependency."""
     problems: list[PlanProblem] = []
+    ids = {s.id for s in plan.steps}
     for step in plan.steps:
         if step.tool is None or step.args is None or step.tool not in ctx.toolbox:
             continue
-        refs = step_refs(step)
+        refs = step_refs(step, ids)
         for ref in sorted(refs - set(step.depends_on)):
             problems.append(
                 PlanProblem(
@@ -248,12 +265,15 @@ def _args_problems(step: Step, toolbox: Toolbox, *, has_refs: bool) -> list[Plan
     return out
 
 
-def step_refs(step: Step) -> set[str]:
-    """Step ids referenced as ``$id`` in a step's string arguments."""
+def step_refs(step: Step, ids: Container[str]) -> set[str]:
+    """Step ids (of ``ids``, the plan's) referenced as ``$id`` in a step's string arguments."""
     refs: set[str] = set()
     for value in (step.args or {}).values():
-        if isinstance(value, str):
-            refs.update(REF_PATTERN.findall(value))
+        if isinstance(value, str) and "$" in value:
+            for token in REF_PATTERN.findall(value):
+                target = ref_target(token, ids)
+                if target is not None:
+                    refs.add(target)
     return refs
 
 
