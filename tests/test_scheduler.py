@@ -99,6 +99,23 @@ async def test_stop_on_failure_starts_nothing_new_but_lets_running_steps_finish(
     assert sorted(out.not_started) == ["after_bad", "after_slow"]
 
 
+async def test_a_plan_can_go_on_after_stopping_on_a_failure() -> None:
+    rec = Recorder(delays={"slow": 0.05}, fail={"bad"})
+    plan = plan_of(
+        {"bad": [], "slow": [], "after_slow": ["slow"], "after_bad": ["bad"], "last": ["after_bad"]}
+    )
+    first = await run_dag(plan, rec, stop_on_failure=True)
+    rest = await run_dag(plan, rec, done=first.results, failed=first.failed)
+    # the failed step does not run again; its dependents are cancelled, the others run
+    assert rec.runs == {"bad": 1, "slow": 1, "after_slow": 1}
+    assert set(rest.failed) == {"bad"} and set(rest.results) == {"slow", "after_slow"}
+    assert rest.cancelled == {
+        "after_bad": "dependency 'bad' failed",
+        "last": "dependency 'bad' failed",
+    }
+    assert rest.not_started == []
+
+
 async def test_done_steps_are_not_run_again() -> None:
     rec = Recorder()
     plan = plan_of({"a": [], "b": ["a"]})

@@ -145,6 +145,48 @@ async def test_dag_runs_in_parallel_and_replans_on_failure_keeping_done_steps() 
     assert result.tree.plan_versions[1].diff.summary() == "+1 -1 ~0 (added: z2; removed: z)"
 
 
+async def test_when_replanning_fails_the_approved_plan_goes_on_without_it() -> None:
+    first = plan(
+        s("x", tool="add", args={"a": 1, "b": 1}),
+        s("y", "x", tool="broken", args={"x": 0}),
+        s("w", "x", tool="slow_add", args={"a": 5, "b": 5}),
+        s("v", "w", tool="add", args={"a": "$w", "b": 1}),
+        s("after_y", "y", tool="add", args={"a": 1, "b": 1}),
+    )
+    cyclic = plan(s("p", "q"), s("q", "p"))
+    model = ScriptedModel([plan_response(first)] + [plan_response(cyclic)] * 3)
+    result = await go(model, "dag", settings=hierplan.RunSettings(retry_backoff_s=0, max_retries=0))
+    # y failed while w ran; v (after w) was held back for the replan, which never came
+    statuses = {c.step_id: c.status for c in result.tree.children}
+    assert statuses == {
+        "x": "succeeded",
+        "y": "failed",
+        "w": "succeeded",
+        "v": "succeeded",
+        "after_y": "cancelled",
+    }
+    assert result.status == "partial" and result.tree.status == "partial"
+    assert result.answer == "11"  # v's, the one end of the plan that was reached
+    error = result.tree.error or ""
+    assert error.startswith("step 'y' failed: tool 'broken' failed")
+    assert "; replanning failed: the planner proposed 3 invalid plans" in error
+    assert [v.decision for v in result.tree.plan_versions] == ["approved"] + ["invalid"] * 3
+
+
+async def test_when_the_replan_strategy_cannot_replan_it_keeps_what_was_done() -> None:
+    first = plan(
+        s("a", tool="add", args={"a": 1, "b": 1}),
+        s("b", "a", tool="add", args={"a": "$a", "b": 10}),
+    )
+    model = ScriptedModel([plan_response(first), text_response("no plan"), text_response("no")])
+    result = await go(model, "replan")
+    a, b = result.tree.children
+    assert (a.status, b.status) == ("succeeded", "cancelled")
+    assert b.error == "not run: replanning failed"
+    assert result.status == "partial" and result.tree.output == "2"
+    assert (result.tree.error or "").startswith("replanning failed: the model's plan for node 1")
+
+
 async def test_hierarchical_delegates_subgoals_to_sub_planners() -> None:
     root = plan(s("left", kind="subgoal"), s("right", "left", kind="subgoal"))
 

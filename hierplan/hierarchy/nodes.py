@@ -271,6 +271,9 @@ async def run_task_node(
 
 def _answer(plan: Plan, results: Mapping[str, StepResult]) -> str:
     sinks = [s for s in plan.sinks() if s in results]
+    if not sinks:  # a partial result: what the finished steps reached, where they stopped
+        built_on = {d for s in plan.steps if s.id in results for d in s.depends_on}
+        sinks = [s.id for s in plan.steps if s.id in results and s.id not in built_on]
     if len(sinks) == 1:
         return results[sinks[0]].text
     return "\n".join(f"{s}: {results[s].text}" for s in sinks)
@@ -387,6 +390,19 @@ async def execute_plan(
         except BudgetExceeded as exc:
             children.retire(outcome.not_started, "not run: no budget left to replan")
             return _give_up(node, plan, done, f"{failure}; cannot replan: {exc}", budget=True)
+        except StepFailed as exc:
+            # No new plan (invalid proposals, rejections, a planning error): the approved
+            # plan goes on without replanning, as if replans were not allowed, so that
+            # finished work counts and independent branches still run.
+            outcome = await run_dag(
+                plan, run_step, done=done, failed=outcome.failed, limiter=limiter
+            )
+            children.retire(outcome.cancelled)
+            children.retire(outcome.not_started, "not run: the node gave up")
+            failure = "; ".join(f"step {k!r} failed: {v}" for k, v in outcome.failed.items())
+            budget = any(f.status == "budget_exhausted" for f in outcome.failed.values())
+            why = f"{failure}; replanning failed: {exc}"
+            return _give_up(node, plan, outcome.results, why, budget=budget)
         done = _carry_over(plan, new_plan, done)
         plan = new_plan
 
@@ -436,6 +452,13 @@ async def _interleaved(
             )
             why = f"{failure}; cannot replan: {exc}" if failure else f"cannot replan: {exc}"
             return _give_up(node, plan, done, why, budget=True)
+        except StepFailed as exc:
+            # No new plan: what the finished steps brought is kept, the rest does not run.
+            children.retire(
+                [s.id for s in plan.steps if s.id not in done], "not run: replanning failed"
+            )
+            why = f"{failure}; replanning failed: {exc}" if failure else f"replanning failed: {exc}"
+            return _give_up(node, plan, done, why)
         done = _carry_over(plan, new_plan, done)
         plan = new_plan
         children.sync(plan, done, len(node.record.plan_versions), policy)

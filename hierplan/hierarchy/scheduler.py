@@ -98,16 +98,19 @@ async def run_dag(
     run_step: RunStep,
     *,
     done: Mapping[str, StepResult] | None = None,
+    failed: Mapping[str, StepFailed] | None = None,
     limiter: Limiter | None = None,
     stop_on_failure: bool = False,
 ) -> DagOutcome:
-    """Run every step of ``plan`` not already in ``done``, each after its dependencies.
+    """Run every step of ``plan`` not already in ``done`` or ``failed``, each after its
+    dependencies.
 
     ``run_step(step, inputs)`` gets the results of the step's dependencies and raises
-    :class:`StepFailed` when the step fails for good. ``plan`` must be valid (acyclic, no
-    dangling dependencies): the gate sees to that.
+    :class:`StepFailed` when the step fails for good. Steps in ``failed`` (failed in an
+    earlier run of the same plan) do not run again, and neither do their dependents.
+    ``plan`` must be valid (acyclic, no dangling dependencies): the gate sees to that.
     """
-    outcome = DagOutcome(results=dict(done or {}))
+    outcome = DagOutcome(results=dict(done or {}), failed=dict(failed or {}))
     results = outcome.results
     steps = {s.id: s for s in plan.steps}
     waiting: dict[str, int] = {}
@@ -127,6 +130,9 @@ async def run_dag(
             if sid not in outcome.cancelled and sid not in results:
                 outcome.cancelled[sid] = reason
                 stack.extend(dependents[sid])
+
+    for step_id in outcome.failed:
+        cancel_dependents(step_id, f"dependency {step_id!r} failed")
 
     async def run_one(step: Step) -> None:
         nonlocal stopping
@@ -154,12 +160,12 @@ async def run_dag(
             return
         for sid in dependents[step.id]:
             waiting[sid] -= 1
-            if waiting[sid] == 0 and sid not in outcome.cancelled:
+            if waiting[sid] == 0 and sid not in outcome.cancelled and sid not in outcome.failed:
                 tg.start_soon(run_one, steps[sid])
 
     async with anyio.create_task_group() as tg:
         for s in plan.steps:
-            if s.id not in results and waiting[s.id] == 0:
+            if s.id not in results and waiting[s.id] == 0 and s.id not in outcome.failed:
                 tg.start_soon(run_one, s)
     outcome.not_started = [
         s.id
