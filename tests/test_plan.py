@@ -181,3 +181,22 @@ def test_untrusted_plan_data_is_accepted_or_rejected_cleanly(data: Any) -> None:
     if not problems:
         assert sorted(topological_order(plan)) == sorted(s.id for s in plan.steps)
         json.dumps(plan.model_dump(mode="json"))
+
+
+def test_a_step_does_the_same_work_whatever_its_title_or_estimate() -> None:
+    base = Step(id="a", title="A", instruction="sum them", depends_on=["x", "y"], tools=["t", "u"])
+    same = base.model_copy(
+        update={"title": "B", "estimate_usd": 1.0, "depends_on": ["y", "x"], "tools": ["u", "t"]}
+    )
+    assert base.same_work(same)
+    for change in (
+        {"instruction": "sum them twice"},  # the executor model reads it
+        {"depends_on": ["x"]},
+        {"tools": None},
+        {"tool": "t"},
+        {"kind": "subgoal"},
+    ):
+        assert not base.same_work(base.model_copy(update=change)), change
+    direct = Step(id="d", title="D", instruction="copy", tool="t", args={"n": 1})
+    assert direct.same_work(direct.model_copy(update={"instruction": "copy it"}))
+    assert not direct.same_work(direct.model_copy(update={"args": {"n": 2}}))

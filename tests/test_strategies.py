@@ -145,6 +145,56 @@ async def test_dag_runs_in_parallel_and_replans_on_failure_keeping_done_steps() 
     assert result.tree.plan_versions[1].diff.summary() == "+1 -1 ~0 (added: z2; removed: z)"
 
 
+async def test_a_replan_keeps_finished_work_by_what_it_does_not_by_its_wording() -> None:
+    charged: list[int] = []
+
+    @tool
+    def charge(amount: int) -> str:
+        """Charge the card."""
+        charged.append(amount)
+        return f"charged {amount}"
+
+    first = plan(
+        Step(id="pay", title="Charge", instruction="charge", tool="charge", args={"amount": 10}),
+        s("a", tool="add", args={"a": 1, "b": 1}),
+        s("b", "a", tool="add", args={"a": "$a", "b": 10}),
+        s("c", "b", "pay", tool="broken", args={"x": 0}),
+    )
+    second = plan(
+        # reworded, same work: its result stands and the card is not charged again
+        Step(
+            id="pay",
+            title="Charge the card",
+            instruction="charge it",
+            tool="charge",
+            args={"amount": 10},
+        ),
+        s("a", tool="add", args={"a": 5, "b": 5}),  # changed: runs again
+        s("b", "a", tool="add", args={"a": "$a", "b": 10}),  # unchanged, but its input changed
+        s("c2", "a", "b", "pay", tool="add", args={"a": "$a", "b": "$b"}),
+    )
+    model = ScriptedModel([plan_response(first), plan_response(second)])
+    result = await hierplan.run(
+        "the goal",
+        model=model,
+        strategy="dag",
+        tools=[*TOOLS, charge],
+        settings=hierplan.RunSettings(retry_backoff_s=0, max_retries=0),
+    )
+    assert result.status == "succeeded" and result.answer == "30"  # a=10, b=20
+    assert charged == [10]
+    by_step = [(c.step_id, c.status, c.goal) for c in result.tree.children]
+    assert by_step == [
+        ("pay", "succeeded", "charge it"),  # the record shows the latest wording
+        ("a", "succeeded", "step a"),  # the first a and b ran; version 2 runs them again
+        ("b", "succeeded", "step b"),
+        ("c", "failed", "step c"),
+        ("a", "succeeded", "step a"),
+        ("b", "succeeded", "step b"),
+        ("c2", "succeeded", "step c2"),
+    ]
+
+
 async def test_when_replanning_fails_the_approved_plan_goes_on_without_it() -> None:
     first = plan(
         s("x", tool="add", args={"a": 1, "b": 1}),

@@ -98,7 +98,8 @@ def render_plan_prompt(p: PlanPrompt, tools: Sequence[ToolSpec]) -> tuple[Messag
         parts.append(_block("CURRENT PLAN", p.current_plan))
         parts.append(_block("PROGRESS", p.progress))
         parts.append(
-            "Revise the plan. Steps in PROGRESS are done: keep their ids to keep their results."
+            "Revise the plan. Steps in PROGRESS are done: copy them unchanged (same id, tool, "
+            "args and dependencies) to keep their results; give a step a new id to redo it."
         )
     if p.failure:
         parts.append(f"FAILURE: {one_line(p.failure)}")

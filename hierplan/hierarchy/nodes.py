@@ -295,9 +295,12 @@ class _Children:
             child = self.by_step.get(step.id)
             if (
                 child is not None
-                and child.step == step
+                and child.step is not None
+                and child.step.same_work(step)
                 and (step.id in done or child.record.status == "pending")
             ):
+                child.step = step  # a new title, say: the record shows the latest wording
+                child.record.goal = step.instruction
                 keep.add(step.id)
                 continue
             if child is not None and child.record.status == "pending":
@@ -467,9 +470,22 @@ async def _interleaved(
 
 
 def _carry_over(old: Plan, new: Plan, done: Mapping[str, StepResult]) -> dict[str, StepResult]:
+    """The results of ``done`` that stand in ``new``: a finished step the new plan keeps doing
+    the same work, on inputs that stand too (a step whose dependency runs again runs again:
+    its result was made from the old input)."""
     before = old.step_map()
     after = new.step_map()
-    return {k: v for k, v in done.items() if k in after and before.get(k) == after[k]}
+    kept: dict[str, StepResult] = {}
+    for step_id in topological_order(new):
+        step, was = after[step_id], before.get(step_id)
+        if (
+            step_id in done
+            and was is not None
+            and was.same_work(step)
+            and all(d in kept for d in step.depends_on)
+        ):
+            kept[step_id] = done[step_id]
+    return kept
 
 
 def _succeed(node: NodeContext, plan: Plan, done: Mapping[str, StepResult]) -> StepResult:

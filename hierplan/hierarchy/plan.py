@@ -70,6 +70,23 @@ class Step(BaseModel):
         default=None, ge=0, description="Expected tokens of a subgoal (for budgets)."
     )
 
+    def same_work(self, other: Step) -> bool:
+        """Whether ``other`` does what this step does, so that this step's result stands for
+        it: the same id, kind, tool, arguments, dependencies and tool restriction, and the same
+        instruction unless the step calls its tool directly (then the instruction is not used).
+        A new title or estimate changes nothing that runs."""
+        direct = self.tool is not None and self.args is not None
+        return (
+            self.id == other.id
+            and self.kind == other.kind
+            and self.tool == other.tool
+            and self.args == other.args
+            and set(self.depends_on) == set(other.depends_on)
+            and (self.tools is None) == (other.tools is None)
+            and set(self.tools or ()) == set(other.tools or ())
+            and (direct or self.instruction == other.instruction)
+        )
+
 
 class Plan(BaseModel):
     """A structured plan: a goal and the steps that reach it."""
