@@ -49,6 +49,18 @@ def test_plans_parse_from_structured_output_or_text() -> None:
         parse_plan_output(ModelResponse(output={"goal": "g"}))
 
 
+def test_numbers_no_plan_can_hold_are_a_parse_error_not_a_crash() -> None:
+    # A model looping on digits: an integer too long for Python to convert, or estimates
+    # that budget arithmetic cannot take (inf; an integer too large for a float).
+    step = {"id": "a", "title": "A", "instruction": "do a"}
+    too_long = '{"goal": "g", "steps": [], "x": ' + "9" * 5000 + "}"
+    with pytest.raises(PlanParseError, match="a number with too many digits"):
+        parse_plan_output(ModelResponse(text=too_long))
+    for estimate in ({"estimate_tokens": 10**400}, {"estimate_usd": float("inf")}):
+        with pytest.raises(PlanParseError, match=r"estimate_.*less than or equal"):
+            parse_plan_output(ModelResponse(output={"goal": "g", "steps": [{**step, **estimate}]}))
+
+
 @settings(max_examples=200)
 @given(st.text(max_size=300))
 def test_any_model_text_parses_to_a_plan_or_a_clear_error(text: str) -> None:

@@ -46,12 +46,13 @@ def test_a_malformed_goals_file_is_refused_with_line_numbers(tmp_path: Path) -> 
         '{"scenario": "data_migration", "id": "line-1"}\n'
         '{"scenario": "data_migration", "seed": true}\n'
         '{"scenario": "data_migration", "budget_usd": "0.1"}\n'
+        '{"scenario": "data_migration", "seed": ' + "1" * 5000 + "}\n"
     )
     out = tmp_path / "out"
     result = CliRunner().invoke(app, ["batch", str(goals), "--out", str(out), "--budget-usd", "1"])
     assert result.exit_code == 2
     text = result.output
-    assert "7 invalid line(s); nothing was started" in text
+    assert "8 invalid line(s); nothing was started" in text
     assert "line 8: seed: Input should be a valid integer" in text
     assert "line 9: budget_usd: Input should be a valid number" in text
     for expected in (
@@ -60,6 +61,7 @@ def test_a_malformed_goals_file_is_refused_with_line_numbers(tmp_path: Path) -> 
         "line 5: strategy: Input should be",
         "line 6: must be a JSON object",
         "line 7: id 'line-1' is already used on line 1",
+        "line 10: not valid JSON (JSON holds a number with too many digits to read)",
     ):
         assert expected in text
     assert "Traceback" not in text

@@ -63,6 +63,8 @@ def test_bad_input_exits_2_with_one_line_and_no_traceback(tmp_path: Path) -> Non
     deep.write_text("[" * 100_000 + "]" * 100_000)
     deep_yaml = tmp_path / "deep.yaml"
     deep_yaml.write_text("[" * 100_000 + "]" * 100_000)
+    digits = tmp_path / "digits.yaml"
+    digits.write_text("goal: g\nsteps: []\nx: " + "7" * 5000 + "\n")
     empty = tmp_path / "empty.yaml"
     empty.write_text("# nothing here\n")
     shouting = tmp_path / "GOAL.TXT"
@@ -96,6 +98,7 @@ def test_bad_input_exits_2_with_one_line_and_no_traceback(tmp_path: Path) -> Non
         (["demo", "--sim-profile", "sloppy"], "unknown simulator profile 'sloppy'"),
         (["run", "--goal-file", str(deep), "--yes"], f"goal file {deep} is nested too deeply"),
         (["validate", str(deep_yaml)], "is nested too deeply to read"),
+        (["validate", str(digits)], "holds a number with too many digits"),
         (["run", "--goal-file", str(empty), "--yes"], f"goal file {empty} is empty"),
         (["run", "--goal-file", str(shouting), "--yes"], "is free text"),  # read as text
         (["view", str(binary)], "is not a hierplan run record: not UTF-8 text"),

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from hierplan.agents.models.base import Message, ModelRequest, ModelResponse, OutputSchema
+from hierplan.agents.models.provider import json_problem, loads_json
 from hierplan.agents.prompts import PLAN_OUTPUT_NAME, PlanPrompt, progress_summary
 from hierplan.agents.prompts import render_plan_prompt as _render
 from hierplan.errors import PlanParseError
@@ -41,13 +42,9 @@ def parse_plan_output(response: ModelResponse) -> Plan:
         elif "{" in text and "}" in text[text.index("{") :]:
             text = text[text.index("{") : text.rindex("}") + 1]
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise PlanParseError(
-                f"the plan is not valid JSON: {exc.msg} at char {exc.pos}"
-            ) from None
-        except RecursionError:
-            raise PlanParseError("the plan is not valid JSON: nested too deeply") from None
+            data = loads_json(text)
+        except ValueError as exc:
+            raise PlanParseError(f"the plan is not valid JSON: {json_problem(exc)}") from None
     try:
         return Plan.model_validate(data)
     except ValidationError as exc:

@@ -45,6 +45,7 @@ from pydantic import (
 )
 
 from hierplan.agents.models.base import parse_model_string
+from hierplan.agents.models.provider import json_problem, loads_json
 from hierplan.bench.base import BenchTask
 from hierplan.bench.suites import get_suite
 from hierplan.budgets.budget import ALLOCATIONS, MAX_BUDGET_TOKENS, MAX_BUDGET_USD
@@ -249,10 +250,9 @@ def parse_goals(
             errors.append(f"line {number}: longer than {MAX_LINE_CHARS:,} characters")
             continue
         try:
-            data: Any = json.loads(line)
-        except (json.JSONDecodeError, RecursionError) as exc:
-            reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
-            errors.append(f"line {number}: not valid JSON ({reason})")
+            data: Any = loads_json(line)
+        except ValueError as exc:
+            errors.append(f"line {number}: not valid JSON ({json_problem(exc)})")
             continue
         if not isinstance(data, dict):
             errors.append(

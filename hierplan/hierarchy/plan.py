@@ -63,11 +63,16 @@ class Step(BaseModel):
         default=None,
         description="Restrict this step's executor or sub-planner to these tools.",
     )
+    # Bounded like a run's budget: a model that loops on digits writes numbers that no budget
+    # arithmetic can take (inf, or an integer too large for a float).
     estimate_usd: float | None = Field(
-        default=None, ge=0, description="Expected cost of a subgoal in USD (for budgets)."
+        default=None,
+        ge=0,
+        le=1e9,
+        description="Expected cost of a subgoal in USD (for budgets).",
     )
     estimate_tokens: int | None = Field(
-        default=None, ge=0, description="Expected tokens of a subgoal (for budgets)."
+        default=None, ge=0, le=10**15, description="Expected tokens of a subgoal (for budgets)."
     )
 
     def same_work(self, other: Step) -> bool:
@@ -325,6 +330,8 @@ def parse_yaml_or_json(text: str, path: Path, what: str) -> Any:
         raise UserInputError(f"{what} {path} is not valid YAML/JSON: {first}") from None
     except RecursionError:
         raise UserInputError(f"{what} {path} is nested too deeply to read") from None
+    except ValueError:  # Python's limit on the digits of an integer it converts
+        raise UserInputError(f"{what} {path} holds a number with too many digits") from None
     if data is None:
         raise UserInputError(f"{what} {path} is empty")
     return data

@@ -233,13 +233,23 @@ def quota_exhausted(body: Any) -> bool:
 
 
 def loads_json(text: str) -> Any:
-    """``json.loads``, with the nesting too deep for the parser reported as the
-    :class:`ValueError` that any other unreadable JSON raises (a model that loops on ``[``
-    until ``max_tokens`` writes exactly that)."""
+    """``json.loads`` for text from outside (model replies, goal lines): nesting too deep for
+    the parser (a model that loops on ``[`` until ``max_tokens`` writes exactly that) and a
+    number too long to convert are reported as the :class:`ValueError` that any other
+    unreadable JSON raises (a :class:`json.JSONDecodeError` when the syntax is wrong)."""
     try:
         return json.loads(text)
     except RecursionError:
         raise ValueError("JSON nested too deeply to read") from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError:  # Python's limit on the digits of an integer it converts
+        raise ValueError("JSON holds a number with too many digits to read") from None
+
+
+def json_problem(exc: ValueError) -> str:
+    """What :func:`loads_json` found wrong, in a few words."""
+    return f"{exc.msg} at char {exc.pos}" if isinstance(exc, json.JSONDecodeError) else str(exc)
 
 
 def tool_arguments(
@@ -267,8 +277,7 @@ def tool_arguments(
         if cut_at is not None:
             what = f"the {field} of tool call {tool!r}"
             raise truncated_error(model, cut_at, what, usage) from None
-        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
-        raise malformed_error(model, f"{subject} not JSON ({reason})", usage) from None
+        raise malformed_error(model, f"{subject} not JSON ({json_problem(exc)})", usage) from None
     if not isinstance(parsed, dict):
         raise malformed_error(model, f"{subject} not an object", usage)
     return parsed
