@@ -237,6 +237,20 @@ async def test_when_the_replan_strategy_cannot_replan_it_keeps_what_was_done() -
     assert (result.tree.error or "").startswith("replanning failed: the model's plan for node 1")
 
 
+async def test_a_long_goal_reaches_the_model_whole_and_an_overlong_one_is_refused() -> None:
+    goal = "Migrate the tables. " * 300 + "FINAL REQUIREMENT: never drop the users table."
+    echoed = plan(s("t", tool="add", args={"a": 1, "b": 1}), goal=goal)  # a plan repeats it
+    model = ScriptedModel([plan_response(echoed)])
+    result = await hierplan.run(goal, model=model, strategy="dag", tools=TOOLS)
+    assert result.status == "succeeded"
+    model = ScriptedModel([text_response("done")])
+    result = await hierplan.run(goal, model=model, strategy="react", tools=TOOLS)
+    assert result.status == "succeeded"
+    assert "never drop the users table" in model.requests[0].messages[-1].content
+    with pytest.raises(hierplan.UserInputError, match="the goal is 100,001 characters long"):
+        await hierplan.run("x" * 100_001, model=ScriptedModel([]), strategy="react")
+
+
 async def test_hierarchical_delegates_subgoals_to_sub_planners() -> None:
     root = plan(s("left", kind="subgoal"), s("right", "left", kind="subgoal"))
 

@@ -30,6 +30,9 @@ from hierplan.errors import UserInputError
 DEFAULT_MAX_STEPS = 50
 DEFAULT_MAX_DEPTH = 3
 STEP_ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}$"
+# The longest goal a run takes: a plan repeats its node's goal, and a step's instruction is a
+# sub-goal (or, for react and as-needed, the run's goal itself).
+MAX_GOAL_CHARS = 100_000
 
 StepKind = Literal["task", "subgoal"]
 
@@ -49,7 +52,9 @@ class Step(BaseModel):
     id: str = Field(pattern=STEP_ID_PATTERN, description="Unique id of the step in this plan.")
     title: str = Field(min_length=1, max_length=200, description="Short title.")
     instruction: str = Field(
-        min_length=1, max_length=4000, description="What to do, for an executor or sub-planner."
+        min_length=1,
+        max_length=MAX_GOAL_CHARS,
+        description="What to do, for an executor or sub-planner.",
     )
     depends_on: list[str] = Field(
         default_factory=list, description="Ids of steps of this plan that must finish first."
@@ -98,7 +103,9 @@ class Plan(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    goal: str = Field(min_length=1, max_length=4000, description="The goal this plan reaches.")
+    goal: str = Field(
+        min_length=1, max_length=MAX_GOAL_CHARS, description="The goal this plan reaches."
+    )
     steps: list[Step] = Field(description="The steps; together they form a DAG.")
     rationale: str = Field(default="", max_length=4000, description="Why this plan.")
 

@@ -48,6 +48,7 @@ from hierplan.hierarchy.pause import (
     clear_checkpoint,
     write_checkpoint,
 )
+from hierplan.hierarchy.plan import MAX_GOAL_CHARS
 from hierplan.hierarchy.record import NodeRecord, RunResult, RunStatus, make_directory
 from hierplan.hierarchy.strategies import Strategy, get_strategy
 from hierplan.scenarios import Scenario, ScenarioEnv, get_scenario
@@ -86,6 +87,11 @@ async def _prepare(
                 f"tools= takes hierplan tools (@hierplan.tool) and toolsets (MCP servers), "
                 f"not {type(item).__name__}"
             )
+    if goal is not None and len(goal.strip()) > MAX_GOAL_CHARS:
+        raise UserInputError(
+            f"the goal is {len(goal.strip()):,} characters long; at most {MAX_GOAL_CHARS:,} fit "
+            "a plan: put the material in a file or tool the run can read, and name it in the goal"
+        )
     if scenario is None:
         if not goal or not goal.strip():
             raise UserInputError("no goal given: pass a goal, or a scenario (--scenario NAME)")

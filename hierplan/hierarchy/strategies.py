@@ -35,7 +35,7 @@ from hierplan.hierarchy.record import NodeKind
 
 def goal_step(goal: str) -> Step:
     """The pseudo-step that stands for a whole goal (ReAct and as-needed roots)."""
-    return Step(id="goal", title="goal", instruction=goal[:4000])
+    return Step(id="goal", title="goal", instruction=goal)  # run() bounds its length
 
 
 class Strategy(ABC):
