@@ -76,6 +76,11 @@ def test_empty_plan_and_tool_allowlist_on_steps() -> None:
     assert codes(Plan(goal="g", steps=[])) == ["empty"]
     plan = Plan(goal="g", steps=[step("a", kind="subgoal", tools=["ls", "nope"])])
     assert codes(plan, tools=["ls"]) == ["unknown_tool"]
+    # the step would be refused its own tool when it runs: the gate says so first
+    for tools in ([], ["cat"]):
+        plan = Plan(goal="g", steps=[step("a", tool="ls", tools=tools)])
+        assert codes(plan, tools=["ls", "cat"]) == ["tool_not_in_tools"]
+    assert codes(Plan(goal="g", steps=[step("a", tool="ls", tools=["ls"])]), tools=["ls"]) == []
 
 
 def test_subgoal_allowed_above_max_depth_only() -> None:

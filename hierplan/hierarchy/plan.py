@@ -229,6 +229,15 @@ def _step_problems(
                         s.id,
                     )
                 )
+    if s.tool is not None and s.tools is not None and s.tool not in s.tools:
+        out.append(
+            PlanProblem(
+                "tool_not_in_tools",
+                f"step {s.id!r} uses tool {s.tool!r} but its tools list leaves it out: add it "
+                "to tools, or drop tools",
+                s.id,
+            )
+        )
     if s.args is not None and s.tool is None:
         out.append(PlanProblem("args_without_tool", f"step {s.id!r} has args but no tool", s.id))
     if s.kind == "subgoal":
