@@ -270,7 +270,7 @@ def test_every_level_reviewed_one_at_a_time_with_replan_diffs(
     ]
     assert len(by_console) == reviews >= 8  # root, seven sub-goals, and their replans
     assert len(set(by_console)) == reviews  # none asked twice, none lost
-    assert shows("This plan replaces the previous proposal", shown_all)
+    assert shows("This plan replaces the running plan (a replan)", shown_all)
     # the replan's diff against the plan it replaces (which steps depends on the seeded noise)
     assert re.search(r"changes: \+\d+ -\d+ ~\d+ \((added|removed|changed): ", flat(shown_all))
     assert record["verification"]["ok"]
@@ -321,6 +321,46 @@ async def test_concurrent_reviews_wait_their_turn(monkeypatch: pytest.MonkeyPatc
     assert sorted(calls) == sorted(part_goal(i) for i in range(1, parts + 1))
     assert {v.decided_by for n in result.nodes() for v in n.plan_versions} == {"console:tess"}
     assert screen.file.getvalue().count("plan review: node") == parts + 1  # type: ignore[attr-defined]
+
+
+@pytest.mark.anyio
+async def test_a_replan_is_not_shown_as_the_answer_to_an_earlier_rejection() -> None:
+    from hierplan import Plan, ScriptedModel, Step, tool
+    from hierplan.agents.models.scripted import plan_response
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add."""
+        return a + b
+
+    @tool
+    def broken(x: int) -> int:
+        """Fail."""
+        raise RuntimeError("broken")
+
+    def plan(last: Step) -> Plan:
+        first = Step(id="x", title="x", instruction="x", tool="add", args={"a": 1, "b": 1})
+        return Plan(goal="g", steps=[first, last])
+
+    y = Step(id="y", title="y", instruction="y", depends_on=["x"], tool="broken", args={"x": 0})
+    z = Step(
+        id="z", title="z", instruction="z", depends_on=["x"], tool="add", args={"a": 1, "b": 1}
+    )
+    screen = Console(file=io.StringIO(), width=140, color_system=None)
+    # reject v1 with a reason, approve v2 (whose step y fails), approve the replan v3
+    reviewer = ConsoleReviewer(screen, stream=io.StringIO("r\ntoo risky\na\na\n"), who="tess")
+    v1, v2, v3 = plan(y), plan(y.model_copy(update={"args": {"x": 1}})), plan(z)
+    model = ScriptedModel([plan_response(v1), plan_response(v2), plan_response(v3)])
+    settings = hierplan.RunSettings(retry_backoff_s=0, max_retries=0)
+    result = await hierplan.run(
+        "g", model=model, tools=[add, broken], approver=reviewer, strategy="dag", settings=settings
+    )
+    assert result.status == "succeeded"
+    shown = screen.file.getvalue()  # type: ignore[attr-defined]
+    retry, replan = shown.split("plan review: node 1")[2:]
+    assert "replaces the previous proposal, which was rejected: too risky" in flat(retry)
+    assert "This plan replaces the running plan (a replan)" in flat(replan)
+    assert "too risky" not in replan
 
 
 @pytest.mark.anyio

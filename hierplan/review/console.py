@@ -107,13 +107,17 @@ class ConsoleReviewer:
             if self.quitting:
                 return Defer(by=self.by, note=QUIT_NOTE)
             suspended = self.display.suspended() if self.display else contextlib.nullcontext()
+            # A retry answers this reviewer's rejection; a replan answers a failure.
+            rejected = self._rejected.get(ctx.path) if ctx.reason == "retry" else None
             with suspended:
-                session = _Session(self, plan, ctx, self._rejected.get(ctx.path))
+                session = _Session(self, plan, ctx, rejected)
                 decision = await in_daemon_thread(session.run)
             if isinstance(decision, Reject):
                 self._rejected[ctx.path] = decision.reason
             elif isinstance(decision, Defer):
                 self.quitting = True
+            else:
+                self._rejected.pop(ctx.path, None)
             return decision
 
     def ask(self, choices: Mapping[str, str]) -> str:

@@ -148,7 +148,10 @@ def review_view(plan: Plan, ctx: GateContext, *, rejected: str | None = None) ->
         head.append(f"planner's estimate for this sub-goal: {estimate_text(ctx.step)}\n")
     parts: list[RenderableType] = [head]
     if ctx.previous is not None:
-        note = Text("This plan replaces the previous proposal", style="yellow")
+        if ctx.reason == "replan":
+            note = Text("This plan replaces the running plan (a replan)", style="yellow")
+        else:
+            note = Text("This plan replaces the previous proposal", style="yellow")
         if rejected:
             note.append(f", which was rejected: {short(rejected, 200)}", style="yellow")
         parts += [note, diff_view(ctx.previous, plan, ctx.diff)]
