@@ -31,6 +31,7 @@ from hierplan.hierarchy.events import (
     ToolCalled,
     parse_event,
 )
+from hierplan.hierarchy.plan import diff_plans
 
 GROUPS = [["france", "japan"], ["peru", "chile"]]
 
@@ -84,10 +85,52 @@ async def test_scenario_run_events_with_noise_and_replans(tmp_path: Path) -> Non
     for replan in replans:
         node = result.tree.find(replan.path)
         version = node.plan_versions[replan.version - 1]
-        assert version.diff is not None
-        assert replan.added == list(version.diff.added)
-        assert replan.removed == list(version.diff.removed)
-        assert replan.changed == list(version.diff.changed)
+        assert version.decision == "approved"
+        # the diff is against the plan that ran before (not a refused proposal in between)
+        ran = [v for v in node.plan_versions[: replan.version - 1] if v.decision == "approved"]
+        diff = diff_plans(ran[-1].plan, version.plan)
+        assert (replan.added, replan.removed, replan.changed) == (
+            list(diff.added),
+            list(diff.removed),
+            list(diff.changed),
+        )
+
+
+@hierplan.tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@hierplan.tool
+def broken(x: int) -> int:
+    """Always fails."""
+    raise RuntimeError(f"broken on {x}")
+
+
+@pytest.mark.anyio
+async def test_replanned_names_the_plan_that_replaced_the_running_one() -> None:
+    def step(sid: str, *deps: str, **extra: Any) -> Step:
+        return Step(id=sid, title=sid, instruction=sid, depends_on=list(deps), **extra)
+
+    x = step("x", tool="add", args={"a": 1, "b": 1})
+    first = Plan(goal="g", steps=[x, step("y", "x", tool="broken", args={"x": 0})])
+    refused = Plan(goal="g", steps=[x, step("y2", "x", "nope", tool="add", args={"a": 1, "b": 1})])
+    fixed = Plan(goal="g", steps=[x, step("y3", "x", tool="add", args={"a": "$x", "b": 1})])
+    events: list[RunEvent] = []
+    result = await hierplan.run(
+        "g",
+        model=ScriptedModel([plan_response(p) for p in (first, refused, fixed)]),
+        strategy="dag",
+        tools=[add, broken],
+        listeners=[events.append],
+        settings=RunSettings(retry_backoff_s=0, max_retries=0),
+    )
+    assert result.status == "succeeded" and result.answer == "3"
+    (replanned,) = [e for e in events if isinstance(e, Replanned)]
+    assert replanned.version == 3 and replanned.diff == "+1 -1 ~0 (added: y3; removed: y)"
+    decided = [e for e in events if e.type == "plan_decided"]
+    assert events.index(replanned) > events.index(decided[-1])  # once the gate approved it
 
 
 @pytest.mark.anyio

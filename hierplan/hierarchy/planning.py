@@ -102,21 +102,28 @@ def _add_version(node: NodeContext, plan: Plan, reason: str, previous: Plan | No
                 plan=plan.model_dump(mode="json"),
             )
         )
-        if previous is not None and reason == "replan":
-            diff = version.diff
-            run.bus.emit(
-                Replanned(
-                    run_id=run.run_id,
-                    path=node.path,
-                    version=version.version,
-                    reason=reason,
-                    diff=diff.summary() if diff else "",
-                    added=list(diff.added) if diff else [],
-                    removed=list(diff.removed) if diff else [],
-                    changed=list(diff.changed) if diff else [],
-                )
-            )
     return version
+
+
+def _replanned(node: NodeContext, version: PlanVersion, running: Plan) -> None:
+    """Tell listeners the running plan was replaced: once the new plan is decided (a proposal
+    the gate refuses never runs), with the diff against the plan it replaces."""
+    run = node.run
+    if not run.bus.active:
+        return
+    diff = diff_plans(running, version.plan)
+    run.bus.emit(
+        Replanned(
+            run_id=run.run_id,
+            path=node.path,
+            version=version.version,
+            reason="replan",
+            diff=diff.summary(),
+            added=list(diff.added),
+            removed=list(diff.removed),
+            changed=list(diff.changed),
+        )
+    )
 
 
 def _decide(node: NodeContext, version: PlanVersion, outcome: GateOutcome) -> None:
@@ -229,10 +236,14 @@ async def obtain_plan(
         if outcome.kind == "pending":
             await pause.hold()
         if outcome.kind == "approved":
+            if previous is not None:
+                _replanned(node, version, previous)
             return plan
         if outcome.kind == "edited":
             edited = _add_version(node, outcome.plan, "edit", plan)
             _decide(node, edited, GateOutcome("approved", outcome.plan, outcome.by, outcome.note))
+            if previous is not None:
+                _replanned(node, edited, previous)
             return outcome.plan
         if outcome.kind == "invalid":
             invalid += 1
