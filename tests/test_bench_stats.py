@@ -12,6 +12,7 @@ from hierplan.bench.stats import (
     incomplete_beta,
     mean_ci,
     paired_difference,
+    paired_proportion_difference,
     t_cdf,
     t_quantile,
     wilson,
@@ -94,6 +95,42 @@ def test_paired_difference_by_hand() -> None:
     assert e.excludes_zero()
     with pytest.raises(ValueError, match="differ in length"):
         paired_difference([1.0], [1.0, 2.0])
+
+
+def test_paired_success_difference_by_hand() -> None:
+    # b never succeeds, so phi = 0 and the interval combines the two Wilson intervals
+    # (z = 1.959964): Wilson(2/4) = 0.5 -0.349961 +0.349961, Wilson(0/4) = [0, z^2/(4 + z^2)]
+    # = [0, 0.489891]; low = 0.5 - hypot(0.349961, 0.489891), high = 0.5 + 0.349961
+    e = paired_proportion_difference([1, 0, 1, 0], [0, 0, 0, 0])
+    assert e.mean == 0.5
+    assert e.low == pytest.approx(0.5 - math.hypot(0.349961, 0.489891), abs=1e-5)
+    assert e.high == pytest.approx(0.849961, abs=1e-5)
+
+
+def test_paired_success_difference_agrees_with_the_normal_interval_for_many_pairs() -> None:
+    both, only_a, only_b, neither = 3000, 1500, 1000, 4500
+    a = [1] * both + [1] * only_a + [0] * only_b + [0] * neither
+    b = [1] * both + [0] * only_a + [1] * only_b + [0] * neither
+    n = len(a)
+    d = (only_a - only_b) / n
+    se = math.sqrt((only_a + only_b) - (only_a - only_b) ** 2 / n) / n
+    e = paired_proportion_difference(a, b)
+    assert e.mean == pytest.approx(d)
+    assert e.low == pytest.approx(d - 1.959964 * se, abs=2e-4)
+    assert e.high == pytest.approx(d + 1.959964 * se, abs=2e-4)
+
+
+def test_paired_success_difference_stays_possible_and_never_collapses() -> None:
+    # a t interval on these 0/1 differences says [-585, +685] pp, or [+100, +100]
+    for a, b in (([1, 0], [0, 0]), ([1, 1], [0, 0]), ([1] * 5, [1] * 5), ([0] * 3, [1] * 3)):
+        e = paired_proportion_difference(a, b)
+        assert -1.0 <= e.low <= e.mean <= e.high <= 1.0
+        assert e.high - e.low > 0.1
+    same = paired_proportion_difference([1] * 5, [1] * 5)
+    assert same.low == pytest.approx(-same.high) and not same.excludes_zero()
+    assert paired_proportion_difference([], []).n == 0
+    with pytest.raises(ValueError, match="differ in length"):
+        paired_proportion_difference([1], [1, 0])
 
 
 def test_estimate_without_interval_excludes_nothing() -> None:

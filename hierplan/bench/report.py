@@ -2,7 +2,8 @@
 
 Per suite and strategy, every metric is a mean with a 95% confidence interval over runs (Wilson
 for the success rate, Student t otherwise). Paired differences compare each strategy with a
-baseline on the same tasks and seeds (mean difference with a t interval on the differences, and
+baseline on the same tasks and seeds (the success rates' difference with Newcombe's paired
+interval; for the other metrics the mean difference with a t interval on the differences; and
 the ratio of the means). Runs of one task share the task, so they are not independent; the
 intervals treat runs as the unit and are therefore somewhat narrow when tasks differ a lot.
 
@@ -23,7 +24,13 @@ from typing import Any
 from rich.table import Table
 
 from hierplan.bench.harness import suites_of
-from hierplan.bench.stats import Estimate, mean_ci, paired_difference, wilson
+from hierplan.bench.stats import (
+    Estimate,
+    mean_ci,
+    paired_difference,
+    paired_proportion_difference,
+    wilson,
+)
 from hierplan.errors import UserInputError
 from hierplan.hierarchy.context import STRATEGY_NAMES
 from hierplan.hierarchy.record import write_atomic
@@ -165,9 +172,12 @@ def _paired(
                 continue
             mean_b = math.fsum(b) / len(b)
             ratio = (math.fsum(a) / len(a)) / mean_b if mean_b else None
-            rows.append(
-                PairedRow(suite, strategy, baseline, metric, paired_difference(a, b), ratio)
+            difference = (
+                paired_proportion_difference(a, b)
+                if metric == "success"
+                else paired_difference(a, b)
             )
+            rows.append(PairedRow(suite, strategy, baseline, metric, difference, ratio))
     order = {s: i for i, s in enumerate(STRATEGY_NAMES)}
     rows.sort(key=lambda r: (r.suite, order.get(r.strategy, 99), PAIRED_METRICS.index(r.metric)))
     return rows

@@ -5,6 +5,9 @@
   normal approximation collapses to a zero-width interval).
 - :func:`paired_difference`: mean difference of paired observations (same task, same seed)
   with a t interval on the differences.
+- :func:`paired_proportion_difference`: the difference of two paired success rates with
+  Newcombe's interval (method 10 of Newcombe 1998, built from the two Wilson intervals), which
+  stays within [-1, 1] and never collapses to zero width, as a t interval on 0/1 data does.
 - :func:`t_quantile`: quantiles of Student's t from its CDF (regularised incomplete beta,
   Lentz's continued fraction) by bisection.
 
@@ -140,3 +143,29 @@ def paired_difference(a: Sequence[float], b: Sequence[float], level: float = 0.9
     if len(a) != len(b):
         raise ValueError(f"paired samples differ in length: {len(a)} and {len(b)}")
     return mean_ci([x - y for x, y in zip(a, b, strict=True)], level)
+
+
+def paired_proportion_difference(
+    a: Sequence[bool | float], b: Sequence[bool | float], level: float = 0.95
+) -> Estimate:
+    """The success rate of ``a`` minus that of ``b`` (paired outcomes, each 0 or 1), with
+    Newcombe's method 10 interval: each rate's Wilson interval, combined with the correlation
+    (phi) of the pairs."""
+    if len(a) != len(b):
+        raise ValueError(f"paired samples differ in length: {len(a)} and {len(b)}")
+    n = len(a)
+    if n == 0:
+        return Estimate(math.nan, math.nan, math.nan, 0)
+    both = sum(1 for x, y in zip(a, b, strict=True) if x and y)
+    only_a = sum(1 for x, y in zip(a, b, strict=True) if x and not y)
+    only_b = sum(1 for x, y in zip(a, b, strict=True) if y and not x)
+    neither = n - both - only_a - only_b
+    wa, wb = wilson(both + only_a, n, level), wilson(both + only_b, n, level)
+    pa, pb = wa.mean, wb.mean
+    margins = (both + only_a) * (only_b + neither) * (both + only_b) * (only_a + neither)
+    phi = 0.0 if margins == 0 else (both * neither - only_a * only_b) / math.sqrt(margins)
+    d_low_a, d_high_a = pa - wa.low, wa.high - pa
+    d_low_b, d_high_b = pb - wb.low, wb.high - pb
+    low = (pa - pb) - math.sqrt(max(0.0, d_low_a**2 - 2 * phi * d_low_a * d_high_b + d_high_b**2))
+    high = (pa - pb) + math.sqrt(max(0.0, d_high_a**2 - 2 * phi * d_high_a * d_low_b + d_low_b**2))
+    return Estimate(pa - pb, max(-1.0, low), min(1.0, high), n)
