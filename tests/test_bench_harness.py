@@ -99,6 +99,25 @@ def test_a_torn_last_line_is_skipped_on_resume(tmp_path: Path) -> None:
         load_results(path)
 
 
+@pytest.mark.parametrize("tail", ['{"suite": "game24", "task": 1, "task_', None])
+def test_a_resume_after_an_interrupted_write_starts_its_records_on_a_line_of_their_own(
+    tmp_path: Path, tail: str | None
+) -> None:
+    out = tmp_path / "r"
+    common = ["--suite", "game24", "--strategies", "react", "--tasks", "2",
+              "--sim-latency-scale", "0", "--no-plot", "--out", str(out)]  # fmt: skip
+    assert bench(*common, "--seeds", "1").exit_code == 0
+    results = out / "results.jsonl"
+    whole = results.read_text()
+    lines = whole.splitlines()
+    # torn inside a record, or cut just before the newline of a whole one
+    results.write_text(whole + tail if tail else whole.rstrip("\n"))
+    assert bench(*common, "--seeds", "2", "--resume").exit_code == 0
+    records = load_results(results)  # every line whole: a torn one would raise here
+    assert len(records) == 4 and results.read_text().startswith("\n".join(lines))
+    assert bench(*common, "--seeds", "2", "--resume").exit_code == 0  # and again
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -110,7 +129,10 @@ def test_a_torn_last_line_is_skipped_on_resume(tmp_path: Path) -> None:
         (["--concurrency", "0"], "--concurrency must be at least 1"),
         (["--sim-profile", "perfect"], "unknown simulator profile 'perfect'"),
         (["--sim-plan-error-rate", "1.5"], "--sim-plan-error-rate: Input should be less than"),
-        (["--sim-latency-scale", "-1"], "--sim-latency-scale cannot be negative"),
+        (["--sim-latency-scale", "-1"], "--sim-latency-scale must be a finite number >= 0"),
+        (["--sim-latency-scale", "nan"], "--sim-latency-scale must be a finite number >= 0"),
+        (["--sim-latency-scale", "inf"], "--sim-latency-scale must be a finite number >= 0"),
+        (["--sim-latency-median", "inf"], "--sim-latency-median: Input should be a finite"),
         (["--baseline", "magic"], "unknown --baseline 'magic'"),
         (["--model", "gpt-5"], "model"),
     ],

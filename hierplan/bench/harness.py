@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -113,8 +114,10 @@ def check_config(config: BenchConfig) -> None:
         raise UserInputError(f"--seeds must be at least 1 (got {config.seeds})")
     if config.concurrency < 1:
         raise UserInputError(f"--concurrency must be at least 1 (got {config.concurrency})")
-    if config.latency_scale < 0:
-        raise UserInputError(f"--sim-latency-scale cannot be negative ({config.latency_scale})")
+    if not math.isfinite(config.latency_scale) or config.latency_scale < 0:
+        raise UserInputError(
+            f"--sim-latency-scale must be a finite number >= 0 (got {config.latency_scale})"
+        )
     parse_model_string(config.model)
     if config.simulated and config.provider_options():
         raise UserInputError(
@@ -293,7 +296,26 @@ def _prepare_out(config: BenchConfig, out: Path, resume: bool) -> list[dict[str,
             f"cannot resume {out}: it was made with other settings (model, profile, latency "
             "scale, task seed or depth); use the same ones or another --out"
         )
-    return load_results(results)
+    records = load_results(results)
+    _end_with_a_whole_line(results)
+    return records
+
+
+def _end_with_a_whole_line(results: Path) -> None:
+    """Make ``results`` end with a newline before records are appended to it: a last line an
+    interruption left without one is completed if it is a whole record (it was loaded), else
+    cut off (it was skipped), so that the next record starts a line of its own."""
+    with results.open("rb+") as handle:
+        data = handle.read()
+        if not data or data.endswith(b"\n"):
+            return
+        cut = data.rfind(b"\n") + 1
+        try:
+            json.loads(data[cut:])
+        except ValueError:
+            handle.truncate(cut)
+        else:
+            handle.write(b"\n")
 
 
 async def run_bench(

@@ -106,7 +106,8 @@ class NoiseProfile(BaseModel):
       output (and reasoning) tokens.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No inf or nan: an infinite latency waits forever, a nan one silently means none.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = "custom"
     plan_error_rate: float = Field(0.0, ge=0, le=1, description="Error chance of any plan.")
@@ -234,6 +235,11 @@ class SimulatedModel:
         priced_as: str = DEFAULT_SIMULATED_PRICED_AS,
         latency_scale: float = 1.0,
     ) -> None:
+        if not math.isfinite(latency_scale) or latency_scale < 0:
+            # inf would wait forever on every call; nan would silently mean no latency
+            raise UserInputError(
+                f"the simulated latency scale must be a finite number >= 0, not {latency_scale}"
+            )
         self.oracle = oracle
         self.profile = get_profile(profile) if isinstance(profile, str) else profile
         self.seed = seed
