@@ -73,6 +73,25 @@ def test_small_run_end_to_end_with_all_six_strategies(tmp_path: Path) -> None:
     assert "SIMULATED" in result.output
 
 
+def test_unpriced_runs_have_no_cost_rather_than_a_cost_of_zero(tmp_path: Path) -> None:
+    # priced as a model the price table does not know: every call is unpriced
+    out = tmp_path / "u"
+    result = bench("--model", "sim:my-local-llama", "--suite", "game24", "--strategies", "dag",
+                   "--tasks", "2", "--seeds", "1", "--sim-latency-scale", "0",
+                   "--out", str(out))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    records = load_results(out / "results.jsonl")
+    assert records and all(r["cost_usd"] is None and r["unpriced_calls"] > 0 for r in records)
+    text = " ".join(result.output.split())
+    assert "note: 2 of 2 runs made calls of no known price" in text
+    assert "note: no cost-vs-success plot: no run has a known cost above zero" in text
+    assert "note: no paired differences: the baseline react was not among" in text
+    rows = list(csv.DictReader((out / "summary.csv").read_text().splitlines()))
+    (cost,) = [r for r in rows if r["metric"] == "cost_usd"]
+    assert cost["n"] == "0"  # no known cost, not a mean of zeros
+    assert not (out / "cost_vs_success.png").exists()
+
+
 def test_resume_runs_only_what_is_missing(tmp_path: Path) -> None:
     out = tmp_path / "r"
     common = ["--suite", "game24", "--strategies", "react,dag", "--tasks", "2",

@@ -34,6 +34,7 @@ from hierplan.bench.report import (
     plot_cost_success,
     rich_tables,
     summarize,
+    unpriced_runs,
     write_csv,
 )
 from hierplan.bench.suites import SUITE_NAMES
@@ -200,9 +201,20 @@ def bench_command(
     where = out or Path("runs") / time.strftime("bench-%Y%m%d-%H%M%S")
     records = _run(console, config, where, resume)
     command = _command(config, where, baseline, sim_profile, overrides)
+    if baseline not in config.strategies:
+        _note(console, f"no paired differences: the baseline {baseline} was not among the "
+              "strategies run (add it to --strategies, or choose another --baseline)")  # fmt: skip
+    unpriced = unpriced_runs(records)
+    if unpriced:
+        _note(console, f"{unpriced} of {len(records)} runs made calls of no known price: their "
+              "cost is unknown and left out of the cost figures")  # fmt: skip
     _report(
         console, records, where, baseline if baseline in config.strategies else None, command, plot
     )
+
+
+def _note(console: Console, text: str) -> None:
+    console.print(f"note: {text}", style="yellow", markup=False, highlight=False)
 
 
 def _report(
@@ -225,7 +237,7 @@ def _report(
             plot_cost_success(summary, where / "cost_vs_success.png")
             written.append("cost_vs_success.png")
         except UserInputError as exc:
-            console.print(f"note: {exc}", style="yellow", markup=False, highlight=False)
+            _note(console, str(exc))
     console.print(f"wrote {', '.join(written)} to {where}", highlight=False)
 
 

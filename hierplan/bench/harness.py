@@ -211,7 +211,8 @@ def run_record(
         "depth": max(n.depth for n in result.nodes()),
         "latency_s": round(result.finished_at - result.started_at, 4),
         "critical_path_s": None if bound is None else round(bound * config.latency_scale, 4),
-        "cost_usd": totals["cost_usd"],
+        # A run with calls of no known price has no known cost (not a cost of 0).
+        "cost_usd": None if totals["unpriced_calls"] else totals["cost_usd"],
         "unpriced_calls": totals["unpriced_calls"],
         "params": spec.task.params,
         "error": result.error,

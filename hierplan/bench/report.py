@@ -105,9 +105,14 @@ def _value(record: Mapping[str, Any], metric: str) -> float | None:
     value = record.get(metric)
     if metric == "success":
         return 1.0 if value else 0.0
-    if value is None:
-        return None
+    if value is None or (metric == "cost_usd" and record.get("unpriced_calls")):
+        return None  # unknown (records written before unpriced runs were recorded so)
     return float(value)
+
+
+def unpriced_runs(records: Iterable[Mapping[str, Any]]) -> int:
+    """How many runs made calls of no known price (their cost is left out of the figures)."""
+    return sum(1 for r in records if r.get("unpriced_calls"))
 
 
 def _strategies(records: Iterable[Mapping[str, Any]]) -> list[str]:
@@ -400,6 +405,8 @@ def plot_cost_success(summary: Summary, path: Path) -> Path:
             "(or pass --no-plot)"
         ) from None
     suites = list(dict.fromkeys(c.suite for c in summary.cells))
+    if not any(c.estimates["cost_usd"].mean > 0 for c in summary.cells):
+        raise UserInputError("no cost-vs-success plot: no run has a known cost above zero")
     cols = min(2, len(suites))
     rows = math.ceil(len(suites) / cols)
     figure = Figure(figsize=(6.0 * cols, 4.2 * rows + 0.8), layout="constrained")
@@ -411,8 +418,13 @@ def plot_cost_success(summary: Summary, path: Path) -> Path:
         points = {
             c.strategy: (c.estimates["cost_usd"].mean, c.estimates["success"].mean)
             for c in cells
-            if c.estimates["cost_usd"].mean > 0
+            if c.estimates["cost_usd"].mean > 0  # unknown (nan) or free: no place on a log axis
         }
+        ax.set_title(suite)
+        if not points:
+            ax.text(0.5, 0.5, "no run with a known cost", ha="center", transform=ax.transAxes)
+            ax.set_axis_off()
+            continue
         for c in cells:
             if c.strategy not in points:
                 continue
@@ -436,14 +448,17 @@ def plot_cost_success(summary: Summary, path: Path) -> Path:
         ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:.2g}"))
         ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_title(suite)
         ax.set_xlabel("mean cost per run (USD, log scale)")
         ax.set_ylabel("success rate (95% CI)")
         ax.set_ylim(-0.05, 1.05)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(suites) :]:
         ax.set_visible(False)
-    handles, labels = axes.flat[0].get_legend_handles_labels()
+    handles, labels = [], []
+    for ax in axes.flat:  # the first panel with points (another may have none)
+        handles, labels = ax.get_legend_handles_labels()
+        if handles:
+            break
     figure.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 4 * cols))
     figure.suptitle(f"Cost vs success — {summary.label()}")
     path.parent.mkdir(parents=True, exist_ok=True)
