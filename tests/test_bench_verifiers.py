@@ -156,6 +156,9 @@ def test_parallel_qa_answer_checker() -> None:
     assert not pqa.check_answer("1235", 1234).ok
     assert "no number" in pqa.check_answer("I could not find it", 3).summary
     assert not pqa.check_answer("f1: 12\nc1: 40", 12).ok  # the last number is the answer
+    assert pqa.check_answer("\u221245", -45).ok  # a typographic minus is a minus
+    assert not pqa.check_answer("\u221245", 45).ok
+    assert pqa.check_answer("about .5", 0.5).ok and pqa.check_answer("-.5", -0.5).ok
 
 
 def test_parallel_qa_gold_answer_and_critical_path_by_hand() -> None:
@@ -222,6 +225,18 @@ def test_game24_environment_verifies_the_pool() -> None:
     assert env.pool == [(Fraction(24), "((8 - 4) * (7 - 1))")]
     with pytest.raises(ActionFailed, match="not in the pool"):
         env.combine(5, "+", 1)
+
+
+def test_game24_takes_decimals_and_typographic_signs_as_a_model_writes_them() -> None:
+    env = g24.PoolEnv([3, 3, 8, 8])
+    env.combine(8, "\u00f7", 3)  # the division sign
+    env.combine(3, "\u2212", 8 / 3)  # a minus sign, and 8/3 as a JSON number would carry it
+    assert env.combine(8, "/", 1 / 3).endswith("= 24. Now: <pool 3: 24 = (8 / (3 - (8 / 3)))>")
+    assert env.verify().ok
+    env = g24.PoolEnv([1, 2, 3, 4])
+    assert "1 * 2 = 2" in env.combine(1, "\u00d7", 2.0)
+    with pytest.raises(ActionFailed, match="must be numbers"):
+        env.combine(float("nan"), "+", 3)
 
 
 def test_game24_solver_finds_fraction_solutions() -> None:

@@ -54,6 +54,18 @@ def fmt(value: Fraction) -> str:
     )
 
 
+# The signs a model may write for + - * / (typographic minus, times and division signs).
+OPERATOR_ALIASES = {"\u2212": "-", "\u00d7": "*", "\u00f7": "/", "\u2215": "/"}
+
+
+def _number(value: int | float | str) -> Fraction:
+    """A pool number as given: ``8``, ``"8/3"``, or a decimal such as ``2.6666666666666665``
+    (a JSON number for 8/3), read as the nearest fraction with a small denominator."""
+    if isinstance(value, float):
+        return Fraction(value).limit_denominator(10_000)
+    return Fraction(str(value).strip().replace("\u2212", "-"))
+
+
 def apply_op(a: Fraction, op: str, b: Fraction) -> Fraction:
     """``a op b``; :class:`ActionFailed` for an unknown operator or a division by zero."""
     if op == "+":
@@ -259,12 +271,13 @@ class PoolEnv:
         """The current pool report."""
         return describe(self.pool, self.counter)
 
-    def combine(self, a: int | str, op: str, b: int | str) -> str:
+    def combine(self, a: int | float | str, op: str, b: int | float | str) -> str:
         """Replace ``a`` and ``b`` by ``a op b``."""
         try:
-            left, right = Fraction(str(a)), Fraction(str(b))
-        except (ValueError, ZeroDivisionError):
+            left, right = _number(a), _number(b)
+        except (ValueError, ZeroDivisionError, OverflowError):
             raise ActionFailed(f"{a!r} and {b!r} must be numbers. Now: {self.state()}") from None
+        op = OPERATOR_ALIASES.get(op.strip(), op.strip())
         pool = list(self.pool)
         taken = []
         for value in (left, right):
@@ -302,7 +315,7 @@ class PoolEnv:
         """``combine``, ``reset`` and ``look`` on this pool."""
 
         @tool
-        async def combine(a: int | str, op: str, b: int | str) -> str:
+        async def combine(a: int | float | str, op: str, b: int | float | str) -> str:
             """Replace numbers a and b of the pool (e.g. 8 or "8/3") by a op b (+ - * /)."""
             return self.combine(a, op, b)
 

@@ -365,7 +365,9 @@ def critical_path_s(expr: Expr) -> float:
 
 def check_answer(answer: str, gold: float) -> Verification:
     """The last number of ``answer`` must equal ``gold``."""
-    found = re.findall(r"-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?", answer.replace(",", ""))
+    # A typographic minus (U+2212) is a minus; ".5" is 0.5.
+    text = answer.replace(",", "").replace("\u2212", "-")
+    found = re.findall(r"-?(?:\d+(?:\.\d+)?|\.\d+)(?:[eE][+-]?\d+)?", text)
     if not found:
         return Verification(False, f"no number in the answer (gold {_fmt(gold)})")
     value = float(found[-1])
