@@ -50,6 +50,13 @@ def test_run_a_scenario_writes_run_json_and_view_shows_it(tmp_path: Path) -> Non
     view = runner.invoke(app, ["view", str(out / "run.json")])
     assert view.exit_code == 0
     assert "1.7 planner succeeded" in view.output and "planning $" in view.output
+    # saved again by an editor that puts a byte-order mark in front
+    marked = tmp_path / "marked.json"
+    marked.write_bytes(b"\xef\xbb\xbf" + (out / "run.json").read_bytes())
+    again = runner.invoke(app, ["view", str(marked)])
+    assert again.exit_code == 0 and again.output == view.output.replace(
+        str(out / "run.json"), str(marked)
+    )
 
 
 def test_bad_input_exits_2_with_one_line_and_no_traceback(tmp_path: Path) -> None:

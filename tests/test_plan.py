@@ -124,6 +124,9 @@ def test_plan_files_round_trip(tmp_path: Path) -> None:
     json_path = tmp_path / "plan.json"
     json_path.write_text(plan.model_dump_json())
     assert load_plan(json_path) == plan
+    # with the byte-order mark some editors write first
+    json_path.write_text("\ufeff" + plan.model_dump_json(), encoding="utf-8")
+    assert load_plan(json_path) == plan
 
 
 @pytest.mark.parametrize(

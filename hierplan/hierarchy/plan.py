@@ -327,9 +327,10 @@ def plan_from_data(data: Any, *, source: str = "plan") -> Plan:
 
 
 def read_text_file(path: Path, what: str) -> str:
-    """A file's text, or a :class:`UserInputError` saying why ``what`` cannot be read."""
+    """A file's text (without the byte-order mark some editors put in front), or a
+    :class:`UserInputError` saying why ``what`` cannot be read."""
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")
     except OSError as exc:
         raise UserInputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:

@@ -300,7 +300,8 @@ class RunResult:
     def load(cls, path: Path) -> RunResult:
         """Read a ``run.json``; a missing or malformed file raises :class:`UserInputError`."""
         try:
-            text = path.read_text(encoding="utf-8")
+            # utf-8-sig: a byte-order mark that an editor put in front is not JSON
+            text = path.read_text(encoding="utf-8-sig")
         except OSError as exc:
             raise UserInputError(f"cannot read {path}: {exc.strerror or exc}") from None
         except UnicodeDecodeError as exc:
