@@ -454,6 +454,14 @@ def resume_command(
         str | None,
         typer.Option("--node", metavar="PATH", help="Decide for this node only (e.g. 1.3)."),
     ] = None,
+    version: Annotated[
+        int | None,
+        typer.Option(
+            "--version",
+            metavar="N",
+            help="Decide only if the plan waiting is version N (as in pending/<node>.yaml).",
+        ),
+    ] = None,
     by: Annotated[
         str | None, typer.Option("--by", help="Who decides, for the audit trail.")
     ] = None,
@@ -490,7 +498,7 @@ def resume_command(
         console,
         run_dir,
         setup,
-        start=partial(resume_run, run_dir, decision, node=node),
+        start=partial(resume_run, run_dir, decision, node=node, version=version),
         model=checkpoint.invocation.get("model") or "sim",
         checkpoint_extra=setup.saved(),
     )

@@ -100,9 +100,15 @@ def test_resume_reject_then_approve(paused: Path) -> None:
     assert "node 1: plan v2 replaces v1" in out
     assert "changes: +8 -2 ~0" in out and "+ verify_catalog [subgoal]" in out
     assert tables(paused) == []
-    pending = yaml.safe_load((paused / PENDING_DIR / "1.yaml").read_text())
+    pending_text = (paused / PENDING_DIR / "1.yaml").read_text()
+    pending = yaml.safe_load(pending_text)
     assert "verify_orders" in [s["id"] for s in pending["steps"]]
-    code, out = hierplan("resume", paused, "--approve")
+    assert f"hierplan resume {paused} --approve --node 1 --version 2" in pending_text
+    # a decision made on version 1 (say, by a reviewer who read the file before) is refused
+    code, out = hierplan("resume", paused, "--approve", "--version", "1")
+    assert code == 2 and "node 1 waits on plan version 2, not 1" in out, out
+    assert (paused / CHECKPOINT_FILE).exists()  # nothing changed
+    code, out = hierplan("resume", paused, "--approve", "--node", "1", "--version", "2")
     assert code == 0, out
     data = record(paused)
     versions = data["tree"]["plan_versions"]

@@ -451,7 +451,7 @@ def write_checkpoint(
 
 
 def _pending_yaml(run_dir: Path, result: RunResult, node: NodeRecord, version: PlanVersion) -> str:
-    one = " --node " + node.path
+    one = f" --node {node.path} --version {version.version}"
     head = [
         f"Pending plan for node {node.path} (version {version.version}, {version.reason}) "
         f"of run {result.run_id}.",

@@ -28,8 +28,9 @@ from hierplan.hierarchy.pause import (
     Checkpoint,
     clear_checkpoint,
     load_checkpoint,
+    pending_versions,
 )
-from hierplan.hierarchy.record import RunResult
+from hierplan.hierarchy.record import NodeRecord, RunResult
 from hierplan.hierarchy.run import run
 
 
@@ -52,6 +53,23 @@ def decisions_for(
             "plan is for (--node PATH)"
         )
     return dict.fromkeys(pending, decision)
+
+
+def _check_version(tree: NodeRecord, node: str | None, version: int) -> None:
+    """Refuse a decision made on another version of the plan than the one waiting."""
+    waiting = {n.path: v.version for n, v in pending_versions(tree)}
+    if node is None:
+        if len(waiting) > 1:
+            raise UserInputError(
+                f"{len(waiting)} plans are pending ({', '.join(waiting)}): say which one the "
+                "version is of (--node PATH)"
+            )
+        node = next(iter(waiting))
+    if waiting.get(node) != version:
+        raise UserInputError(
+            f"node {node} waits on plan version {waiting.get(node)}, not {version}: the run went "
+            f"on since; read pending/{node}.yaml again and decide on that version"
+        )
 
 
 def run_arguments(
@@ -112,14 +130,17 @@ async def resume(
     decision: Decision | None = None,
     *,
     node: str | None = None,
+    version: int | None = None,
     **overrides: Any,
 ) -> RunResult:
     """Continue the paused run in ``run_dir`` with ``decision`` on its pending plan(s).
 
     ``decision`` is :class:`~hierplan.Approve`, :class:`~hierplan.Edit` or
     :class:`~hierplan.Reject` (its reason goes to the planner); it applies to every pending
-    plan, or to node ``node``'s only. With no decision the pending plans go to the approver
-    again. ``overrides`` are :func:`hierplan.run` arguments that cannot be saved (an
+    plan, or to node ``node``'s only. ``version``: decide only if the plan waiting is that
+    version (the one in ``pending/<node>.yaml`` the decision was made on): a run resumed by
+    someone else and paused again waits on a newer one. With no decision the pending plans go
+    to the approver again. ``overrides`` are :func:`hierplan.run` arguments that cannot be saved (an
     ``approver``, ``tools``, model objects, ``listeners``, ``instruments``); the rest comes
     from the checkpoint. As in :func:`hierplan.run`, plans are approved automatically unless
     an ``approver`` is given: pass the same approver to keep reviewing later plans.
@@ -128,6 +149,8 @@ async def resume(
     """
     checkpoint = load_checkpoint(run_dir)
     restore = checkpoint.restore(decisions_for(checkpoint, decision, node))
+    if version is not None:
+        _check_version(restore.record.tree, node, version)
     kwargs = run_arguments(checkpoint, overrides, run_dir)
     kwargs.setdefault("checkpoint_extra", checkpoint.extra)
     kwargs.pop("checkpoint_dir", None)  # a resumed run saves its next pause where it was
