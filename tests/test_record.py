@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 import hierplan
 from hierplan import RunResult, ScriptedModel, tool
+from hierplan.agents.models.base import ModelResponse, Usage
 from hierplan.agents.models.scripted import plan_response
 from hierplan.errors import UserInputError
 from hierplan.goals import goal_from_data, load_goal_file
@@ -127,3 +128,36 @@ def test_a_record_reaches_the_disk_before_it_replaces_the_old_one(
     record.write_atomic(target, "new")
     assert events == ["fsync new while old", "replace"]
     assert target.read_text() == "new"
+
+
+async def test_cost_rollups_equal_the_sum_of_the_calls_costs_in_any_order() -> None:
+    import math
+
+    from hierplan.hierarchy.events import RunEvent
+
+    events: list[RunEvent] = []
+    model = ScriptedModel(
+        [
+            plan_response(
+                hierplan.Plan(
+                    goal="g",
+                    steps=[
+                        hierplan.Step(id=f"s{i}", title="s", instruction="say it") for i in range(3)
+                    ],
+                )
+            ),
+            *[ModelResponse(text="ok", usage=Usage(100_001 * (i + 1), 7)) for i in range(3)],
+        ]
+    )
+    result = await hierplan.run(
+        "g", model=model, strategy="dag", listeners=[events.append],
+        price_in=0.1, price_out=0.3,
+    )  # fmt: skip
+    costs = [e.cost_usd for e in events if e.type == "model_called"]
+    assert len(costs) == 4 and sum(costs) != math.fsum(costs)  # plain addition drifts here
+    data = result.to_dict()
+    assert data["totals"]["cost_usd"] == math.fsum(costs) == result.totals()["cost_usd"]
+    assert data["tree"]["subtree_cost_usd"] == math.fsum(costs) == result.tree.subtree_cost_usd
+    assert math.fsum(row["cost_usd"] for row in data["levels"]) == pytest.approx(math.fsum(costs))
+    (finished,) = [e for e in events if e.type == "run_finished"]
+    assert finished.cost_usd == math.fsum(costs)

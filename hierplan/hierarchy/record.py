@@ -8,9 +8,10 @@ per phase when asked. ``RunResult.load`` reads a ``run.json`` back, validated by
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -133,11 +134,18 @@ class NodeRecord:
         if call.cost_usd is None:
             self.unpriced_calls += 1
             return
-        self.cost_usd += call.cost_usd
-        if call.phase == "planning":
-            self.planning_cost_usd += call.cost_usd
-        else:
-            self.execution_cost_usd += call.cost_usd
+        if len(self.calls) == 1:  # the usual leaf: no sum to round
+            self.cost_usd = call.cost_usd
+            if call.phase == "planning":
+                self.planning_cost_usd = call.cost_usd
+            else:
+                self.execution_cost_usd = call.cost_usd
+            return
+        # Correctly rounded sums (math.fsum) of the calls' costs, here and in every rollup:
+        # a total then equals the sum of its calls' costs, whatever order they are added in.
+        self.cost_usd = _cost_sum(self.calls)
+        self.planning_cost_usd = _cost_sum(c for c in self.calls if c.phase == "planning")
+        self.execution_cost_usd = _cost_sum(c for c in self.calls if c.phase != "planning")
 
     def walk(self) -> Iterator[NodeRecord]:
         """This node and every node below it, depth first, parents before children."""
@@ -149,8 +157,8 @@ class NodeRecord:
 
     @property
     def subtree_cost_usd(self) -> float:
-        """Cost of this node and everything below it."""
-        return sum(n.cost_usd for n in self.walk())
+        """Cost of this node and everything below it (the correctly rounded sum of its calls)."""
+        return _cost_sum(c for n in self.walk() for c in n.calls)
 
     @property
     def duration_s(self) -> float | None:
@@ -207,6 +215,7 @@ class RunResult:
     def levels(self) -> list[dict[str, Any]]:
         """Rollups per depth: nodes, tokens and cost of the nodes at that depth."""
         rows: dict[int, dict[str, Any]] = {}
+        costs: dict[int, list[CallRecord]] = {}
         for node in self.nodes():
             row = rows.setdefault(
                 node.depth,
@@ -221,7 +230,9 @@ class RunResult:
             row["nodes"] += 1
             row["input_tokens"] += node.usage.input_tokens
             row["output_tokens"] += node.usage.output_tokens
-            row["cost_usd"] += node.cost_usd
+            costs.setdefault(node.depth, []).extend(node.calls)
+        for depth, calls in costs.items():
+            rows[depth]["cost_usd"] = _cost_sum(calls)
         return [rows[d] for d in sorted(rows)]
 
     def totals(self) -> dict[str, Any]:
@@ -238,6 +249,7 @@ class RunResult:
             "unpriced_calls": 0,
             "nodes": 0,
         }
+        calls: list[CallRecord] = []
         for node in self.nodes():
             out["nodes"] += 1
             out["input_tokens"] += node.usage.input_tokens
@@ -245,10 +257,11 @@ class RunResult:
             out["cached_input_tokens"] += node.usage.cached_input_tokens
             out["reasoning_tokens"] += node.usage.reasoning_tokens
             out["calls"] += len(node.calls)
-            out["cost_usd"] += node.cost_usd
-            out["planning_cost_usd"] += node.planning_cost_usd
-            out["execution_cost_usd"] += node.execution_cost_usd
+            calls.extend(node.calls)
             out["unpriced_calls"] += node.unpriced_calls
+        out["cost_usd"] = _cost_sum(calls)
+        out["planning_cost_usd"] = _cost_sum(c for c in calls if c.phase == "planning")
+        out["execution_cost_usd"] = _cost_sum(c for c in calls if c.phase != "planning")
         return out
 
     def not_done(self) -> list[dict[str, str]]:
@@ -329,12 +342,18 @@ def _undone(path: str, goal: str, status: str, error: str | None) -> dict[str, s
     return {"path": path, "goal": goal, "status": status, "reason": error or status}
 
 
-def _add_subtree_costs(data: dict[str, Any], node: NodeRecord) -> float:
-    total = node.cost_usd
+def _add_subtree_costs(data: dict[str, Any], node: NodeRecord) -> list[CallRecord]:
+    """Set each node's ``subtree_cost_usd``; returns the calls of the subtree."""
+    calls = list(node.calls)
     for child_data, child in zip(data["children"], node.children, strict=True):
-        total += _add_subtree_costs(child_data, child)
-    data["subtree_cost_usd"] = total
-    return total
+        calls.extend(_add_subtree_costs(child_data, child))
+    data["subtree_cost_usd"] = _cost_sum(calls)
+    return calls
+
+
+def _cost_sum(calls: Iterable[CallRecord]) -> float:
+    """The correctly rounded sum of the priced calls' costs."""
+    return math.fsum(c.cost_usd for c in calls if c.cost_usd is not None)
 
 
 def _read_umask() -> int:
