@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 from opentelemetry import context, trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind
 from opentelemetry.util.types import AttributeValue
 
@@ -87,16 +88,17 @@ class SpanScope(AbstractAsyncContextManager[None]):
     """A span made current for the scope's duration. Subclasses say how it starts and ends.
 
     Small classes rather than ``@asynccontextmanager`` generators: these wrap every leaf, and a
-    generator-based context manager costs several times more per use.
+    generator-based context manager costs several times more per use. For the same reason
+    subclasses set ``tracing`` in their own ``__init__`` rather than through ``super()``.
     """
 
     __slots__ = ("_span", "_token", "tracing")
 
-    def __init__(self, tracing: Tracing) -> None:
-        self.tracing = tracing
+    tracing: Tracing
 
-    def start(self) -> Span:
-        """Start the span (when the scope is entered)."""
+    def start(self, parent: Context) -> Span:
+        """Start the span (when the scope is entered) as a child of ``parent``, the current
+        context."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -108,8 +110,11 @@ class SpanScope(AbstractAsyncContextManager[None]):
             set_error(span, exc)
 
     async def __aenter__(self) -> None:
-        self._span = self.start()
-        self._token = context.attach(trace.set_span_in_context(self._span))
+        # The current context, read once: the SDK would otherwise look it up again for the
+        # parent span, for the sampler and for the new span's context (same result, more work).
+        current = context.get_current()
+        span = self._span = self.start(current)
+        self._token = context.attach(trace.set_span_in_context(span, current))
 
     async def __aexit__(
         self,
@@ -135,10 +140,10 @@ class RunScope(SpanScope):
     __slots__ = ("run", "state", "unsubscribe")
 
     def __init__(self, tracing: Tracing, run: RunContext) -> None:
-        super().__init__(tracing)
+        self.tracing = tracing
         self.run = run
 
-    def start(self) -> Span:
+    def start(self, parent: Context) -> Span:
         """Start the workflow span and listen to the run's events."""
         run = self.run
         settings = run.settings
@@ -158,7 +163,7 @@ class RunScope(SpanScope):
         if run.planner_model.simulated or run.executor_model.simulated:
             attributes["hierplan.simulated"] = True
         span = self.tracing.tracer.start_span(
-            "invoke_workflow hierplan", kind=SpanKind.INTERNAL, attributes=attributes
+            "invoke_workflow hierplan", parent, SpanKind.INTERNAL, attributes
         )
         self.state = RunTrace(run, span)
         self.tracing.runs[run] = self.state
@@ -196,10 +201,10 @@ class NodeScope(SpanScope):
     __slots__ = ("node", "state")
 
     def __init__(self, tracing: Tracing, node: NodeContext) -> None:
-        super().__init__(tracing)
+        self.tracing = tracing
         self.node = node
 
-    def start(self) -> Span:
+    def start(self, parent: Context) -> Span:
         """Start the agent span; register it as the node's span for events."""
         node = self.node
         record = node.record
@@ -215,7 +220,7 @@ class NodeScope(SpanScope):
         if tracing.capture_content:
             attributes["hierplan.goal"] = tracing.content(record.goal)
         span = tracing.tracer.start_span(
-            f"invoke_agent {kind}", kind=SpanKind.INTERNAL, attributes=attributes
+            f"invoke_agent {kind}", parent, SpanKind.INTERNAL, attributes
         )
         if state is not None:
             state.spans[record.path] = span
@@ -255,18 +260,19 @@ class PlanScope(SpanScope):
     __slots__ = ("first_call", "node", "reason")
 
     def __init__(self, tracing: Tracing, node: NodeContext, reason: str) -> None:
-        super().__init__(tracing)
+        self.tracing = tracing
         self.node = node
         self.reason = reason
 
-    def start(self) -> Span:
+    def start(self, parent: Context) -> Span:
         """Start the plan span."""
         node = self.node
         self.first_call = len(node.record.calls)
         return self.tracing.tracer.start_span(
             f"plan {node.record.kind}",
-            kind=SpanKind.INTERNAL,
-            attributes=plan_attributes(node, self.reason),
+            parent,
+            SpanKind.INTERNAL,
+            plan_attributes(node, self.reason),
         )
 
     def finish(self, span: Span, exc: BaseException | None) -> None:
@@ -281,11 +287,11 @@ class ToolScope(SpanScope):
     __slots__ = ("call", "node")
 
     def __init__(self, tracing: Tracing, node: NodeContext, call: ToolCall) -> None:
-        super().__init__(tracing)
+        self.tracing = tracing
         self.node = node
         self.call = call
 
-    def start(self) -> Span:
+    def start(self, parent: Context) -> Span:
         """Start the tool span."""
         call = self.call
         attributes: dict[str, AttributeValue] = {
@@ -298,5 +304,5 @@ class ToolScope(SpanScope):
         if self.tracing.capture_content:
             attributes["gen_ai.tool.call.arguments"] = self.tracing.content(to_json(call.arguments))
         return self.tracing.tracer.start_span(
-            f"execute_tool {call.name}", kind=SpanKind.INTERNAL, attributes=attributes
+            f"execute_tool {call.name}", parent, SpanKind.INTERNAL, attributes
         )
