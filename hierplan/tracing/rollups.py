@@ -71,15 +71,17 @@ def _subtree_rollups(record: NodeRecord) -> dict[str, AttributeValue]:
 
 
 def node_rollups(record: NodeRecord) -> dict[str, AttributeValue]:
-    """What an agent span ends with. A leaf that made no model call (a direct tool step) gets
-    no usage rollups: all of them would be zero, and leaves are the hot path."""
+    """What an agent span ends with, besides its status. Agent spans start with
+    ``hierplan.calls`` 0, so a leaf that made no model call (a direct tool step) gets no rollups
+    at all: all of them would be zero, and leaves are the hot path. Under a budget it gets them
+    all, ``hierplan.calls`` first, as the budget comes with them."""
     if record.calls or record.children:
         attributes = _subtree_rollups(record)
         attributes["hierplan.cost.node_usd"] = record.cost_usd
+    elif record.budget:
+        attributes = {"hierplan.calls": 0, **_subtree_rollups(record)}
     else:
-        attributes = {"hierplan.calls": 0}
-        if record.budget:
-            attributes.update(_subtree_rollups(record))
+        attributes = {}
     if record.attempts > 1:
         attributes["hierplan.node.attempts"] = record.attempts
     if record.plan_versions:

@@ -26,6 +26,7 @@ from hierplan.tracing.attributes import (
     agent_base,
     names_model,
     plan_attributes,
+    set_all,
     set_error,
     set_failed,
 )
@@ -219,6 +220,10 @@ class NodeScope(SpanScope):
         attributes = agent_attributes(node, base)
         if tracing.capture_content:
             attributes["hierplan.goal"] = tracing.content(record.goal)
+        # No model call yet: set now, a leaf that makes none (most leaves) ends with one
+        # attribute to set instead of two. The end rollups set it again after any call, and the
+        # SDK moves a key that is set again to the end, so the attributes keep their order.
+        attributes["hierplan.calls"] = 0
         span = tracing.tracer.start_span(
             f"invoke_agent {kind}", parent, SpanKind.INTERNAL, attributes
         )
@@ -237,7 +242,6 @@ class NodeScope(SpanScope):
         """The subtree's rollups and the node's status."""
         record = self.node.record
         status = record.status
-        # One set_attributes call: the SDK takes its lock and checks every value per call.
         attributes = node_rollups(record)
         if exc is not None:
             if isinstance(exc, anyio.get_cancelled_exc_class()):
@@ -249,7 +253,7 @@ class NodeScope(SpanScope):
         attributes["hierplan.node.status"] = status
         if self.tracing.capture_content and record.output:
             attributes["hierplan.output"] = self.tracing.content(record.output)
-        span.set_attributes(attributes)
+        set_all(span, attributes)
         if status in FAILED_STATUSES:
             set_failed(span, record.error or status)
 
