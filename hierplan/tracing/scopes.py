@@ -310,3 +310,17 @@ class ToolScope(SpanScope):
         return self.tracing.tracer.start_span(
             f"execute_tool {call.name}", parent, SpanKind.INTERNAL, attributes
         )
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is not None:
+            await super().__aexit__(exc_type, exc, tb)
+            return
+        # A tool call that returned (nearly all of them, one per leaf): a tool span has nothing
+        # to forget and nothing to add then, so it skips the general path's steps.
+        context.detach(self._token)
+        self._span.end()
