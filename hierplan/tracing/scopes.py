@@ -31,7 +31,13 @@ from hierplan.tracing.attributes import (
     set_failed,
 )
 from hierplan.tracing.content import to_json
-from hierplan.tracing.rollups import node_rollups, planning_rollups, workflow_rollups
+from hierplan.tracing.rollups import (
+    Tree,
+    node_rollups,
+    planning_rollups,
+    tree_totals,
+    workflow_rollups,
+)
 
 if TYPE_CHECKING:
     from hierplan.tracing.otel import Tracing
@@ -46,13 +52,15 @@ _log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class RunTrace:
-    """What one run's spans share: the open node spans by path, the root record, and the
-    attributes every agent span of a kind starts with (the same for the whole run)."""
+    """What one run's spans share: the open node spans by path, the root record and the totals
+    of its tree (once the root's span has ended), and the attributes every agent span of a kind
+    starts with (the same for the whole run)."""
 
     run: RunContext
     workflow: Span
     spans: dict[str, Span] = field(default_factory=dict)
     root: NodeRecord | None = None
+    tree: Tree | None = None
     agent_bases: dict[tuple[str, bool], dict[str, AttributeValue]] = field(default_factory=dict)
 
     def agent_base(self, kind: str, with_model: bool) -> dict[str, AttributeValue]:
@@ -189,7 +197,7 @@ class RunScope(SpanScope):
         root = self.state.root
         if root is None:
             return
-        span.set_attributes(workflow_rollups(root, self.run))
+        span.set_attributes(workflow_rollups(root, self.run, self.state.tree))
         if self.tracing.capture_content:
             span.set_attribute("hierplan.goal", self.tracing.content(root.goal))
         if root.status in FAILED_STATUSES:
@@ -231,6 +239,7 @@ class NodeScope(SpanScope):
             state.spans[record.path] = span
             if node.parent is None:
                 state.root = record
+                state.tree = None
         return span
 
     def close(self) -> None:
@@ -240,9 +249,16 @@ class NodeScope(SpanScope):
 
     def finish(self, span: Span, exc: BaseException | None) -> None:
         """The subtree's rollups and the node's status."""
-        record = self.node.record
+        node = self.node
+        record = node.record
         status = record.status
-        attributes = node_rollups(record)
+        tree = None
+        if node.parent is None and self.state is not None:
+            # The whole tree's totals, for this span and the workflow span alike: every node
+            # has finished once the root's scope closes, and records only change their status
+            # after that, so the totals stay what they are now.
+            tree = self.state.tree = tree_totals(record)
+        attributes = node_rollups(record, tree)
         if exc is not None:
             if isinstance(exc, anyio.get_cancelled_exc_class()):
                 status = "cancelled"
