@@ -83,13 +83,13 @@ class TracedModel:
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         """Call the wrapped model inside a ``chat`` span; record usage, cost and metrics."""
+        # The current context read once, as the scopes do (see SpanScope.__aenter__).
+        current = context.get_current()
         span = self._tracing.tracer.start_span(
-            f"chat {self._request_model}",
-            kind=SpanKind.CLIENT,
-            attributes=self._start_attributes(request),
+            f"chat {self._request_model}", current, SpanKind.CLIENT, self._start_attributes(request)
         )
         started = time.perf_counter()
-        token = context.attach(trace.set_span_in_context(span))
+        token = context.attach(trace.set_span_in_context(span, current))
         try:
             try:
                 response = await self.inner.request(request)

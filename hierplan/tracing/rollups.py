@@ -63,23 +63,46 @@ class _Totals:
         return attributes
 
 
-def _subtree_rollups(record: NodeRecord) -> dict[str, AttributeValue]:
+Tree = tuple[_Totals, dict[int, _Totals]]
+"""The totals of a whole tree, and of each of its depths by depth."""
+
+
+def tree_totals(root: NodeRecord) -> Tree:
+    """The totals of ``root``'s tree and of each of its depths, in one walk: the root's agent
+    span and the workflow span both end with them."""
+    totals = _Totals()
+    levels: dict[int, _Totals] = {}
+    for node in root.walk():
+        totals.add(node)
+        level = levels.get(node.depth)
+        if level is None:
+            level = levels[node.depth] = _Totals()
+        level.add(node)
+    return totals, levels
+
+
+def _subtree_rollups(record: NodeRecord, tree: Tree | None) -> dict[str, AttributeValue]:
+    if tree is not None:
+        return tree[0].rollups(record)
     totals = _Totals()
     for node in record.walk():
         totals.add(node)
     return totals.rollups(record)
 
 
-def node_rollups(record: NodeRecord) -> dict[str, AttributeValue]:
-    """What an agent span ends with. A leaf that made no model call (a direct tool step) gets
-    no usage rollups: all of them would be zero, and leaves are the hot path."""
+def node_rollups(record: NodeRecord, tree: Tree | None = None) -> dict[str, AttributeValue]:
+    """What an agent span ends with, besides its status. Agent spans start with
+    ``hierplan.calls`` 0, so a leaf that made no model call (a direct tool step) gets no rollups
+    at all: all of them would be zero, and leaves are the hot path. Under a budget it gets them
+    all, ``hierplan.calls`` first, as the budget comes with them. ``tree``, when given, is
+    :func:`tree_totals` of ``record``: its subtree is not walked again then."""
     if record.calls or record.children:
-        attributes = _subtree_rollups(record)
+        attributes = _subtree_rollups(record, tree)
         attributes["hierplan.cost.node_usd"] = record.cost_usd
+    elif record.budget:
+        attributes = {"hierplan.calls": 0, **_subtree_rollups(record, tree)}
     else:
-        attributes = {"hierplan.calls": 0}
-        if record.budget:
-            attributes.update(_subtree_rollups(record))
+        attributes = {}
     if record.attempts > 1:
         attributes["hierplan.node.attempts"] = record.attempts
     if record.plan_versions:
@@ -87,13 +110,12 @@ def node_rollups(record: NodeRecord) -> dict[str, AttributeValue]:
     return attributes
 
 
-def workflow_rollups(root: NodeRecord, run: RunContext) -> dict[str, AttributeValue]:
-    """What the workflow span ends with: the whole tree's rollups and one list per level."""
-    totals = _Totals()
-    levels: dict[int, _Totals] = {}
-    for node in root.walk():  # one walk for the whole tree and every level
-        totals.add(node)
-        levels.setdefault(node.depth, _Totals()).add(node)
+def workflow_rollups(
+    root: NodeRecord, run: RunContext, tree: Tree | None = None
+) -> dict[str, AttributeValue]:
+    """What the workflow span ends with: the whole tree's rollups and one list per level.
+    ``tree`` is :func:`tree_totals` of ``root`` when already known (walked otherwise)."""
+    totals, levels = tree_totals(root) if tree is None else tree
     attributes = totals.rollups(root)
     # One list per figure, index i for depth i + 1: backends such as Phoenix read numeric key
     # segments ("hierplan.level.1.cost") as list indexes and would show them shifted.

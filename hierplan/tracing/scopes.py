@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 from opentelemetry import context, trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind
 from opentelemetry.util.types import AttributeValue
 
@@ -25,11 +26,18 @@ from hierplan.tracing.attributes import (
     agent_base,
     names_model,
     plan_attributes,
+    set_all,
     set_error,
     set_failed,
 )
 from hierplan.tracing.content import to_json
-from hierplan.tracing.rollups import node_rollups, planning_rollups, workflow_rollups
+from hierplan.tracing.rollups import (
+    Tree,
+    node_rollups,
+    planning_rollups,
+    tree_totals,
+    workflow_rollups,
+)
 
 if TYPE_CHECKING:
     from hierplan.tracing.otel import Tracing
@@ -44,13 +52,15 @@ _log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class RunTrace:
-    """What one run's spans share: the open node spans by path, the root record, and the
-    attributes every agent span of a kind starts with (the same for the whole run)."""
+    """What one run's spans share: the open node spans by path, the root record and the totals
+    of its tree (once the root's span has ended), and the attributes every agent span of a kind
+    starts with (the same for the whole run)."""
 
     run: RunContext
     workflow: Span
     spans: dict[str, Span] = field(default_factory=dict)
     root: NodeRecord | None = None
+    tree: Tree | None = None
     agent_bases: dict[tuple[str, bool], dict[str, AttributeValue]] = field(default_factory=dict)
 
     def agent_base(self, kind: str, with_model: bool) -> dict[str, AttributeValue]:
@@ -87,16 +97,17 @@ class SpanScope(AbstractAsyncContextManager[None]):
     """A span made current for the scope's duration. Subclasses say how it starts and ends.
 
     Small classes rather than ``@asynccontextmanager`` generators: these wrap every leaf, and a
-    generator-based context manager costs several times more per use.
+    generator-based context manager costs several times more per use. For the same reason
+    subclasses set ``tracing`` in their own ``__init__`` rather than through ``super()``.
     """
 
     __slots__ = ("_span", "_token", "tracing")
 
-    def __init__(self, tracing: Tracing) -> None:
-        self.tracing = tracing
+    tracing: Tracing
 
-    def start(self) -> Span:
-        """Start the span (when the scope is entered)."""
+    def start(self, parent: Context) -> Span:
+        """Start the span (when the scope is entered) as a child of ``parent``, the current
+        context."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -108,8 +119,11 @@ class SpanScope(AbstractAsyncContextManager[None]):
             set_error(span, exc)
 
     async def __aenter__(self) -> None:
-        self._span = self.start()
-        self._token = context.attach(trace.set_span_in_context(self._span))
+        # The current context, read once: the SDK would otherwise look it up again for the
+        # parent span, for the sampler and for the new span's context (same result, more work).
+        current = context.get_current()
+        span = self._span = self.start(current)
+        self._token = context.attach(trace.set_span_in_context(span, current))
 
     async def __aexit__(
         self,
@@ -135,10 +149,10 @@ class RunScope(SpanScope):
     __slots__ = ("run", "state", "unsubscribe")
 
     def __init__(self, tracing: Tracing, run: RunContext) -> None:
-        super().__init__(tracing)
+        self.tracing = tracing
         self.run = run
 
-    def start(self) -> Span:
+    def start(self, parent: Context) -> Span:
         """Start the workflow span and listen to the run's events."""
         run = self.run
         settings = run.settings
@@ -158,7 +172,7 @@ class RunScope(SpanScope):
         if run.planner_model.simulated or run.executor_model.simulated:
             attributes["hierplan.simulated"] = True
         span = self.tracing.tracer.start_span(
-            "invoke_workflow hierplan", kind=SpanKind.INTERNAL, attributes=attributes
+            "invoke_workflow hierplan", parent, SpanKind.INTERNAL, attributes
         )
         self.state = RunTrace(run, span)
         self.tracing.runs[run] = self.state
@@ -183,7 +197,7 @@ class RunScope(SpanScope):
         root = self.state.root
         if root is None:
             return
-        span.set_attributes(workflow_rollups(root, self.run))
+        span.set_attributes(workflow_rollups(root, self.run, self.state.tree))
         if self.tracing.capture_content:
             span.set_attribute("hierplan.goal", self.tracing.content(root.goal))
         if root.status in FAILED_STATUSES:
@@ -196,10 +210,10 @@ class NodeScope(SpanScope):
     __slots__ = ("node", "state")
 
     def __init__(self, tracing: Tracing, node: NodeContext) -> None:
-        super().__init__(tracing)
+        self.tracing = tracing
         self.node = node
 
-    def start(self) -> Span:
+    def start(self, parent: Context) -> Span:
         """Start the agent span; register it as the node's span for events."""
         node = self.node
         record = node.record
@@ -214,13 +228,18 @@ class NodeScope(SpanScope):
         attributes = agent_attributes(node, base)
         if tracing.capture_content:
             attributes["hierplan.goal"] = tracing.content(record.goal)
+        # No model call yet: set now, a leaf that makes none (most leaves) ends with one
+        # attribute to set instead of two. The end rollups set it again after any call, and the
+        # SDK moves a key that is set again to the end, so the attributes keep their order.
+        attributes["hierplan.calls"] = 0
         span = tracing.tracer.start_span(
-            f"invoke_agent {kind}", kind=SpanKind.INTERNAL, attributes=attributes
+            f"invoke_agent {kind}", parent, SpanKind.INTERNAL, attributes
         )
         if state is not None:
             state.spans[record.path] = span
             if node.parent is None:
                 state.root = record
+                state.tree = None
         return span
 
     def close(self) -> None:
@@ -230,10 +249,16 @@ class NodeScope(SpanScope):
 
     def finish(self, span: Span, exc: BaseException | None) -> None:
         """The subtree's rollups and the node's status."""
-        record = self.node.record
+        node = self.node
+        record = node.record
         status = record.status
-        # One set_attributes call: the SDK takes its lock and checks every value per call.
-        attributes = node_rollups(record)
+        tree = None
+        if node.parent is None and self.state is not None:
+            # The whole tree's totals, for this span and the workflow span alike: every node
+            # has finished once the root's scope closes, and records only change their status
+            # after that, so the totals stay what they are now.
+            tree = self.state.tree = tree_totals(record)
+        attributes = node_rollups(record, tree)
         if exc is not None:
             if isinstance(exc, anyio.get_cancelled_exc_class()):
                 status = "cancelled"
@@ -244,7 +269,7 @@ class NodeScope(SpanScope):
         attributes["hierplan.node.status"] = status
         if self.tracing.capture_content and record.output:
             attributes["hierplan.output"] = self.tracing.content(record.output)
-        span.set_attributes(attributes)
+        set_all(span, attributes)
         if status in FAILED_STATUSES:
             set_failed(span, record.error or status)
 
@@ -255,18 +280,19 @@ class PlanScope(SpanScope):
     __slots__ = ("first_call", "node", "reason")
 
     def __init__(self, tracing: Tracing, node: NodeContext, reason: str) -> None:
-        super().__init__(tracing)
+        self.tracing = tracing
         self.node = node
         self.reason = reason
 
-    def start(self) -> Span:
+    def start(self, parent: Context) -> Span:
         """Start the plan span."""
         node = self.node
         self.first_call = len(node.record.calls)
         return self.tracing.tracer.start_span(
             f"plan {node.record.kind}",
-            kind=SpanKind.INTERNAL,
-            attributes=plan_attributes(node, self.reason),
+            parent,
+            SpanKind.INTERNAL,
+            plan_attributes(node, self.reason),
         )
 
     def finish(self, span: Span, exc: BaseException | None) -> None:
@@ -281,11 +307,11 @@ class ToolScope(SpanScope):
     __slots__ = ("call", "node")
 
     def __init__(self, tracing: Tracing, node: NodeContext, call: ToolCall) -> None:
-        super().__init__(tracing)
+        self.tracing = tracing
         self.node = node
         self.call = call
 
-    def start(self) -> Span:
+    def start(self, parent: Context) -> Span:
         """Start the tool span."""
         call = self.call
         attributes: dict[str, AttributeValue] = {
@@ -298,5 +324,19 @@ class ToolScope(SpanScope):
         if self.tracing.capture_content:
             attributes["gen_ai.tool.call.arguments"] = self.tracing.content(to_json(call.arguments))
         return self.tracing.tracer.start_span(
-            f"execute_tool {call.name}", kind=SpanKind.INTERNAL, attributes=attributes
+            f"execute_tool {call.name}", parent, SpanKind.INTERNAL, attributes
         )
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is not None:
+            await super().__aexit__(exc_type, exc, tb)
+            return
+        # A tool call that returned (nearly all of them, one per leaf): a tool span has nothing
+        # to forget and nothing to add then, so it skips the general path's steps.
+        context.detach(self._token)
+        self._span.end()
