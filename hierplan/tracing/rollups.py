@@ -5,7 +5,8 @@ only; these are totals of the calls below a span, under ``gen_ai.aggregated_usag
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 from opentelemetry.util.types import AttributeValue
 
@@ -20,9 +21,9 @@ class _Totals:
     output_tokens: int = 0
     cached_input_tokens: int = 0
     reasoning_tokens: int = 0
-    cost_usd: float = 0.0
-    planning_cost_usd: float = 0.0
-    execution_cost_usd: float = 0.0
+    # The priced calls' costs by phase, summed with math.fsum at the end, as run.json sums them.
+    planning: list[float] = field(default_factory=list)
+    execution: list[float] = field(default_factory=list)
     calls: int = 0
     unpriced_calls: int = 0
     nodes: int = 0
@@ -34,23 +35,31 @@ class _Totals:
         self.output_tokens += usage.output_tokens
         self.cached_input_tokens += usage.cached_input_tokens
         self.reasoning_tokens += usage.reasoning_tokens
-        self.cost_usd += record.cost_usd
-        self.planning_cost_usd += record.planning_cost_usd
-        self.execution_cost_usd += record.execution_cost_usd
+        for call in record.calls:
+            if call.cost_usd is not None:
+                (self.planning if call.phase == "planning" else self.execution).append(
+                    call.cost_usd
+                )
         self.calls += len(record.calls)
         self.unpriced_calls += record.unpriced_calls
 
+    @property
+    def cost_usd(self) -> float:
+        """The correctly rounded sum of the calls' costs."""
+        return math.fsum(self.planning + self.execution)
+
     def rollups(self, record: NodeRecord) -> dict[str, AttributeValue]:
         """These totals as the rollups of ``record``'s span, with its children and budget."""
+        cost = self.cost_usd
         attributes: dict[str, AttributeValue] = {
             "gen_ai.aggregated_usage.input_tokens": self.input_tokens,
             "gen_ai.aggregated_usage.output_tokens": self.output_tokens,
             "gen_ai.aggregated_usage.cache_read.input_tokens": self.cached_input_tokens,
             "gen_ai.aggregated_usage.reasoning.output_tokens": self.reasoning_tokens,
-            "gen_ai.aggregated_usage.cost": self.cost_usd,
-            "hierplan.cost.subtree_usd": self.cost_usd,
-            "hierplan.cost.planning_usd": self.planning_cost_usd,
-            "hierplan.cost.execution_usd": self.execution_cost_usd,
+            "gen_ai.aggregated_usage.cost": cost,
+            "hierplan.cost.subtree_usd": cost,
+            "hierplan.cost.planning_usd": math.fsum(self.planning),
+            "hierplan.cost.execution_usd": math.fsum(self.execution),
             "hierplan.calls": self.calls,
             "hierplan.unpriced_calls": self.unpriced_calls,
         }
@@ -134,16 +143,17 @@ def planning_rollups(record: NodeRecord, first_call: int) -> dict[str, Attribute
     """What a ``plan`` span ends with: the planning calls ``record`` made from its call number
     ``first_call`` on (the calls of that round; a record's calls are only ever appended)."""
     input_tokens = output_tokens = calls = 0
-    cost = 0.0
+    costs: list[float] = []
     for call in record.calls[first_call:]:
         if call.phase == "planning":
             input_tokens += call.usage.input_tokens
             output_tokens += call.usage.output_tokens
-            cost += call.cost_usd or 0.0
+            if call.cost_usd is not None:
+                costs.append(call.cost_usd)
             calls += 1
     return {
         "gen_ai.aggregated_usage.input_tokens": input_tokens,
         "gen_ai.aggregated_usage.output_tokens": output_tokens,
-        "gen_ai.aggregated_usage.cost": cost,
+        "gen_ai.aggregated_usage.cost": math.fsum(costs),
         "hierplan.calls": calls,
     }
