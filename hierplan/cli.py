@@ -89,14 +89,17 @@ GoalArg = Annotated[str | None, typer.Argument(help="The goal, as free text (nee
 ScenarioOpt = Annotated[str | None, typer.Option("--scenario", help="Run a built-in scenario.")]
 GoalFileOpt = Annotated[Path | None, typer.Option("--goal-file", help="A YAML/JSON goal file.")]
 ModelOpt = Annotated[
-    str, typer.Option("--model", "-m", help="sim, openai:<model> or anthropic:<model>.")
+    str,
+    typer.Option(
+        "--model", "-m", help="sim, sim:<priced-as model>, openai:<model> or anthropic:<model>."
+    ),
 ]
 MaxDepthOpt = Annotated[int, typer.Option("--max-depth", min=1, max=10, help="Deepest plan level.")]
 ConcurrencyOpt = Annotated[
     int, typer.Option("--concurrency", "-c", min=1, help="Executor steps at once.")
 ]
 RunOutOpt = Annotated[
-    Path | None, typer.Option("--out", "-o", help="Run directory (default runs/<id>).")
+    Path | None, typer.Option("--out", "-o", help="Run directory (default runs/<time>).")
 ]
 BaseUrlOpt = Annotated[
     str | None,

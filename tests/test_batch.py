@@ -492,3 +492,17 @@ def test_an_unpriced_goal_model_under_a_usd_budget_says_what_a_batch_can_do(
         UserInputError, match=r"budget the batch in tokens only \(--budget-tokens\)"
     ):
         anyio.run(run_batch, batch)
+
+
+def test_the_batch_panel_without_a_terminal_ends_its_lines(tmp_path: Path) -> None:
+    goals = tmp_path / "goals.jsonl"
+    goals.write_text('{"suite": "game24", "task": 0}\n')
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        app, ["batch", str(goals), "--out", str(out), "--sim-latency-scale", "0"]
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    panel = [line for line in lines if "spent+held" in line]
+    assert panel, result.output  # what running goals hold is named as such
+    assert any(line.strip().startswith("batch summary") for line in lines), result.output

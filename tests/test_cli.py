@@ -98,6 +98,18 @@ def test_bad_input_exits_2_with_one_line_and_no_traceback(tmp_path: Path) -> Non
         ),
         (["run", "plan my wedding", "--yes"], "is free text"),
         (["run", "hi", "--model", "gpt-4", "--yes"], "unknown model 'gpt-4'"),
+        (
+            [
+                "run",
+                "Migrate it",
+                "--scenario",
+                "data_migration",
+                "--yes",
+                "-o",
+                str(tmp_path / "x"),
+            ],
+            "a goal and a scenario were both given, but the simulator knows only",
+        ),
         (["run", "--scenario", "data_migration"], "pass --yes"),
         (["run"], "no goal"),
         (["view", str(garbage)], "is not a hierplan run record"),

@@ -75,6 +75,10 @@ class BatchDisplay:
     def __exit__(self, *exc: object) -> None:
         self.refresh()
         self.live.__exit__(None, None, None)
+        if not self.console.is_terminal:
+            # Rich leaves the last frame without a line end when it is not drawing in place:
+            # what is printed next would run on from it.
+            self.console.line()
 
     def _render(self) -> Group:
         t = self.tally
@@ -88,7 +92,7 @@ class BatchDisplay:
             (str(c.get("skipped", 0)), "yellow"),
             ("  running ", "bold"),
             str(c.get("running", 0)),
-            ("  spent ", "bold"),
+            ("  spent+held ", "bold"),  # what running goals hold counts until they settle
             t.spent(),
             ("  remaining ", "bold"),
             t.remaining(),

@@ -100,7 +100,10 @@ StrategiesOpt = Annotated[
 TasksOpt = Annotated[int, typer.Option("--tasks", help="Tasks per suite.")]
 SeedsOpt = Annotated[int, typer.Option("--seeds", help="Seeds per task (simulator noise).")]
 ModelOpt = Annotated[
-    str, typer.Option("--model", "-m", help="sim, openai:<model> or anthropic:<model>.")
+    str,
+    typer.Option(
+        "--model", "-m", help="sim, sim:<priced-as model>, openai:<model> or anthropic:<model>."
+    ),
 ]
 BaseUrlOpt = Annotated[
     str | None, typer.Option("--base-url", help="API base URL of a real model's server.")

@@ -65,6 +65,22 @@ class _Prepared:
     toolsets: list[Toolset] = field(default_factory=list)
 
 
+def _refuse_own_goal_for_simulated_scenario(
+    goal: str | None, scenario: str | Scenario | None, model: str | Model, oracle: Oracle | None
+) -> None:
+    """A scenario's oracle knows the scenario's own goal only: on the simulator, another goal
+    text could never be planned, so it is refused before the scenario is set up."""
+    if scenario is None or not goal or not goal.strip() or oracle is not None:
+        return
+    provider = parse_model_string(model).provider if isinstance(model, str) else model.provider
+    if provider == "sim":
+        raise UserInputError(
+            "a goal and a scenario were both given, but the simulator knows only the scenario's "
+            "own goal: leave the goal out, or give the goal text with a real model "
+            "(--model openai:<model> or anthropic:<model>) on the scenario's tools"
+        )
+
+
 async def _prepare(
     goal: str | None,
     scenario: str | Scenario | None,
@@ -206,6 +222,8 @@ async def run(
         latency_scale=sim_latency_scale,
         **(model_options or {}),
     )
+    if restore is None:  # a checkpoint saves the scenario's own goal beside the scenario
+        _refuse_own_goal_for_simulated_scenario(goal, scenario, model, oracle)
     try:
         # Provider models first: a missing API key fails before the scenario is set up.
         models.open_providers(model, executor_model)

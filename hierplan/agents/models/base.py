@@ -202,8 +202,8 @@ def parse_model_string(value: str) -> ModelString:
     name = name.strip()
     if provider not in KNOWN_PROVIDERS:
         raise ModelNotAvailableError(
-            f"unknown model {value!r}: use 'sim' (offline simulator), 'openai:<model>' or "
-            "'anthropic:<model>'"
+            f"unknown model {value!r}: use 'sim' (offline simulator), 'sim:<priced-as model>', "
+            "'openai:<model>' or 'anthropic:<model>'"
         )
     if provider != "sim" and not name:
         raise ModelNotAvailableError(
