@@ -15,11 +15,12 @@ import ast
 import random
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cache
 from itertools import combinations_with_replacement
+from types import MappingProxyType
 
 from hierplan.agents.models.base import ToolCall
 from hierplan.agents.models.simulated import Action
@@ -55,7 +56,9 @@ def fmt(value: Fraction) -> str:
 
 
 # The signs a model may write for + - * / (typographic minus, times and division signs).
-OPERATOR_ALIASES = {"\u2212": "-", "\u00d7": "*", "\u00f7": "/", "\u2215": "/"}
+OPERATOR_ALIASES: Mapping[str, str] = MappingProxyType(
+    {"\u2212": "-", "\u00d7": "*", "\u00f7": "/", "\u2215": "/"}
+)
 
 
 def _number(value: int | float | str) -> Fraction:
