@@ -161,3 +161,7 @@ async def test_cost_rollups_equal_the_sum_of_the_calls_costs_in_any_order() -> N
     assert math.fsum(row["cost_usd"] for row in data["levels"]) == pytest.approx(math.fsum(costs))
     (finished,) = [e for e in events if e.type == "run_finished"]
     assert finished.cost_usd == math.fsum(costs)
+    from hierplan.tracing.html import render_html
+
+    page = render_html(result)  # the report shows the record's figures to the last digit
+    assert f'class="subtree-cost" data-cost="{math.fsum(costs)!r}"' in page

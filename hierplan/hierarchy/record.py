@@ -342,13 +342,29 @@ def _undone(path: str, goal: str, status: str, error: str | None) -> dict[str, s
     return {"path": path, "goal": goal, "status": status, "reason": error or status}
 
 
-def _add_subtree_costs(data: dict[str, Any], node: NodeRecord) -> list[CallRecord]:
-    """Set each node's ``subtree_cost_usd``; returns the calls of the subtree."""
-    calls = list(node.calls)
-    for child_data, child in zip(data["children"], node.children, strict=True):
-        calls.extend(_add_subtree_costs(child_data, child))
-    data["subtree_cost_usd"] = _cost_sum(calls)
-    return calls
+def subtree_costs(root: NodeRecord) -> dict[str, float]:
+    """Each node's ``subtree_cost_usd`` by path, in one walk: the correctly rounded sum of the
+    costs of the calls in its subtree (as every rollup of the record)."""
+    costs: dict[str, float] = {}
+
+    def visit(node: NodeRecord) -> list[CallRecord]:
+        calls = list(node.calls)
+        for child in node.children:
+            calls.extend(visit(child))
+        costs[node.path] = _cost_sum(calls)
+        return calls
+
+    visit(root)
+    return costs
+
+
+def _add_subtree_costs(data: dict[str, Any], node: NodeRecord) -> None:
+    costs = subtree_costs(node)
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        item["subtree_cost_usd"] = costs[item["path"]]
+        stack.extend(item["children"])
 
 
 def _cost_sum(calls: Iterable[CallRecord]) -> float:

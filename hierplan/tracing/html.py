@@ -24,6 +24,7 @@ from hierplan.hierarchy.record import (
     PlanVersion,
     RunResult,
     make_directory,
+    subtree_costs,
     write_atomic,
 )
 from hierplan.tracing.report import money, short
@@ -72,22 +73,6 @@ document.addEventListener('DOMContentLoaded', function () {
 def e(value: object) -> str:
     """HTML-escape ``value`` (quotes too, so it is safe in attributes)."""
     return escape(str(value), quote=True)
-
-
-def _subtree_costs(root: NodeRecord) -> dict[str, float]:
-    costs: dict[str, float] = {}
-
-    def visit(node: NodeRecord) -> float:
-        # The same order of additions as run.json's subtree_cost_usd, so the figures are equal
-        # to the last bit.
-        total = node.cost_usd
-        for child in node.children:
-            total += visit(child)
-        costs[node.path] = total
-        return total
-
-    visit(root)
-    return costs
 
 
 def _tokens(node: NodeRecord) -> int:
@@ -296,7 +281,7 @@ def _node_body(node: NodeRecord) -> str:
 
 
 def _tree(root: NodeRecord) -> str:
-    costs = _subtree_costs(root)
+    costs = subtree_costs(root)
     parts: list[str] = []
 
     def emit(node: NodeRecord) -> None:
