@@ -39,7 +39,7 @@ from hierplan.hierarchy.events import NodeFinished, NodeStarted, StepRetried
 from hierplan.hierarchy.plan import Plan, Step, topological_order
 from hierplan.hierarchy.planning import PlanPolicy, obtain_plan
 from hierplan.hierarchy.record import NodeKind
-from hierplan.hierarchy.scheduler import Slots, run_dag
+from hierplan.hierarchy.scheduler import DagOutcome, Slots, run_dag
 
 OUTPUT_LIMIT = 2000
 
@@ -236,9 +236,7 @@ async def run_task_node(
                         if scope.cancelled_caught:  # the deadline passed
                             raise TimeoutError
                 except TimeoutError:
-                    failure = StepFailed(
-                        f"step timed out after {settings.step_timeout_s:g} s", retryable=True
-                    )
+                    failure = StepFailed(f"step timed out after {timeout:g} s", retryable=True)
                 except (UnexpectedModelCall, ModelAuthError):
                     raise
                 except HierplanError as exc:
@@ -380,8 +378,7 @@ async def execute_plan(
         children.retire(outcome.cancelled)
         if outcome.complete:
             return _succeed(node, plan, done)
-        failure = "; ".join(f"step {k!r} failed: {v}" for k, v in outcome.failed.items())
-        budget = any(f.status == "budget_exhausted" for f in outcome.failed.values())
+        failure, budget = _failures(outcome)
         if not can_replan:
             children.retire(outcome.not_started, "not run: the node gave up")
             return _give_up(node, plan, done, failure, budget=budget)
@@ -402,8 +399,7 @@ async def execute_plan(
             )
             children.retire(outcome.cancelled)
             children.retire(outcome.not_started, "not run: the node gave up")
-            failure = "; ".join(f"step {k!r} failed: {v}" for k, v in outcome.failed.items())
-            budget = any(f.status == "budget_exhausted" for f in outcome.failed.values())
+            failure, budget = _failures(outcome)
             why = f"{failure}; replanning failed: {exc}"
             return _give_up(node, plan, outcome.results, why, budget=budget)
         done = _carry_over(plan, new_plan, done)
@@ -467,6 +463,12 @@ async def _interleaved(
         children.sync(plan, done, len(node.record.plan_versions), policy)
     children.retire([s.id for s in plan.steps if s.id not in done], "not run: step limit")
     return _give_up(node, plan, done, f"no end after {settings.max_steps * 2} interleaved steps")
+
+
+def _failures(outcome: DagOutcome) -> tuple[str, bool]:
+    """What failed in ``outcome``, as one line, and whether a step ran out of budget."""
+    failure = "; ".join(f"step {k!r} failed: {v}" for k, v in outcome.failed.items())
+    return failure, any(f.status == "budget_exhausted" for f in outcome.failed.values())
 
 
 def _carry_over(old: Plan, new: Plan, done: Mapping[str, StepResult]) -> dict[str, StepResult]:
