@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -76,8 +77,29 @@ async def test_no_level_barrier() -> None:
 async def test_per_plan_limit_is_respected() -> None:
     rec = Recorder(delays={k: 0.02 for k in "abcdefgh"})
     plan = plan_of({k: [] for k in "abcdefgh"})
-    await run_dag(plan, rec, limiter=anyio.CapacityLimiter(3))
+    await run_dag(plan, rec, max_running=3)
     assert rec.peak == 3
+
+
+async def test_steps_past_the_limit_wait_as_queue_entries_not_as_tasks() -> None:
+    """A wide plan under a limit holds as many tasks as the limit, not one per step."""
+    tasks_seen: list[int] = []
+    before = len(anyio.get_running_tasks())
+
+    async def step_run(step: Step, inputs: dict[str, StepResult]) -> StepResult:
+        tasks_seen.append(len(anyio.get_running_tasks()) - before)
+        await anyio.lowlevel.checkpoint()
+        return StepResult(step.id, step.id)
+
+    plan = plan_of({f"s{i}": [] for i in range(200)} | {"join": [f"s{i}" for i in range(200)]})
+    out = await run_dag(plan, step_run, max_running=4)
+    assert out.complete and len(tasks_seen) == 201
+    assert max(tasks_seen) == 4  # the four steps' own tasks, never the 196 waiting ones
+
+
+async def test_a_limit_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_running must be at least 1, not 0"):
+        await run_dag(plan_of({"a": []}), Recorder(), max_running=0)
 
 
 async def test_failure_cancels_dependents_and_independent_branches_go_on() -> None:
@@ -97,6 +119,27 @@ async def test_stop_on_failure_starts_nothing_new_but_lets_running_steps_finish(
     assert set(out.failed) == {"bad"}
     assert "slow" in out.results
     assert sorted(out.not_started) == ["after_bad", "after_slow"]
+
+
+@pytest.mark.parametrize("max_running", [None, 2])
+async def test_stop_on_failure_starts_no_step_whose_task_had_not_run_yet(
+    max_running: int | None,
+) -> None:
+    """A step that fails before its sibling's task first runs (a budget refused at once,
+    say) stops the sibling from starting at all, with a limit or without."""
+    started: list[str] = []
+
+    async def step_run(step: Step, inputs: dict[str, StepResult]) -> StepResult:
+        started.append(step.id)
+        if step.id == "bad":
+            raise StepFailed("refused before any await")
+        await anyio.lowlevel.checkpoint()
+        return StepResult(step.id, step.id)
+
+    plan = plan_of({"bad": [], "other": []})
+    out = await run_dag(plan, step_run, max_running=max_running, stop_on_failure=True)
+    assert started == ["bad"]
+    assert set(out.failed) == {"bad"} and out.not_started == ["other"]
 
 
 async def test_a_plan_can_go_on_after_stopping_on_a_failure() -> None:
@@ -162,7 +205,7 @@ def test_random_dags_run_each_step_once_after_its_dependencies(
     rec = Recorder(delays={k: rng.choice((0, 0, 0.001, 0.003)) for k in deps})
 
     async def main() -> None:
-        await run_dag(plan_of(deps), rec, limiter=anyio.CapacityLimiter(limit))
+        await run_dag(plan_of(deps), rec, max_running=limit)
 
     anyio.run(main)
     assert rec.runs == {k: 1 for k in deps}

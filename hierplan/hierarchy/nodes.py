@@ -39,7 +39,7 @@ from hierplan.hierarchy.events import NodeFinished, NodeStarted, StepRetried
 from hierplan.hierarchy.plan import Plan, Step, topological_order
 from hierplan.hierarchy.planning import PlanPolicy, obtain_plan
 from hierplan.hierarchy.record import NodeKind
-from hierplan.hierarchy.scheduler import DagOutcome, Slots, run_dag
+from hierplan.hierarchy.scheduler import DagOutcome, run_dag
 
 OUTPUT_LIMIT = 2000
 
@@ -356,7 +356,7 @@ async def execute_plan(
     # Counted from the record, not from zero: replans made before a pause still count after
     # the run resumes (max_replans is per node, however many times the run was paused).
     replans = sum(1 for v in node.record.plan_versions if v.reason == "replan")
-    limiter = Slots(1 if policy.sequential else settings.plan_concurrency)
+    max_running = 1 if policy.sequential else settings.plan_concurrency
 
     def run_step(step: Step, step_inputs: dict[str, StepResult]) -> Awaitable[StepResult]:
         # Returns the child's coroutine rather than awaiting it: no frame of its own stays on
@@ -372,7 +372,7 @@ async def execute_plan(
             return await _interleaved(node, plan, policy, inputs, children, done)
         can_replan = policy.replan_on_failure and replans < settings.max_replans
         outcome = await run_dag(
-            plan, run_step, done=done, limiter=limiter, stop_on_failure=can_replan
+            plan, run_step, done=done, max_running=max_running, stop_on_failure=can_replan
         )
         done = outcome.results
         children.retire(outcome.cancelled)
@@ -395,7 +395,7 @@ async def execute_plan(
             # plan goes on without replanning, as if replans were not allowed, so that
             # finished work counts and independent branches still run.
             outcome = await run_dag(
-                plan, run_step, done=done, failed=outcome.failed, limiter=limiter
+                plan, run_step, done=done, failed=outcome.failed, max_running=max_running
             )
             children.retire(outcome.cancelled)
             children.retire(outcome.not_started, "not run: the node gave up")

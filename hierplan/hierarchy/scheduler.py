@@ -1,9 +1,10 @@
 """Runs one plan's DAG under one anyio task group.
 
 A step starts the moment its last dependency finishes: there is no level-by-level barrier, so the
-makespan follows the critical path. A per-plan capacity limiter bounds how many of the plan's
-steps run at once (the run-wide leaf limit is applied by the executor nodes). Every task belongs
-to the task group, so none outlives the plan.
+makespan follows the critical path. A per-plan limit bounds how many of the plan's steps run at
+once (the run-wide leaf limit is applied by the executor nodes); a ready step past the limit
+waits in a queue and gets its task when a slot frees, so a wide plan holds as many tasks as its
+limit allows, not one per step. Every task belongs to the task group, so none outlives the plan.
 
 When a step fails for good, either its dependents are cancelled (transitively) and independent
 branches go on, or, with ``stop_on_failure`` (the node is about to replan), no new step starts and
@@ -15,7 +16,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import anyio
 
@@ -24,16 +24,6 @@ from hierplan.errors import StepFailed
 from hierplan.hierarchy.plan import Plan, Step
 
 RunStep = Callable[[Step, dict[str, StepResult]], Awaitable[StepResult]]
-
-
-class Limiter(Protocol):
-    """What bounds how many steps run at once: :class:`Slots` or an ``anyio.CapacityLimiter``."""
-
-    async def acquire(self) -> None:
-        """Wait for a free slot and take it."""
-
-    def release(self) -> None:
-        """Give the slot back."""
 
 
 class Slots:
@@ -99,17 +89,19 @@ async def run_dag(
     *,
     done: Mapping[str, StepResult] | None = None,
     failed: Mapping[str, StepFailed] | None = None,
-    limiter: Limiter | None = None,
+    max_running: int | None = None,
     stop_on_failure: bool = False,
 ) -> DagOutcome:
     """Run every step of ``plan`` not already in ``done`` or ``failed``, each after its
-    dependencies.
+    dependencies, at most ``max_running`` at once (no limit when ``None``).
 
     ``run_step(step, inputs)`` gets the results of the step's dependencies and raises
     :class:`StepFailed` when the step fails for good. Steps in ``failed`` (failed in an
     earlier run of the same plan) do not run again, and neither do their dependents.
     ``plan`` must be valid (acyclic, no dangling dependencies): the gate sees to that.
     """
+    if max_running is not None and max_running < 1:
+        raise ValueError(f"max_running must be at least 1, not {max_running}")
     outcome = DagOutcome(results=dict(done or {}), failed=dict(failed or {}))
     results = outcome.results
     steps = {s.id: s for s in plan.steps}
@@ -121,6 +113,10 @@ async def run_dag(
         waiting[s.id] = sum(1 for d in s.depends_on if d not in results)
         for d in s.depends_on:
             dependents[d].append(s.id)
+    # Ready steps past the limit wait here, as entries rather than as tasks: a plan of
+    # 100,000 steps under a limit of 8 holds 8 tasks, not 100,000 waiting ones.
+    ready: deque[Step] = deque()
+    running = 0
     stopping = False
 
     def cancel_dependents(step_id: str, reason: str) -> None:
@@ -134,39 +130,45 @@ async def run_dag(
     for step_id in outcome.failed:
         cancel_dependents(step_id, f"dependency {step_id!r} failed")
 
+    def start_ready() -> None:
+        nonlocal running
+        while ready and not stopping and (max_running is None or running < max_running):
+            running += 1
+            tg.start_soon(run_one, ready.popleft())
+
     async def run_one(step: Step) -> None:
-        nonlocal stopping
-        inputs = {d: results[d] for d in step.depends_on}
+        nonlocal stopping, running
+        if stopping:  # a step that failed before this task's first turn: start nothing new
+            running -= 1
+            return
         try:
-            if limiter is None:
-                result = await run_step(step, inputs)
-            else:
-                await limiter.acquire()
-                try:
-                    if stopping:
-                        return
-                    result = await run_step(step, inputs)
-                finally:
-                    limiter.release()
+            result = await run_step(step, {d: results[d] for d in step.depends_on})
         except StepFailed as exc:
+            running -= 1
             outcome.failed[step.id] = exc
             if stop_on_failure:
                 stopping = True
             else:
                 cancel_dependents(step.id, f"dependency {step.id!r} failed")
+                start_ready()
             return
+        running -= 1
         results[step.id] = result
         if stopping:
             return
         for sid in dependents[step.id]:
             waiting[sid] -= 1
             if waiting[sid] == 0 and sid not in outcome.cancelled and sid not in outcome.failed:
-                tg.start_soon(run_one, steps[sid])
+                ready.append(steps[sid])
+        start_ready()
 
+    ready.extend(
+        s
+        for s in plan.steps
+        if s.id not in results and waiting[s.id] == 0 and s.id not in outcome.failed
+    )
     async with anyio.create_task_group() as tg:
-        for s in plan.steps:
-            if s.id not in results and waiting[s.id] == 0 and s.id not in outcome.failed:
-                tg.start_soon(run_one, s)
+        start_ready()
     outcome.not_started = [
         s.id
         for s in plan.steps
