@@ -1,7 +1,7 @@
 """What one leaf holds in memory while it waits, and what stays of it after the run: the
 evidence behind the 100,000-leaf peak RSS of ``benchmarks/scale.py``.
 
-    .venv/bin/python benchmarks/memory.py [--leaves 10000] [--top 25]
+    .venv/bin/python benchmarks/memory.py [--leaves 10000] [--top 25] [--queued 20000]
 
 The workload is that of ``benchmarks/overhead.py`` (a three-level hierplan tree, budgets on,
 tracing off, concurrency not limited), except that every leaf's model call waits for the
@@ -16,7 +16,9 @@ Reported, per leaf:
   group's bytes in flight;
 - the object types alive in flight (objects the garbage collector tracks; shallow sizes, so a
   type's figure excludes what its objects point to): which objects each leaf costs;
-- the chain of coroutines one waiting leaf is suspended in, with each frame's size.
+- the chain of coroutines one waiting leaf is suspended in, with each frame's size;
+- with ``--queued N``: the traced peak of one plan of N one-millisecond steps under the default
+  per-plan limit, where the steps that cannot start yet wait in the scheduler's queue.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ import overhead
 
 import hierplan
 from hierplan import FunctionModel, ModelRequest, ModelResponse, RunSettings
+from hierplan.agents.executor import StepResult
+from hierplan.hierarchy.plan import Plan, Step
+from hierplan.hierarchy.scheduler import run_dag
 
 Histogram = dict[str, tuple[int, int]]  # type name -> (count, shallow bytes)
 
@@ -168,11 +173,35 @@ async def measure_anyio(leaves: int) -> float:
     return in_flight[0] / leaves
 
 
+async def measure_queued(steps: int) -> float:
+    """Traced peak bytes per step of one plan of ``steps`` independent one-millisecond steps
+    run under the default per-plan limit."""
+    plan = Plan.model_construct(
+        goal="queued", steps=[Step(id=f"s{i}", title="s", instruction="s") for i in range(steps)]
+    )
+
+    async def step_run(step: Step, inputs: dict[str, StepResult]) -> StepResult:
+        await anyio.sleep(0.001)
+        return StepResult("done", "done")
+
+    gc.collect()
+    tracemalloc.start()
+    outcome = await run_dag(plan, step_run, max_running=RunSettings().plan_concurrency)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    if not outcome.complete:
+        raise RuntimeError("the queued plan went wrong")
+    return peak / steps
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Measure and print; returns the figures."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--leaves", type=int, default=10_000)
     parser.add_argument("--top", type=int, default=25, help="object types to list")
+    parser.add_argument(
+        "--queued", type=int, default=0, help="also measure one plan of this many steps"
+    )
     args = parser.parse_args(argv)
     ours = anyio.run(measure_hierplan, args.leaves)
     bare = anyio.run(measure_anyio, args.leaves)
@@ -189,6 +218,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, size in ours["chain"]:
         print(f"  {size:6,}  {name}")
     print(f"  {sum(size for _, size in ours['chain']):6,}  total")
+    if args.queued:
+        ours["queued_peak_bytes"] = anyio.run(measure_queued, args.queued)
+        print(
+            f"one plan of {args.queued:,} steps, {RunSettings().plan_concurrency} at once: "
+            f"traced peak {ours['queued_peak_bytes']:,.0f} bytes a step"
+        )
     return ours
 
 

@@ -170,13 +170,15 @@ def test_the_events_benchmark_reads_every_event_of_its_runs() -> None:
 
 def test_the_memory_benchmark_counts_a_leaf_in_flight_and_after_the_run() -> None:
     memory = _load("memory")
-    figures = memory.main(["--leaves", "200", "--top", "3"])
+    figures = memory.main(["--leaves", "200", "--top", "3", "--queued", "400"])
     # a leaf in flight holds more than a bare task, and keeps less after the run than in flight
     assert figures["in_flight_bytes"] > figures["anyio_in_flight_bytes"] > 0
     assert 0 < figures["after_bytes"] < figures["in_flight_bytes"]
     names = [name for name, _ in figures["chain"]]
     assert "run_task_node" in names and "LLMExecutor.execute" in names
     assert figures["types"]["hierplan.hierarchy.record.NodeRecord"][0] >= 1.0
+    # a step waiting in the plan's queue holds its plan entry, not a task (about 4 KB)
+    assert 0 < figures["queued_peak_bytes"] < figures["anyio_in_flight_bytes"]
 
 
 def test_the_collector_statistics_time_each_sides_own_passes() -> None:
