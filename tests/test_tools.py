@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Annotated
+from datetime import date
+from typing import Annotated, Any
 
 import anyio
 import pytest
-from pydantic import Field
+from pydantic import BaseModel, Field
 
-from hierplan import tool
+import hierplan
+from hierplan import Plan, ScriptedModel, Step, tool
+from hierplan.agents.models.scripted import plan_response
 from hierplan.agents.tools import Toolbox, result_text
 from hierplan.errors import ToolArgsError, ToolError, ToolNotAllowedError, ToolTimeoutError
 
@@ -96,6 +99,33 @@ def test_result_text_is_bounded() -> None:
     assert result_text({"a": 1}) == '{"a": 1}'
     long = result_text("x" * 5000, limit=10)
     assert long.startswith("x" * 10) and long.endswith("[4990 more]")
+
+
+class Reading(BaseModel):
+    city: str
+    celsius: float
+
+
+def test_result_text_gives_json_for_any_value_and_never_raises() -> None:
+    assert result_text(Reading(city="Lima", celsius=18.5)) == '{"city": "Lima", "celsius": 18.5}'
+    assert result_text({"seen": {3}, "at": date(2026, 1, 2)}) == '{"seen": [3], "at": "2026-01-02"}'
+    assert result_text({(0, 1): "b"}) == '{"0,1": "b"}'  # keys JSON cannot take
+    looped: dict[str, Any] = {"n": 1}
+    looped["self"] = looped
+    assert result_text(looped) == "{'n': 1, 'self': {...}}"
+
+
+async def test_a_tool_result_json_cannot_hold_still_ends_the_step() -> None:
+    @tool
+    def grid() -> dict[tuple[int, int], str]:
+        """The cells of a grid."""
+        return {(0, 0): "a", (0, 1): "b"}
+
+    step = Step(id="g", title="grid", instruction="read the grid", tool="grid", args={})
+    model = ScriptedModel([plan_response(Plan(goal="grid", steps=[step]))])
+    result = await hierplan.run("grid", model=model, tools=[grid], strategy="dag")
+    assert result.status == "succeeded", result.error
+    assert result.answer == '{"0,0": "a", "0,1": "b"}'
 
 
 def test_varargs_are_refused() -> None:

@@ -28,6 +28,7 @@ from typing import Any, overload
 import anyio
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from hierplan.agents.models.base import ToolSpec
 from hierplan.errors import ToolArgsError, ToolError, ToolNotAllowedError, ToolTimeoutError
@@ -249,9 +250,33 @@ class Toolbox:
 
 
 def result_text(result: Any, *, limit: int = 4000) -> str:
-    """A tool result as text for a model, truncated to ``limit`` characters."""
-    text = result if isinstance(result, str) else json.dumps(result, default=str)
+    """A tool result as text for a model, truncated to ``limit`` characters.
+
+    Strings stay as they are; anything else becomes JSON: pydantic models, dataclasses, sets,
+    dates and the like as their JSON form, what JSON has no form for as its ``str``. It never
+    raises, whatever a tool returns.
+
+    >>> result_text({(0, 1): "b", "n": {2, 1}})
+    '{"0,1": "b", "n": [1, 2]}'
+    """
+    text = result if isinstance(result, str) else _json_text(result)
     return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} more]"
+
+
+def _json_text(result: Any) -> str:
+    try:
+        return json.dumps(result, default=_jsonable)
+    except (TypeError, ValueError):
+        pass  # keys JSON cannot take (a tuple), or a value that contains itself
+    try:
+        return json.dumps(to_jsonable_python(result, fallback=str))
+    except (TypeError, ValueError, PydanticSerializationError):
+        return repr(result)  # a reference cycle: the repr marks it, and still shows the rest
+
+
+def _jsonable(value: Any) -> Any:
+    """``json.dumps``'s ``default``: a value JSON has no form for, in one it has."""
+    return to_jsonable_python(value, fallback=str)
 
 
 ToolFunction = Callable[..., Any] | Callable[..., Awaitable[Any]]
