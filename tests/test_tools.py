@@ -82,6 +82,17 @@ async def test_timeouts_abandon_a_slow_tool() -> None:
     assert time.perf_counter() - start < 0.3
 
 
+async def test_a_timeout_the_tool_raises_itself_keeps_its_message() -> None:
+    @tool(timeout_s=30)
+    def lookup() -> str:
+        """Ask a slow upstream service."""
+        raise TimeoutError("the upstream service did not answer within 2 s")
+
+    with pytest.raises(TimeoutError, match="upstream service") as caught:
+        await lookup.call({})
+    assert not isinstance(caught.value, ToolTimeoutError)
+
+
 def test_toolbox_allowlists_and_unknown_tools() -> None:
     box = Toolbox([scale])
     with pytest.raises(ValueError, match="two tools"):

@@ -67,13 +67,11 @@ class Tool(ABC):
     async def call(self, arguments: Mapping[str, Any]) -> Any:
         """Validate ``arguments``, then run the tool under its timeout."""
         valid = self.validate(arguments)
-        try:
-            with anyio.fail_after(self.timeout_s):
-                return await self.invoke(valid)
-        except TimeoutError as exc:
-            raise ToolTimeoutError(
-                f"tool {self.name!r} did not finish within {self.timeout_s:g} s"
-            ) from exc
+        # move_on_after, not fail_after: a TimeoutError the tool raises itself (a client's own
+        # timeout, say) is its failure with its own message, not this deadline running out.
+        with anyio.move_on_after(self.timeout_s):
+            return await self.invoke(valid)
+        raise ToolTimeoutError(f"tool {self.name!r} did not finish within {self.timeout_s:g} s")
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
