@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
+from collections.abc import Callable
 from datetime import date
 from typing import Annotated, Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 from pydantic import BaseModel, Field
 
@@ -59,6 +62,24 @@ async def test_sync_tools_run_in_a_worker_thread() -> None:
         return threading.get_ident()
 
     assert await where.call({}) != main
+
+
+async def test_an_async_function_under_a_sync_decorator_is_awaited() -> None:
+    def logged(function: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return function(*args, **kwargs)
+
+        return wrapper
+
+    @tool
+    @logged
+    async def double(n: int) -> int:
+        """Double a number."""
+        await anyio.lowlevel.checkpoint()
+        return 2 * n
+
+    assert await double.call({"n": 21}) == 42
 
 
 async def test_timeouts_abandon_a_slow_tool() -> None:

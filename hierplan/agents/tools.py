@@ -116,13 +116,19 @@ class FunctionTool(Tool):
         return {field: getattr(model, field) for field in type(model).model_fields}
 
     async def invoke(self, arguments: Mapping[str, Any]) -> Any:
-        """Await an async function; run a sync one in a worker thread."""
+        """Await an async function; run a sync one in a worker thread (and await what it
+        returns if that is awaitable)."""
         if self.is_async:
             result: Any = await self.function(**arguments)
             return result
-        return await anyio.to_thread.run_sync(
+        result = await anyio.to_thread.run_sync(
             partial(self.function, **arguments), abandon_on_cancel=True
         )
+        # A sync wrapper around an async function (a decorator without its own async def)
+        # returns a coroutine: its result is what the tool returns, not the coroutine.
+        if inspect.isawaitable(result):
+            result = await result
+        return result
 
 
 def _args_model(function: Callable[..., Any]) -> type[BaseModel]:
