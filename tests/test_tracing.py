@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, Sampler
 from tracing_support import (
+    PRICED_AS,
     ScriptedRun,
     Telemetry,
     check_cost_invariants,
@@ -26,6 +27,7 @@ from tracing_support import (
 
 import hierplan
 from hierplan import (
+    FunctionModel,
     Instrument,
     Model,
     ModelRequest,
@@ -33,6 +35,7 @@ from hierplan import (
     NodeContext,
     PriceTable,
     RunEvent,
+    Usage,
 )
 from hierplan.hierarchy.context import RunContext
 from hierplan.tracing.otel import DURATION_BUCKETS, TOKEN_BUCKETS, Tracing, redact
@@ -92,6 +95,41 @@ async def test_costs_add_up_in_the_scripted_run() -> None:
     telemetry = Telemetry()
     result = await hierplan.run(instruments=[telemetry.tracing()], **ScriptedRun().run_options())
     check_cost_invariants(result, telemetry.finished())
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("reported", [None, Usage(-5, 40)], ids=["no usage", "impossible usage"])
+@pytest.mark.parametrize("budget_tokens", [None, 100_000], ids=["unbudgeted", "budgeted"])
+async def test_chat_spans_count_a_reply_as_the_record_does(
+    reported: Usage | None, budget_tokens: int | None
+) -> None:
+    """A reply without usage counts at its worst case, impossible usage as the nearest
+    possible; the chat span must count it so too, or spans and rollups disagree."""
+    plan = {"goal": "greet", "steps": [{"id": "a", "title": "greet", "instruction": "say hi"}]}
+
+    def answer(request: ModelRequest) -> ModelResponse:
+        if request.phase == "planning":
+            return ModelResponse(output=plan, usage=Usage(100, 20))
+        return ModelResponse(text="hi", usage=reported)
+
+    model = FunctionModel(answer, name="m", priced_as=PRICED_AS, report_usage=False)
+    telemetry = Telemetry()
+    result = await hierplan.run(
+        "greet",
+        model=model,
+        strategy="dag",
+        budget_tokens=budget_tokens,
+        instruments=[telemetry.tracing()],
+    )
+    assert result.status == "succeeded", result.error
+    spans = telemetry.finished()
+    check_cost_invariants(result, spans)
+    (leaf_chat,) = [
+        s for s in spans if s.name == "chat m" and _attr(s, "hierplan.phase") == "execution"
+    ]
+    flag = "no_usage" if reported is None else "invalid_usage"
+    assert flag in _attr(leaf_chat, "hierplan.flags")
+    assert flag in result.tree.find("1.1").calls[0].flags
 
 
 def test_costs_add_up_in_the_data_migration_run(

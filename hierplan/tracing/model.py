@@ -12,6 +12,7 @@ from opentelemetry.trace import Span, SpanKind
 from opentelemetry.util.types import AttributeValue
 
 from hierplan.agents.models.base import Model, ModelRequest, ModelResponse, Usage
+from hierplan.agents.models.tokens import usage_counted
 from hierplan.errors import ModelError
 from hierplan.hierarchy.context import NodeContext
 from hierplan.tracing.attributes import error_attributes, request_model
@@ -99,7 +100,7 @@ class TracedModel:
             usage = exc.usage if isinstance(exc, ModelError) else None
             self._finish(span, request, started, usage, None, exc)
             raise
-        self._finish(span, request, started, response.usage, response.model, None, response)
+        self._finish(span, request, started, None, response.model, None, response)
         return response
 
     def _finish(
@@ -113,11 +114,20 @@ class TracedModel:
         response: ModelResponse | None = None,
     ) -> None:
         try:
+            flags: list[str] = []
+            if response is not None:
+                # Counted as the run record counts it once this wrapper has returned (a reply
+                # without usage at its worst case, impossible usage as the nearest possible),
+                # so that chat spans add up to the record's totals and the rollups.
+                usage, flag = usage_counted(response, request)
+                flags = list(response.flags)
+                if flag is not None and flag not in flags:
+                    flags.append(flag)
             attributes = self._record(span, request, started, usage, response_model, error)
             if response is not None:
                 attributes["gen_ai.response.finish_reasons"] = [response.finish_reason]
-                if response.flags:
-                    attributes["hierplan.flags"] = list(response.flags)
+                if flags:
+                    attributes["hierplan.flags"] = flags
                 if self._tracing.capture_content:
                     attributes["gen_ai.output.messages"] = output_messages(
                         response, self._tracing.content

@@ -54,15 +54,24 @@ def counted_usage(
     estimate by default, plus ``max_tokens``; flag ``no_usage``), never as free; impossible
     usage (negative counts, more cached input than input) as the nearest possible one (flag
     ``invalid_usage``)."""
+    usage, flag = usage_counted(response, request, input_tokens)
+    if flag is None:
+        return usage
+    response.usage = usage
+    if flag not in response.flags:  # an adapter may have flagged it already
+        response.flags.append(flag)
+    return usage
+
+
+def usage_counted(
+    response: ModelResponse, request: ModelRequest, input_tokens: int | None = None
+) -> tuple[Usage, str | None]:
+    """What :func:`counted_usage` would count ``response`` for, and its flag (``no_usage``,
+    ``invalid_usage`` or ``None``), without changing the response: for those who see the reply
+    before the call is recorded and must count it the same way."""
     reported = response.usage
     if reported is None:
         worst = estimate_request_tokens(request) if input_tokens is None else input_tokens
-        usage = response.usage = Usage(worst, request.max_tokens)
-        if "no_usage" not in response.flags:  # an adapter may have flagged it already
-            response.flags.append("no_usage")
-        return usage
+        return Usage(worst, request.max_tokens), "no_usage"
     usage = reported.possible()
-    if usage is not reported:
-        response.usage = usage
-        response.flags.append("invalid_usage")
-    return usage
+    return usage, None if usage is reported else "invalid_usage"
