@@ -209,6 +209,36 @@ def test_otlp_honours_the_standard_variables(
     assert len(receiver.spans()) == 26  # 1 workflow, 8 agents, 4 plans, 7 chats, 6 tools
 
 
+@pytest.mark.parametrize(
+    ("service_name", "attributes", "expected"),
+    [
+        (None, "service.name=shop,deployment.environment=test", "shop"),
+        ("billing", "service.name=shop", "billing"),  # OTEL_SERVICE_NAME wins, as specified
+        (None, "deployment.environment=test", "hierplan"),
+        (None, None, "hierplan"),
+    ],
+)
+def test_the_service_name_comes_from_the_standard_variables(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    service_name: str | None,
+    attributes: str | None,
+    expected: str,
+) -> None:
+    for name, value in (
+        ("OTEL_SERVICE_NAME", service_name),
+        ("OTEL_RESOURCE_ATTRIBUTES", attributes),
+    ):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    setup = configure_tracing([f"jsonl={tmp_path / 'spans.jsonl'}"])
+    assert setup is not None
+    with setup:
+        assert setup.tracer_provider.resource.attributes["service.name"] == expected
+
+
 def test_console_target_writes_spans_and_metrics_to_its_stream() -> None:
     stream = io.StringIO()
     setup = configure_tracing(["console"], console_stream=stream)

@@ -13,7 +13,8 @@
 
 :func:`configure_tracing` builds SDK providers of its own and never registers them globally, so
 it cannot interfere with an application's OpenTelemetry set-up. The service name is
-``hierplan`` unless ``OTEL_SERVICE_NAME`` says otherwise; ``OTEL_RESOURCE_ATTRIBUTES`` is honoured.
+``hierplan`` unless ``OTEL_SERVICE_NAME`` (or ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES``)
+says otherwise; ``OTEL_RESOURCE_ATTRIBUTES`` is honoured.
 
 >>> with configure_tracing(["jsonl=runs/spans.jsonl"]) as setup:  # doctest: +SKIP
 ...     hierplan.run_sync(scenario="data_migration", instruments=setup.instruments)
@@ -38,7 +39,7 @@ from opentelemetry.sdk.metrics.export import (
     MetricReader,
     PeriodicExportingMetricReader,
 )
-from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
@@ -228,7 +229,10 @@ def _otlp_exporters(target: TraceTarget) -> tuple[SpanExporter, MetricExporter |
 
 
 def _resource() -> Resource:
-    return Resource.create({SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME") or "hierplan"})
+    """The standard variables' resource, named ``hierplan`` unless they name the service: by
+    ``OTEL_SERVICE_NAME`` or by ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES``."""
+    named = OTELResourceDetector().detect().attributes.get(SERVICE_NAME)
+    return Resource.create({} if named else {SERVICE_NAME: "hierplan"})
 
 
 def configure_tracing(
