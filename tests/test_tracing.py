@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -33,12 +33,24 @@ from hierplan import (
     ModelRequest,
     ModelResponse,
     NodeContext,
+    Plan,
     PriceTable,
     RunEvent,
+    ScriptedModel,
+    Step,
+    Tool,
     Usage,
 )
+from hierplan.agents.models.scripted import plan_response
+from hierplan.errors import ToolArgsError
 from hierplan.hierarchy.context import RunContext
-from hierplan.tracing.otel import DURATION_BUCKETS, TOKEN_BUCKETS, Tracing, redact
+from hierplan.tracing.otel import (
+    DURATION_BUCKETS,
+    EVENT_TEXT_LIMIT,
+    TOKEN_BUCKETS,
+    Tracing,
+    redact,
+)
 
 SNAPSHOT = Path(__file__).parent / "snapshots" / "trace_scripted.json"
 
@@ -323,6 +335,44 @@ async def test_content_is_recorded_only_on_opt_in_and_secrets_never() -> None:
         ]
         add = [t for t in tools if _attr(t, "gen_ai.tool.call.id") == "call-1"]
         assert json.loads(_attr(add[0], "gen_ai.tool.call.arguments")) == {"a": 2, "b": 3}
+
+
+class _Lookup(Tool):
+    """A tool whose argument errors quote the value, as JSON-schema validation (MCP tools) does."""
+
+    def __init__(self) -> None:
+        schema = {"type": "object", "properties": {"count": {"type": "integer"}}}
+        super().__init__("lookup", "Look a number up.", schema)
+
+    def validate(self, arguments: Mapping[str, Any]) -> Mapping[str, Any]:
+        if not isinstance(arguments.get("count"), int):
+            raise ToolArgsError(f"count: {arguments.get('count')!r} is not of type 'integer'")
+        return arguments
+
+    async def invoke(self, arguments: Mapping[str, Any]) -> Any:
+        return arguments["count"]
+
+
+@pytest.mark.anyio
+async def test_lists_of_text_in_span_events_are_redacted_and_cut() -> None:
+    """The gate's problems quote the plan's arguments: a key in them stays out of the trace."""
+
+    def plan(count: object) -> ModelResponse:
+        step = Step(id="a", title="a", instruction="look up", tool="lookup", args={"count": count})
+        return plan_response(Plan(goal="look up", steps=[step]))
+
+    telemetry = Telemetry()
+    model = ScriptedModel([plan(SECRET), plan("x" * 5000), plan(3)])
+    result = await hierplan.run(
+        "look up", model=model, tools=[_Lookup()], strategy="dag", instruments=[telemetry.tracing()]
+    )
+    assert result.status == "succeeded", result.error
+    (root,) = [s for s in telemetry.finished() if s.name == "invoke_agent planner"]
+    decided = [e.attributes or {} for e in root.events if e.name == "hierplan.plan_decided"]
+    problems = [p for e in decided for p in e.get("hierplan.problems", ())]
+    assert len(problems) == 2 and all(isinstance(p, str) for p in problems)
+    assert SECRET not in problems[0] and "[REDACTED]" in problems[0]
+    assert len(problems[1]) == EVENT_TEXT_LIMIT
 
 
 def test_redact_hides_key_shapes() -> None:

@@ -164,6 +164,10 @@ class Tracing(Instrument):
             converted = attribute_value(value)
             if isinstance(converted, str):
                 converted = redact(converted)[:EVENT_TEXT_LIMIT]
+            elif isinstance(converted, list):
+                # Lists of text (the gate's problems, which quote plan arguments) are event
+                # text too: redacted and cut like a string.
+                converted = [redact(str(item))[:EVENT_TEXT_LIMIT] for item in converted]
             if converted is not None:
                 attributes[f"hierplan.{name}"] = converted
             elif self.capture_content:
