@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -18,7 +19,13 @@ import hierplan
 from hierplan import Plan, ScriptedModel, Step, tool
 from hierplan.agents.models.scripted import plan_response
 from hierplan.agents.tools import Toolbox, result_text
-from hierplan.errors import ToolArgsError, ToolError, ToolNotAllowedError, ToolTimeoutError
+from hierplan.errors import (
+    ToolArgsError,
+    ToolError,
+    ToolNotAllowedError,
+    ToolTimeoutError,
+    UserInputError,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -112,6 +119,26 @@ async def test_a_timeout_the_tool_raises_itself_keeps_its_message() -> None:
     with pytest.raises(TimeoutError, match="upstream service") as caught:
         await lookup.call({})
     assert not isinstance(caught.value, ToolTimeoutError)
+
+
+@pytest.mark.parametrize("timeout_s", [0, -1.0, float("nan"), None, "30"])
+def test_a_tool_deadline_that_is_not_a_positive_number_is_refused(timeout_s: Any) -> None:
+    with pytest.raises(UserInputError, match=r"'quick': timeout_s must be a number of seconds"):
+
+        @tool(timeout_s=timeout_s)
+        def quick() -> str:
+            """Answer at once."""
+            return "done"
+
+
+async def test_math_inf_means_no_deadline() -> None:
+    @tool(timeout_s=math.inf)
+    async def patient() -> str:
+        """Take a moment."""
+        await anyio.sleep(0.01)
+        return "done"
+
+    assert await patient.call({}) == "done"
 
 
 def test_toolbox_allowlists_and_unknown_tools() -> None:

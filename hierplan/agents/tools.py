@@ -31,7 +31,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from hierplan.agents.models.base import ToolSpec
-from hierplan.errors import ToolArgsError, ToolError, ToolNotAllowedError, ToolTimeoutError
+from hierplan.errors import (
+    ToolArgsError,
+    ToolError,
+    ToolNotAllowedError,
+    ToolTimeoutError,
+    UserInputError,
+)
 
 DEFAULT_TOOL_TIMEOUT_S = 60.0
 
@@ -40,6 +46,7 @@ class Tool(ABC):
     """A callable tool with a name, a description, a JSON schema and a timeout.
 
     Subclasses implement :meth:`invoke`; :meth:`call` adds validation and the timeout.
+    ``timeout_s`` is in seconds, more than 0 (``math.inf`` for no deadline).
     """
 
     def __init__(
@@ -50,6 +57,16 @@ class Tool(ABC):
         *,
         timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
     ) -> None:
+        # `not > 0` also refuses NaN, which would time every call out at once.
+        if (
+            isinstance(timeout_s, bool)
+            or not isinstance(timeout_s, int | float)
+            or not timeout_s > 0
+        ):
+            raise UserInputError(
+                f"tool {name!r}: timeout_s must be a number of seconds more than 0 "
+                f"(math.inf for no deadline), not {timeout_s!r}"
+            )
         self.name = name
         self.description = description
         self.parameters = dict(parameters)
