@@ -42,7 +42,7 @@ from hierplan import (
     Usage,
 )
 from hierplan.agents.models.scripted import plan_response
-from hierplan.errors import ToolArgsError
+from hierplan.errors import ModelError, ToolArgsError
 from hierplan.hierarchy.context import RunContext
 from hierplan.tracing.otel import (
     DURATION_BUCKETS,
@@ -142,6 +142,42 @@ async def test_chat_spans_count_a_reply_as_the_record_does(
     flag = "no_usage" if reported is None else "invalid_usage"
     assert flag in _attr(leaf_chat, "hierplan.flags")
     assert flag in result.tree.find("1.1").calls[0].flags
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("budget_tokens", [None, 100_000], ids=["unbudgeted", "budgeted"])
+async def test_a_failed_call_with_impossible_usage_counts_the_nearest_possible(
+    budget_tokens: int | None,
+) -> None:
+    """An error that reports impossible usage (a negative count) is recorded, traced and
+    settled as the nearest possible usage: never a negative cost."""
+    plan = {"goal": "greet", "steps": [{"id": "a", "title": "greet", "instruction": "say hi"}]}
+
+    def answer(request: ModelRequest) -> ModelResponse:
+        if request.phase == "planning":
+            return ModelResponse(output=plan, usage=Usage(100, 20))
+        raise ModelError("refused", retryable=False, usage=Usage(-50, 7))
+
+    model = FunctionModel(answer, name="m", priced_as=PRICED_AS, report_usage=False)
+    telemetry = Telemetry()
+    result = await hierplan.run(
+        "greet",
+        model=model,
+        strategy="dag",
+        budget_tokens=budget_tokens,
+        settings=hierplan.RunSettings(max_retries=0, max_replans=0),
+        instruments=[telemetry.tracing()],
+    )
+    (call,) = result.tree.find("1.1").calls
+    assert call.usage == Usage(0, 7) and call.cost_usd is not None and call.cost_usd > 0
+    assert call.flags == ["invalid_usage", "failed"]
+    spans = telemetry.finished()
+    check_cost_invariants(result, spans)
+    (leaf_chat,) = [
+        s for s in spans if s.name == "chat m" and _attr(s, "hierplan.phase") == "execution"
+    ]
+    assert _attr(leaf_chat, "gen_ai.usage.input_tokens") == 0
+    assert _attr(leaf_chat, "gen_ai.usage.output_tokens") == 7
 
 
 def test_costs_add_up_in_the_data_migration_run(

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hierplan.agents.executor import LLMExecutor, ToolExecutor
 from hierplan.agents.models.base import Model, ModelRequest, ModelResponse, ToolCall, Usage
-from hierplan.agents.models.tokens import counted_usage
+from hierplan.agents.models.tokens import counted_usage, failed_usage
 from hierplan.agents.planner import LLMPlanner
 from hierplan.agents.tools import Toolbox
 from hierplan.budgets.pricing import PriceTable
@@ -260,7 +260,16 @@ class NodeContext:
             try:
                 response = await self.model.request(request)
             except ModelError as exc:
-                self._record(request, exc.usage or Usage(), started, t0, attempt, ok=False)
+                used, flag = failed_usage(exc.usage)
+                self._record(
+                    request,
+                    used or Usage(),
+                    started,
+                    t0,
+                    attempt,
+                    ok=False,
+                    flags=None if flag is None else [flag],
+                )
                 if not exc.retryable or attempt > settings.model_retries:
                     raise
                 delay = _retry_delay(settings, attempt, exc)

@@ -12,7 +12,7 @@ from opentelemetry.trace import Span, SpanKind
 from opentelemetry.util.types import AttributeValue
 
 from hierplan.agents.models.base import Model, ModelRequest, ModelResponse, Usage
-from hierplan.agents.models.tokens import usage_counted
+from hierplan.agents.models.tokens import failed_usage, usage_counted
 from hierplan.errors import ModelError
 from hierplan.hierarchy.context import NodeContext
 from hierplan.tracing.attributes import error_attributes, request_model
@@ -97,7 +97,7 @@ class TracedModel:
             finally:
                 context.detach(token)
         except BaseException as exc:
-            usage = exc.usage if isinstance(exc, ModelError) else None
+            usage = failed_usage(exc.usage)[0] if isinstance(exc, ModelError) else None
             self._finish(span, request, started, usage, None, exc)
             raise
         self._finish(span, request, started, None, response.model, None, response)

@@ -75,3 +75,13 @@ def usage_counted(
         return Usage(worst, request.max_tokens), "no_usage"
     usage = reported.possible()
     return usage, None if usage is reported else "invalid_usage"
+
+
+def failed_usage(reported: Usage | None) -> tuple[Usage | None, str | None]:
+    """What a failed call counts for: the usage its error reported (``None`` when it reported
+    none), impossible usage as the nearest possible one with the flag ``invalid_usage``, as
+    the budget settles it; so that the record and the trace never show a negative cost."""
+    if reported is None:
+        return None, None
+    usage = reported.possible()
+    return usage, None if usage is reported else "invalid_usage"
