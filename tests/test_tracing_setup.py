@@ -120,6 +120,16 @@ def test_jsonl_file_in_a_directory_that_cannot_be_made(tmp_path: Path) -> None:
         configure_tracing([f"jsonl={blocker}/spans.jsonl"])
 
 
+def test_batch_settings_the_sdk_refuses_are_refused_before_a_file_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "-1")
+    spans = tmp_path / "trace" / "spans.jsonl"
+    with pytest.raises(UserInputError, match=r"max_queue_size must be a positive.*OTEL_BSP"):
+        configure_tracing([f"jsonl={spans}"])
+    assert not spans.exists()
+
+
 def test_otlp_without_the_extra_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.http.trace_exporter", None)
     with pytest.raises(UserInputError, match=r"pip install 'hierplan\[otlp\]'"):

@@ -235,6 +235,28 @@ def _resource() -> Resource:
     return Resource.create({} if named else {SERVICE_NAME: "hierplan"})
 
 
+class _NoExport(SpanExporter):
+    """Exports nothing: the exporter of the probe in :func:`_check_batch_settings`."""
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        """Drop ``spans``."""
+        return SpanExportResult.SUCCESS
+
+
+def _check_batch_settings() -> None:
+    """Refuse ``OTEL_BSP_*`` settings the SDK's batch processor refuses (a queue of -1, say),
+    before any exporter opens a file or a connection: the SDK raises a bare ValueError."""
+    try:
+        probe = BatchSpanProcessor(_NoExport())
+    except ValueError as exc:
+        raise UserInputError(
+            f"OpenTelemetry's batch settings are invalid: {exc} Fix or unset the OTEL_BSP_* "
+            "environment variables (OTEL_BSP_MAX_QUEUE_SIZE, OTEL_BSP_SCHEDULE_DELAY, "
+            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE)."
+        ) from None
+    probe.shutdown()
+
+
 def configure_tracing(
     specs: Sequence[str] | None,
     *,
@@ -248,6 +270,7 @@ def configure_tracing(
     targets = [parse_trace_target(s) for s in specs or ()]
     if not targets:
         return None
+    _check_batch_settings()
     resource = _resource()
     span_exporters: list[SpanExporter] = []
     metric_exporters: list[MetricExporter] = []
