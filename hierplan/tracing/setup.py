@@ -254,7 +254,7 @@ def _check_batch_settings() -> None:
             "environment variables (OTEL_BSP_MAX_QUEUE_SIZE, OTEL_BSP_SCHEDULE_DELAY, "
             "OTEL_BSP_MAX_EXPORT_BATCH_SIZE)."
         ) from None
-    probe.shutdown()
+    probe.shutdown()  # type: ignore[no-untyped-call]  # the SDK leaves it unannotated
 
 
 def configure_tracing(
