@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sqlite3
 from contextlib import closing
 from pathlib import Path
@@ -272,3 +273,21 @@ def test_a_new_run_in_the_directory_forgets_the_paused_one(paused: Path) -> None
     assert not (paused / CHECKPOINT_FILE).exists() and not (paused / PENDING_DIR).exists()
     code, out = hierplan("resume", paused, "--approve")
     assert code == 2 and "not paused" in out
+
+
+def test_the_commands_to_continue_work_when_pasted_for_a_directory_with_spaces(
+    tmp_path: Path, source_db: Path
+) -> None:
+    run_dir = migration_dir(source_db, tmp_path / "my runs" / "migration é")
+    code, out = start(run_dir)
+    assert code == PAUSED, out
+    shown = next(line for line in out.splitlines() if line.startswith("continue with: "))
+    pasted = shlex.split(shown.removeprefix("continue with: ").split(" | ")[0])
+    assert pasted == ["hierplan", "resume", str(run_dir), "--approve"]
+    pending = (run_dir / PENDING_DIR / "1.yaml").read_text()
+    approve = next(line for line in pending.splitlines() if line.startswith("# Approve: "))
+    command = shlex.split(approve.removeprefix("# Approve: "))
+    assert command[:3] == ["hierplan", "resume", str(run_dir)]
+    code, out = hierplan(*command[1:])
+    assert code == 0, out
+    assert record(run_dir)["verification"]["ok"]

@@ -22,6 +22,7 @@ checks the count again, and only then stops the run.
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -452,14 +453,15 @@ def write_checkpoint(
 
 def _pending_yaml(run_dir: Path, result: RunResult, node: NodeRecord, version: PlanVersion) -> str:
     one = f" --node {node.path} --version {version.version}"
+    where = shlex.quote(str(run_dir))  # the commands are pasted into a shell as they are
     head = [
         f"Pending plan for node {node.path} (version {version.version}, {version.reason}) "
         f"of run {result.run_id}.",
         f"Goal: {' '.join(node.goal.split())[:200]}",
         *(["SIMULATED: proposed by the offline simulator."] if result.simulated else []),
-        f"Approve: hierplan resume {run_dir} --approve{one}",
-        f'Reject:  hierplan resume {run_dir} --reject "why"{one}',
-        f"Edit:    change a copy of this file, then hierplan resume {run_dir} --plan FILE{one}",
+        f"Approve: hierplan resume {where} --approve{one}",
+        f'Reject:  hierplan resume {where} --reject "why"{one}',
+        f"Edit:    change a copy of this file, then hierplan resume {where} --plan FILE{one}",
     ]
     return "".join(f"# {line}\n" for line in head) + plan_to_yaml(version.plan)
 
@@ -480,10 +482,11 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
     path = run_dir / CHECKPOINT_FILE
     if not path.exists():
         if (run_dir / RESUMING_FILE).exists():
+            where = shlex.quote(str(run_dir))
             raise UserInputError(
                 f"a resume of {run_dir} is running or was interrupted ({RESUMING_FILE} exists); "
                 "steps may have run since the checkpoint, so it is not resumed twice. If no "
-                f"resume is running: start the run again (hierplan run ... -o {run_dir}), or "
+                f"resume is running: start the run again (hierplan run ... -o {where}), or "
                 f"rename {RESUMING_FILE} to {CHECKPOINT_FILE} to resume from the checkpoint "
                 "anyway (steps that ran since may run again)"
             )

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,8 +118,9 @@ def print_paused(console: Console, result: RunResult, out: Path) -> None:
         markup=False,
         highlight=False,
     )
+    where = shlex.quote(str(out))  # to paste into a shell as it is
     console.print(
-        f"continue with: hierplan resume {out} --approve | --reject REASON | --plan FILE "
+        f"continue with: hierplan resume {where} --approve | --reject REASON | --plan FILE "
         "[--node PATH]",
         markup=False,
         highlight=False,
