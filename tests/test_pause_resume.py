@@ -381,6 +381,40 @@ async def test_a_hand_edited_checkpoint_is_refused_clearly_and_stays_resumable(
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("written_by", "problem"),
+    [
+        ("newer", r"checkpoint format 2; this hierplan reads format 1: it was written by a newer"),
+        (
+            "older",
+            r"checkpoint format 0; this hierplan reads format 1: resume it with the hierplan",
+        ),
+    ],
+)
+async def test_a_checkpoint_of_another_format_says_so_whatever_its_fields(
+    tmp_path: Path, written_by: str, problem: str
+) -> None:
+    calls: list[str] = []
+    common = {"model": fanout_planner(2), "tools": [recording_tool(calls)]}
+    await hierplan.run(ROOT_GOAL, approver=PauseForReview(), checkpoint_dir=tmp_path, **common)
+    path = tmp_path / CHECKPOINT_FILE
+    saved = path.read_text()
+    data = json.loads(saved)
+    if written_by == "newer":
+        data.update(format=2, plans={})  # a field this hierplan does not know
+    else:
+        data["format"] = 0
+        del data["invocation"]  # a field this hierplan needs
+    path.write_text(json.dumps(data))
+    with pytest.raises(UserInputError, match=problem):
+        await hierplan.resume(tmp_path, Approve(), **common)
+    assert path.exists() and calls == []
+    path.write_text(saved)
+    done = await hierplan.resume(tmp_path, Approve(), **common)
+    assert done.status == "succeeded" and len(calls) == 2
+
+
+@pytest.mark.anyio
 async def test_an_interrupted_resume_says_how_to_go_on(tmp_path: Path) -> None:
     common = {"model": fanout_planner(2), "tools": [recording_tool([])]}
     await hierplan.run(ROOT_GOAL, approver=PauseForReview(), checkpoint_dir=tmp_path, **common)

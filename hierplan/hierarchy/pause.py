@@ -497,17 +497,36 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
             )
         raise UserInputError(f"{run_dir} is not a paused run directory (no {CHECKPOINT_FILE})")
     try:
-        checkpoint = Checkpoint.model_validate_json(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise UserInputError(f"cannot read {path}: {exc}") from None
+    _check_format(path, text)
+    try:
+        return Checkpoint.model_validate_json(text)
     except ValidationError as exc:
         raise UserInputError(
             f"{path} is not a hierplan checkpoint ({exc.error_count()} problem(s); first, at "
             f"{first_problem(exc, 'the file')})"
         ) from None
-    if checkpoint.format != CHECKPOINT_FORMAT:
-        raise UserInputError(
-            f"{path} has checkpoint format {checkpoint.format}; this hierplan reads "
-            f"format {CHECKPOINT_FORMAT}"
+
+
+def _check_format(path: Path, text: str) -> None:
+    """Refuse a checkpoint of another format before reading its fields: another hierplan
+    version's checkpoint has other fields, and its format says why they do not match."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return  # not JSON: the checkpoint's validation says where
+    found = data.get("format", CHECKPOINT_FORMAT) if isinstance(data, dict) else None
+    if found is None or found == CHECKPOINT_FORMAT:
+        return
+    newer = isinstance(found, int) and not isinstance(found, bool) and found > CHECKPOINT_FORMAT
+    raise UserInputError(
+        f"{path} has checkpoint format {found!r}; this hierplan reads format "
+        f"{CHECKPOINT_FORMAT}: "
+        + (
+            "it was written by a newer hierplan, resume it with that version"
+            if newer
+            else "resume it with the hierplan version that paused it"
         )
-    return checkpoint
+    )
