@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -24,6 +25,7 @@ from hierplan.agents.models.base import ModelRequest, ModelResponse
 from hierplan.agents.models.scripted import FunctionModel
 from hierplan.agents.prompts import parse_step_prompt
 from hierplan.errors import UserInputError
+from hierplan.hierarchy import resume as resume_module
 from hierplan.hierarchy.events import NodeStarted
 from hierplan.hierarchy.pause import CHECKPOINT_FILE, PENDING_DIR, RESUMING_FILE
 from hierplan.hierarchy.plan import Step, load_plan
@@ -412,6 +414,26 @@ async def test_a_checkpoint_of_another_format_says_so_whatever_its_fields(
     path.write_text(saved)
     done = await hierplan.resume(tmp_path, Approve(), **common)
     assert done.status == "succeeded" and len(calls) == 2
+
+
+@pytest.mark.anyio
+async def test_of_two_resumes_started_together_the_second_says_the_first_took_the_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+    common = {"model": fanout_planner(2), "tools": [recording_tool(calls)]}
+    await hierplan.run(ROOT_GOAL, approver=PauseForReview(), checkpoint_dir=tmp_path, **common)
+    prepare = resume_module.run_arguments
+
+    def other_resume_claims_it_first(*args: Any) -> dict[str, Any]:
+        # Another process renames the checkpoint after this one has read it.
+        (tmp_path / CHECKPOINT_FILE).rename(tmp_path / RESUMING_FILE)
+        return prepare(*args)
+
+    monkeypatch.setattr(resume_module, "run_arguments", other_resume_claims_it_first)
+    with pytest.raises(UserInputError, match=r"another resume of .* took its checkpoint first"):
+        await hierplan.resume(tmp_path, Approve(), **common)
+    assert (tmp_path / RESUMING_FILE).exists() and calls == []  # the other resume's, untouched
 
 
 @pytest.mark.anyio

@@ -156,7 +156,14 @@ async def resume(
     kwargs.pop("checkpoint_dir", None)  # a resumed run saves its next pause where it was
     saved = run_dir / CHECKPOINT_FILE
     resuming = run_dir / RESUMING_FILE
-    saved.replace(resuming)
+    try:
+        # The rename is what claims the checkpoint: of two resumes started together, one wins.
+        saved.replace(resuming)
+    except FileNotFoundError:
+        raise UserInputError(
+            f"another resume of {run_dir} started at the same time and took its checkpoint "
+            "first; this one changed nothing"
+        ) from None
     try:
         result = await run(checkpoint_dir=run_dir, restore=restore, **kwargs)
     except UserInputError:
