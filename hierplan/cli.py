@@ -486,6 +486,7 @@ def resume_command(
         who = by or f"{reviewer_name()} via hierplan resume"
         decision = resume_decision(approve, reject, plan_file, who, review=review)
         checkpoint = load_checkpoint(run_dir)
+        model = _saved_model_name(checkpoint.invocation, run_dir)
         saved = checkpoint.extra
         flags = yes or review or pause_for_review
         setup = review_setup(
@@ -502,9 +503,22 @@ def resume_command(
         run_dir,
         setup,
         start=partial(resume_run, run_dir, decision, node=node, version=version),
-        model=checkpoint.invocation.get("model") or "sim",
+        model=model,
         checkpoint_extra=setup.saved(),
     )
+
+
+def _saved_model_name(invocation: dict[str, Any], run_dir: Path) -> str:
+    """The model a paused run used, by name; a run started in Python with a model object
+    cannot go on from the command line (without this, it went on on the simulator)."""
+    model = invocation.get("model")
+    if not isinstance(model, str) or invocation.get("executor_model_object"):
+        raise UserInputError(
+            f"the run paused in {run_dir} was started in Python with a model object, not a "
+            "model name, so the command line cannot go on with that model: resume it in "
+            "Python with hierplan.resume(run_dir, decision, model=..., executor_model=...)"
+        )
+    return model
 
 
 @app.command("view")

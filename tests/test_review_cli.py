@@ -14,8 +14,13 @@ import yaml
 from review_support import migration_dir, source_db
 from typer.testing import CliRunner
 
+import hierplan as hierplan_api
+from hierplan.agents.models.base import ModelRequest, ModelResponse
+from hierplan.agents.models.scripted import FunctionModel
+from hierplan.agents.prompts import parse_plan_prompt
 from hierplan.cli import app
 from hierplan.hierarchy.pause import CHECKPOINT_FILE, PENDING_DIR, RESUMING_FILE
+from hierplan.review import PauseForReview
 
 __all__ = ["source_db"]
 
@@ -291,3 +296,36 @@ def test_the_commands_to_continue_work_when_pasted_for_a_directory_with_spaces(
     code, out = hierplan(*command[1:])
     assert code == 0, out
     assert record(run_dir)["verification"]["ok"]
+
+
+def _one_step_planner() -> FunctionModel:
+    """A planner (a model object, not a name) that lists the source tables."""
+
+    def answer(request: ModelRequest) -> ModelResponse:
+        prompt = parse_plan_prompt(request.messages)
+        assert prompt is not None
+        step = {"id": "list", "title": "List", "instruction": "List the tables"}
+        plan = {"goal": prompt.goal, "steps": [{**step, "tool": "list_tables", "args": {}}]}
+        return ModelResponse(output=plan, text="")
+
+    return FunctionModel(answer, name="one-step")
+
+
+def test_a_run_paused_with_a_model_object_is_not_resumed_on_another_model(
+    tmp_path: Path, source_db: Path
+) -> None:
+    run_dir = migration_dir(source_db, tmp_path / "object")
+    paused = hierplan_api.run_sync(
+        scenario="data_migration",
+        model=_one_step_planner(),
+        approver=PauseForReview(),
+        workdir=run_dir,
+        checkpoint_dir=run_dir,
+    )
+    assert paused.status == "paused"
+    before = (run_dir / CHECKPOINT_FILE).read_text()
+    code, out = hierplan("resume", run_dir, "--approve")
+    assert code == 2, out
+    assert "started in Python with a model object" in out and "hierplan.resume(" in out
+    assert (run_dir / CHECKPOINT_FILE).read_text() == before
+    assert not (run_dir / "run.json").exists()
