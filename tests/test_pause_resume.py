@@ -437,6 +437,21 @@ async def test_of_two_resumes_started_together_the_second_says_the_first_took_th
 
 
 @pytest.mark.anyio
+async def test_an_edited_copy_kept_beside_the_pending_plans_is_not_deleted(tmp_path: Path) -> None:
+    calls: list[str] = []
+    common = {"model": fanout_planner(2), "tools": [recording_tool(calls)]}
+    await hierplan.run(ROOT_GOAL, approver=PauseForReview(), checkpoint_dir=tmp_path, **common)
+    pending = tmp_path / PENDING_DIR
+    mine = pending / "1-mine.yaml"
+    mine.write_text((pending / "1.yaml").read_text().replace("Collect part 2", "Collect part 9"))
+    (pending / "notes.yaml").write_text("why: part 2 is wrong\n")
+    done = await hierplan.resume(tmp_path, Edit(load_plan(mine), by="alice"), **common)
+    assert done.status == "succeeded" and calls == ["Collect part 1", "Collect part 9"]
+    assert not (pending / "1.yaml").exists()
+    assert sorted(p.name for p in pending.iterdir()) == ["1-mine.yaml", "notes.yaml"]
+
+
+@pytest.mark.anyio
 async def test_an_interrupted_resume_says_how_to_go_on(tmp_path: Path) -> None:
     common = {"model": fanout_planner(2), "tools": [recording_tool([])]}
     await hierplan.run(ROOT_GOAL, approver=PauseForReview(), checkpoint_dir=tmp_path, **common)

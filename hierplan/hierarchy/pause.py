@@ -22,6 +22,7 @@ checks the count again, and only then stops the run.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import time
 from collections.abc import Iterator, Mapping
@@ -430,7 +431,7 @@ def write_checkpoint(
     pending = pending_versions(result.tree)
     folder = run_dir / PENDING_DIR
     folder.mkdir(exist_ok=True)
-    for old in folder.glob("*.yaml"):
+    for old in _pending_files(folder):
         old.unlink()
     for node, version in pending:
         write_atomic(folder / f"{node.path}.yaml", _pending_yaml(run_dir, result, node, version))
@@ -466,12 +467,21 @@ def _pending_yaml(run_dir: Path, result: RunResult, node: NodeRecord, version: P
     return "".join(f"# {line}\n" for line in head) + plan_to_yaml(version.plan)
 
 
+def _pending_files(folder: Path) -> list[Path]:
+    """The pending plans a checkpoint wrote in ``folder`` (``<node path>.yaml``), and nothing
+    else: a reviewer may keep an edited copy next to them, for ``resume --plan``."""
+    return [path for path in folder.glob("*.yaml") if _NODE_PATH.fullmatch(path.stem)]
+
+
+_NODE_PATH = re.compile(r"[0-9]+(?:\.[0-9]+)*")
+
+
 def clear_checkpoint(run_dir: Path) -> None:
     """Forget a paused run in ``run_dir``: a new run there makes its checkpoint stale."""
     for name in (CHECKPOINT_FILE, RESUMING_FILE):
         (run_dir / name).unlink(missing_ok=True)
     folder = run_dir / PENDING_DIR
-    for stale in folder.glob("*.yaml"):
+    for stale in _pending_files(folder):
         stale.unlink()
     if folder.is_dir() and not any(folder.iterdir()):
         folder.rmdir()
