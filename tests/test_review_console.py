@@ -416,3 +416,57 @@ def test_resume_asks_at_the_console(tmp_path: Path, source_db: Path) -> None:
         ("approved", f"console:{console_module.reviewer_name()}"),
     ]
     assert record["verification"]["ok"]
+
+
+FLAKY_EDITOR = """\
+import os, sys, yaml
+path, state = sys.argv[1], os.environ["EDIT_STATE"]
+used = int(open(state).read()) if os.path.exists(state) else 0
+open(state, "w").write(str(used + 1))
+data = yaml.safe_load(open(path))
+if used == 0:  # an edit the gate refuses: a step with an unknown tool
+    data["steps"].append({"id": "extra", "title": "Extra", "instruction": "Record the extra",
+        "tool": "no_such_tool", "args": {"text": "extra"}})
+elif used == 1:  # the editor fails (vi's :cq, a crash)
+    sys.exit(1)
+else:  # the fix: the right tool, on whatever this edit starts from
+    for step in data["steps"]:
+        if step.get("tool") == "no_such_tool":
+            step["tool"] = "record"
+open(path, "w").write(yaml.safe_dump(data, sort_keys=False))
+"""
+
+
+@pytest.mark.anyio
+async def test_a_refused_edit_is_kept_when_the_editor_then_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = tmp_path / "editor.py"
+    script.write_text(FLAKY_EDITOR)
+    monkeypatch.setenv("EDIT_STATE", str(tmp_path / "edits"))
+    screen = Console(file=io.StringIO(), width=120, color_system=None)
+    # edit (refused), edit again (the editor fails), edit (fixed), approve the edited plan
+    reviewer = ConsoleReviewer(
+        screen,
+        editor=f"{sys.executable} {script}",
+        stream=io.StringIO("e\ne\ne\na\n"),
+        who="tess",
+    )
+    calls: list[str] = []
+    result = await hierplan.run(
+        ROOT_GOAL,
+        model=fanout_planner(2),
+        tools=[recording_tool(calls)],
+        approver=PolicyApprover(reviewer, "root"),
+    )
+    shown = screen.file.getvalue()  # type: ignore[attr-defined]
+    assert "The editor exited with status 1" in shown
+    assert "The refused edit is kept for your next edit." in shown
+    assert result.status == "succeeded", shown[-2000:]
+    assert sorted(calls) == ["Collect part 1", "Collect part 2", "extra"]
+    versions = result.tree.plan_versions
+    assert [(v.reason, v.decision) for v in versions] == [
+        ("initial", "edited"),
+        ("edit", "invalid"),
+        ("edit", "approved"),
+    ]

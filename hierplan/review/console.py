@@ -186,6 +186,9 @@ class _Session:
         self.rejected = rejected
         self.current = plan
         self.text: str | None = None
+        # The last refused edit: the next edit starts from it until it is discarded or fixed,
+        # even when an editor run in between fails.
+        self.draft: str | None = None
 
     def run(self) -> Decision:
         """Show the plan and ask until there is a decision; closed input pauses the run."""
@@ -215,7 +218,7 @@ class _Session:
                 )
                 return Defer(by=by, note=QUIT_NOTE)
             if choice == "d":
-                self.current, self.text = self.plan, None
+                self.current, self.text, self.draft = self.plan, None, None
                 self.console.print("Edit discarded; back to the proposed plan.")
                 continue
             if not self._edit():
@@ -223,16 +226,20 @@ class _Session:
 
     def _edit(self) -> bool:
         """Edit until valid, discarded or quit; False means quit."""
-        text = self.text or self._yaml_for_editing(self.current)
+        text = self.draft or self.text or self._yaml_for_editing(self.current)
         while True:
             new_text = self._run_editor(text)
             if new_text is None:
+                if self.draft is not None:
+                    self.console.print("The refused edit is kept for your next edit.")
                 return True
             if not _without_comments(new_text):
                 self.console.print("The file was empty: edit cancelled.")
+                self.draft = None
                 return True
             plan, problems = self._check(new_text)
             if plan is not None and not problems:
+                self.draft = None
                 if plan == self.current:
                     self.console.print("No change to the plan.")
                     return True
@@ -244,10 +251,12 @@ class _Session:
             self.console.print(Text("The edited plan was refused:", style="bold red"))
             for problem in problems:
                 self.console.print(Text(f"  - {problem}", style="red"))
+            self.draft = new_text
             choice = self.reviewer.ask(REFUSED_CHOICES)
             if choice == "q":
                 return False
             if choice == "d":
+                self.draft = None
                 self.console.print("Edit discarded.")
                 return True
             text = new_text
@@ -301,7 +310,7 @@ class _Session:
                 return None
             if done.returncode != 0:
                 self.console.print(
-                    f"The editor exited with status {done.returncode}: the edit is discarded."
+                    f"The editor exited with status {done.returncode}: what it saved is not used."
                 )
                 return None
             return path.read_text(encoding="utf-8")
