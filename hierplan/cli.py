@@ -32,7 +32,7 @@ from hierplan.hierarchy.pause import load_checkpoint
 from hierplan.hierarchy.plan import DEFAULT_MAX_DEPTH, DEFAULT_MAX_STEPS, load_plan, validate_plan
 from hierplan.hierarchy.record import RunResult
 from hierplan.hierarchy.resume import resume as resume_run
-from hierplan.review.console import reviewer_name
+from hierplan.review.console import editor_open, reviewer_name
 from hierplan.review.options import (
     EXIT_PAUSED,
     PauseOpt,
@@ -196,6 +196,8 @@ async def run_until_interrupted(**options: Any) -> RunResult:
             # Leaving the receiver gives SIGINT back to Python: the next one interrupts.
             with anyio.open_signal_receiver(signal.SIGINT) as signals:
                 async for _ in signals:
+                    if editor_open():
+                        continue  # the plan editor's Ctrl-C, not a request to stop
                     handle.cancel()
                     return
 
@@ -209,6 +211,37 @@ async def run_until_interrupted(**options: Any) -> RunResult:
             watch.cancel_scope.cancel()
         if failure is not None:
             raise failure
+    return result
+
+
+async def resume_until_interrupted(run_dir: Path, decision: Any, **options: Any) -> RunResult:
+    """:func:`hierplan.resume`, which a Ctrl-C interrupts (``KeyboardInterrupt``, leaving the
+    checkpoint for an interrupted resume), unless it was typed in a plan editor."""
+    interrupted = False
+    failure: Exception | None = None
+    result: RunResult | None = None
+    async with anyio.create_task_group() as watch:
+
+        async def interrupt() -> None:
+            nonlocal interrupted
+            with anyio.open_signal_receiver(signal.SIGINT) as signals:
+                async for _ in signals:
+                    if not editor_open():
+                        interrupted = True
+                        watch.cancel_scope.cancel()
+                        return
+
+        watch.start_soon(interrupt)
+        try:
+            result = await resume_run(run_dir, decision, **options)
+        except Exception as exc:  # re-raised as it is, not wrapped by the task group
+            failure = exc
+        watch.cancel_scope.cancel()
+    if interrupted:
+        raise KeyboardInterrupt
+    if failure is not None:
+        raise failure
+    assert result is not None
     return result
 
 
@@ -502,7 +535,7 @@ def resume_command(
         console,
         run_dir,
         setup,
-        start=partial(resume_run, run_dir, decision, node=node, version=version),
+        start=partial(resume_until_interrupted, run_dir, decision, node=node, version=version),
         model=model,
         checkpoint_extra=setup.saved(),
     )

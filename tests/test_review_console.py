@@ -470,3 +470,56 @@ async def test_a_refused_edit_is_kept_when_the_editor_then_fails(
         ("edit", "invalid"),
         ("edit", "approved"),
     ]
+
+
+SLOW_EDITOR = """\
+#!{python}
+import pathlib, signal, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # as vi does: Ctrl-C leaves insert mode
+pathlib.Path(sys.argv[0]).with_name("editing").touch()
+time.sleep(2)
+plan = pathlib.Path(sys.argv[1])
+plan.write_text(plan.read_text().replace("title: Create the schema", "title: Schema first"))
+"""
+
+
+@pytest.mark.parametrize("command", ["run", "resume"])
+def test_ctrl_c_typed_in_the_plan_editor_does_not_stop_the_run(
+    tmp_path: Path, source_db: Path, command: str
+) -> None:
+    run_dir = migration_dir(source_db, tmp_path / "run")
+    editor = tmp_path / "editor.py"
+    editor.write_text(SLOW_EDITOR.format(python=sys.executable))
+    editor.chmod(0o755)
+    quick = ("--sim-latency-scale", "0", "--sim-profile", "ideal")
+    start = ["run", "--scenario", "data_migration", "-o", str(run_dir), *quick]
+    if command == "resume":
+        paused = subprocess.run([HIERPLAN, *start, "--pause-for-review"], timeout=90)
+        assert paused.returncode == 3
+        start = ["resume", str(run_dir)]
+    child = pexpect.spawn(
+        HIERPLAN,
+        [*start, "--review"],
+        env=dict(os.environ, TERM="xterm-256color", NO_COLOR="1", EDITOR=str(editor)),
+        dimensions=(50, 110),
+        encoding="utf-8",
+        timeout=90,
+    )
+    log = io.StringIO()
+    child.logfile_read = log
+    child.expect(PROMPT)
+    child.sendline("e")
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "editing").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child.sendintr()  # the terminal sends it to the editor and to hierplan alike
+    child.expect(r"Decision \[a/e/d/r/q\]")
+    child.sendline("a")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0, ANSI.sub("", log.getvalue())[-2000:]
+    versions = json.loads((run_dir / "run.json").read_text())["tree"]["plan_versions"]
+    assert [(v["decision"], v["plan"]["steps"][0]["title"]) for v in versions] == [
+        ("edited", "Create the schema"),
+        ("approved", "Schema first"),
+    ]

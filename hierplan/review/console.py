@@ -21,7 +21,8 @@ import shlex
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
 from types import MappingProxyType
@@ -58,6 +59,50 @@ REFUSED_CHOICES: Mapping[str, str] = MappingProxyType(
     {"e": "edit again (your changes are kept)", "d": "discard the edit", "q": "quit"}
 )
 QUIT_NOTE = "quit at the console; decide with hierplan resume"
+
+
+# How long after a plan editor closes a Ctrl-C is still taken as the editor's: the signal reaches
+# the editor and this process together, and an editor that exits on it may be gone before the
+# run looks at the signal.
+EDITOR_GRACE_S = 0.5
+
+
+class _EditorWatch:
+    """Whether a plan editor runs in this process, or closed a moment ago."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open = 0
+        self._closed_at = float("-inf")
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """Mark an editor as running for the duration of the block."""
+        with self._lock:
+            self._open += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._open -= 1
+                self._closed_at = time.monotonic()
+
+    def active(self) -> bool:
+        """Whether an editor runs now or closed less than :data:`EDITOR_GRACE_S` ago."""
+        with self._lock:
+            return self._open > 0 or time.monotonic() - self._closed_at < EDITOR_GRACE_S
+
+
+_EDITORS = _EditorWatch()
+
+
+def editor_open() -> bool:
+    """Whether a plan is open in an editor in this process (or was a moment ago).
+
+    A Ctrl-C typed then is meant for the editor (vi leaves insert mode with it), not to stop
+    the run: the terminal sends it to the editor and to this process alike.
+    """
+    return _EDITORS.active()
 
 
 class Suspendable(Protocol):
@@ -300,7 +345,8 @@ class _Session:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(text)
             try:
-                done = subprocess.run([*command, str(path)], check=False)
+                with _EDITORS.running():
+                    done = subprocess.run([*command, str(path)], check=False)
             except OSError as exc:
                 self.console.print(
                     f"Cannot start the editor {command[0]!r} ({exc.strerror or exc}): set "
