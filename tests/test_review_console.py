@@ -523,3 +523,31 @@ def test_ctrl_c_typed_in_the_plan_editor_does_not_stop_the_run(
         ("edited", "Create the schema"),
         ("approved", "Schema first"),
     ]
+
+
+def test_a_run_whose_output_is_not_a_terminal_does_not_wait_unseen_for_a_review(
+    tmp_path: Path, source_db: Path
+) -> None:
+    """``hierplan run ... > run.log`` at a terminal: the question would go to the file."""
+    run_dir = migration_dir(source_db, tmp_path / "run")
+    command = [HIERPLAN, "run", "--scenario", "data_migration", "-o", str(run_dir)]
+    command += ["--sim-latency-scale", "0", "--sim-profile", "ideal"]
+    leader, follower = os.openpty()  # the terminal the input comes from
+    try:
+        refused = subprocess.run(
+            command, stdin=follower, capture_output=True, text=True, timeout=30
+        )
+        assert refused.returncode == 2, refused.stdout[-2000:]
+        assert "the output does not go to a terminal" in refused.stderr
+        assert "--review to be asked anyway" in refused.stderr
+        assert not (run_dir / "run.json").exists()
+        os.write(leader, b"a\n")  # asked for: the question goes with the output (| tee, say)
+        asked = subprocess.run(
+            [*command, "--review"], stdin=follower, capture_output=True, text=True, timeout=90
+        )
+    finally:
+        os.close(leader)
+        os.close(follower)
+    assert asked.returncode == 0, asked.stdout[-2000:]
+    assert "Decision [a/e/r/q]" in asked.stdout
+    assert json.loads((run_dir / "run.json").read_text())["verification"]["ok"]

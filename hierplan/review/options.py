@@ -83,13 +83,22 @@ def review_setup(
         "auto" if yes else "console" if review else "pause" if pause else default
     )
     if chosen is None:
-        chosen = "console" if sys.stdin.isatty() else None
-        if chosen is None:
+        if not sys.stdin.isatty():
             raise UserInputError(
                 "the plan needs approval before it runs: pass --yes to approve it "
                 "automatically, --pause-for-review to decide later with hierplan resume, or "
                 "run in a terminal to be asked"
             )
+        if not sys.stdout.isatty():
+            # The question would go where the output goes (a file, a pipe), unseen, and the
+            # run would wait for an answer nobody knows is wanted.
+            raise UserInputError(
+                "the plan needs approval before it runs, and the output does not go to a "
+                "terminal, where it would be asked: pass --review to be asked anyway, --yes to "
+                "approve it automatically, or --pause-for-review to decide later with "
+                "hierplan resume"
+            )
+        chosen = "console"
     if chosen == "console" and not sys.stdin.isatty():
         raise UserInputError(
             "reviewing at the console needs a terminal: use --pause-for-review to decide later "
