@@ -481,3 +481,39 @@ async def test_a_used_up_quota_is_not_retried_and_says_what_to_do() -> None:
             await one(server, "openai", ModelRequest(ask("x")))
     assert not caught.value.retryable
     assert "HTTP 429" in str(caught.value) and "add credit or use another key" in str(caught.value)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("refused", ["max_tokens", "max_completion_tokens"])
+async def test_a_refused_token_field_is_switched_for_the_next_attempt(refused: str) -> None:
+    # A gateway in front of OpenAI's reasoning models refuses max_tokens; an older server may
+    # refuse max_completion_tokens. The field guessed from the URL gives way to the other one.
+    other = "max_completion_tokens" if refused == "max_tokens" else "max_tokens"
+    backend = ScriptBackend([Reply(text="a"), Reply(text="b")])
+    with WireServer(backend, refused_fields=[refused]) as server:
+        model = adapter(server, "openai")
+        model.token_field = refused  # type: ignore[attr-defined]
+        with pytest.raises(ModelError) as caught:
+            await model.request(ModelRequest(ask("x"), max_tokens=50))
+        first = await model.request(ModelRequest(ask("x"), max_tokens=60))
+        second = await model.request(ModelRequest(ask("y"), max_tokens=70))
+        await model.aclose()  # type: ignore[attr-defined]
+    assert caught.value.retryable
+    message = str(caught.value)
+    assert f"Unsupported parameter: '{refused}'" in message
+    assert f"the next attempt sends {other}" in message and f"max_tokens_field='{other}'" in message
+    assert (first.text, second.text) == ("a", "b")
+    assert [c.body.get(other) for c in backend.calls] == [60, 70]
+    assert all(refused not in c.body for c in backend.calls)
+
+
+@pytest.mark.anyio
+async def test_a_token_field_the_user_chose_is_kept_when_refused() -> None:
+    with WireServer(ScriptBackend([]), refused_fields=["max_tokens"]) as server:
+        model = adapter(server, "openai", max_tokens_field="max_tokens")
+        for _ in range(2):
+            with pytest.raises(ModelError, match=r"HTTP 400: .*'max_tokens' is not") as caught:
+                await model.request(ModelRequest(ask("x")))
+            assert not caught.value.retryable
+        await model.aclose()  # type: ignore[attr-defined]
+        assert server.count() == 2

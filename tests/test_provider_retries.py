@@ -275,3 +275,12 @@ def test_retry_delay_honours_retry_after_caps_and_jitters() -> None:
     asked = ModelError("x", retryable=True, retry_after=7.5)
     assert _retry_delay(settings, 1, asked) == 7.5
     assert _retry_delay(settings, 1, ModelError("x", retryable=True, retry_after=11)) is None
+
+
+async def test_a_gateway_refusing_max_tokens_costs_one_failed_attempt_not_the_run() -> None:
+    # A custom base URL gets max_tokens; a gateway in front of OpenAI's gpt-5 models refuses it.
+    with WireServer(script(), refused_fields=["max_tokens"]) as server:
+        result = await mini_run(server, "openai")
+        assert server.count() == 3
+    assert result.status == "succeeded" and result.answer == "hello"
+    assert [c.ok for c in calls(result)] == [False, True, True]

@@ -20,6 +20,9 @@ bad_request    400 with the provider's message
 unauthorized   401 whatever the key
 =============  ===============================================================================
 
+``refused_fields`` names request fields the OpenAI path refuses with OpenAI's own 400, as its API
+refuses ``max_tokens`` for reasoning models (``max_completion_tokens`` is then suggested).
+
 Every request is logged as a :class:`Hit`. The server runs in its own threads, so it serves any
 client: async tests, the CLI in a subprocess, benchmarks.
 """
@@ -119,8 +122,10 @@ class WireServer:
         retry_after_s: float = 0.05,
         retry_after_ms: bool = True,
         slow_s: float = 1.0,
+        refused_fields: Iterable[str] = (),
     ) -> None:
         self.backend = backend
+        self.refused_fields = tuple(refused_fields)
         self.api_keys = frozenset(api_keys)
         self.retry_after_s = retry_after_s
         self.retry_after_ms = retry_after_ms
@@ -249,6 +254,11 @@ class _Handler(BaseHTTPRequestHandler):
             wire.log(Hit(provider, None, 401))
             self._json(401, fmt.error(401, kind, "invalid or missing API key"))
             return
+        refused = self._refused_field(provider, raw)
+        if refused is not None:
+            wire.log(Hit(provider, None, 400))
+            self._json(400, refused)
+            return
         fault = wire.faults.next()
         if fault in STREAM_FAULTS and provider == "openai":
             fault = "server_error"
@@ -289,6 +299,23 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(200, anthropic_wire.message(reply, call, usage=usage), fault=fault)
         else:
             self._json(200, openai_wire.completion(reply, call, usage=usage), fault=fault)
+
+    def _refused_field(self, provider: str, raw: bytes) -> dict[str, Any] | None:
+        """OpenAI's error body for a request carrying a refused field, else ``None``."""
+        body = json.loads(raw)
+        field = next((f for f in self.server.wire.refused_fields if f in body), None)
+        if provider != "openai" or field is None:
+            return None
+        other = "max_tokens" if field == "max_completion_tokens" else "max_completion_tokens"
+        return {
+            "error": {
+                "message": f"Unsupported parameter: '{field}' is not supported with this model. "
+                f"Use '{other}' instead.",
+                "type": "invalid_request_error",
+                "param": field,
+                "code": "unsupported_parameter",
+            }
+        }
 
     def _authorized(self, wire: WireServer) -> bool:
         bearer = self.headers.get("authorization", "")

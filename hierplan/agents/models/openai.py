@@ -16,6 +16,8 @@ through ``base_url`` or ``OPENAI_BASE_URL``.
   default is 600 s with two silent retries). See :mod:`hierplan.agents.models.provider`.
 - ``max_completion_tokens`` is sent to OpenAI's own API; a custom ``base_url`` gets the older
   ``max_tokens``, which every compatible server understands (``max_tokens_field`` overrides).
+  A server that refuses the field it got (a gateway in front of OpenAI's reasoning models
+  refuses ``max_tokens``) fails that attempt retryably, and later attempts send the other one.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -49,11 +52,15 @@ from hierplan.agents.models.provider import (
     tool_arguments,
 )
 from hierplan.agents.models.schema import Decoder, strict_decoder, strict_schema
+from hierplan.errors import ModelError
 
 API_KEY_VARIABLE = "OPENAI_API_KEY"
 BASE_URL_VARIABLE = "OPENAI_BASE_URL"
 
 TokenField = Literal["max_completion_tokens", "max_tokens"]
+_OTHER_FIELD: Mapping[TokenField, TokenField] = MappingProxyType(
+    {"max_tokens": "max_completion_tokens", "max_completion_tokens": "max_tokens"}
+)
 
 
 class OpenAIModel(ProviderModel[openai.AsyncOpenAI]):
@@ -86,6 +93,8 @@ class OpenAIModel(ProviderModel[openai.AsyncOpenAI]):
         base = base_url or os.environ.get(BASE_URL_VARIABLE) or None
         self.base_url = base
         self.token_field: TokenField = max_tokens_field or token_field_for(base)
+        # A field the user chose is kept; a guessed one may be switched once, when refused.
+        self._field_may_switch = max_tokens_field is None
         self.strict_output = strict_output
         self._client = openai.AsyncOpenAI(
             api_key=key,
@@ -106,13 +115,28 @@ class OpenAIModel(ProviderModel[openai.AsyncOpenAI]):
         except openai.APIConnectionError as exc:
             raise connection_error(self._name, exc) from None
         except openai.APIStatusError as exc:
-            message = body_message(exc.body) or exc.message
-            raise status_error(
-                self._name, exc.status_code, message, exc.response.headers, body=exc.body
-            ) from None
+            raise self._status_error(exc) from None
         except (openai.APIResponseValidationError, json.JSONDecodeError, ValueError) as exc:
             raise malformed_error(self._name, f"{type(exc).__name__}: {exc}") from None
         return self.parse_completion(completion, request)
+
+    def _status_error(self, exc: openai.APIStatusError) -> ModelError:
+        message = body_message(exc.body) or exc.message
+        refused = self.token_field
+        if self._field_may_switch and refuses_field(exc, message, refused):
+            # The guess from the base URL was wrong for this server: the other field works on
+            # the next attempt, where failing the node would fail every call of the run.
+            self.token_field = _OTHER_FIELD[refused]
+            self._field_may_switch = False
+            return ModelError(
+                f"{self._name}: HTTP {exc.status_code}: {message} (the server refuses "
+                f"{refused}: the next attempt sends {self.token_field}; max_tokens_field="
+                f"{self.token_field!r} in model_options sends it from the start)",
+                retryable=True,
+            )
+        return status_error(
+            self._name, exc.status_code, message, exc.response.headers, body=exc.body
+        )
 
     def build_params(self, request: ModelRequest) -> dict[str, Any]:
         """The keyword arguments of ``chat.completions.create`` for ``request``."""
@@ -216,6 +240,21 @@ def token_field_for(base_url: str | None) -> TokenField:
     if host == "api.openai.com" or host.endswith(".openai.azure.com"):
         return "max_completion_tokens"
     return "max_tokens"
+
+
+def refuses_field(exc: openai.APIStatusError, message: str, field: TokenField) -> bool:
+    """Whether an error says the server does not take ``field``, the parameter that carried
+    ``max_tokens`` (OpenAI: "'max_tokens' is not supported with this model. Use
+    'max_completion_tokens' instead."), rather than refusing its value."""
+    if exc.status_code != 400:
+        return False
+    if exc.param == field and exc.code == "unsupported_parameter":
+        return True
+    if field not in message:
+        return False
+    lowered = message.lower()
+    refusals = ("unsupported", "not supported", "unrecognized")
+    return _OTHER_FIELD[field] in message or any(word in lowered for word in refusals)
 
 
 def _structured(decode: Decoder, text: str) -> Any:
