@@ -517,3 +517,22 @@ async def test_a_token_field_the_user_chose_is_kept_when_refused() -> None:
             assert not caught.value.retryable
         await model.aclose()  # type: ignore[attr-defined]
         assert server.count() == 2
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_plan_cut_at_max_tokens_is_not_retried_and_says_what_to_raise(
+    provider: str,
+) -> None:
+    cut = Reply(raw_output='{"goal": "Count rows", "steps": [{"id": "a", "ti', finish="length")
+    request = ModelRequest(
+        ask("Plan"), output_schema=OutputSchema("plan", PLAN_SCHEMA), max_tokens=32
+    )
+    with WireServer(ScriptBackend([cut])) as server, pytest.raises(ModelError) as caught:
+        await one(server, provider, request)
+    error = caught.value
+    # Not a plan the model got wrong: a repair asked with the same limit would be cut too.
+    assert not error.retryable
+    assert "cut at max_tokens=32 in the middle of the plan" in str(error)
+    assert "planner_max_tokens" in str(error)
+    assert error.usage is not None and error.usage.output_tokens > 0

@@ -54,6 +54,7 @@ from hierplan.agents.models.provider import (
     status_error,
     timeout_error,
     tool_arguments,
+    truncated_error,
 )
 
 API_KEY_VARIABLE = "ANTHROPIC_API_KEY"
@@ -200,13 +201,16 @@ class AnthropicModel(ProviderModel[anthropic.AsyncAnthropic]):
                 text_parts.append("".join(block.parts))
             elif block.kind == "tool_use":
                 raw = "".join(block.parts) or "{}"
+                cut_at = request.max_tokens if finish == "length" else None
                 if block.name == wanted:
                     output, raw_text = _json_or_text(raw)
+                    if output is None and cut_at is not None:
+                        # A repair attempt, asked with the same max_tokens, would be cut too.
+                        raise truncated_error(self._name, cut_at, f"the {wanted}", usage)
                     if output is None:
                         text_parts.append(raw_text)
                     answered = True
                     continue
-                cut_at = request.max_tokens if finish == "length" else None
                 arguments = tool_arguments(
                     self._name, block.name, raw, usage, "input", cut_at=cut_at
                 )

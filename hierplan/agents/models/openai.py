@@ -50,6 +50,7 @@ from hierplan.agents.models.provider import (
     status_error,
     timeout_error,
     tool_arguments,
+    truncated_error,
 )
 from hierplan.agents.models.schema import Decoder, strict_decoder, strict_schema
 from hierplan.errors import ModelError
@@ -202,8 +203,13 @@ class OpenAIModel(ProviderModel[openai.AsyncOpenAI]):
         if usage is None:
             flags.append("no_usage")
         output = None
-        if request.output_schema is not None and text and not refusal:
-            output = _structured(self._format(request.output_schema)[1], text)
+        wanted = request.output_schema
+        if wanted is not None and text and not refusal:
+            output = _structured(self._format(wanted)[1], text)
+        if wanted is not None and output is None and cut_at is not None and not calls:
+            # Cut JSON is not a plan the model got wrong: a repair attempt, asked with the
+            # same max_tokens, would be cut too. Say which limit to raise instead.
+            raise truncated_error(self._name, cut_at, f"the {wanted.name}", usage)
         return ModelResponse(
             text=text,
             tool_calls=calls,
