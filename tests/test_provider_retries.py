@@ -300,3 +300,22 @@ async def test_a_plan_cut_at_max_tokens_fails_at_once_naming_planner_max_tokens(
     assert "in the middle of the plan; raise executor_max_tokens / planner_max_tokens" in (
         result.error
     )
+
+
+@pytest.mark.parametrize(
+    ("provider", "reply", "reason"),
+    [
+        ("openai", Reply(refusal="I can't help with that."), "refused to plan: I can't help"),
+        ("anthropic", Reply(text="I can't help with that.", finish="refusal"), "refused to plan"),
+        ("openai", Reply(finish="content_filter"), "content filter stopped the plan"),
+    ],
+    ids=["openai-refusal", "anthropic-refusal", "openai-content-filter"],
+)
+async def test_a_refused_plan_fails_the_node_with_the_reason_and_no_repair(
+    provider: str, reply: Reply, reason: str
+) -> None:
+    with WireServer(ScriptBackend([reply])) as server:
+        result = await mini_run(server, provider)
+        assert server.count() == 1
+    assert result.status == "failed"
+    assert result.error is not None and reason in result.error

@@ -55,6 +55,17 @@ def parse_plan_output(response: ModelResponse) -> Plan:
         raise PlanParseError(f"the plan does not match the schema: {problems}") from None
 
 
+def no_plan_reason(response: ModelResponse) -> str | None:
+    """Why a response holds no plan to read, or repair, when the provider says so: the model
+    refused, or the provider's content filter stopped the answer."""
+    if "refusal" in response.flags:
+        said = response.text.strip()[:200]
+        return f"the model refused to plan: {said}" if said else "the model refused to plan"
+    if "content_filter" in response.flags or response.finish_reason == "content_filter":
+        return "the provider's content filter stopped the plan"
+    return None
+
+
 class LLMPlanner:
     """Plans and replans a node's goal with the node's model."""
 
@@ -119,6 +130,11 @@ class LLMPlanner:
         )
         for attempt in range(self.repair_attempts + 1):
             response = await node.call_model(request)
+            stopped = no_plan_reason(response)
+            if stopped is not None:
+                # Asked again, the model refuses again: the node fails with the reason, where a
+                # repair prompt would report the refusal as JSON that does not parse.
+                raise PlanParseError(f"no plan for node {node.path}: {stopped}")
             try:
                 return parse_plan_output(response)
             except PlanParseError as exc:
