@@ -536,3 +536,16 @@ async def test_a_plan_cut_at_max_tokens_is_not_retried_and_says_what_to_raise(
     assert "cut at max_tokens=32 in the middle of the plan" in str(error)
     assert "planner_max_tokens" in str(error)
     assert error.usage is not None and error.usage.output_tokens > 0
+
+
+@pytest.mark.anyio
+async def test_a_request_above_the_tokens_per_minute_limit_is_not_retried() -> None:
+    # A 429 that no wait cures: the one request is larger than the whole per-minute limit.
+    with WireServer(ScriptBackend([])) as server:
+        server.faults.script(["too_large"])
+        with pytest.raises(ModelError) as caught:
+            await one(server, "openai", ModelRequest(ask("x")))
+    assert not caught.value.retryable
+    message = str(caught.value)
+    assert "HTTP 429: tokens: Request too large for gpt-5-mini" in message
+    assert "waiting does not help: lower executor_max_tokens / planner_max_tokens" in message

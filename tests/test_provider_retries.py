@@ -319,3 +319,13 @@ async def test_a_refused_plan_fails_the_node_with_the_reason_and_no_repair(
         assert server.count() == 1
     assert result.status == "failed"
     assert result.error is not None and reason in result.error
+
+
+async def test_a_request_too_large_for_the_rate_limit_fails_without_retries() -> None:
+    with WireServer(script()) as server:
+        server.faults.script(["too_large"])
+        result = await mini_run(server, "openai")
+        assert server.count() == 1
+    assert result.status == "failed"
+    assert result.error is not None and "Request too large" in result.error
+    assert "waiting does not help" in result.error

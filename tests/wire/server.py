@@ -12,6 +12,7 @@ overloaded     529 ``overloaded_error`` (Anthropic) / 503 (OpenAI)
 stream_error   an ``error`` event inside a 200 stream (Anthropic; 500 for OpenAI)
 stream_timeout a ``timeout_error`` event inside a 200 stream (Anthropic; 500 for OpenAI)
 quota          429 ``insufficient_quota``: the account's credit is used up (OpenAI)
+too_large      429 "Request too large": one request exceeds the tokens-per-minute limit (OpenAI)
 slow           nothing for ``slow_s`` seconds (past the client's timeout), then no answer
 malformed      a 200 whose JSON (or one streamed event) does not parse
 no_usage       a good reply without usage
@@ -215,6 +216,13 @@ _ERRORS = {
         "overloaded": (503, "server_error", "The engine is currently overloaded."),
         "stream_error": (500, "server_error", "The server had an error processing your request."),
         "quota": (429, "insufficient_quota", "You exceeded your current quota."),
+        "too_large": (
+            429,
+            "tokens",
+            "Request too large for gpt-5-mini in organization org-test on tokens per min (TPM): "
+            "Limit 30000, Requested 45000. The input or output tokens must be reduced in order "
+            "to run successfully.",
+        ),
         "bad_request": (400, "invalid_request_error", "This model's maximum context is exceeded."),
         "unauthorized": (401, "invalid_api_key", "Incorrect API key provided."),
     },

@@ -8,6 +8,8 @@ the provider asked to wait (``retry_after``) and what the failed attempt consume
 
 ============================================  =========================================
 HTTP 429, 408, 409, 5xx, 529 (overloaded)     retryable, ``Retry-After`` honoured
+429 for a used-up quota or a request larger   not retried: waiting does not help
+than the tokens-per-minute limit
 timeouts, dropped connections, cut streams    retryable
 malformed replies (bad JSON, bad tool args)   retryable
 400, 404, 413, 422                            not retried: the provider's message
@@ -177,6 +179,15 @@ def status_error(
         return ModelError(
             f"{text} (the account's credit or spend limit is used up: add credit or use another "
             "key; not retried)",
+            usage=usage,
+        )
+    if status == 429 and "request too large" in message.lower():
+        # One request above the tokens-per-minute limit (OpenAI counts max_tokens in it) is
+        # refused however long the wait: retrying only spends the retries' time.
+        return ModelError(
+            f"{text} (one request needs more than the account's tokens-per-minute limit, so "
+            "waiting does not help: lower executor_max_tokens / planner_max_tokens, which count "
+            "towards it, or raise the limit; not retried)",
             usage=usage,
         )
     return ModelError(
