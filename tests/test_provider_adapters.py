@@ -549,3 +549,27 @@ async def test_a_request_above_the_tokens_per_minute_limit_is_not_retried() -> N
     message = str(caught.value)
     assert "HTTP 429: tokens: Request too large for gpt-5-mini" in message
     assert "waiting does not help: lower executor_max_tokens / planner_max_tokens" in message
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("provider", "suffix", "hint"),
+    [
+        ("openai", "", "if the server serves the API under /v1, as OpenAI-compatible servers do"),
+        ("anthropic", "/v1", "give the base URL without the /v1 that the client adds itself"),
+    ],
+    ids=["openai-without-v1", "anthropic-with-v1"],
+)
+async def test_a_base_url_without_or_with_an_extra_v1_gets_a_404_saying_so(
+    provider: str, suffix: str, hint: str
+) -> None:
+    # OpenAI's base URL ends in /v1, Anthropic's does not: each is easy to get the wrong way.
+    with WireServer(ScriptBackend([])) as server:
+        model = resolve_model(MODELS[provider], base_url=server.url + suffix, api_key=TEST_KEY)
+        with pytest.raises(ModelError) as caught:
+            await model.request(ModelRequest(ask("x")))
+        await model.aclose()  # type: ignore[attr-defined]
+    message = str(caught.value)
+    assert not caught.value.retryable
+    assert "HTTP 404" in message and f"the request went to {server.url}{suffix}/" in message
+    assert hint in message

@@ -161,7 +161,13 @@ class AnthropicModel(ProviderModel[anthropic.AsyncAnthropic]):
             kind = getattr(exc, "type", None) or ""
             status = _STREAM_ERROR_STATUS.get(str(kind), 500)
         return status_error(
-            self._name, status, message, exc.response.headers, usage=reply.usage(), body=exc.body
+            self._name,
+            status,
+            message,
+            exc.response.headers,
+            usage=reply.usage(),
+            body=exc.body,
+            url=str(exc.request.url),
         )
 
     def build_params(self, request: ModelRequest) -> dict[str, Any]:

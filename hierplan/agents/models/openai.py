@@ -136,7 +136,12 @@ class OpenAIModel(ProviderModel[openai.AsyncOpenAI]):
                 retryable=True,
             )
         return status_error(
-            self._name, exc.status_code, message, exc.response.headers, body=exc.body
+            self._name,
+            exc.status_code,
+            message,
+            exc.response.headers,
+            body=exc.body,
+            url=str(exc.request.url),
         )
 
     def build_params(self, request: ModelRequest) -> dict[str, Any]:

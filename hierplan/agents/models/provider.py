@@ -25,6 +25,7 @@ import os
 import time
 from collections.abc import Mapping
 from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
+from urllib.parse import urlsplit
 
 from hierplan.agents.models.base import Usage
 from hierplan.errors import ModelAuthError, ModelError, ModelNotAvailableError
@@ -169,10 +170,14 @@ def status_error(
     *,
     usage: Usage | None = None,
     body: Any = None,
+    url: str | None = None,
 ) -> ModelError:
     """The :class:`ModelError` for an HTTP error status, with the provider's message (``body``:
-    the error body, which tells a used-up quota from a rate limit)."""
+    the error body, which tells a used-up quota from a rate limit; ``url``: where the request
+    went, named in a 404's message)."""
     text = f"{model}: HTTP {status}: {message}"
+    if status == 404 and url is not None:
+        text = f"{text} ({not_found_hint(url)})"
     if status in (401, 403):
         return ModelAuthError(text)
     if quota_exhausted(body):
@@ -196,6 +201,25 @@ def status_error(
         retry_after=retry_after(headers),
         usage=usage,
     )
+
+
+def not_found_hint(url: str) -> str:
+    """What to check after a 404 from ``url``: the model name, or a base URL that lacks or
+    repeats the ``/v1`` of the API's path (the most common wrong base URLs).
+
+    >>> not_found_hint("http://localhost:8080/v1/v1/messages")[:44]
+    'the request went to http://localhost:8080/v1'
+    """
+    path = urlsplit(url).path
+    where = f"the request went to {url}"
+    if "/v1/v1/" in path:
+        return f"{where}: give the base URL without the /v1 that the client adds itself"
+    if not path.startswith("/v1/") and "/v1/" not in path:
+        return (
+            f"{where}: if the server serves the API under /v1, as OpenAI-compatible servers "
+            "do, end the base URL with /v1"
+        )
+    return f"{where}: check the model name and the base URL"
 
 
 def timeout_error(model: str, timeout_s: float) -> ModelError:
