@@ -13,7 +13,7 @@ from typing import Any
 
 import openai
 import pytest
-from wire import MODELS, PROVIDERS, TEST_KEY, Reply, ScriptBackend, WireServer
+from wire import MODELS, PROVIDERS, TEST_KEY, Reply, ScriptBackend, WireServer, anthropic_wire
 
 from hierplan.agents.models import resolve_model
 from hierplan.agents.models.base import (
@@ -573,3 +573,35 @@ async def test_a_base_url_without_or_with_an_extra_v1_gets_a_404_saying_so(
     assert not caught.value.retryable
     assert "HTTP 404" in message and f"the request went to {server.url}{suffix}/" in message
     assert hint in message
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("thinking", ["", "2+3: use the tool."])
+async def test_anthropic_blocks_streamed_whole_are_read_whole(thinking: str) -> None:
+    # Anthropic's API streams a block's content in deltas; a server speaking its format may
+    # put it all in content_block_start, which the SDK accepts as the block's content.
+    calls = [("toolu_1", "add", {"a": 2, "b": 3})]
+    reply = Reply(text="Adding.", tool_calls=calls, thinking=thinking, whole_blocks=True)
+    plan = Reply(output=PLAN, whole_blocks=True)
+    backend = ScriptBackend([reply, plan, Reply(text="5")])
+    with WireServer(backend) as server:
+        model = adapter(server, "anthropic")
+        called = await model.request(ModelRequest(ask("Add 2+3"), tools=(ADD,)))
+        planned = await model.request(
+            ModelRequest(ask("Plan it"), output_schema=OutputSchema("plan", PLAN_SCHEMA))
+        )
+        followup = (
+            *ask("Add 2+3"),
+            Message("assistant", called.text, called.tool_calls),
+            Message("tool", "5", tool_call_id="toolu_1"),
+        )
+        await model.request(ModelRequest(followup, tools=(ADD,)))
+        await model.aclose()  # type: ignore[attr-defined]
+    assert called.text == "Adding."
+    assert [(c.id, c.name, dict(c.arguments)) for c in called.tool_calls] == calls
+    assert Plan.model_validate(planned.output) == Plan.model_validate(PLAN)
+    sent = backend.calls[2].body["messages"][1]["content"]
+    expected = [{"type": "thinking", "thinking": thinking}] if thinking else []
+    assert [b for b in sent if b["type"] == "thinking"] == [
+        {**e, "signature": anthropic_wire.signature(thinking)} for e in expected
+    ]

@@ -219,7 +219,9 @@ def events(reply: Reply, call: WireCall, *, usage: bool = True) -> list[tuple[st
     out: list[tuple[str, Any]] = [("message_start", {"type": "message_start", "message": start})]
     out.append(("ping", {"type": "ping"}))
     for index, block in enumerate(_blocks(reply, call)):
-        if block["type"] == "text":
+        if reply.whole_blocks:
+            head, deltas = _whole(block), []
+        elif block["type"] == "text":
             head = {"type": "text", "text": ""}
             deltas = [{"type": "text_delta", "text": part} for part in _pieces(block["text"])]
         elif block["type"] == "thinking":
@@ -256,6 +258,15 @@ def events(reply: Reply, call: WireCall, *, usage: bool = True) -> list[tuple[st
     out.append(("message_delta", delta))
     out.append(("message_stop", {"type": "message_stop"}))
     return [(name, json.dumps(data)) for name, data in out]
+
+
+def _whole(block: dict[str, Any]) -> dict[str, Any]:
+    """A block as a ``content_block_start`` that holds all of it."""
+    if block["type"] != "tool_use":
+        return block
+    return {key: value for key, value in block.items() if key != "raw"} | {
+        "input": json.loads(block["raw"])
+    }
 
 
 def _pieces(text: str, size: int = 40) -> list[str]:

@@ -54,7 +54,8 @@ class Reply:
     ``raw_arguments`` every tool call's encoded arguments; ``object_arguments`` sends OpenAI
     tool-call arguments as a JSON object rather than a string, as some compatible servers do;
     ``refusal`` is OpenAI's refusal field; ``thinking`` is sent as a signed thinking block
-    (Anthropic).
+    (Anthropic); ``whole_blocks`` streams each Anthropic content block whole in its
+    ``content_block_start``, with no deltas, as some servers speaking the format do.
     """
 
     text: str = ""
@@ -70,6 +71,7 @@ class Reply:
     cached_tokens: int = 0
     reasoning_tokens: int = 0
     finish: str | None = None
+    whole_blocks: bool = False
 
     def tokens(self, call: WireCall) -> tuple[int, int]:
         """Input and output tokens: given, or four characters per token."""

@@ -4,8 +4,9 @@
   ``max_tokens`` could take more than ten minutes to generate, and a long non-streamed reply
   sits on an idle connection that proxies drop. Streaming keeps any ``max_tokens`` usable, and
   ``timeout_s`` then bounds the wait for the next event rather than for the whole answer. The
-  events are accumulated here (text deltas and tool-input JSON joined once at the end), and a
-  stream that stops before ``message_stop`` is a retryable failure, never a short answer.
+  events are accumulated here (text deltas and tool-input JSON joined once at the end; a block
+  a server sends whole in its ``content_block_start`` is taken as it is), and a stream that
+  stops before ``message_stop`` is a retryable failure, never a short answer.
 - Plans come back as a forced tool call: the plan schema is offered as a tool named ``plan`` and
   ``tool_choice`` requires it; its ``input`` is the plan. The API refuses thinking together
   with a forced tool, and newer models think by default, so a forced call also sends
@@ -206,7 +207,7 @@ class AnthropicModel(ProviderModel[anthropic.AsyncAnthropic]):
             if block.kind == "text":
                 text_parts.append("".join(block.parts))
             elif block.kind == "tool_use":
-                raw = "".join(block.parts) or "{}"
+                raw = block.tool_input()
                 cut_at = request.max_tokens if finish == "length" else None
                 if block.name == wanted:
                     output, raw_text = _json_or_text(raw)
@@ -244,9 +245,11 @@ class AnthropicModel(ProviderModel[anthropic.AsyncAnthropic]):
         )
 
 
-def _json_or_text(raw: str) -> tuple[Any, str]:
+def _json_or_text(raw: str | Mapping[str, Any]) -> tuple[Any, str]:
     """The forced tool's input as data, or ``(None, raw)`` so the planner reports the JSON
     error and asks for a repair."""
+    if isinstance(raw, Mapping):
+        return dict(raw), json.dumps(raw)
     try:
         return loads_json(raw), raw
     except ValueError:  # not JSON, or nested too deeply to read
@@ -261,6 +264,35 @@ class _Block:
     parts: list[str] = field(default_factory=list)
     signature: str = ""
     data: str = ""
+    input: Mapping[str, Any] | None = None
+
+    @classmethod
+    def start(cls, block: Any) -> _Block:
+        """The block a ``content_block_start`` event opens, with any content it already holds:
+        Anthropic's API sends it empty and the content in deltas, but a server speaking the
+        format may send a block whole, as the SDK's own accumulator allows."""
+        kind = str(getattr(block, "type", "") or "")
+        started = cls(
+            kind,
+            str(getattr(block, "id", "") or ""),
+            str(getattr(block, "name", "") or ""),
+            data=str(getattr(block, "data", "") or ""),
+        )
+        # A text block's content is its "text", a thinking block's its "thinking".
+        first = getattr(block, kind, None) if kind in ("text", "thinking") else None
+        if isinstance(first, str) and first:
+            started.parts.append(first)
+        if kind == "thinking":
+            started.signature = str(getattr(block, "signature", "") or "")
+        given = getattr(block, "input", None)
+        if kind == "tool_use" and isinstance(given, Mapping) and given:
+            started.input = given
+        return started
+
+    def tool_input(self) -> str | Mapping[str, Any]:
+        """A tool_use block's input: its streamed JSON text, which replaces any input the
+        block started with (as in the SDK), else that input, else an empty object."""
+        return "".join(self.parts) or self.input or "{}"
 
     def thinking(self) -> dict[str, Any] | None:
         """The block as the API wants it back, if it is (redacted) thinking."""
@@ -296,15 +328,7 @@ class _Reply:
             self.model = str(getattr(message, "model", "") or "")
             self._usage(getattr(message, "usage", None))
         elif kind == "content_block_start":
-            block = getattr(event, "content_block", None)
-            self.blocks.append(
-                _Block(
-                    str(getattr(block, "type", "") or ""),
-                    str(getattr(block, "id", "") or ""),
-                    str(getattr(block, "name", "") or ""),
-                    data=str(getattr(block, "data", "") or ""),
-                )
-            )
+            self.blocks.append(_Block.start(getattr(event, "content_block", None)))
         elif kind == "content_block_delta":
             self._delta(getattr(event, "index", -1), getattr(event, "delta", None))
         elif kind == "message_delta":
