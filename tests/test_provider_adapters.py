@@ -227,7 +227,7 @@ async def test_anthropic_streams_so_large_max_tokens_are_not_refused() -> None:
     assert backend.calls[0].max_tokens == 128_000
 
 
-RETRYABLE = ("rate_limit", "server_error", "overloaded", "slow", "malformed", "truncated")
+RETRYABLE = ("rate_limit", "server_error", "overloaded", "slow", "stall", "malformed", "truncated")
 
 
 @pytest.mark.anyio
@@ -605,3 +605,16 @@ async def test_anthropic_blocks_streamed_whole_are_read_whole(thinking: str) -> 
     assert [b for b in sent if b["type"] == "thinking"] == [
         {**e, "signature": anthropic_wire.signature(thinking)} for e in expected
     ]
+
+
+@pytest.mark.anyio
+async def test_an_anthropic_stream_that_stalls_is_a_timeout_with_the_usage_so_far() -> None:
+    # Streamed replies are bounded per event: a stream that stops halfway hits timeout_s.
+    with WireServer(ScriptBackend([]), slow_s=1.0) as server:
+        server.faults.script(["stall"])
+        with pytest.raises(ModelError) as caught:
+            await one(server, "anthropic", ModelRequest(ask("x")), timeout_s=0.3)
+    error = caught.value
+    assert error.retryable
+    assert "the reply stream stopped for 0.3 s (timeout_s)" in str(error)
+    assert error.usage is not None and error.usage.input_tokens > 0

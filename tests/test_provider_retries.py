@@ -31,7 +31,7 @@ PLAN = {
     "goal": GOAL,
     "steps": [{"id": "greet", "title": "Greet", "instruction": "Say hello to the user"}],
 }
-RETRIED = ("rate_limit", "server_error", "overloaded", "slow", "malformed", "truncated")
+RETRIED = ("rate_limit", "server_error", "overloaded", "slow", "stall", "malformed", "truncated")
 
 
 def script() -> ScriptBackend:

@@ -14,6 +14,8 @@ stream_timeout a ``timeout_error`` event inside a 200 stream (Anthropic; 500 for
 quota          429 ``insufficient_quota``: the account's credit is used up (OpenAI)
 too_large      429 "Request too large": one request exceeds the tokens-per-minute limit (OpenAI)
 slow           nothing for ``slow_s`` seconds (past the client's timeout), then no answer
+stall          half a stream, then nothing for ``slow_s`` seconds, then the connection closes
+               (Anthropic; ``slow`` for OpenAI, whose replies are not streamed)
 malformed      a 200 whose JSON (or one streamed event) does not parse
 no_usage       a good reply without usage
 truncated      the connection closes halfway through the body
@@ -270,6 +272,8 @@ class _Handler(BaseHTTPRequestHandler):
         fault = wire.faults.next()
         if fault in STREAM_FAULTS and provider == "openai":
             fault = "server_error"
+        if fault == "stall" and provider == "openai":
+            fault = "slow"
         try:
             call = fmt.parse(json.loads(raw))
         except WireError as exc:
@@ -291,7 +295,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             # A broken reply needs no answer: the backend's answers are kept for the retry.
-            broken = fault in ("malformed", "truncated", *STREAM_FAULTS)
+            broken = fault in ("malformed", "truncated", "stall", *STREAM_FAULTS)
             reply = Reply(text="(an answer that never arrives whole)") if broken else None
             reply = reply or wire.backend.answer(call)
         except Exception as exc:  # a backend bug or a used-up script: loud, and not retried
@@ -370,7 +374,7 @@ class _Handler(BaseHTTPRequestHandler):
         if fault in STREAM_FAULTS:
             error = STREAM_FAULTS[fault]
             events = [events[0], ("error", json.dumps(anthropic_wire.error(*error)))]
-        cut = len(events) // 2 if fault == "truncated" else len(events)
+        cut = len(events) // 2 if fault in ("truncated", "stall") else len(events)
         try:
             self.send_response(200)
             self.send_header("content-type", "text/event-stream")
@@ -379,7 +383,10 @@ class _Handler(BaseHTTPRequestHandler):
             for name, data in events[:cut]:
                 chunk = f"event: {name}\ndata: {data}\n\n".encode()
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-            if fault == "truncated":
+            if fault == "stall":
+                self.wfile.flush()
+                time.sleep(self.server.wire.slow_s)  # the client has given up by now
+            if fault in ("truncated", "stall"):
                 self.wfile.flush()
                 self._hang_up()
                 return

@@ -138,6 +138,9 @@ class AnthropicModel(ProviderModel[anthropic.AsyncAnthropic]):
             raise timeout_error(self._name, self.timeout_s) from None
         except anthropic.APIConnectionError as exc:
             raise connection_error(self._name, exc) from None
+        except httpx2.TimeoutException:
+            # A stream that stopped mid-way: the SDK does not wrap errors while it is read.
+            raise timeout_error(self._name, self.timeout_s, reply.usage()) from None
         except httpx2.TransportError as exc:
             # Reading the stream is not wrapped by the SDK: a connection cut mid-stream
             # surfaces as the HTTP library's own error.

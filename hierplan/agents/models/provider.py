@@ -222,11 +222,14 @@ def not_found_hint(url: str) -> str:
     return f"{where}: check the model name and the base URL"
 
 
-def timeout_error(model: str, timeout_s: float) -> ModelError:
-    """A retryable error for an attempt that waited ``timeout_s`` in vain."""
+def timeout_error(model: str, timeout_s: float, usage: Usage | None = None) -> ModelError:
+    """A retryable error for an attempt that waited ``timeout_s`` in vain (``usage``: what a
+    streamed reply reported before it stopped, which makes it a stalled stream)."""
+    waited = "no reply within" if usage is None else "the reply stream stopped for"
     return ModelError(
-        f"{model}: no reply within {timeout_s:g} s (timeout_s); the attempt was abandoned",
+        f"{model}: {waited} {timeout_s:g} s (timeout_s); the attempt was abandoned",
         retryable=True,
+        usage=usage,
     )
 
 
