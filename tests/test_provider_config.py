@@ -91,6 +91,11 @@ def test_model_options_are_checked() -> None:
         resolve_model("openai:gpt-5-mini", api_key="k", timeout_s="soon")
     with pytest.raises(ModelNotAvailableError, match="set OPENAI_API_KEY"):
         resolve_model("openai:gpt-5-mini", api_key="  ")
+    with pytest.raises(
+        ModelNotAvailableError,
+        match="max_tokens_field must be 'max_completion_tokens' or 'max_tokens', not 'max_token'",
+    ):
+        resolve_model("openai:gpt-5-mini", api_key="k", max_tokens_field="max_token")
     local = resolve_model("openai:llama3", api_key="k", priced_as="openai:gpt-5-nano")
     assert (local.name, local.priced_as, local.simulated) == (
         "openai:llama3",

@@ -53,7 +53,7 @@ from hierplan.agents.models.provider import (
     truncated_error,
 )
 from hierplan.agents.models.schema import Decoder, strict_decoder, strict_schema
-from hierplan.errors import ModelError
+from hierplan.errors import ModelError, ModelNotAvailableError
 
 API_KEY_VARIABLE = "OPENAI_API_KEY"
 BASE_URL_VARIABLE = "OPENAI_BASE_URL"
@@ -91,6 +91,12 @@ class OpenAIModel(ProviderModel[openai.AsyncOpenAI]):
         strict_output: bool = True,
     ) -> None:
         key = self._setup(model_name, api_key, timeout_s, priced_as)
+        if max_tokens_field is not None and max_tokens_field not in _OTHER_FIELD:
+            # Sent as it is, a misspelt field would be ignored or refused by the server.
+            raise ModelNotAvailableError(
+                f"{self._name}: max_tokens_field must be 'max_completion_tokens' or "
+                f"'max_tokens', not {max_tokens_field!r}"
+            )
         base = base_url or os.environ.get(BASE_URL_VARIABLE) or None
         self.base_url = base
         self.token_field: TokenField = max_tokens_field or token_field_for(base)
