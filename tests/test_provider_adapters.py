@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -618,3 +619,24 @@ async def test_an_anthropic_stream_that_stalls_is_a_timeout_with_the_usage_so_fa
     assert error.retryable
     assert "the reply stream stopped for 0.3 s (timeout_s)" in str(error)
     assert error.usage is not None and error.usage.input_tokens > 0
+
+
+DECLINED = "This request was declined because it could enable cyber harm."
+
+
+@pytest.mark.anyio
+async def test_an_anthropic_refusal_in_a_tool_call_is_a_refusal_not_a_malformed_reply() -> None:
+    # The API's classifiers can stop a reply anywhere, a tool call's input included.
+    refused = Reply(
+        text="Sure, I will", tool_calls=ADD_CALL, raw_arguments='{"a": 2', finish="refusal"
+    )
+    script = [replace(refused, refusal=DECLINED), refused]
+    with WireServer(ScriptBackend(script)) as server:
+        explained = await one(server, "anthropic", ModelRequest(ask("Add"), tools=(ADD,)))
+        bare = await one(server, "anthropic", ModelRequest(ask("Add"), tools=(ADD,)))
+    for response in (explained, bare):
+        assert response.tool_calls == () and response.output is None
+        assert response.flags == ["refusal"] and response.finish_reason == "refusal"
+        assert response.usage is not None and response.usage.output_tokens > 0
+    assert explained.text == DECLINED
+    assert bare.text == "Sure, I will"  # no explanation: what the model had written

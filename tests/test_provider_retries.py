@@ -329,3 +329,24 @@ async def test_a_request_too_large_for_the_rate_limit_fails_without_retries() ->
     assert result.status == "failed"
     assert result.error is not None and "Request too large" in result.error
     assert "waiting does not help" in result.error
+
+
+async def test_an_anthropic_refusal_in_a_tool_call_fails_the_step_with_the_explanation() -> None:
+    declined = "This request was declined because it could enable cyber harm."
+    refused = Reply(
+        tool_calls=[("toolu_1", "add", {})],
+        raw_arguments='{"a": ',
+        finish="refusal",
+        refusal=declined,
+    )
+    replan = Reply(finish="refusal", refusal=declined)  # the root's replan is refused too
+    with WireServer(ScriptBackend([Reply(output=PLAN), refused, replan])) as server:
+        result = await mini_run(server, "anthropic")
+    # the refused call is made once, not retried as a malformed reply (root's calls first)
+    assert [(c.purpose, c.ok, c.flags) for c in calls(result)] == [
+        ("plan", True, []),
+        ("replan", True, ["refusal"]),
+        ("execute", True, ["refusal"]),
+    ]
+    assert result.status == "failed"
+    assert result.error is not None and f"the model refused the step: {declined}" in result.error

@@ -253,6 +253,9 @@ def events(reply: Reply, call: WireCall, *, usage: bool = True) -> list[tuple[st
         "type": "message_delta",
         "delta": {"stop_reason": stop_reason(reply), "stop_sequence": None},
     }
+    if reply.finish == "refusal" and reply.refusal:
+        details = {"type": "refusal", "category": "cyber", "explanation": reply.refusal}
+        delta["delta"]["stop_details"] = details
     if usage:
         delta["usage"] = _usage(reply, call, output_only=True)
     out.append(("message_delta", delta))

@@ -53,7 +53,8 @@ class Reply:
     replaces the encoded structured output verbatim (to send output that is not JSON), and
     ``raw_arguments`` every tool call's encoded arguments; ``object_arguments`` sends OpenAI
     tool-call arguments as a JSON object rather than a string, as some compatible servers do;
-    ``refusal`` is OpenAI's refusal field; ``thinking`` is sent as a signed thinking block
+    ``refusal`` is OpenAI's refusal field, and with ``finish="refusal"`` the explanation in
+    Anthropic's ``stop_details``; ``thinking`` is sent as a signed thinking block
     (Anthropic); ``whole_blocks`` streams each Anthropic content block whole in its
     ``content_block_start``, with no deltas, as some servers speaking the format do.
     """

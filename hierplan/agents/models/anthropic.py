@@ -18,6 +18,9 @@
   ``is_error`` when the tool failed) in one user turn. A model that thinks (by default, as newer
   ones do) gets its thinking blocks back with the turn that called the tools, as the API
   requires.
+- A refusal (``stop_reason: refusal``: the API's classifiers stopped the reply, perhaps inside a
+  tool call) comes back as text with the flag ``refusal`` and no calls or output: the text is
+  the explanation in ``stop_details``, else what the model had written.
 - Usage: Anthropic's ``input_tokens`` leaves out cache reads and writes, so input is their sum
   and ``cached_input_tokens`` the cache reads; thinking tokens are reasoning tokens. A reply
   without usage has ``usage=None`` and the flag ``no_usage``.
@@ -205,6 +208,8 @@ class AnthropicModel(ProviderModel[anthropic.AsyncAnthropic]):
         answered = False
         text_parts: list[str] = []
         calls: list[ToolCall] = []
+        if reply.stop_reason == "refusal":
+            return self._refused(reply, usage)
         finish = _STOP_REASONS.get(reply.stop_reason, reply.stop_reason or "stop")
         for block in reply.blocks:
             if block.kind == "text":
@@ -233,8 +238,6 @@ class AnthropicModel(ProviderModel[anthropic.AsyncAnthropic]):
             finish = "stop"  # the forced output tool is the answer, not a call to make
         if finish == "length":
             flags.append("truncated")
-        if reply.stop_reason == "refusal":
-            flags.append("refusal")
         if usage is None:
             flags.append("no_usage")
         return ModelResponse(
@@ -245,6 +248,19 @@ class AnthropicModel(ProviderModel[anthropic.AsyncAnthropic]):
             model=f"anthropic:{reply.model or self.model_name}",
             finish_reason=finish,
             flags=flags,
+        )
+
+    def _refused(self, reply: _Reply, usage: Usage | None) -> ModelResponse:
+        """A refused reply: stopped by the API's classifiers, possibly in the middle of a tool
+        call, whose input is then cut. Its calls are not to be made: the text says why it
+        stopped (the API's explanation, else what the model had written)."""
+        written = "".join("".join(b.parts) for b in reply.blocks if b.kind == "text")
+        return ModelResponse(
+            text=reply.refusal or written,
+            usage=usage,
+            model=f"anthropic:{reply.model or self.model_name}",
+            finish_reason="refusal",
+            flags=["refusal"] if usage is not None else ["refusal", "no_usage"],
         )
 
 
@@ -317,6 +333,7 @@ class _Reply:
     model: str = ""
     blocks: list[_Block] = field(default_factory=list)
     stop_reason: str = ""
+    refusal: str = ""
     stopped: bool = False
     input_tokens: int | None = None
     output_tokens: int | None = None
@@ -337,6 +354,7 @@ class _Reply:
         elif kind == "message_delta":
             delta = getattr(event, "delta", None)
             self.stop_reason = str(getattr(delta, "stop_reason", None) or self.stop_reason)
+            self.refusal = _refusal_text(getattr(delta, "stop_details", None)) or self.refusal
             self._usage(getattr(event, "usage", None))
         elif kind == "message_stop":
             self.stopped = True
@@ -384,6 +402,15 @@ class _Reply:
             cached_input_tokens=self.cache_read,
             reasoning_tokens=min(self.thinking, self.output_tokens),
         )
+
+
+def _refusal_text(details: Any) -> str:
+    """What a refusal's ``stop_details`` say: the explanation, else the policy category."""
+    explanation = getattr(details, "explanation", None)
+    if isinstance(explanation, str) and explanation.strip():
+        return explanation.strip()
+    category = getattr(details, "category", None)
+    return f"refused under the {category} policy" if isinstance(category, str) else ""
 
 
 class _ThinkingBlocks:
