@@ -640,3 +640,13 @@ async def test_an_anthropic_refusal_in_a_tool_call_is_a_refusal_not_a_malformed_
         assert response.usage is not None and response.usage.output_tokens > 0
     assert explained.text == DECLINED
     assert bare.text == "Sure, I will"  # no explanation: what the model had written
+
+
+@pytest.mark.anyio
+async def test_openai_tool_calls_the_content_filter_stopped_are_not_made() -> None:
+    # The filter may stop a reply inside a tool call: not a malformed reply to retry.
+    stopped = Reply(tool_calls=ADD_CALL, raw_arguments='{"a": 2, "b', finish="content_filter")
+    with WireServer(ScriptBackend([stopped])) as server:
+        response = await one(server, "openai", ModelRequest(ask("Add"), tools=(ADD,)))
+    assert response.tool_calls == () and response.finish_reason == "content_filter"
+    assert response.flags == ["content_filter"]

@@ -9,6 +9,8 @@ through ``base_url`` or ``OPENAI_BASE_URL``.
   repair attempt like any other bad plan.
 - Executors call tools with ``tools`` / ``tool_calls`` and answer tool results with ``tool``
   messages.
+- A refusal is text with the flag ``refusal``; a reply the content filter stopped has the flag
+  ``content_filter`` and no tool calls (the filter may have cut one).
 - Usage maps to :class:`Usage` with cached input (``prompt_tokens_details.cached_tokens``) and
   reasoning tokens (``completion_tokens_details.reasoning_tokens``); a reply without usage has
   ``usage=None`` and the flag ``no_usage``.
@@ -206,7 +208,11 @@ class OpenAIModel(ProviderModel[openai.AsyncOpenAI]):
             flags.append("refusal")
         finish = str(getattr(choice, "finish_reason", None) or "stop")
         cut_at = request.max_tokens if finish == "length" else None
-        calls = tuple(self._tool_calls(getattr(message, "tool_calls", None) or (), usage, cut_at))
+        raw_calls = getattr(message, "tool_calls", None) or ()
+        # A reply the content filter stopped may end inside a tool call: its calls, cut or
+        # whole, are not to be made, and the flag says why the reply has none.
+        stopped = finish == "content_filter"
+        calls = () if stopped else tuple(self._tool_calls(raw_calls, usage, cut_at))
         if finish == "length":
             flags.append("truncated")
         elif finish == "content_filter":
