@@ -650,3 +650,15 @@ async def test_openai_tool_calls_the_content_filter_stopped_are_not_made() -> No
         response = await one(server, "openai", ModelRequest(ask("Add"), tools=(ADD,)))
     assert response.tool_calls == () and response.finish_reason == "content_filter"
     assert response.flags == ["content_filter"]
+
+
+@pytest.mark.anyio
+async def test_a_full_anthropic_context_window_is_not_blamed_on_max_tokens() -> None:
+    full = Reply(text="The rows are", input_tokens=199_000, finish="model_context_window_exceeded")
+    with WireServer(ScriptBackend([full])) as server, pytest.raises(ModelError) as caught:
+        await one(server, "anthropic", ModelRequest(ask("Count"), max_tokens=64_000))
+    error = caught.value
+    assert not error.retryable
+    assert "filled the model's context window (199000 input tokens)" in str(error)
+    assert "a larger max_tokens does not help" in str(error)
+    assert error.usage is not None and error.usage.input_tokens == 199_000

@@ -53,6 +53,7 @@ from hierplan.agents.models.provider import (
     ProviderModel,
     body_message,
     connection_error,
+    context_full_error,
     loads_json,
     malformed_error,
     status_error,
@@ -88,7 +89,6 @@ _STOP_REASONS: Mapping[str, str] = MappingProxyType(
         "end_turn": "stop",
         "tool_use": "tool_calls",
         "max_tokens": "length",
-        "model_context_window_exceeded": "length",
     }
 )
 
@@ -210,6 +210,8 @@ class AnthropicModel(ProviderModel[anthropic.AsyncAnthropic]):
         calls: list[ToolCall] = []
         if reply.stop_reason == "refusal":
             return self._refused(reply, usage)
+        if reply.stop_reason == "model_context_window_exceeded":
+            raise context_full_error(self._name, usage)
         finish = _STOP_REASONS.get(reply.stop_reason, reply.stop_reason or "stop")
         for block in reply.blocks:
             if block.kind == "text":

@@ -12,6 +12,8 @@ HTTP 429, 408, 409, 5xx, 529 (overloaded)     retryable, ``Retry-After`` honoure
 than the tokens-per-minute limit
 timeouts, dropped connections, cut streams    retryable
 malformed replies (bad JSON, bad tool args)   retryable
+a reply cut at max_tokens, or stopped by a    not retried: the same request ends the
+full context window                           same way (the message says what to change)
 400, 404, 413, 422                            not retried: the provider's message
 401, 403                                      :class:`ModelAuthError`: the run stops
 ============================================  =========================================
@@ -255,6 +257,20 @@ def truncated_error(
         f"{model}: the reply was cut at max_tokens={max_tokens} in the middle of {what}; "
         "raise executor_max_tokens / planner_max_tokens (or the node's budget, if it lowered "
         "max_tokens to fit)",
+        retryable=False,
+        usage=usage,
+    )
+
+
+def context_full_error(model: str, usage: Usage | None) -> ModelError:
+    """The error for a reply stopped because the conversation filled the model's context
+    window. Not retryable, and unlike a reply cut at ``max_tokens``, not cured by a larger one:
+    the input leaves too little room."""
+    held = "" if usage is None else f" ({usage.input_tokens} input tokens)"
+    return ModelError(
+        f"{model}: the reply stopped when the conversation filled the model's context "
+        f"window{held}; a larger max_tokens does not help: shorten the step's input (its "
+        "instruction and tool results) or use a model with a larger context window",
         retryable=False,
         usage=usage,
     )
