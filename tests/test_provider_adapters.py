@@ -662,3 +662,17 @@ async def test_a_full_anthropic_context_window_is_not_blamed_on_max_tokens() -> 
     assert "filled the model's context window (199000 input tokens)" in str(error)
     assert "a larger max_tokens does not help" in str(error)
     assert error.usage is not None and error.usage.input_tokens == 199_000
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_an_html_error_page_from_a_proxy_is_one_short_line(provider: str) -> None:
+    with WireServer(ScriptBackend([])) as server:
+        server.faults.script(["html_error"])
+        with pytest.raises(ModelError) as caught:
+            await one(server, provider, ModelRequest(ask("x")))
+    message = str(caught.value)
+    status = "502 Bad Gateway" if provider == "openai" else "401 Authorization Required"
+    assert f"<title>{status}</title>" in message
+    assert "\n" not in message and "\r" not in message
+    assert len(message) < 400 and message.endswith("…")

@@ -239,3 +239,22 @@ def test_the_cli_stops_on_a_refused_key_with_the_providers_message(tmp_path: Pat
     last = result.output.strip().splitlines()[-1]
     assert last.startswith("error: openai:gpt-5-mini: HTTP 401: invalid_api_key:")
     assert hierplan.ModelAuthError.__name__ in hierplan.__all__
+
+
+def test_a_proxys_html_refusal_of_the_key_is_still_a_one_line_error(tmp_path: Path) -> None:
+    # A proxy in front of the API answers 401 with its own HTML page, many lines long.
+    with WireServer(ScriptBackend([])) as server:
+        server.faults.script(["html_error"])
+        result = runner.invoke(
+            app,
+            [
+                *("run", GOAL, "--model", MODELS["anthropic"]),
+                *("--base-url", server.anthropic_base_url, "-y", "-o", str(tmp_path / "run")),
+            ],
+            env={"ANTHROPIC_API_KEY": TEST_KEY},
+        )
+    assert result.exit_code == 2
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith("error: anthropic:claude-haiku-4-5: HTTP 401: <html><head><title>401")
+    assert "</body>" in last or last.endswith("…")  # the page, on this one line
+    assert "</html>" not in result.output  # cut, not printed whole

@@ -21,6 +21,7 @@ no_usage       a good reply without usage
 truncated      the connection closes halfway through the body
 bad_request    400 with the provider's message
 unauthorized   401 whatever the key
+html_error     a proxy's 502 HTML page (OpenAI) or 401 HTML page (Anthropic), many lines long
 =============  ===============================================================================
 
 ``refused_fields`` names request fields the OpenAI path refuses with OpenAI's own 400, as its API
@@ -288,6 +289,11 @@ class _Handler(BaseHTTPRequestHandler):
             wire.log(Hit(provider, fault, status))
             self._json(status, fmt.error(status, kind, message), self._retry_headers(fault))
             return
+        if fault == "html_error":
+            status = 502 if provider == "openai" else 401
+            wire.log(Hit(provider, fault, status))
+            self._html(status)
+            return
         if fault == "slow":
             wire.log(Hit(provider, fault, 200))
             time.sleep(wire.slow_s)  # the client has given up by now: no answer is spent
@@ -367,6 +373,18 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
         except OSError:
             self.close_connection = True  # the client gave up (a slow reply): nothing to do
+
+    def _html(self, status: int) -> None:
+        """A proxy's error page, as nginx sends one, padded past any sensible message."""
+        title = f"{status} {'Bad Gateway' if status == 502 else 'Authorization Required'}"
+        lines = [f"<html><head><title>{title}</title></head>", f"<body><h1>{title}</h1>"]
+        lines += [f"<!-- padding {i} -->" for i in range(100)] + ["</body></html>", ""]
+        data = "\r\n".join(lines).encode()
+        self.send_response(status)
+        self.send_header("content-type", "text/html")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def _stream(self, events: list[tuple[str, str]], fault: str | None) -> None:
         if fault == "malformed":

@@ -153,7 +153,11 @@ def retry_after(headers: Mapping[str, str] | None) -> float | None:
 
 
 def body_message(body: Any) -> str | None:
-    """The human-readable message in a provider's error body, when there is one."""
+    """The human-readable message in a provider's error body, when there is one: its
+    ``message``, or the whole body when it is text (a server's plain-text or HTML error page,
+    which the SDKs leave out of their own message)."""
+    if isinstance(body, str):
+        return body.strip() or None
     if isinstance(body, Mapping):
         inner = body.get("error", body)
         if isinstance(inner, Mapping) and isinstance(inner.get("message"), str):
@@ -177,7 +181,7 @@ def status_error(
     """The :class:`ModelError` for an HTTP error status, with the provider's message (``body``:
     the error body, which tells a used-up quota from a rate limit; ``url``: where the request
     went, named in a 404's message)."""
-    text = f"{model}: HTTP {status}: {message}"
+    text = f"{model}: HTTP {status}: {one_line(message)}"
     if status == 404 and url is not None:
         text = f"{text} ({not_found_hint(url)})"
     if status in (401, 403):
@@ -203,6 +207,22 @@ def status_error(
         retry_after=retry_after(headers),
         usage=usage,
     )
+
+
+ERROR_MESSAGE_LIMIT = 300
+"""The most characters of a provider's error message an error repeats."""
+
+
+def one_line(message: str, limit: int = ERROR_MESSAGE_LIMIT) -> str:
+    """``message`` on one line, cut to ``limit`` characters: a proxy in front of a server
+    answers errors with whole HTML pages, which would fill a console and break the CLI's
+    one-line error.
+
+    >>> one_line("<html>\\n<h1>502 Bad Gateway</h1>\\n</html>")
+    '<html> <h1>502 Bad Gateway</h1> </html>'
+    """
+    flat = " ".join(message.split())
+    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
 
 
 def not_found_hint(url: str) -> str:
