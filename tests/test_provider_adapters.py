@@ -676,3 +676,31 @@ async def test_an_html_error_page_from_a_proxy_is_one_short_line(provider: str) 
     assert f"<title>{status}</title>" in message
     assert "\n" not in message and "\r" not in message
     assert len(message) < 400 and message.endswith("…")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_tool_names_the_apis_refuse_go_by_safe_names_on_the_wire(provider: str) -> None:
+    # MCP tool names may hold dots and slashes; both APIs refuse them in tool names.
+    dotted = ToolSpec("math.add", ADD.description, ADD.parameters)
+    slashed = ToolSpec("math/add", ADD.description, ADD.parameters)
+    tools = (dotted, slashed, ADD)
+    prefix = "toolu_" if provider == "anthropic" else "call_"
+    wire_calls = [(prefix + "1", "math_add", {"a": 1, "b": 2}), (prefix + "2", "add", {"a": 3})]
+    backend = ScriptBackend([Reply(tool_calls=wire_calls), Reply(text="3")])
+    with WireServer(backend) as server:
+        model = adapter(server, provider)
+        first = await model.request(ModelRequest(ask("Add"), tools=tools))
+        followup = (
+            *ask("Add"),
+            Message("assistant", "", first.tool_calls),
+            *(Message("tool", "3", tool_call_id=c.id) for c in first.tool_calls),
+        )
+        await model.request(ModelRequest(followup, tools=tools))
+        await model.aclose()  # type: ignore[attr-defined]
+    assert [c.name for c in first.tool_calls] == ["math.add", "add"]
+    assert [c.arguments for c in first.tool_calls] == [{"a": 1, "b": 2}, {"a": 3}]
+    # the same tools map the same way on every turn, and a valid name stays as it is
+    assert backend.calls[0].tools == backend.calls[1].tools == ["math_add", "math_add_2", "add"]
+    assistant = next(m for m in backend.calls[1].messages if m.role == "assistant")
+    assert [c.name for c in assistant.tool_calls] == ["math_add", "add"]

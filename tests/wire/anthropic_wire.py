@@ -1,7 +1,8 @@
 """Anthropic Messages on the wire: request checks, streamed and whole replies, errors.
 
 The checks are the ones the real API makes and an adapter bug would trip: ``max_tokens``
-required, turns alternating from a user turn, no empty text blocks, every ``tool_use`` answered
+required, turns alternating from a user turn, no empty text blocks, tool names of letters,
+digits, ``_`` and ``-`` only, every ``tool_use`` answered
 by a ``tool_result`` in the next user turn, and a forced ``tool_choice`` naming an offered tool.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from typing import Any
 
@@ -16,6 +18,7 @@ from hierplan.agents.models.base import Message, ToolCall
 
 from .backends import Reply, WireCall, WireError
 
+_NAME = re.compile(r"[a-zA-Z0-9_-]{1,128}")
 _STOP = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens"}
 THINKING_BY_DEFAULT = ("claude-sonnet-5", "claude-fable", "claude-mythos")
 """Models that think unless told not to, as the API's newer models do."""
@@ -49,6 +52,14 @@ def parse(body: dict[str, Any]) -> WireCall:
     if thinks(body):
         _check_thinking_kept(raw)
     tools = {t["name"]: t for t in body.get("tools", [])}
+    for index, name in enumerate(tools):
+        if not _NAME.fullmatch(name):
+            raise WireError(
+                400,
+                "invalid_request_error",
+                f"tools.{index}.custom.name: String should match pattern "
+                "'^[a-zA-Z0-9_-]{1,128}$'",
+            )
     for tool in tools.values():
         if tool.get("input_schema", {}).get("type") != "object":
             raise WireError(400, "invalid_request_error", f"tool {tool['name']}: bad input_schema")

@@ -1,7 +1,8 @@
 """OpenAI Chat Completions on the wire: request checks, replies, errors.
 
 The checks are the ones the real API makes and an adapter bug would trip: every assistant
-``tool_calls`` answered by ``tool`` messages, tool-call arguments as JSON strings, and in strict
+``tool_calls`` answered by ``tool`` messages, tool-call arguments as JSON strings, function names
+of letters, digits, ``_`` and ``-`` only, and in strict
 structured output a schema where every object lists all its properties as required, forbids
 others, and uses no keyword strict mode rejects.
 """
@@ -9,6 +10,7 @@ others, and uses no keyword strict mode rejects.
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -16,6 +18,7 @@ from hierplan.agents.models.base import Message, ToolCall
 
 from .backends import Reply, WireCall, WireError, conform
 
+_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 _STRICT_REJECTS = {"minLength", "maxLength", "default", "uniqueItems", "minProperties"}
 
 
@@ -39,10 +42,17 @@ def parse(body: dict[str, Any]) -> WireCall:
         if strict:
             check_strict(schema, schema_name)
     tools = []
-    for tool in body.get("tools", []):
+    for index, tool in enumerate(body.get("tools", [])):
         function = tool.get("function", {}) if tool.get("type") == "function" else {}
         if not function.get("name") or function.get("parameters", {}).get("type") != "object":
             raise WireError(400, "invalid_request_error", f"invalid tool: {json.dumps(tool)}")
+        if not _NAME.fullmatch(function["name"]):
+            raise WireError(
+                400,
+                "invalid_request_error",
+                f"Invalid 'tools[{index}].function.name': string does not match pattern. "
+                "Expected a string that matches the pattern '^[a-zA-Z0-9_-]+$'.",
+            )
         tools.append(function["name"])
     limit = body.get("max_completion_tokens", body.get("max_tokens"))
     return WireCall("openai", model, messages, tools, schema_name, schema, strict, limit, body)

@@ -51,6 +51,7 @@ from hierplan.agents.models.base import (
 from hierplan.agents.models.provider import (
     DEFAULT_TIMEOUT_S,
     ProviderModel,
+    ToolNames,
     body_message,
     connection_error,
     context_full_error,
@@ -63,6 +64,8 @@ from hierplan.agents.models.provider import (
 )
 
 API_KEY_VARIABLE = "ANTHROPIC_API_KEY"
+TOOL_NAME_LIMIT = 128
+"""The longest tool name the API takes."""
 ALWAYS_THINKING = ("claude-fable", "claude-mythos")
 """Models whose thinking cannot be turned off, so no tool can be forced on them."""
 
@@ -179,7 +182,8 @@ class AnthropicModel(ProviderModel[anthropic.AsyncAnthropic]):
 
     def build_params(self, request: ModelRequest) -> dict[str, Any]:
         """The keyword arguments of ``messages.create`` for ``request`` (always streamed)."""
-        system, messages = wire_messages(request.messages, self._thinking)
+        names = ToolNames.of(request.tools, request.messages, TOOL_NAME_LIMIT)
+        system, messages = wire_messages(request.messages, self._thinking, names)
         params: dict[str, Any] = {
             "model": self.model_name,
             "max_tokens": request.max_tokens,
@@ -188,7 +192,7 @@ class AnthropicModel(ProviderModel[anthropic.AsyncAnthropic]):
         }
         if system:
             params["system"] = system
-        tools = wire_tools(request.tools)
+        tools = wire_tools(request.tools, names)
         if request.output_schema is not None:
             tools.append(output_tool(request.output_schema))
             if self.force_output_tool:
@@ -213,6 +217,7 @@ class AnthropicModel(ProviderModel[anthropic.AsyncAnthropic]):
         if reply.stop_reason == "model_context_window_exceeded":
             raise context_full_error(self._name, usage)
         finish = _STOP_REASONS.get(reply.stop_reason, reply.stop_reason or "stop")
+        names = ToolNames.of(request.tools, request.messages, TOOL_NAME_LIMIT)
         for block in reply.blocks:
             if block.kind == "text":
                 text_parts.append("".join(block.parts))
@@ -228,10 +233,9 @@ class AnthropicModel(ProviderModel[anthropic.AsyncAnthropic]):
                         text_parts.append(raw_text)
                     answered = True
                     continue
-                arguments = tool_arguments(
-                    self._name, block.name, raw, usage, "input", cut_at=cut_at
-                )
-                calls.append(ToolCall(block.id, block.name, arguments))
+                name = names.local(block.name)
+                arguments = tool_arguments(self._name, name, raw, usage, "input", cut_at=cut_at)
+                calls.append(ToolCall(block.id, name, arguments))
         thinking = [t for t in (b.thinking() for b in reply.blocks) if t is not None]
         if thinking and calls:
             self._thinking.remember(calls[0].id, thinking)
@@ -437,9 +441,12 @@ class _ThinkingBlocks:
 
 
 def wire_messages(
-    messages: Sequence[Message], thinking: _ThinkingBlocks | None = None
+    messages: Sequence[Message],
+    thinking: _ThinkingBlocks | None = None,
+    names: ToolNames | None = None,
 ) -> tuple[str, list[dict[str, Any]]]:
-    """hierplan messages as Anthropic's ``system`` text and alternating ``messages``."""
+    """hierplan messages as Anthropic's ``system`` text and alternating ``messages``
+    (``names``: tool names on the wire)."""
     system = "\n\n".join(m.content for m in messages if m.role == "system" and m.content)
     out: list[dict[str, Any]] = []
     for m in messages:
@@ -461,7 +468,8 @@ def wire_messages(
         if m.tool_calls and thinking is not None:
             blocks[:0] = thinking.get(m.tool_calls[0].id)
         for call in m.tool_calls:
-            use = {"type": "tool_use", "id": call.id, "name": call.name}
+            name = names.wire(call.name) if names else call.name
+            use = {"type": "tool_use", "id": call.id, "name": name}
             blocks.append({**use, "input": dict(call.arguments)})
         if not blocks:
             continue
@@ -474,10 +482,14 @@ def wire_messages(
     return system, out
 
 
-def wire_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
-    """hierplan tool specs as Anthropic tools."""
+def wire_tools(tools: Sequence[ToolSpec], names: ToolNames | None = None) -> list[dict[str, Any]]:
+    """hierplan tool specs as Anthropic tools (``names``: tool names on the wire)."""
     return [
-        {"name": t.name, "description": t.description, "input_schema": dict(t.parameters)}
+        {
+            "name": names.wire(t.name) if names else t.name,
+            "description": t.description,
+            "input_schema": dict(t.parameters),
+        }
         for t in tools
     ]
 

@@ -45,6 +45,7 @@ from hierplan.agents.models.base import (
 from hierplan.agents.models.provider import (
     DEFAULT_TIMEOUT_S,
     ProviderModel,
+    ToolNames,
     body_message,
     connection_error,
     loads_json,
@@ -61,6 +62,8 @@ API_KEY_VARIABLE = "OPENAI_API_KEY"
 BASE_URL_VARIABLE = "OPENAI_BASE_URL"
 
 TokenField = Literal["max_completion_tokens", "max_tokens"]
+TOOL_NAME_LIMIT = 64
+"""The longest function name the API takes."""
 _OTHER_FIELD: Mapping[TokenField, TokenField] = MappingProxyType(
     {"max_tokens": "max_completion_tokens", "max_completion_tokens": "max_tokens"}
 )
@@ -154,13 +157,14 @@ class OpenAIModel(ProviderModel[openai.AsyncOpenAI]):
 
     def build_params(self, request: ModelRequest) -> dict[str, Any]:
         """The keyword arguments of ``chat.completions.create`` for ``request``."""
+        names = ToolNames.of(request.tools, request.messages, TOOL_NAME_LIMIT)
         params: dict[str, Any] = {
             "model": self.model_name,
-            "messages": wire_messages(request.messages),
+            "messages": wire_messages(request.messages, names),
             self.token_field: request.max_tokens,
         }
         if request.tools:
-            params["tools"] = wire_tools(request.tools)
+            params["tools"] = wire_tools(request.tools, names)
         if request.output_schema is not None:
             params["response_format"] = self._response_format(request.output_schema)
         if request.temperature is not None:
@@ -212,7 +216,8 @@ class OpenAIModel(ProviderModel[openai.AsyncOpenAI]):
         # A reply the content filter stopped may end inside a tool call: its calls, cut or
         # whole, are not to be made, and the flag says why the reply has none.
         stopped = finish == "content_filter"
-        calls = () if stopped else tuple(self._tool_calls(raw_calls, usage, cut_at))
+        names = ToolNames.of(request.tools, request.messages, TOOL_NAME_LIMIT)
+        calls = () if stopped else tuple(self._tool_calls(raw_calls, names, usage, cut_at))
         if finish == "length":
             flags.append("truncated")
         elif finish == "content_filter":
@@ -238,14 +243,14 @@ class OpenAIModel(ProviderModel[openai.AsyncOpenAI]):
         )
 
     def _tool_calls(
-        self, raw: Sequence[Any], usage: Usage | None, cut_at: int | None
+        self, raw: Sequence[Any], names: ToolNames, usage: Usage | None, cut_at: int | None
     ) -> list[ToolCall]:
         calls: list[ToolCall] = []
         for index, item in enumerate(raw):
             function = getattr(item, "function", None)
             if function is None:
                 continue  # a custom (free-text) tool call: hierplan never offers those
-            name = str(getattr(function, "name", "") or "")
+            name = names.local(str(getattr(function, "name", "") or ""))
             arguments = getattr(function, "arguments", None) or "{}"
             parsed = tool_arguments(self._name, name, arguments, usage, cut_at=cut_at)
             call_id = str(getattr(item, "id", "") or f"call_{index}")
@@ -312,8 +317,10 @@ def _unchanged(value: Any) -> Any:
     return value
 
 
-def wire_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
-    """hierplan messages as Chat Completions messages."""
+def wire_messages(
+    messages: Sequence[Message], names: ToolNames | None = None
+) -> list[dict[str, Any]]:
+    """hierplan messages as Chat Completions messages (``names``: tool names on the wire)."""
     out: list[dict[str, Any]] = []
     for m in messages:
         if m.role == "tool":
@@ -327,7 +334,10 @@ def wire_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
                         {
                             "id": c.id,
                             "type": "function",
-                            "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+                            "function": {
+                                "name": names.wire(c.name) if names else c.name,
+                                "arguments": json.dumps(c.arguments),
+                            },
                         }
                         for c in m.tool_calls
                     ],
@@ -338,14 +348,15 @@ def wire_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
     return out
 
 
-def wire_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
+def wire_tools(tools: Sequence[ToolSpec], names: ToolNames | None = None) -> list[dict[str, Any]]:
     """hierplan tool specs as Chat Completions function tools (not strict: tool arguments are
-    validated by the tool itself, and its error goes back to the model)."""
+    validated by the tool itself, and its error goes back to the model; ``names``: tool names
+    on the wire)."""
     return [
         {
             "type": "function",
             "function": {
-                "name": t.name,
+                "name": names.wire(t.name) if names else t.name,
                 "description": t.description,
                 "parameters": dict(t.parameters),
             },

@@ -24,12 +24,13 @@ from __future__ import annotations
 import email.utils
 import json
 import os
+import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 from urllib.parse import urlsplit
 
-from hierplan.agents.models.base import Usage
+from hierplan.agents.models.base import Message, ToolSpec, Usage
 from hierplan.errors import ModelAuthError, ModelError, ModelNotAvailableError
 
 DEFAULT_TIMEOUT_S = 120.0
@@ -92,6 +93,61 @@ class ProviderModel(Generic[ClientT]):
     async def aclose(self) -> None:
         """Close the SDK client and its connections."""
         await self._client.close()
+
+
+_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_-]")
+
+
+class ToolNames:
+    """The names a request's tools go by on the wire, and back.
+
+    Both APIs take tool names of letters, digits, ``_`` and ``-`` only (OpenAI up to 64
+    characters, Anthropic 128) and refuse the whole request otherwise, while MCP tool names may
+    hold dots and slashes (``calendar.read``). Other characters become ``_``; a name that then
+    collides with another gets a number. Names the wire takes as they are stay as they are, and
+    the same tools always map the same way, so a conversation's turns agree.
+
+    >>> names = ToolNames(["calendar.read", "calendar_read"], limit=64)
+    >>> names.wire("calendar.read"), names.local("calendar_read_2")
+    ('calendar_read_2', 'calendar.read')
+    """
+
+    def __init__(self, names: Iterable[str], *, limit: int) -> None:
+        self.limit = limit
+        self._wire: dict[str, str] = {}
+        self._local: dict[str, str] = {}
+        ordered = list(dict.fromkeys(names))
+        # Names already valid claim themselves first: renaming never takes a real tool's name.
+        for name in sorted(ordered, key=lambda n: self._safe(n) != n):
+            self.wire(name)
+
+    @classmethod
+    def of(cls, tools: Iterable[ToolSpec], messages: Iterable[Message], limit: int) -> ToolNames:
+        """The names of a request: its tools, then tools its conversation called."""
+        called = (call.name for m in messages for call in m.tool_calls)
+        return cls([*(t.name for t in tools), *called], limit=limit)
+
+    def _safe(self, name: str) -> str:
+        return _UNSAFE_NAME.sub("_", name)[: self.limit] or "_"
+
+    def wire(self, name: str) -> str:
+        """The name ``name`` goes by on the wire."""
+        found = self._wire.get(name)
+        if found is not None:
+            return found
+        base = candidate = self._safe(name)
+        number = 2
+        while candidate in self._local:
+            suffix = f"_{number}"
+            candidate = base[: self.limit - len(suffix)] + suffix
+            number += 1
+        self._wire[name] = candidate
+        self._local[candidate] = name
+        return candidate
+
+    def local(self, wire: str) -> str:
+        """The tool a wire name stands for (a name no tool goes by is returned as it is)."""
+        return self._local.get(wire, wire)
 
 
 def require_key(given: str | None, variable: str, model: str) -> str:
