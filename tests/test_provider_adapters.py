@@ -704,3 +704,24 @@ async def test_tool_names_the_apis_refuse_go_by_safe_names_on_the_wire(provider:
     assert backend.calls[0].tools == backend.calls[1].tools == ["math_add", "math_add_2", "add"]
     assistant = next(m for m in backend.calls[1].messages if m.role == "assistant")
     assert [c.name for c in assistant.tool_calls] == ["math_add", "add"]
+
+
+@pytest.mark.anyio
+async def test_anthropic_blank_text_before_a_tool_call_is_not_sent_back() -> None:
+    # A model may write only blank text before a tool call; the API refuses blank text blocks
+    # in the conversation sent back with the tool's result.
+    backend = ScriptBackend([Reply(text="\n\n", tool_calls=ADD_CALL), Reply(text="5")])
+    with WireServer(backend) as server:
+        model = adapter(server, "anthropic")
+        first = await model.request(ModelRequest(ask("Add"), tools=(ADD,)))
+        followup = (
+            *ask("Add", " "),
+            Message("assistant", first.text, first.tool_calls),
+            Message("tool", "5", tool_call_id="call_1"),
+        )
+        second = await model.request(ModelRequest(followup, tools=(ADD,)))
+        await model.aclose()  # type: ignore[attr-defined]
+    assert first.text == "\n\n" and second.text == "5"
+    sent = backend.calls[1].body["messages"]
+    assert [b["type"] for b in sent[1]["content"]] == ["tool_use"]
+    assert sent[0]["content"] == [{"type": "text", "text": "Add"}]

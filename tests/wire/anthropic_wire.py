@@ -1,7 +1,7 @@
 """Anthropic Messages on the wire: request checks, streamed and whole replies, errors.
 
 The checks are the ones the real API makes and an adapter bug would trip: ``max_tokens``
-required, turns alternating from a user turn, no empty text blocks, tool names of letters,
+required, turns alternating from a user turn, no empty or blank text blocks, tool names of letters,
 digits, ``_`` and ``-`` only, every ``tool_use`` answered
 by a ``tool_result`` in the next user turn, and a forced ``tool_choice`` naming an offered tool.
 """
@@ -108,6 +108,12 @@ def _messages(raw: list[dict[str, Any]]) -> list[Message]:
             if kind == "text":
                 if not block.get("text"):
                     raise WireError(400, "invalid_request_error", "text blocks must be non-empty")
+                if not block["text"].strip():
+                    raise WireError(
+                        400,
+                        "invalid_request_error",
+                        "messages: text content blocks must contain non-whitespace text",
+                    )
                 text.append(block["text"])
             elif kind == "tool_use" and role == "assistant":
                 calls.append(ToolCall(block["id"], block["name"], block["input"]))

@@ -447,7 +447,7 @@ def wire_messages(
 ) -> tuple[str, list[dict[str, Any]]]:
     """hierplan messages as Anthropic's ``system`` text and alternating ``messages``
     (``names``: tool names on the wire)."""
-    system = "\n\n".join(m.content for m in messages if m.role == "system" and m.content)
+    system = "\n\n".join(m.content for m in messages if m.role == "system" and m.content.strip())
     out: list[dict[str, Any]] = []
     for m in messages:
         if m.role == "system":
@@ -463,7 +463,8 @@ def wire_messages(
             if m.content.startswith("ERROR:"):
                 block["is_error"] = True
             blocks.append(block)
-        elif m.content:
+        elif m.content.strip():
+            # The API refuses blank text blocks, and a model may answer "\n\n" before a call.
             blocks.append({"type": "text", "text": m.content})
         if m.tool_calls and thinking is not None:
             blocks[:0] = thinking.get(m.tool_calls[0].id)
