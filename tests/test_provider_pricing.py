@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
+import hierplan
 from hierplan.agents.models.base import Usage
-from hierplan.budgets.pricing import DEFAULT_PRICES, PriceTable
+from hierplan.budgets.pricing import DEFAULT_PRICES, Price, PriceTable
 
 
 def test_every_entry_names_its_source_and_date() -> None:
@@ -52,3 +55,30 @@ def test_cached_input_is_charged_at_the_cache_rate() -> None:
     usage = Usage(input_tokens=1_000_000, output_tokens=0, cached_input_tokens=800_000)
     assert table.cost("openai:gpt-5.4", usage) == pytest.approx(0.2 * 2.50 + 0.8 * 0.25)
     assert table.cost("anthropic:claude-opus-4-8", usage) == pytest.approx(0.2 * 5 + 0.8 * 0.5)
+
+
+@pytest.mark.parametrize(
+    ("model", "entry"),
+    [
+        ("gpt-5-mini", "openai:gpt-5-mini"),
+        ("gpt-4o-2024-08-06", "openai:gpt-4o"),
+        ("claude-haiku-4-5-20251001", "anthropic:claude-haiku-4-5"),
+    ],
+)
+def test_a_name_without_its_provider_takes_the_one_providers_price(model: str, entry: str) -> None:
+    assert PriceTable().lookup(model) == DEFAULT_PRICES[entry]
+
+
+def test_a_bare_name_two_providers_share_has_no_price() -> None:
+    both = Price(1.0, 2.0, source="https://example.com/a", as_of="2026-01-01")
+    table = PriceTable({"openai:m": both, "anthropic:m": replace(both, input_per_mtok=3.0)})
+    assert table.lookup("m") is None and table.lookup("nobody-has-this") is None
+
+
+def test_the_simulator_priced_as_a_bare_model_name_reports_its_cost(tmp_path: Path) -> None:
+    # --model sim:gpt-5-mini left every call unpriced and the run's cost at zero
+    result = hierplan.run_sync(
+        scenario="data_migration", model="sim:gpt-5-mini", sim_latency_scale=0, workdir=tmp_path
+    )
+    totals = result.totals()
+    assert totals["unpriced_calls"] == 0 and totals["cost_usd"] > 0

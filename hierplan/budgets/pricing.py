@@ -141,8 +141,10 @@ class PriceTable:
     """Look up prices by model string; dated snapshots fall back to their base model.
 
     ``openai:gpt-4.1-mini-2025-04-14`` finds ``openai:gpt-4.1-mini``; any other unknown name
-    (``openai:gpt-5.5-pro-preview``) has no price. Overrides (from
-    ``--price-in/--price-out`` or the library) take precedence over the table.
+    (``openai:gpt-5.5-pro-preview``) has no price. A name without its provider
+    (``gpt-5-mini``, as in ``--model sim:gpt-5-mini``) finds the one provider's model of that
+    name. Overrides (from ``--price-in/--price-out`` or the library) take precedence over the
+    table.
     """
 
     def __init__(
@@ -173,8 +175,17 @@ class PriceTable:
             # Dated snapshots ("gpt-4.1-mini-2025-04-14", "claude-sonnet-4-5-20250929") share
             # the base model's price. Only a date: "gpt-5.5-pro" is not "gpt-5.5" (6x dearer).
             found = self._prices.get(model[: snapshot.start()])
+        if found is None and ":" not in model:
+            found = self._unique_provider_price(model)
         self._cache[model] = found
         return found
+
+    def _unique_provider_price(self, name: str) -> Price | None:
+        """The price of ``<provider>:<name>`` when exactly one provider has it: a bare name
+        left the record's costs at zero, every call unpriced, while the table knew it."""
+        providers = dict.fromkeys(key.partition(":")[0] for key in self._prices if ":" in key)
+        found = [p for p in (self.lookup(f"{prov}:{name}") for prov in providers) if p]
+        return found[0] if len(found) == 1 else None
 
     def cost(self, model: str, usage: Usage) -> float | None:
         """USD cost of ``usage`` on ``model``, or ``None`` when the price is unknown."""
