@@ -11,8 +11,7 @@ runs, open it yourself::
     async with server.open() as tools:  # one server process for many runs
         results = [await hierplan.run(g, tools=tools, model=...) for g in goals]
 
-Each server tool becomes a :class:`MCPTool`: the server's name (with ``tool_prefix``; any
-character a model API refuses in a tool name, such as a dot, becomes ``_``), its
+Each server tool becomes a :class:`MCPTool`: the server's name (with ``tool_prefix``), its
 description and its JSON schema, which models see and which the plan gate and every call check
 arguments against. Step allowlists (a step's ``tools``) apply to MCP tools like to any other.
 
@@ -25,7 +24,6 @@ runs into the tool timeout (``timeout_s``). None of these hangs the run.
 
 from __future__ import annotations
 
-import re
 import sys
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -114,7 +112,7 @@ class MCPTool(Tool):
         timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
     ) -> None:
         super().__init__(
-            model_tool_name(prefix + spec.name),
+            prefix + spec.name,
             spec.description or spec.title or spec.name,
             spec.input_schema,
             timeout_s=timeout_s,
@@ -153,21 +151,6 @@ class MCPTool(Tool):
         if result.is_error:
             raise ToolError(f"MCP tool {self.name!r} failed: {text or 'no message'}")
         return result.structured_content if result.structured_content is not None else text
-
-
-_NOT_IN_TOOL_NAMES = re.compile(r"[^A-Za-z0-9_-]")
-MAX_TOOL_NAME = 64
-
-
-def model_tool_name(name: str) -> str:
-    """``name`` as model APIs take tool names: letters, digits, ``_`` and ``-``, at most 64
-    characters. MCP names may also hold dots (``files.read``), which OpenAI and Anthropic
-    refuse, failing every request that offers the tool; a dot becomes ``_``.
-
-    >>> model_tool_name("files.read")
-    'files_read'
-    """
-    return _NOT_IN_TOOL_NAMES.sub("_", name)[:MAX_TOOL_NAME] or "_"
 
 
 def _content_text(blocks: Sequence[mcp_types.ContentBlock]) -> str:

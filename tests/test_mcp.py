@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import signal
 import socket
 import sys
@@ -314,46 +313,6 @@ async def test_streamable_http_server(http_server: tuple[str, anyio.abc.Process]
         with pytest.raises(ToolServerGone, match="MCP server 'geo' is gone"):
             await found["add"].call({"a": 3, "b": 4})
         assert time.perf_counter() - started < 5
-
-
-DOTTED_SERVER = """
-from mcp.server.mcpserver import MCPServer
-
-server = MCPServer("files", log_level="WARNING")
-
-
-@server.tool(name="files.read")
-def read(path: str) -> str:
-    \"\"\"Read a file.\"\"\"
-    return "contents of " + path
-
-
-@server.tool(name="x" * 70)
-def long_name() -> str:
-    \"\"\"A tool with a long name.\"\"\"
-    return "long"
-
-
-server.run()
-"""
-
-
-@pytest.mark.anyio
-async def test_tool_names_models_would_refuse_are_made_ones_they_take(
-    tmp_path: Path, errlog: TextIO
-) -> None:
-    """MCP allows dots in tool names; OpenAI and Anthropic refuse them (and names over 64
-    characters), failing every request that offers the tool."""
-    script = tmp_path / "files_server.py"
-    script.write_text(DOTTED_SERVER)
-    server = MCPServerStdio(sys.executable, [str(script)], tool_prefix="my.", errlog=errlog)
-    async with server.open() as tools:
-        found = _by_name(tools)
-        assert set(found) == {"my_files_read", "my_" + "x" * 61}
-        assert all(re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name) for name in found)
-        read = found["my_files_read"]
-        assert read.remote_name == "files.read"
-        assert await read.call({"path": "a.txt"}) == {"result": "contents of a.txt"}
 
 
 @pytest.mark.anyio
