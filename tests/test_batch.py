@@ -14,7 +14,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from batch_support import config, load_benchmark, text_goals
+from batch_support import PRICED_AS, config, load_benchmark, text_goals
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -319,6 +319,29 @@ def test_resume_refuses_a_changed_goals_file(tmp_path: Path) -> None:
     text_goals(goals, 3)
     with pytest.raises(UserInputError, match="changed since the batch started"):
         anyio.run(run_batch, config(goals, tmp_path / "out", 1.0, 2, resume=True))
+
+
+def test_a_resume_reads_its_goals_with_the_model_the_batch_was_started_with(
+    tmp_path: Path,
+) -> None:
+    # Free-text goals that take the batch's --model: the resume command printed after Ctrl-C
+    # does not repeat it, and the batch goes on with the model kept in its journal.
+    goals = tmp_path / "goals.jsonl"
+    goals.write_text(
+        "".join(json.dumps({"goal": f"q{i}", "strategy": "react"}) + "\n" for i in range(2))
+    )
+    first = config(goals, tmp_path / "out", 1.0, 2)
+    first.options = RunOptions(model=PRICED_AS, sim_latency_scale=0)
+    assert anyio.run(run_batch, first)["counts"]["succeeded"] == 2
+    journal = Journal(tmp_path / "out" / "journal.sqlite")
+    with journal.transaction() as db:  # as a crash leaves it: one goal still running
+        db.execute("UPDATE goals SET state = 'running' WHERE id = 'line-2'")
+    journal.close()
+    resumed = anyio.run(run_batch, config(goals, tmp_path / "out", None, 4, resume=True))
+    assert resumed["counts"]["succeeded"] == 2
+    assert resumed["resumed_running_goals"] == ["line-2"]
+    record = json.loads((tmp_path / "out" / "goals" / "line-2" / "run.json").read_text())
+    assert record["stats"]["priced_as"] == [PRICED_AS]
 
 
 def test_a_batch_directory_is_run_by_one_process_at_a_time(tmp_path: Path) -> None:

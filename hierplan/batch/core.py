@@ -28,7 +28,7 @@ from hierplan.batch.budget import (
     grant_goal,
 )
 from hierplan.batch.display import BatchDisplay, Tally
-from hierplan.batch.goals import BatchGoal, GoalsFile, load_goals
+from hierplan.batch.goals import BatchGoal, GoalsFile, goals_digest, load_goals
 from hierplan.batch.journal import FINAL_STATES, Journal, open_journal
 from hierplan.batch.runner import GoalOutcome, RunFunction, RunOptions, inner_budget, run_goal
 from hierplan.budgets.budget import PICO_PER_USD, Fixed, LocalLedger, pico_to_usd
@@ -196,6 +196,8 @@ def prepare(config: BatchConfig, pricing: PriceTable | None = None) -> Batch:
     """Validate everything and open the journal; nothing is written if anything is wrong."""
     if config.budget.concurrency < 1:
         raise UserInputError("--concurrency must be at least 1")
+    if config.resume:
+        return _reopen(config, pricing or PriceTable())
     goals = load_goals(config.goals_path, default_model=config.options.model)
     _check_amounts(config.budget, goals.goals)
     check_prices(goals.goals, config.options.model, pricing or PriceTable(), _usd(config))
@@ -203,31 +205,6 @@ def prepare(config: BatchConfig, pricing: PriceTable | None = None) -> Batch:
     # from their own environment; another run function brings its own models).
     if config.backend == "local" and config.run_fn is run:
         check_keys(goals.goals, config.options.model)
-    if config.resume:
-        journal = open_journal(config.out, resume=True)
-        meta = journal.meta()
-        if meta.get("goals_digest") != goals.digest:
-            journal.close()
-            raise UserInputError(
-                f"cannot resume {config.out}: {config.goals_path} changed since the batch "
-                "started (resume with the same goals file, or start a new batch with another "
-                "--out)"
-            )
-        if meta.get("backend") != config.backend:
-            journal.close()
-            raise UserInputError(
-                f"cannot resume {config.out} with --backend {config.backend}: it was started "
-                f"with --backend {meta.get('backend')}"
-            )
-        changed = _changed_on_resume(config, meta)
-        if changed:
-            journal.close()
-            raise UserInputError(
-                f"cannot resume {config.out} with {', '.join(changed)}: a batch goes on with the "
-                "budget and options it was started with (kept in its journal); leave them out, "
-                "or start a new batch with another --out"
-            )
-        return Batch(config, goals, journal, meta)
     meta = {
         "goals_path": str(config.goals_path),
         "goals_digest": goals.digest,
@@ -246,6 +223,44 @@ def prepare(config: BatchConfig, pricing: PriceTable | None = None) -> Batch:
     _check_caps(goals.goals, config, pricing or PriceTable())
     journal = open_journal(config.out, resume=False)
     journal.create(meta, goals.goals)
+    return Batch(config, goals, journal, meta)
+
+
+def _reopen(config: BatchConfig, pricing: PriceTable) -> Batch:
+    """A batch to resume: its journal, and its goals file checked against the settings the
+    batch was started with (a goal without a model of its own takes the batch's, which
+    ``--resume`` need not repeat)."""
+    journal = open_journal(config.out, resume=True)
+    try:
+        meta = journal.meta()
+        if meta.get("goals_digest") != goals_digest(config.goals_path):
+            raise UserInputError(
+                f"cannot resume {config.out}: {config.goals_path} changed since the batch "
+                "started (resume with the same goals file, or start a new batch with another "
+                "--out)"
+            )
+        if meta.get("backend") != config.backend:
+            raise UserInputError(
+                f"cannot resume {config.out} with --backend {config.backend}: it was started "
+                f"with --backend {meta.get('backend')}"
+            )
+        changed = _changed_on_resume(config, meta)
+        if changed:
+            raise UserInputError(
+                f"cannot resume {config.out} with {', '.join(changed)}: a batch goes on with the "
+                "budget and options it was started with (kept in its journal); leave them out, "
+                "or start a new batch with another --out"
+            )
+        model = RunOptions.from_dict(meta["options"]).model
+        goals = load_goals(config.goals_path, default_model=model)
+        budget = meta["budget"]
+        usd = budget["pico"] is not None or budget["goal_pico"] is not None
+        check_prices(goals.goals, model, pricing, usd)
+        if config.backend == "local" and config.run_fn is run:
+            check_keys(goals.goals, model)
+    except BaseException:
+        journal.close()
+        raise
     return Batch(config, goals, journal, meta)
 
 

@@ -289,12 +289,21 @@ def parse_goals(
     return goals
 
 
-def load_goals(path: Path, *, default_model: str = "sim") -> GoalsFile:
-    """Read and validate a goals file (see :func:`parse_goals`)."""
+def _read_goals(path: Path) -> bytes:
     try:
-        data = path.read_bytes()
+        return path.read_bytes()
     except OSError as exc:
         raise UserInputError(f"cannot read goals file {path}: {exc.strerror or exc}") from None
+
+
+def goals_digest(path: Path) -> str:
+    """The digest :func:`load_goals` gives the file at ``path`` (read, not validated)."""
+    return hashlib.sha256(_read_goals(path)).hexdigest()
+
+
+def load_goals(path: Path, *, default_model: str = "sim") -> GoalsFile:
+    """Read and validate a goals file (see :func:`parse_goals`)."""
+    data = _read_goals(path)
     try:
         text = data.decode("utf-8-sig")  # a byte-order mark some editors write is not a goal
     except UnicodeDecodeError as exc:
