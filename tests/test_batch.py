@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -529,3 +530,38 @@ def test_the_batch_panel_without_a_terminal_ends_its_lines(tmp_path: Path) -> No
     panel = [line for line in lines if "spent+held" in line]
     assert panel, result.output  # what running goals hold is named as such
     assert any(line.strip().startswith("batch summary") for line in lines), result.output
+
+
+def test_an_interrupted_batch_names_the_command_that_resumes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def interrupted(batch: object) -> dict[str, object]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("hierplan.batch.cli.execute", interrupted)
+    where = tmp_path / "my batches"
+    where.mkdir()
+    goals = where / "goals.jsonl"
+    goals.write_text('{"suite": "game24", "task": 0}\n')
+    out = where / "out"
+    broker = "redis://:s3cret@127.0.0.1:6390/0"
+    result = CliRunner().invoke(
+        app,
+        ["batch", str(goals), "--out", str(out), "--backend", "celery", "--broker", broker],
+    )
+    assert result.exit_code == 130, result.output
+    message = " ".join(result.output.split())  # the console may wrap it
+    command = message.split("continue with: ", 1)[1]
+    assert shlex.split(command) == [
+        "hierplan",
+        "batch",
+        str(goals),
+        "--out",
+        str(out),
+        "--resume",
+        "--backend",
+        "celery",
+        "--broker",
+        "redis://:PASSWORD@127.0.0.1:6390/0",
+    ]
+    assert "s3cret" not in result.output

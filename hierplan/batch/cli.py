@@ -6,9 +6,11 @@ bad input (nothing started, nothing written); 130 when interrupted (resume with 
 
 from __future__ import annotations
 
+import shlex
 import time
 from pathlib import Path
 from typing import Annotated, NoReturn
+from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import typer
@@ -224,11 +226,7 @@ def _run(batch: Batch, tracing: TraceSetup | None) -> NoReturn:
     except HierplanError as exc:
         _fail(str(exc))
     except KeyboardInterrupt:
-        _fail(
-            f"interrupted; continue with: hierplan batch {config.goals_path} --out {config.out} "
-            "--resume",
-            130,
-        )
+        _fail(f"interrupted; continue with: {resume_command(config)}", 130)
     finally:
         batch.journal.close()
         if tracing is not None:
@@ -241,6 +239,27 @@ def _run(batch: Batch, tracing: TraceSetup | None) -> NoReturn:
     )
     counts = summary["counts"]
     raise typer.Exit(0 if counts["succeeded"] == summary["goals"] else 1)
+
+
+def resume_command(config: BatchConfig) -> str:
+    """The command that continues ``config``'s batch, as a shell would take it: the budget and
+    options come from the journal, but the backend and the broker must be named again (a
+    password in the broker's URL is not shown)."""
+    words = ["hierplan", "batch", str(config.goals_path), "--out", str(config.out), "--resume"]
+    if config.backend != "local":
+        words += ["--backend", config.backend]
+    if config.broker is not None:
+        words += ["--broker", _hide_password(config.broker)]
+    return shlex.join(words)
+
+
+def _hide_password(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = f"{parts.username}:" if parts.username else ":"
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{user}PASSWORD@{host}"))
 
 
 def worker_command(
