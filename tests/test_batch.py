@@ -565,3 +565,31 @@ def test_an_interrupted_batch_names_the_command_that_resumes_it(
         "redis://:PASSWORD@127.0.0.1:6390/0",
     ]
     assert "s3cret" not in result.output
+
+
+def test_the_batch_panel_follows_goals_while_they_run(tmp_path: Path) -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from hierplan.batch.display import BatchDisplay, Tally
+
+    goals = text_goals(tmp_path / "goals.jsonl", 1)
+    batch = config(goals, tmp_path / "out", 1.0, 1)
+    display = BatchDisplay(Console(file=StringIO()), Tally(1, {}, 0, 0, None, None))
+    seen: list[tuple[int, int]] = []
+    run_stand_in = batch.run_fn
+
+    async def then_look(goal: str | None, **kwargs: object) -> object:
+        result = await run_stand_in(goal, **kwargs)
+        await anyio.sleep(0.75)  # the goal still runs, its calls settled
+        seen.append((display.tally.counts["running"], display.tally.spent_pico))
+        return result
+
+    batch.run_fn = then_look
+    with display:
+        summary = anyio.run(run_batch, batch, display)
+    # While the goal ran, the panel showed it running and what its calls had spent.
+    assert seen == [(1, summary["spent_pico"])]
+    assert summary["spent_pico"] > 0
+    assert display.tally.counts["succeeded"] == 1 and display.tally.finished_now == 1

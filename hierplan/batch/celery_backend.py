@@ -359,6 +359,7 @@ async def run_celery(batch: Batch) -> None:
                 )
             )
             following[goal.id] = goal
+        batch.refresh_panel()  # goals started since the last look are running now
         await anyio.to_thread.run_sync(_wait_for_news, client, namespace)
         for goal_id, state in await anyio.to_thread.run_sync(
             _states, client, namespace, list(following)

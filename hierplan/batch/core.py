@@ -121,14 +121,22 @@ class Batch:
             write_atomic(path, outcome.record)
         self.refresh(goal.id, outcome, spent)
 
-    def refresh(self, goal_id: str, outcome: GoalOutcome, spent: tuple[int, int]) -> None:
-        """Tell the display (if any) about a finished goal."""
+    def refresh_panel(self, finished: int = 0) -> None:
+        """Give the display (if any) the journal's figures now: goals running, what they hold
+        and have spent; ``finished`` goals more were finished by this process."""
         if self.display is None:
             return
         tally = self.tally()
         tally.started = self.display.tally.started
-        tally.finished_now = self.display.tally.finished_now + 1
+        tally.finished_now = self.display.tally.finished_now + finished
         self.display.tally = tally
+        self.display.refresh()
+
+    def refresh(self, goal_id: str, outcome: GoalOutcome, spent: tuple[int, int]) -> None:
+        """Tell the display (if any) about a finished goal."""
+        if self.display is None:
+            return
+        self.refresh_panel(finished=1)
         detail = f"${pico_to_usd(spent[1]):.4f}, {spent[0]:,} tokens"
         if outcome.reason:
             detail += f"  {outcome.reason[:100]}"
@@ -359,6 +367,8 @@ async def run_local(batch: Batch) -> None:
             changes.notify()
 
     async with anyio.create_task_group() as tg:
+        if batch.display is not None:
+            tg.start_soon(_keep_panel_fresh, batch)
         index = 0
         while index < len(pending):
             if running >= budget.concurrency:
@@ -378,6 +388,20 @@ async def run_local(batch: Batch) -> None:
             journal.start(goal.id, grant)
             running += 1
             tg.start_soon(one, goal, account, grant)
+        while running:
+            await changes.wait()
+        tg.cancel_scope.cancel()  # every goal has ended: the panel's refresher too
+
+
+PANEL_REFRESH_S = 0.25
+"""How often the panel takes the journal's figures while goals run (their calls reserve and
+settle between the moments a goal starts or ends)."""
+
+
+async def _keep_panel_fresh(batch: Batch) -> None:
+    while True:
+        await anyio.sleep(PANEL_REFRESH_S)
+        batch.refresh_panel()
 
 
 def _skipped(minimum: tuple[int, int]) -> GoalOutcome:

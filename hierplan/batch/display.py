@@ -66,7 +66,11 @@ class BatchDisplay:
         )
         done = sum(tally.counts.get(s, 0) for s in STATE_STYLES)
         self.task = self.progress.add_task("goals", total=tally.total, completed=done)
-        self.live = Live(self._render(), console=console, refresh_per_second=4, transient=False)
+        # Drawn anew at every refresh, so the elapsed time and the throughput move on between
+        # the moments the batch updates the tally.
+        self.live = Live(
+            console=console, refresh_per_second=4, transient=False, get_renderable=self._render
+        )
 
     def __enter__(self) -> BatchDisplay:
         self.live.__enter__()
@@ -105,7 +109,7 @@ class BatchDisplay:
         """Redraw with the tally's current figures."""
         done = sum(self.tally.counts.get(s, 0) for s in STATE_STYLES)
         self.progress.update(self.task, completed=done)
-        self.live.update(self._render())
+        self.live.refresh()
 
     def goal_done(self, goal_id: str, state: str, status: str, detail: str) -> None:
         """Print one finished goal above the panel."""
