@@ -593,3 +593,80 @@ def test_the_batch_panel_follows_goals_while_they_run(tmp_path: Path) -> None:
     assert seen == [(1, summary["spent_pico"])]
     assert summary["spent_pico"] > 0
     assert display.tally.counts["succeeded"] == 1 and display.tally.finished_now == 1
+
+
+# -- a Celery worker's delivery, against Redis -----------------------------------------------
+
+
+def _delivery(url: str, namespace: str, root: str) -> dict[str, object]:
+    goal = parse_goals('{"suite": "game24", "task": 0, "id": "g"}')[0]
+    budget = {"tokens": None, "pico": 10**12, "concurrency": 1}
+    return {
+        "redis": url,
+        "namespace": namespace,
+        "root": root,
+        "options": RunOptions(sim_latency_scale=0).to_dict(),
+        "budget": {**budget, "goal_tokens": None, "goal_pico": None},
+        "goal": goal.to_json(),
+    }
+
+
+def test_a_delivery_that_fails_records_the_goal_failed_and_returns_its_grant(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import redis
+    from redis_support import require_redis
+
+    from hierplan.batch.celery_backend import _Worker, done_key, goal_key, work_on_goal
+    from hierplan.budgets.redis_ledger import RedisLedger
+
+    server = require_redis()
+    worker = _Worker()
+    worker.workdir = tmp_path
+    gone = RedisLedger(server.url)
+    client = gone.client
+    # The batch's ledger is gone from Redis (flushed, evicted, another server): the goal fails
+    # with the reason, announced to the driver, instead of staying claimed for ever.
+    lost = _delivery(server.url, gone.namespace, "404")
+    assert anyio.run(work_on_goal, lost, worker) == "ok"
+    state = client.hgetall(goal_key(gone.namespace, "g"))
+    assert state["state"] == "failed"
+    assert "the worker failed: LedgerError: no account '404'" in state["reason"]
+    assert client.lrange(done_key(gone.namespace), 0, -1) == ["g"]
+    gone.drop()
+
+    # Redis fails while the goal's account closes: the account is written off, so what it
+    # spent is counted on the goal and the rest of its grant returns to the batch.
+    async def unreachable(self: RedisLedger, account: object) -> None:
+        raise redis.ConnectionError("Connection reset by peer")
+
+    monkeypatch.setattr(RedisLedger, "close", unreachable)
+    ledger = RedisLedger(server.url)
+    root = anyio.run(ledger.open, "batch", None, Fixed(None, 10**12))
+    assert anyio.run(work_on_goal, _delivery(server.url, ledger.namespace, root.id), worker)
+    state = ledger.client.hgetall(goal_key(ledger.namespace, "g"))
+    assert state["state"] == "failed" and "ConnectionError" in state["reason"]
+    balance = anyio.run(ledger.balance, root)
+    assert (balance.granted_pico, balance.reserved_pico) == (0, 0)
+    assert balance.spent_pico == int(state["spent_pico"]) > 0
+    ledger.drop()
+
+
+def test_a_delivery_that_cannot_reach_redis_is_delivered_again() -> None:
+    from redis_support import free_port
+
+    from hierplan.batch.celery_backend import WORKER, _goal_task
+
+    class Retried(Exception):
+        pass
+
+    class Task:
+        def retry(self, *, exc: Exception, countdown: float) -> Exception:
+            return Retried(exc)
+
+    nowhere = f"redis://127.0.0.1:{free_port()}/0"
+    try:
+        with pytest.raises(Retried, match="Connect"):
+            _goal_task(Task(), _delivery(nowhere, "test-nowhere", "1"))
+    finally:
+        WORKER.stop()

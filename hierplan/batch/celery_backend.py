@@ -26,6 +26,7 @@ import socket
 import tempfile
 import threading
 import uuid
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
@@ -54,6 +55,7 @@ QUEUE = "hierplan"
 CELERY_INSTALL_HINT = "pip install 'hierplan[celery]'"
 POLL_S = 0.2  # the driver's longest wait between looks at its goals' states
 WAIT_RETRY_S = 0.5
+ERROR_RETRY_S = 5.0  # a delivery that could not reach Redis tries again after this
 
 _CLAIM = r"""
 local g = KEYS[1]
@@ -180,7 +182,13 @@ WORKER = _Worker()
 def _goal_task(task: Any, payload: dict[str, Any]) -> str:
     """The Celery task: run one goal in the process's portal (the goal waits when its grant
     must wait for other goals' budgets to come back)."""
-    outcome = WORKER.get_portal().call(partial(work_on_goal, payload, WORKER))
+    try:
+        outcome = WORKER.get_portal().call(partial(work_on_goal, payload, WORKER))
+    except Exception as exc:
+        # Redis could not be reached to record the goal. Acknowledged as failed, the message
+        # would be gone while the driver waits for the goal: it is delivered again instead,
+        # and that delivery fences this one out and writes off what it was granted.
+        raise task.retry(exc=exc, countdown=ERROR_RETRY_S) from exc
     if outcome == "wait":
         raise task.retry(countdown=WAIT_RETRY_S)
     return outcome
@@ -197,28 +205,61 @@ def done_key(namespace: str) -> str:
 
 
 async def work_on_goal(payload: dict[str, Any], worker: _Worker) -> str:
-    """Claim, write off earlier deliveries, get a grant, run, close, finish (fenced)."""
+    """Claim, write off earlier deliveries, get a grant, run, close, finish (fenced).
+
+    A failure of this delivery itself (the batch's ledger gone from Redis, a Redis error
+    mid-way) is recorded as the goal's failure, fenced like any outcome: the driver follows
+    the goal until it is final, and the message is acknowledged either way."""
     ledger = worker.ledger(payload["redis"], payload["namespace"])
     client = ledger.client
     goal = BatchGoal.from_json(payload["goal"])
     key = goal_key(payload["namespace"], goal.id)
     fence = uuid.uuid4().hex
 
-    def script(source: str, *args: str | int) -> Any:
-        return client.register_script(source)(keys=[key], args=list(args))
-
     def fenced_set(*fields: str) -> Any:
         keys = [key, done_key(payload["namespace"])]
         return client.register_script(_FENCED_SET)(keys=keys, args=[fence, goal.id, *fields])
 
-    if await anyio.to_thread.run_sync(script, _CLAIM, fence, worker.name) == "final":
+    claim = client.register_script(_CLAIM)
+    claimed = await anyio.to_thread.run_sync(partial(claim, keys=[key], args=[fence, worker.name]))
+    if claimed == "final":
         return "duplicate"
+    opened: list[RedisAccount] = []
+    try:
+        return await _run_claimed(payload, worker, ledger, goal, fence, opened, fenced_set)
+    except Exception as exc:
+        reason = f"the worker failed: {type(exc).__name__}: {exc}"
+    # The account this delivery was granted returns what it did not spend; its calls still
+    # held count as spent. If Redis cannot be reached for this either, the task fails and is
+    # delivered again (see _goal_task), and that delivery writes the account off.
+    spent = (0, 0)
+    for account in opened:
+        balance = await ledger.write_off(account)
+        spent = (balance.spent_tokens, balance.spent_pico)
+    failed = GoalOutcome("failed", "error", reason, None)
+    return str(await anyio.to_thread.run_sync(fenced_set, *_finish_fields(failed, spent)))
+
+
+async def _run_claimed(
+    payload: dict[str, Any],
+    worker: _Worker,
+    ledger: RedisLedger,
+    goal: BatchGoal,
+    fence: str,
+    opened: list[RedisAccount],
+    fenced_set: Callable[..., Any],
+) -> str:
+    """The rest of :func:`work_on_goal`, once the goal is claimed under ``fence``
+    (``fenced_set`` writes the goal's fields while the claim holds); the account it is granted
+    goes in ``opened``."""
+    client = ledger.client
+    key = goal_key(payload["namespace"], goal.id)
     olds = await anyio.to_thread.run_sync(client.smembers, f"{key}:old")
+    count_old = client.register_script(_COUNT_OLD)
     for old in olds:
         balance = await ledger.write_off(await ledger.account(str(old)))
-        await anyio.to_thread.run_sync(
-            script, _COUNT_OLD, str(old), balance.spent_tokens, balance.spent_pico
-        )
+        args = [str(old), str(balance.spent_tokens), str(balance.spent_pico)]
+        await anyio.to_thread.run_sync(partial(count_old, keys=[key], args=args))
     root = await ledger.account(payload["root"])
     options = RunOptions.from_dict(payload["options"])
     budget = _budget(payload)
@@ -230,6 +271,7 @@ async def work_on_goal(payload: dict[str, Any], worker: _Worker) -> str:
     if decision == "skip" or not isinstance(account, RedisAccount):
         done = _finish_fields(GoalOutcome("skipped", "not_started", _SKIP_REASON, None), (0, 0))
         return str(await anyio.to_thread.run_sync(fenced_set, *done))
+    opened.append(account)
     started = await anyio.to_thread.run_sync(fenced_set, "account", account.id, "state", "running")
     if started != "ok":
         await ledger.write_off(account)
