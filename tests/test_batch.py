@@ -670,3 +670,38 @@ def test_a_delivery_that_cannot_reach_redis_is_delivered_again() -> None:
             _goal_task(Task(), _delivery(nowhere, "test-nowhere", "1"))
     finally:
         WORKER.stop()
+
+
+def test_a_settlement_lost_by_redis_still_lets_the_goal_finish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import redis
+    from redis_support import require_redis
+
+    from hierplan.batch.celery_backend import _Worker, goal_key, work_on_goal
+    from hierplan.budgets.budget import Reservation
+    from hierplan.budgets.redis_ledger import RedisLedger
+
+    server = require_redis()
+    worker = _Worker()
+    worker.workdir = tmp_path
+    settle = RedisLedger.settle
+    lost: list[Reservation] = []
+
+    async def flaky(self: RedisLedger, reservation: Reservation, tokens: int, pico: int) -> None:
+        if not lost:  # the first settlement never reaches Redis
+            lost.append(reservation)
+            raise redis.ConnectionError("Connection reset by peer")
+        await settle(self, reservation, tokens, pico)
+
+    monkeypatch.setattr(RedisLedger, "settle", flaky)
+    ledger = RedisLedger(server.url)
+    root = anyio.run(ledger.open, "batch", None, Fixed(None, 10**12))
+    assert anyio.run(work_on_goal, _delivery(server.url, ledger.namespace, root.id), worker) == "ok"
+    state = ledger.client.hgetall(goal_key(ledger.namespace, "g"))
+    assert state["state"] in ("succeeded", "failed"), state  # final: the driver goes on
+    balance = anyio.run(ledger.balance, root)
+    assert (balance.granted_pico, balance.reserved_pico) == (0, 0)
+    # the call whose settlement was lost counts at its worst case
+    assert balance.spent_pico == int(state["spent_pico"]) >= lost[0].pico
+    ledger.drop()

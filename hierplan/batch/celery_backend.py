@@ -289,7 +289,12 @@ async def _run_claimed(
     try:
         balance = await ledger.close(account)
     except LedgerError:
-        return "superseded"  # written off by a later delivery, which counted the spend
+        if await anyio.to_thread.run_sync(fenced_set) != "ok":
+            return "superseded"  # written off by a later delivery, which counted the spend
+        # Still this delivery's goal, with a call whose settlement Redis lost (it erred
+        # mid-call): the account cannot close with it open, so it is written off, the call
+        # counted at its worst case.
+        balance = await ledger.write_off(account)
     fields = _finish_fields(outcome, (balance.spent_tokens, balance.spent_pico))
     return str(await anyio.to_thread.run_sync(fenced_set, *fields))
 
