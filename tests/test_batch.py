@@ -705,3 +705,57 @@ def test_a_settlement_lost_by_redis_still_lets_the_goal_finish(
     # the call whose settlement was lost counts at its worst case
     assert balance.spent_pico == int(state["spent_pico"]) >= lost[0].pico
     ledger.drop()
+
+
+def test_a_celery_batch_whose_ledger_redis_lost_says_so_instead_of_waiting(
+    tmp_path: Path,
+) -> None:
+    import threading
+
+    from redis_support import require_redis
+
+    from hierplan.batch.celery_backend import QUEUE
+    from hierplan.batch.core import execute, prepare
+    from hierplan.budgets.redis_ledger import RedisLedger, connect
+
+    url = require_redis().url.rsplit("/", 1)[0] + "/3"  # a database of this test's own
+    client = connect(url)
+    goals = tmp_path / "goals.jsonl"
+    goals.write_text('{"suite": "game24", "task": 0}\n')
+
+    def celery_batch(out: Path) -> BatchConfig:
+        budget = BatchBudget(None, usd_to_pico(1), 1)
+        return BatchConfig(goals, out, budget, backend="celery", broker=url)
+
+    async def run_for_a_while(batch: object) -> None:
+        with anyio.fail_after(20):
+            await execute(batch)  # type: ignore[arg-type]
+
+    try:
+        # Resumed on a Redis without the batch's ledger (another --broker, or data lost).
+        batch = prepare(celery_batch(tmp_path / "resumed"))
+        batch.meta["root_account"] = "404"
+        with pytest.raises(UserInputError, match="does not hold the ledger of the batch"):
+            anyio.run(run_for_a_while, batch)
+        batch.journal.close()
+
+        # Lost while the batch runs: its goal's message is queued, no worker takes it, and
+        # then Redis loses its data.
+        batch = prepare(celery_batch(tmp_path / "running"))
+        namespace = batch.meta["namespace"]
+
+        def lose_the_data() -> None:
+            while not client.llen(QUEUE):
+                time.sleep(0.05)
+            RedisLedger(client, namespace).drop()
+            client.delete(QUEUE)
+
+        loser = threading.Thread(target=lose_the_data, daemon=True)
+        loser.start()
+        with pytest.raises(UserInputError, match="Redis lost its data"):
+            anyio.run(run_for_a_while, batch)
+        loser.join(5)
+        batch.journal.close()
+    finally:
+        client.flushdb()
+        client.close()

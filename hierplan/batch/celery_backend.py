@@ -380,7 +380,10 @@ async def run_celery(batch: Batch) -> None:
         batch.journal.set_meta("root_account", root.id)
         root_id = root.id
     else:
-        root = await ledger.account(root_id)
+        try:
+            root = await ledger.account(root_id)
+        except LedgerError:
+            raise UserInputError(_ledger_lost(batch)) from None
     namespace = batch.meta["namespace"]
     rows = batch.journal.rows()
     following = {r.id: r.goal for r in rows if r.state == "running"}
@@ -408,9 +411,11 @@ async def run_celery(batch: Batch) -> None:
             following[goal.id] = goal
         batch.refresh_panel()  # goals started since the last look are running now
         await anyio.to_thread.run_sync(_wait_for_news, client, namespace)
-        for goal_id, state in await anyio.to_thread.run_sync(
-            _states, client, namespace, list(following)
-        ):
+        states = await anyio.to_thread.run_sync(_states, client, namespace, list(following))
+        if not await anyio.to_thread.run_sync(client.exists, ledger.account_key(root)):
+            # Its goals' messages went with it: waiting for them would never end.
+            raise UserInputError(_ledger_lost(batch))
+        for goal_id, state in states:
             if state.get("state") in ("succeeded", "failed", "skipped"):
                 goal = following.pop(goal_id)
                 batch.record_finished(
@@ -428,6 +433,19 @@ async def run_celery(batch: Batch) -> None:
                     ),
                 )
     batch.journal.set_meta("ledger", _root_figures(await ledger.balance(root)))
+
+
+def _ledger_lost(batch: Batch) -> str:
+    """Why a batch cannot go on when its ledger is gone from Redis, and what to do."""
+    return (
+        f"Redis at {batch.config.broker} does not hold the ledger of the batch in "
+        f"{batch.config.out} (namespace {batch.meta['namespace']}): the batch was started with "
+        "another --broker, or Redis lost its data (restarted without persistence, flushed, or "
+        "keys evicted under maxmemory), and with it the goals' messages and what running goals "
+        "spent. Resume with the --broker the batch was started with; otherwise run the goals "
+        "the journal has not finished as a new batch (another --out), on a Redis that keeps its "
+        "data (appendonly yes, maxmemory-policy noeviction)"
+    )
 
 
 def _wait_for_news(client: Any, namespace: str) -> None:

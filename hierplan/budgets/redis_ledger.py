@@ -116,6 +116,10 @@ class RedisLedger(Ledger):
     def _key(self, suffix: str) -> str:
         return f"{{{self.namespace}}}:{suffix}"
 
+    def account_key(self, account: Account) -> str:
+        """The Redis hash that holds ``account``'s figures."""
+        return self._key(f"a:{self._id(account)}")
+
     def _call_now(self, script: Any, *args: object) -> Any:
         import redis
 
@@ -216,8 +220,7 @@ class RedisLedger(Ledger):
 
     async def balance(self, account: Account) -> Balance:
         """See :meth:`Ledger.balance`."""
-        key = self._key(f"a:{self._id(account)}")
-        fields = await anyio.to_thread.run_sync(self.client.hgetall, key)
+        fields = await anyio.to_thread.run_sync(self.client.hgetall, self.account_key(account))
         if not fields:
             raise LedgerError(f"account {account.name!r} does not exist in this ledger")
         return _balance({str(k): str(v) for k, v in fields.items()})
