@@ -759,3 +759,61 @@ def test_a_celery_batch_whose_ledger_redis_lost_says_so_instead_of_waiting(
     finally:
         client.flushdb()
         client.close()
+
+
+def test_a_celery_goal_record_leaves_redis_once_the_journal_holds_it(tmp_path: Path) -> None:
+    import threading
+
+    from redis_support import require_redis
+
+    from hierplan.batch.celery_backend import QUEUE, _Worker, goal_key, work_on_goal
+    from hierplan.batch.core import execute, prepare
+    from hierplan.budgets.redis_ledger import connect
+
+    url = require_redis().url.rsplit("/", 1)[0] + "/4"  # a database of this test's own
+    client = connect(url)
+    goals = tmp_path / "goals.jsonl"
+    goals.write_text('{"suite": "game24", "task": 0, "id": "g"}\n')
+    out = tmp_path / "out"
+    budget = BatchBudget(None, usd_to_pico(1), 1)
+    config = BatchConfig(goals, out, budget, RunOptions(sim_latency_scale=0), "celery")
+    config.broker = url
+    batch = prepare(config)
+    worker = _Worker()
+    worker.workdir = tmp_path / "worker"
+
+    def work() -> None:  # as a worker takes the goal's message
+        while not client.llen(QUEUE):
+            time.sleep(0.05)
+        journal = Journal(out / "journal.sqlite")
+        meta, (row,) = journal.meta(), journal.rows()
+        journal.close()
+        payload = {
+            "redis": url,
+            "namespace": meta["namespace"],
+            "root": meta["root_account"],
+            "options": meta["options"],
+            "budget": meta["budget"],
+            "goal": row.goal.to_json(),
+        }
+        assert anyio.run(work_on_goal, payload, worker) == "ok"
+
+    async def drive() -> dict[str, object]:
+        with anyio.fail_after(30):
+            return await execute(batch)
+
+    try:
+        worker_thread = threading.Thread(target=work, daemon=True)
+        worker_thread.start()
+        summary = anyio.run(drive)
+        worker_thread.join(5)
+        assert summary["counts"]["succeeded"] == 1  # type: ignore[index]
+        state = client.hgetall(goal_key(batch.meta["namespace"], "g"))
+        assert state["state"] == "succeeded" and int(state["spent_pico"]) > 0
+        assert "record" not in state  # the journal keeps it
+        assert json.loads(batch.journal.row("g").record or "")["status"] == "succeeded"
+        assert (out / "goals" / "g" / "run.json").exists()
+    finally:
+        batch.journal.close()
+        client.flushdb()
+        client.close()

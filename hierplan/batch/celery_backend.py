@@ -417,22 +417,29 @@ async def run_celery(batch: Batch) -> None:
             raise UserInputError(_ledger_lost(batch))
         for goal_id, state in states:
             if state.get("state") in ("succeeded", "failed", "skipped"):
-                goal = following.pop(goal_id)
-                batch.record_finished(
-                    goal,
-                    GoalOutcome(
-                        state["state"],
-                        state.get("status") or "",
-                        state.get("reason") or None,
-                        state.get("record") or None,
-                    ),
-                    (int(state.get("spent_tokens") or 0), int(state.get("spent_pico") or 0)),
-                    prior=(
-                        int(state.get("prior_tokens") or 0),
-                        int(state.get("prior_pico") or 0),
-                    ),
-                )
+                _journal_final(batch, following.pop(goal_id), state)
+                # The journal holds the record now: Redis keeps only the goal's figures, or
+                # a long batch's records would fill its memory (nothing there expires).
+                await anyio.to_thread.run_sync(client.hdel, goal_key(namespace, goal_id), "record")
     batch.journal.set_meta("ledger", _root_figures(await ledger.balance(root)))
+
+
+def _journal_final(batch: Batch, goal: BatchGoal, state: dict[str, str]) -> None:
+    """Journal a goal that a worker left in a final state (``state``: its Redis hash)."""
+
+    def amount(name: str) -> int:
+        return int(state.get(name) or 0)
+
+    outcome = GoalOutcome(
+        state["state"],
+        state.get("status") or "",
+        state.get("reason") or None,
+        state.get("record") or None,
+    )
+    spent = (amount("spent_tokens"), amount("spent_pico"))
+    batch.record_finished(
+        goal, outcome, spent, prior=(amount("prior_tokens"), amount("prior_pico"))
+    )
 
 
 def _ledger_lost(batch: Batch) -> str:
