@@ -89,6 +89,21 @@ def test_goal_lines_end_at_newlines_only_and_a_byte_order_mark_is_not_a_goal(
     ]
 
 
+def test_a_key_given_twice_on_a_goal_line_is_refused_not_overwritten() -> None:
+    # A JSON reader keeps the last value: this goal would run with a $10 cap.
+    text = (
+        '{"scenario": "data_migration", "budget_usd": 0.01, "seed": 1, "budget_usd": 10}\n'
+        '{"scenario": "data_migration", "id": "a", "id": "b", "seed": 2, "seed": 2}\n'
+        '{"scenario": "data_migration", "budget_usd": 0.01}\n'
+    )
+    with pytest.raises(UserInputError) as caught:
+        parse_goals(text)
+    message = str(caught.value)
+    assert "2 invalid line(s)" in message
+    assert "line 1: 'budget_usd' given more than once: keep one" in message
+    assert "line 2: 'id', 'seed' given more than once: keep one" in message
+
+
 def test_free_text_goals_need_a_real_model_and_known_fields() -> None:
     with pytest.raises(UserInputError, match="line 1: a free-text goal needs a real model"):
         parse_goals('{"goal": "write a poem"}')

@@ -17,9 +17,9 @@ Optionally a line has its own settings: ``id`` (a name of letters, digits, ``.``
 by default ``line-N``), ``strategy``, ``model``, ``max_depth``, ``concurrency`` (steps at once
 within the goal), ``seed``, ``allocation``, and a budget cap ``budget_usd`` / ``budget_tokens``.
 A goal without a ``seed`` gets its own, derived from the batch's seed and its id (see
-:func:`goal_seed`). Blank lines are skipped. A goals file comes from anywhere, so every line is
-checked and every problem is reported with its line number; nothing runs until the whole file
-is valid.
+:func:`goal_seed`). A key given twice on a line is refused (JSON readers would keep the
+last). Blank lines are skipped. A goals file comes from anywhere, so every line is checked and
+every problem is reported with its line number; nothing runs until the whole file is valid.
 """
 
 from __future__ import annotations
@@ -254,6 +254,12 @@ def parse_goals(
         except ValueError as exc:
             errors.append(f"line {number}: not valid JSON ({json_problem(exc)})")
             continue
+        twice = _repeated_keys(line)
+        if twice:
+            errors.append(
+                f"line {number}: {', '.join(map(repr, twice))} given more than once: keep one"
+            )
+            continue
         if not isinstance(data, dict):
             errors.append(
                 f"line {number}: must be a JSON object with a 'goal', a 'scenario' or a 'suite', "
@@ -312,6 +318,21 @@ def load_goals(path: Path, *, default_model: str = "sim") -> GoalsFile:
         ) from None
     goals = parse_goals(text, source=f"goals file {path}", default_model=default_model)
     return GoalsFile(path, tuple(goals), hashlib.sha256(data).hexdigest())
+
+
+def _repeated_keys(line: str) -> list[str]:
+    """Keys that appear more than once in one object of ``line`` (valid JSON). JSON readers
+    keep the last one silently: ``{"budget_usd": 0.01, ..., "budget_usd": 10}`` would run
+    with 10."""
+    repeated: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [k for k, _ in items]
+        repeated.extend(k for i, k in enumerate(keys) if k in keys[:i] and k not in repeated)
+        return dict(items)
+
+    json.loads(line, object_pairs_hook=pairs)
+    return repeated
 
 
 def _json_type(value: Any) -> str:
