@@ -104,6 +104,16 @@ def test_a_key_given_twice_on_a_goal_line_is_refused_not_overwritten() -> None:
     assert "line 2: 'id', 'seed' given more than once: keep one" in message
 
 
+def test_a_default_id_taken_by_another_line_says_so() -> None:
+    text = '{"scenario": "data_migration", "id": "line-2"}\n{"scenario": "data_migration"}\n'
+    with pytest.raises(UserInputError) as caught:
+        parse_goals(text)
+    assert (
+        "line 2: its default id 'line-2' is already used on line 1: give this line an 'id' of "
+        "its own"
+    ) in str(caught.value)
+
+
 def test_free_text_goals_need_a_real_model_and_known_fields() -> None:
     with pytest.raises(UserInputError, match="line 1: a free-text goal needs a real model"):
         parse_goals('{"goal": "write a poem"}')

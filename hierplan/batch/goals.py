@@ -277,7 +277,15 @@ def parse_goals(
             continue
         goal_id = spec.id or f"line-{number}"
         if goal_id in seen:
-            errors.append(f"line {number}: id {goal_id!r} is already used on line {seen[goal_id]}")
+            if spec.id is None:  # the line named no id: say where its default one came from
+                errors.append(
+                    f"line {number}: its default id {goal_id!r} is already used on line "
+                    f"{seen[goal_id]}: give this line an 'id' of its own"
+                )
+            else:
+                errors.append(
+                    f"line {number}: id {goal_id!r} is already used on line {seen[goal_id]}"
+                )
             continue
         seen[goal_id] = number
         goals.append(BatchGoal(goal_id, number, spec))
