@@ -786,7 +786,12 @@ def test_a_celery_batch_whose_ledger_redis_lost_says_so_instead_of_waiting(
         client.close()
 
 
-def test_a_celery_goal_record_leaves_redis_once_the_journal_holds_it(tmp_path: Path) -> None:
+def _celery_batch_on_a_worker_thread(
+    tmp_path: Path, database: int, latency: float, display: object = None
+) -> tuple[dict[str, object], dict[str, str], Journal]:
+    """A one-goal Celery batch driven here, its goal run by ``work_on_goal`` in a thread (as a
+    worker takes the goal's message) on this test's own Redis database: the summary, the
+    goal's hash in Redis, and the journal."""
     import threading
 
     from redis_support import require_redis
@@ -795,19 +800,20 @@ def test_a_celery_goal_record_leaves_redis_once_the_journal_holds_it(tmp_path: P
     from hierplan.batch.core import execute, prepare
     from hierplan.budgets.redis_ledger import connect
 
-    url = require_redis().url.rsplit("/", 1)[0] + "/4"  # a database of this test's own
+    url = require_redis().url.rsplit("/", 1)[0] + f"/{database}"
     client = connect(url)
     goals = tmp_path / "goals.jsonl"
     goals.write_text('{"suite": "game24", "task": 0, "id": "g"}\n')
     out = tmp_path / "out"
     budget = BatchBudget(None, usd_to_pico(1), 1)
-    config = BatchConfig(goals, out, budget, RunOptions(sim_latency_scale=0), "celery")
+    config = BatchConfig(goals, out, budget, RunOptions(sim_latency_scale=latency), "celery")
     config.broker = url
     batch = prepare(config)
+    batch.display = display  # type: ignore[assignment]
     worker = _Worker()
     worker.workdir = tmp_path / "worker"
 
-    def work() -> None:  # as a worker takes the goal's message
+    def work() -> None:
         while not client.llen(QUEUE):
             time.sleep(0.05)
         journal = Journal(out / "journal.sqlite")
@@ -824,7 +830,7 @@ def test_a_celery_goal_record_leaves_redis_once_the_journal_holds_it(tmp_path: P
         assert anyio.run(work_on_goal, payload, worker) == "ok"
 
     async def drive() -> dict[str, object]:
-        with anyio.fail_after(30):
+        with anyio.fail_after(60):
             return await execute(batch)
 
     try:
@@ -832,13 +838,47 @@ def test_a_celery_goal_record_leaves_redis_once_the_journal_holds_it(tmp_path: P
         worker_thread.start()
         summary = anyio.run(drive)
         worker_thread.join(5)
-        assert summary["counts"]["succeeded"] == 1  # type: ignore[index]
-        state = client.hgetall(goal_key(batch.meta["namespace"], "g"))
-        assert state["state"] == "succeeded" and int(state["spent_pico"]) > 0
-        assert "record" not in state  # the journal keeps it
-        assert json.loads(batch.journal.row("g").record or "")["status"] == "succeeded"
-        assert (out / "goals" / "g" / "run.json").exists()
+        return summary, client.hgetall(goal_key(batch.meta["namespace"], "g")), batch.journal
     finally:
-        batch.journal.close()
         client.flushdb()
         client.close()
+
+
+def test_a_celery_goal_record_leaves_redis_once_the_journal_holds_it(tmp_path: Path) -> None:
+    summary, state, journal = _celery_batch_on_a_worker_thread(tmp_path, 4, 0)
+    assert summary["counts"]["succeeded"] == 1  # type: ignore[index]
+    assert state["state"] == "succeeded" and int(state["spent_pico"]) > 0
+    assert "record" not in state  # the journal keeps it
+    assert json.loads(journal.row("g").record or "")["status"] == "succeeded"
+    assert (tmp_path / "out" / "goals" / "g" / "run.json").exists()
+    journal.close()
+
+
+def test_the_celery_batch_panel_counts_what_goals_hold_on_workers(tmp_path: Path) -> None:
+    import threading
+    from io import StringIO
+
+    from rich.console import Console
+
+    from hierplan.batch.display import BatchDisplay, Tally
+
+    display = BatchDisplay(Console(file=StringIO()), Tally(1, {}, 0, 0, None, None))
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def watch() -> None:  # what the panel shows while the goal runs on its worker
+        while not stop.wait(0.05):
+            if display.tally.counts.get("running"):
+                seen.append(display.tally.spent_pico)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        # At the simulator's latency the goal's planning call is held for a second or more.
+        summary, _, journal = _celery_batch_on_a_worker_thread(tmp_path, 5, 1.0, display)
+    finally:
+        stop.set()
+        watcher.join(5)
+    journal.close()
+    assert summary["counts"]["succeeded"] == 1  # type: ignore[index]
+    assert seen and max(seen) > 0, seen

@@ -412,6 +412,7 @@ async def run_celery(batch: Batch) -> None:
         batch.refresh_panel()  # goals started since the last look are running now
         await anyio.to_thread.run_sync(_wait_for_news, client, namespace)
         states = await anyio.to_thread.run_sync(_states, client, namespace, list(following))
+        batch.running_elsewhere = await anyio.to_thread.run_sync(_running, ledger, states)
         if not await anyio.to_thread.run_sync(client.exists, ledger.account_key(root)):
             # Its goals' messages went with it: waiting for them would never end.
             raise UserInputError(_ledger_lost(batch))
@@ -468,6 +469,24 @@ def _states(client: Any, namespace: str, goal_ids: list[str]) -> list[tuple[str,
     for goal_id in goal_ids:
         pipe.hgetall(goal_key(namespace, goal_id))
     return list(zip(goal_ids, pipe.execute(), strict=True))
+
+
+def _running(ledger: RedisLedger, states: list[tuple[str, dict[str, str]]]) -> tuple[int, int]:
+    """What the goals not yet final hold and have spent on the workers, with what their
+    earlier deliveries spent, in tokens and pico-dollars."""
+    tokens = pico = 0
+    pipe = ledger.client.pipeline(transaction=False)
+    for _, state in states:
+        if state.get("state") in ("succeeded", "failed", "skipped"):
+            continue  # journaled now, with its spend
+        tokens += int(state.get("prior_tokens") or 0)
+        pico += int(state.get("prior_pico") or 0)
+        if state.get("account"):
+            pipe.hmget(ledger.account_key(state["account"]), ["st", "sp", "rt", "rp"])
+    for spent_t, spent_p, held_t, held_p in pipe.execute():
+        tokens += int(spent_t or 0) + int(held_t or 0)
+        pico += int(spent_p or 0) + int(held_p or 0)
+    return tokens, pico
 
 
 def _root_figures(balance: Any) -> dict[str, Any]:

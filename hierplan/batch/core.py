@@ -67,6 +67,9 @@ class Batch:
     journal: Journal
     meta: dict[str, Any]
     display: BatchDisplay | None = None
+    # What running goals hold and have spent where the journal does not see it (on Celery
+    # workers, until they end), in tokens and pico-dollars: the panel counts it.
+    running_elsewhere: tuple[int, int] = (0, 0)
 
     @property
     def budget(self) -> BatchBudget:
@@ -84,6 +87,8 @@ class Batch:
     def tally(self) -> Tally:
         """The batch's figures now, from the journal."""
         spent_t, spent_p = self.journal.spent()
+        spent_t += self.running_elsewhere[0]
+        spent_p += self.running_elsewhere[1]
         return Tally(
             total=len(self.goals.goals),
             counts=self.journal.counts(),

@@ -116,9 +116,11 @@ class RedisLedger(Ledger):
     def _key(self, suffix: str) -> str:
         return f"{{{self.namespace}}}:{suffix}"
 
-    def account_key(self, account: Account) -> str:
-        """The Redis hash that holds ``account``'s figures."""
-        return self._key(f"a:{self._id(account)}")
+    def account_key(self, account: Account | str) -> str:
+        """The Redis hash that holds the figures of ``account`` (or of the account with that
+        id): ``st``/``sp`` spent, ``rt``/``rp`` reserved, and the others of
+        :mod:`hierplan.budgets.redis_scripts`."""
+        return self._key(f"a:{account if isinstance(account, str) else self._id(account)}")
 
     def _call_now(self, script: Any, *args: object) -> Any:
         import redis
