@@ -882,3 +882,41 @@ def test_the_celery_batch_panel_counts_what_goals_hold_on_workers(tmp_path: Path
     journal.close()
     assert summary["counts"]["succeeded"] == 1  # type: ignore[index]
     assert seen and max(seen) > 0, seen
+
+
+def test_an_interrupted_celery_driver_never_journals_a_goal_it_did_not_send(
+    tmp_path: Path,
+) -> None:
+    import asyncio
+
+    from redis_support import require_redis
+
+    from hierplan.batch.celery_backend import QUEUE
+    from hierplan.batch.core import execute, prepare
+    from hierplan.budgets.redis_ledger import connect
+
+    url = require_redis().url.rsplit("/", 1)[0] + "/6"  # a database of this test's own
+    client = connect(url)
+    goals = tmp_path / "goals.jsonl"
+    goals.write_text('{"suite": "game24", "task": 0}\n{"suite": "game24", "task": 1}\n')
+    budget = BatchBudget(None, usd_to_pico(1), 2)
+    batch = prepare(BatchConfig(goals, tmp_path / "out", budget, backend="celery", broker=url))
+    start = batch.journal.start
+
+    def start_then_interrupted(goal_id: str, grant: tuple[int | None, int | None]) -> None:
+        start(goal_id, grant)
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()  # Ctrl-C arrives while the goal is journaled
+
+    batch.journal.start = start_then_interrupted  # type: ignore[method-assign]
+    try:
+        with pytest.raises(asyncio.CancelledError):
+            anyio.run(execute, batch)
+        running = [r.id for r in batch.journal.rows() if r.state == "running"]
+        # A resume follows the goals journaled as running: each has its message to wait for.
+        assert running and client.llen(QUEUE) == len(running)
+    finally:
+        batch.journal.close()
+        client.flushdb()
+        client.close()

@@ -399,15 +399,12 @@ async def run_celery(batch: Batch) -> None:
     while pending or following:
         while pending and len(following) < concurrency:
             goal = pending.pop(0)
+            # Sent, then journaled, with no await in between (Ctrl-C cancels at an await): a
+            # goal journaled as running always has its message, or a resume would wait for it
+            # for ever. A kill between the two leaves it pending with its message sent; the
+            # resume sends it again, and the later delivery fences out the earlier one.
+            app.send_task(TASK_NAME, args=[{**payload, "goal": goal.to_json()}], queue=QUEUE)
             batch.journal.start(goal.id, (None, None))
-            await anyio.to_thread.run_sync(
-                partial(
-                    app.send_task,
-                    TASK_NAME,
-                    args=[{**payload, "goal": goal.to_json()}],
-                    queue=QUEUE,
-                )
-            )
             following[goal.id] = goal
         batch.refresh_panel()  # goals started since the last look are running now
         await anyio.to_thread.run_sync(_wait_for_news, client, namespace)
