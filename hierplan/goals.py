@@ -32,7 +32,7 @@ class GoalSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     goal: str | None = Field(default=None, min_length=1, max_length=20_000)
-    scenario: str | None = None
+    scenario: str | None = Field(default=None, min_length=1)
     strategy: StrategyName | None = None
     model: str | None = None
     max_depth: int | None = Field(default=None, ge=1, le=10)
@@ -43,6 +43,9 @@ class GoalSpec(BaseModel):
     def _goal_or_scenario(self) -> GoalSpec:
         if self.goal is None and self.scenario is None:
             raise ValueError("give a 'goal' or a 'scenario'")
+        if self.goal is not None and not self.goal.strip():
+            # A goal of spaces is no goal: say so naming the file's field, not as a run without one.
+            raise ValueError("'goal' is blank: write the goal, or name a 'scenario' instead")
         return self
 
     def overrides(self) -> dict[str, Any]:

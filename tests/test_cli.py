@@ -265,3 +265,17 @@ def test_ctrl_c_cancels_the_run_and_keeps_its_record(tmp_path: Path) -> None:
     assert "Traceback" not in stdout + stderr
     record = json.loads((out / "run.json").read_text())
     assert record["status"] == "cancelled"
+
+
+def test_a_goal_file_with_a_blank_goal_or_an_empty_scenario_is_refused(tmp_path: Path) -> None:
+    from hierplan.errors import UserInputError
+    from hierplan.goals import load_goal_file
+
+    blank = tmp_path / "blank.yaml"
+    blank.write_text('goal: "   "\nmodel: openai:gpt-5-mini\n')
+    with pytest.raises(UserInputError, match="'goal' is blank: write the goal"):
+        load_goal_file(blank)
+    empty = tmp_path / "empty.yaml"
+    empty.write_text('scenario: ""\n')
+    with pytest.raises(UserInputError, match="scenario: String should have at least 1 character"):
+        load_goal_file(empty)
