@@ -920,3 +920,18 @@ def test_an_interrupted_celery_driver_never_journals_a_goal_it_did_not_send(
         batch.journal.close()
         client.flushdb()
         client.close()
+
+
+def test_a_worker_given_a_broker_that_is_no_redis_url_says_so_before_it_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from celery import Celery
+
+    def started(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the worker started")
+
+    monkeypatch.setattr(Celery, "worker_main", started)
+    result = CliRunner().invoke(app, ["worker", "--broker", "127.0.0.1:6379"])
+    assert result.exit_code == 2, result.output
+    assert "error: not a Redis URL: '127.0.0.1:6379'" in result.output
+    assert "redis://" in result.output

@@ -338,6 +338,9 @@ def run_worker(
     """Start a Celery worker for batch goals (blocks until the worker stops)."""
     from celery import signals
 
+    # Celery would take any other URL for a broker of its own (a bare host:port for RabbitMQ)
+    # and retry it for minutes; the ledger needs Redis, as the batch's driver does.
+    connect(broker).close()
     app = make_app(broker, visibility_timeout)
     if workdir is not None:
         WORKER.workdir = workdir
