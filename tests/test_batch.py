@@ -935,3 +935,20 @@ def test_a_worker_given_a_broker_that_is_no_redis_url_says_so_before_it_starts(
     assert result.exit_code == 2, result.output
     assert "error: not a Redis URL: '127.0.0.1:6379'" in result.output
     assert "redis://" in result.output
+
+
+def test_a_resume_refuses_a_flag_given_at_its_default_that_differs_from_the_batch(
+    tmp_path: Path,
+) -> None:
+    goals = tmp_path / "goals.jsonl"
+    goals.write_text('{"suite": "game24", "task": 0}\n')
+    out = str(tmp_path / "out")
+    start = ["batch", str(goals), "--out", out, "--sim-latency-scale", "0"]
+    first = CliRunner().invoke(app, [*start, "-c", "2", "--seed", "5"])
+    assert first.exit_code == 0, first.output
+    # 4 and 0 are the defaults of --concurrency and --seed: given, they differ all the same.
+    again = CliRunner().invoke(app, [*start, "--resume", "-c", "4", "--seed", "0"])
+    assert again.exit_code == 2, again.output
+    assert f"cannot resume {out} with --concurrency, --seed" in " ".join(again.output.split())
+    same = CliRunner().invoke(app, [*start, "--resume", "-c", "2", "--seed", "5"])
+    assert same.exit_code == 0, same.output

@@ -119,6 +119,7 @@ LatencyOpt = Annotated[
 
 
 def batch_command(
+    context: typer.Context,
     goals: GoalsArg,
     out: OutOpt,
     budget_usd: BudgetUsdOpt = None,
@@ -173,6 +174,7 @@ def batch_command(
             broker=broker,
             visibility_timeout=visibility_timeout,
             instruments=tracing.instruments if tracing is not None else (),
+            given=_given_flags(context),
         )
         batch = prepare(config)
     except HierplanError as exc:
@@ -180,6 +182,16 @@ def batch_command(
             tracing.shutdown()
         _fail(str(exc))
     _run(batch, tracing)
+
+
+def _given_flags(context: typer.Context) -> frozenset[str]:
+    """The options given on this command line (not left at their defaults), as flags."""
+    given: set[str] = set()
+    for name in context.params:
+        source = context.get_parameter_source(name)
+        if source is not None and source.name != "DEFAULT":
+            given.add("--" + name.replace("_", "-"))
+    return frozenset(given)
 
 
 def _check_choices(

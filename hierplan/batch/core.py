@@ -56,6 +56,9 @@ class BatchConfig:
     visibility_timeout: float = 3600.0
     instruments: Sequence[Instrument] = ()
     run_fn: RunFunction = run  # how one goal runs (local backend): hierplan.run, or a wrapper
+    # The flags given on the command line (``--concurrency``...), which a resume checks against
+    # the batch's own; None where that is not known (a value at its default counts as not given).
+    given: frozenset[str] | None = None
 
 
 @dataclass(slots=True)
@@ -184,7 +187,13 @@ DEFAULT_CONCURRENCY = 4
 
 def _changed_on_resume(config: BatchConfig, meta: dict[str, Any]) -> list[str]:
     """The flags given with ``--resume`` whose values differ from those the batch was started
-    with (a value left at its default is not counted: it may not have been given)."""
+    with (without :attr:`BatchConfig.given`, a value left at its default is not counted: it
+    may not have been given)."""
+
+    def differs(flag: str, value: Any, default: Any, stored: Any) -> bool:
+        named = flag in config.given if config.given is not None else value != default
+        return named and value != stored
+
     stored, given = meta.get("budget", {}), config.budget
     changed = [
         flag
@@ -193,15 +202,17 @@ def _changed_on_resume(config: BatchConfig, meta: dict[str, Any]) -> list[str]:
             ("--budget-usd", "pico", given.pico),
             ("--goal-budget-tokens", "goal_tokens", given.goal_tokens),
             ("--goal-budget-usd", "goal_pico", given.goal_pico),
+            ("--concurrency", "concurrency", given.concurrency),
         )
-        if value is not None and value != stored.get(key)
+        if differs(
+            flag, value, DEFAULT_CONCURRENCY if key == "concurrency" else None, stored.get(key)
+        )
     ]
-    if given.concurrency not in (stored.get("concurrency"), DEFAULT_CONCURRENCY):
-        changed.append("--concurrency")
     defaults, options = RunOptions().to_dict(), meta.get("options", {})
     for key, value in config.options.to_dict().items():
-        if value not in (options.get(key), defaults[key]):
-            changed.append("--" + key.replace("_", "-"))
+        flag = "--" + key.replace("_", "-")
+        if differs(flag, value, defaults[key], options.get(key)):
+            changed.append(flag)
     return changed
 
 
