@@ -583,8 +583,17 @@ def validate_command(
     tools: Annotated[
         str | None, typer.Option("--tools", help="Comma-separated allowed tools.")
     ] = None,
-    max_steps: Annotated[int, typer.Option("--max-steps", min=1)] = DEFAULT_MAX_STEPS,
-    max_depth: Annotated[int, typer.Option("--max-depth", min=1)] = DEFAULT_MAX_DEPTH,
+    max_steps: Annotated[
+        int, typer.Option("--max-steps", min=1, help="Most steps the plan may have.")
+    ] = DEFAULT_MAX_STEPS,
+    max_depth: Annotated[
+        int,
+        typer.Option(
+            "--max-depth",
+            min=1,
+            help="Deepest plan level, the plan itself being level 1 (1: no sub-goals).",
+        ),
+    ] = DEFAULT_MAX_DEPTH,
 ) -> None:
     """Check a plan file: schema, ids, dependencies, cycles, size, depth and tools."""
     console = Console()

@@ -279,3 +279,16 @@ def test_a_goal_file_with_a_blank_goal_or_an_empty_scenario_is_refused(tmp_path:
     empty.write_text('scenario: ""\n')
     with pytest.raises(UserInputError, match="scenario: String should have at least 1 character"):
         load_goal_file(empty)
+
+
+def test_every_option_of_every_command_says_what_it_does() -> None:
+    import typer.main
+
+    command = typer.main.get_command(app)
+    silent = [
+        f"hierplan {name} {param.opts[0]}"
+        for name, sub in command.commands.items()
+        for param in sub.params
+        if param.name != "help" and not getattr(param, "help", None)
+    ]
+    assert silent == [], f"options without a help text: {silent}"
