@@ -809,6 +809,19 @@ async def test_demo_with_a_tiny_budget_ends_partial_within_budget_and_says_what_
     assert loaded.not_done() == undone
 
 
+async def test_the_shown_error_of_a_run_out_of_budget_ends_with_what_to_raise(
+    tmp_path: Path,
+) -> None:
+    result = await hierplan.run(
+        scenario="data_migration", sim_latency_scale=0, workdir=tmp_path, budget_usd=0.01
+    )
+    assert result.error is not None and "larger budget" in result.error
+    console = Console(width=100, record=True)
+    console.print(render_run(result))
+    shown = " ".join(console.export_text().split())
+    assert f"error: {' '.join(result.error.split())}" in shown
+
+
 def test_cli_run_with_a_budget_and_view(tmp_path: Path) -> None:
     runner = CliRunner()
     out = tmp_path / "run"

@@ -52,6 +52,9 @@ def money(value: float | None) -> str:
     return f"${value:.4f}" if value < 1 else f"${value:,.2f}"
 
 
+_ERROR_LIMIT = 1000  # characters of a run's error shown under the tree
+
+
 def short(text: str, limit: int = 70) -> str:
     """One line, cut to ``limit`` characters."""
     line = " ".join(text.split())
@@ -225,7 +228,9 @@ def summary_lines(result: RunResult) -> Text:
     if result.budget:
         _budget_summary(text, result.budget)
     if result.error:
-        text.append(f"\nerror: {short(result.error, 200)}", style="red")
+        # The error's end often says what to do (a larger budget, a key to set), so it is cut
+        # only when it runs to several lines' worth, as a provider's message may.
+        text.append(f"\nerror: {short(result.error, _ERROR_LIMIT)}", style="red")
     if result.status != "succeeded":
         _not_done(text, result)
     if result.verification is not None:
