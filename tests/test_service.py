@@ -76,6 +76,19 @@ async def test_bad_requests_get_a_clear_reason(tmp_path: Path) -> None:
 
 
 @pytest.mark.anyio
+async def test_a_goal_alone_is_not_taken_for_a_goal_on_the_default_scenario(
+    tmp_path: Path,
+) -> None:
+    async with (
+        serve(example_app(tmp_path, SCENARIOS)) as base,
+        httpx2.AsyncClient(base_url=base) as client,
+    ):
+        reply = await client.post("/runs", json={"goal": "write a poem"})
+        assert reply.status_code == 400, reply.text
+        assert "is free text" in reply.json()["error"]
+
+
+@pytest.mark.anyio
 async def test_cancel_over_http_and_runs_outlive_their_watchers(tmp_path: Path) -> None:
     app = example_app(tmp_path, SCENARIOS)
     async with serve(app) as base, httpx2.AsyncClient(base_url=base, timeout=30) as client:

@@ -8,9 +8,10 @@ Install the web extra and start it, then open http://127.0.0.1:8000/ ::
 The API:
 
 - ``POST /runs`` with a JSON body (``scenario``, ``goal``, ``strategy``, ``seed``,
-  ``sim_profile``, ``sim_latency_scale``, ``max_depth``, ``concurrency``; all optional) starts a
-  run and answers ``201 {"run_id": ..., "events": "/runs/<id>/events"}``; bad input is a
-  ``400 {"error": ...}`` with the reason.
+  ``sim_profile``, ``sim_latency_scale``, ``max_depth``, ``concurrency``; all optional, and
+  without a goal the scenario is ``data_migration``) starts a run and answers
+  ``201 {"run_id": ..., "events": "/runs/<id>/events"}``; bad input is a ``400 {"error": ...}``
+  with the reason.
 - ``GET /runs/<id>/events`` streams the run's events as server-sent events: ``id`` is the
   event's position, ``event`` its type, ``data`` its JSON. A client that reconnects with
   ``Last-Event-ID`` gets the events after that one (the run handle keeps them all), so a
@@ -54,7 +55,7 @@ class RunRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    scenario: str | None = "data_migration"
+    scenario: str | None = None
     goal: str | None = None
     strategy: str = "hierarchical"
     seed: int = 0
@@ -78,7 +79,10 @@ class Runs:
         """Start a run; bad input raises :class:`hierplan.UserInputError` here."""
         assert self.group is not None, "the service is not running"
         options = request.model_dump(exclude_none=True)
-        scenario = options.pop("scenario", None)
+        # The demo's scenario only when no goal is given: a goal alone is the client's own
+        # goal, not one to run on the scenario's tools.
+        default = None if request.goal is not None else "data_migration"
+        scenario = options.pop("scenario", default)
         if scenario is not None:
             options["scenario"] = self.scenarios.get(scenario, scenario)
         run_id = uuid.uuid4().hex[:12]
