@@ -5,7 +5,8 @@ The hierarchy::
     HierplanError
     ├── UserInputError            bad input from a user: goal files, plan files, options
     │   ├── UnknownScenarioError
-    │   └── ModelNotAvailableError    a model string names a provider that is not available
+    │   ├── ModelNotAvailableError    a model string names a provider that is not available
+    │   └── DuplicateToolError        two tools of a run share a name (also a ValueError)
     ├── PlanValidationError       a plan failed validation; ``problems`` lists every finding
     ├── PlanParseError            model output that is not a plan, even after a repair attempt
     ├── StepFailed                a step or node failed for good; ``status`` says how
@@ -57,6 +58,11 @@ class UnknownScenarioError(UserInputError):
 
 class ModelNotAvailableError(UserInputError):
     """A model string names a provider or model that cannot be used here."""
+
+
+class DuplicateToolError(UserInputError, ValueError):
+    """Two tools of a run have the same name. Also a ``ValueError``, which it was before it
+    was a :class:`UserInputError`."""
 
 
 class PlanValidationError(HierplanError):

@@ -193,3 +193,14 @@ def test_varargs_are_refused() -> None:
 
     with pytest.raises(TypeError, match="not supported"):
         tool(f)
+
+
+def test_two_tools_of_one_name_are_bad_input_before_the_run_starts() -> None:
+    import hierplan
+    from hierplan import ScriptedModel
+
+    renamed = tool(name="scale")(lambda values: values)
+    # An empty script: a model call would raise UnexpectedModelCall, not UserInputError.
+    model = ScriptedModel([])
+    with pytest.raises(hierplan.UserInputError, match="two tools are named 'scale'"):
+        hierplan.run_sync("scale numbers", model=model, tools=[scale, renamed], strategy="dag")

@@ -32,6 +32,7 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from hierplan.agents.models.base import ToolSpec
 from hierplan.errors import (
+    DuplicateToolError,
     ToolArgsError,
     ToolError,
     ToolNotAllowedError,
@@ -226,9 +227,10 @@ class Toolbox:
             self.add(t)
 
     def add(self, new: Tool) -> None:
-        """Add a tool; names must be unique."""
+        """Add a tool; names must be unique (else :class:`~hierplan.errors.DuplicateToolError`,
+        bad input like any other the run refuses before it starts)."""
         if new.name in self._tools:
-            raise ValueError(
+            raise DuplicateToolError(
                 f"two tools are named {new.name!r}: rename one (an MCP server takes a "
                 "tool_prefix for this)"
             )
