@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import date
+from functools import partial
 from typing import Annotated, Any
 
 import anyio
@@ -204,3 +205,22 @@ def test_two_tools_of_one_name_are_bad_input_before_the_run_starts() -> None:
     model = ScriptedModel([])
     with pytest.raises(hierplan.UserInputError, match="two tools are named 'scale'"):
         hierplan.run_sync("scale numbers", model=model, tools=[scale, renamed], strategy="dag")
+
+
+def test_a_tool_needs_a_name_model_providers_accept() -> None:
+    def add(a: int, b: int) -> int:
+        """Add."""
+        return a + b
+
+    for unnamed in (lambda a: a, partial(add, b=1)):
+        with pytest.raises(ValueError, match=r"name=") as caught:
+            tool(unnamed)
+        assert "letters, digits" in str(caught.value)
+    with pytest.raises(ValueError, match=r"'add numbers'"):
+        tool(name="add numbers")(add)
+    with pytest.raises(ValueError, match=r"at most 64"):
+        tool(name="a" * 65)(add)
+    add_one = tool(partial(add, b=1), name="add-one")
+    assert add_one.name == "add-one"
+    assert add_one.parameters["properties"]["a"]["type"] == "integer"
+    assert tool(name="A_b-9")(add).name == "A_b-9"

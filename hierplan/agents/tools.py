@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -41,6 +42,9 @@ from hierplan.errors import (
 )
 
 DEFAULT_TOOL_TIMEOUT_S = 60.0
+# The function names OpenAI and Anthropic both accept: a tool named otherwise runs offline
+# but a real model's first request would be refused.
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 class Tool(ABC):
@@ -108,10 +112,11 @@ class FunctionTool(Tool):
     ) -> None:
         self.function = function
         self.is_async = inspect.iscoroutinefunction(function)
-        self.args_model = _args_model(function)
+        chosen = _tool_name(function, name)
+        self.args_model = _args_model(function, chosen)
         doc = inspect.getdoc(function) or ""
         super().__init__(
-            name or function.__name__,
+            chosen,
             description if description is not None else doc.split("\n\n")[0].strip(),
             self.args_model.model_json_schema(),
             timeout_s=timeout_s,
@@ -149,18 +154,34 @@ class FunctionTool(Tool):
         return result
 
 
-def _args_model(function: Callable[..., Any]) -> type[BaseModel]:
-    signature = inspect.signature(function)
-    hints = inspect.get_annotations(function, eval_str=True)
+def _tool_name(function: Callable[..., Any], name: str | None) -> str:
+    """``name``, else the function's own name; either must be one model providers accept."""
+    chosen = name if name is not None else getattr(function, "__name__", "")
+    if TOOL_NAME.fullmatch(chosen):
+        return chosen
+    if name is None:
+        raise ValueError(
+            f"{function!r} has no name a model can call it by: give one with "
+            "tool(function, name=...) of letters, digits, '_' and '-', at most 64"
+        )
+    raise ValueError(
+        f"tool name {name!r} is not one model providers accept: use letters, digits, '_' and "
+        "'-', at most 64"
+    )
+
+
+def _args_model(function: Callable[..., Any], name: str) -> type[BaseModel]:
+    # The signature's annotations, not the function's: a functools.partial has only those.
+    signature = inspect.signature(function, eval_str=True)
     fields: dict[str, Any] = {}
     for param in signature.parameters.values():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            raise TypeError(f"tool {function.__name__!r}: *args and **kwargs are not supported")
-        annotation = hints.get(param.name, Any)
+            raise TypeError(f"tool {name!r}: *args and **kwargs are not supported")
+        annotation = Any if param.annotation is inspect.Parameter.empty else param.annotation
         default = ... if param.default is inspect.Parameter.empty else param.default
         fields[param.name] = (annotation, default)
     model: type[BaseModel] = create_model(
-        f"{function.__name__}_args",
+        f"{name}_args",
         __config__=ConfigDict(extra="forbid"),
         **fields,
     )
