@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -165,3 +167,10 @@ async def test_cost_rollups_equal_the_sum_of_the_calls_costs_in_any_order() -> N
 
     page = render_html(result)  # the report shows the record's figures to the last digit
     assert f'class="subtree-cost" data-cost="{math.fsum(costs)!r}"' in page
+
+
+@pytest.mark.parametrize("record", [hierplan.RunResult, hierplan.NodeRecord])
+def test_the_records_docstrings_say_what_every_field_holds(record: type) -> None:
+    doc = inspect.getdoc(record) or ""
+    missing = [f.name for f in dataclasses.fields(record) if f"``{f.name}``" not in doc]
+    assert missing == [], f"{record.__name__} fields not described: {missing}"

@@ -102,7 +102,22 @@ class PlanVersion:
 
 @dataclass(slots=True)
 class NodeRecord:
-    """One node of the run tree: a planner (it planned) or an executor (it did a step)."""
+    """One node of the run tree: a planner (it planned) or an executor (it did a step).
+
+    ``path`` names it (``1`` is the root, ``1.2.3`` the third child of the root's second), at
+    ``depth`` (the number of parts of ``path``); ``kind`` is ``planner`` or ``executor``;
+    ``goal`` is what it was asked to do, ``step_id`` the step of its parent's plan it does
+    (``None`` for the root) and ``tool`` the tool that step names, if any. ``status`` is one
+    of ``pending``, ``running``, ``succeeded``, ``partial``, ``failed``, ``cancelled``,
+    ``rejected``, ``budget_exhausted`` or ``paused``; ``output`` is its result as text and
+    ``error`` why it did not succeed. ``usage``, ``cost_usd``, ``planning_cost_usd`` and
+    ``execution_cost_usd`` count its own ``calls`` only (``subtree_cost_usd`` adds the nodes
+    below), ``unpriced_calls`` those without a known price. ``plan_versions`` holds every plan
+    a planner proposed, with the gate's decisions; ``children`` are the nodes of its steps.
+    ``started_at`` and ``finished_at`` are Unix times, ``attempts`` how many times the step
+    was tried, ``budget`` its figures under a run budget (``None`` without one) and ``flags``
+    marks such as ``overrun``.
+    """
 
     path: str
     kind: NodeKind
@@ -179,7 +194,19 @@ class NodeRecord:
 class RunResult:
     """The outcome of a run: status, answer, and the whole tree with usage and cost.
 
-    ``simulated`` is true when any answer came from the offline simulator or a test double.
+    ``status`` is ``succeeded``, ``partial``, ``failed``, ``rejected``, ``cancelled`` or
+    ``paused`` (:attr:`ok` says whether it succeeded); ``answer`` is the final answer, and
+    ``answer_complete`` false unless the run succeeded (the answer then covers what was done;
+    :meth:`not_done` lists the rest); ``error`` says why a run did not succeed. ``tree`` is the
+    root :class:`NodeRecord` (:meth:`nodes` walks every node; :meth:`levels` and
+    :meth:`totals` give the rollups). ``run_id``, ``goal``, ``strategy``, ``model``,
+    ``scenario``, ``seed`` and ``settings`` say what ran; ``started_at`` and ``finished_at``
+    are Unix times. ``simulated`` is true when any answer came from the offline simulator or a
+    test double. ``verification`` is a scenario's check of the result (``ok``, ``summary``,
+    ``details``; ``None`` without one), ``stats`` holds figures such as
+    ``peak_concurrent_leaves``, ``price_table`` the version of the price table used, ``budget`` the
+    run budget's limit and spend (``None`` without a budget), and ``format`` the version of the
+    record's layout. :meth:`write` saves it as ``run.json``; :meth:`load` reads one back.
     """
 
     run_id: str
