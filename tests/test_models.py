@@ -159,3 +159,16 @@ async def test_free_text_goal_on_the_simulator_is_a_user_error() -> None:
         await hierplan.run("   ")
     with pytest.raises(UserInputError, match="unknown strategy 'yolo'"):
         await hierplan.run("x", strategy="yolo")
+
+
+def test_the_function_models_docstring_shows_a_run_that_works() -> None:
+    import doctest
+
+    from hierplan.agents.models import scripted
+
+    finder = doctest.DocTestFinder()
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    for test in finder.find(FunctionModel, globs=vars(scripted).copy()):
+        runner.run(test)
+    outcome = runner.summarize(verbose=False)
+    assert outcome.attempted > 0 and outcome.failed == 0, outcome

@@ -98,7 +98,27 @@ class ScriptedModel:
 
 @dataclass
 class FunctionModel:
-    """A model whose answers come from a function of the request (sync or async)."""
+    """A model whose answers come from a function of the request (sync or async).
+
+    The function gets every call a real model would. ``request.phase`` is ``planning`` for a
+    planner's call, which wants a plan (answer with :func:`plan_response`), and ``execution``
+    for an executor's or a ReAct loop's (answer with :func:`tool_response` or
+    :func:`text_response`; the results of its tool calls so far are the messages of role
+    ``tool`` in ``request.messages``). A :class:`ScriptedModel` gives its answers to calls in
+    the order they come, which differs between strategies and between concurrent steps; a
+    function answers each request by what it asks. Calls are priced as ``priced_as``, which
+    the price table does not know: give the run ``price_in``/``price_out`` to use a USD budget.
+
+    >>> import hierplan
+    >>> from hierplan import Plan, Step
+    >>> def answer(request: ModelRequest) -> ModelResponse:
+    ...     if request.phase == "planning":
+    ...         step = Step(id="greet", title="greet", instruction="say hi")
+    ...         return plan_response(Plan(goal="greet", steps=[step]))
+    ...     return text_response("hi")
+    >>> hierplan.run_sync("greet", model=FunctionModel(answer), strategy="dag").answer
+    'hi'
+    """
 
     function: ResponseFunction
     name: str = "function"
