@@ -444,6 +444,16 @@ async def test_bad_budget_options_are_refused_with_one_line_errors() -> None:
     assert model.requests == []
 
 
+async def test_a_run_takes_one_budget_not_two() -> None:
+    model = ScriptedModel([])
+    budget = BudgetInstrument(Budget(usd=0.5))
+    with pytest.raises(UserInputError, match="budget_usd/budget_tokens or a BudgetInstrument"):
+        await hierplan.run("g", model=model, instruments=[budget], budget_tokens=1000)
+    with pytest.raises(UserInputError, match="2 BudgetInstruments"):
+        await hierplan.run("g", model=model, instruments=[budget, BudgetInstrument(Budget(usd=1))])
+    assert model.requests == []
+
+
 # -- budgets in the tree -------------------------------------------------------------------
 
 

@@ -302,6 +302,18 @@ def _with_budget(
         pricing=pricing,
         models=priced,
     )
+    given = sum(isinstance(i, BudgetInstrument) for i in instruments)
+    if budgeting is not None and given:
+        # Two budgets would both cut the run, and the record would show only one of them.
+        raise UserInputError(
+            "the run has two budgets: give budget_usd/budget_tokens or a BudgetInstrument in "
+            "instruments, not both"
+        )
+    if given > 1:
+        raise UserInputError(
+            f"instruments holds {given} BudgetInstruments: a run takes one budget (put both "
+            "caps in one Budget(tokens=..., usd=...))"
+        )
     if budgeting is None:
         return pricing, instruments
     if restore is not None and restore.record.budget is not None:
