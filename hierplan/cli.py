@@ -556,7 +556,12 @@ def _saved_model_name(invocation: dict[str, Any], run_dir: Path) -> str:
 
 @app.command("view")
 def view_command(
-    run_json: Annotated[Path, typer.Argument(help="A run.json written by run, demo or batch.")],
+    run_json: Annotated[
+        Path,
+        typer.Argument(
+            help="A run.json written by run, demo or batch, or the run directory holding it."
+        ),
+    ],
     html: Annotated[
         Path | None,
         typer.Option("--html", help="Write a self-contained HTML report to this file instead."),
@@ -564,7 +569,7 @@ def view_command(
 ) -> None:
     """Show a finished run: the tree with status, tokens and cost at each node and level."""
     try:
-        result = RunResult.load(run_json)
+        result = RunResult.load(_run_record_path(run_json))
         if html is not None:
             path = write_html(result, html)
     except HierplanError as exc:
@@ -575,6 +580,18 @@ def view_command(
         Console().print(f"HTML report: {path}", highlight=False, markup=False, soft_wrap=True)
         return
     print_run(result, Console())
+
+
+def _run_record_path(given: Path) -> Path:
+    """``given``, or the ``run.json`` in it when it is a run directory (as ``resume`` takes)."""
+    if not given.is_dir():
+        return given
+    if not (given / "run.json").is_file():
+        raise UserInputError(
+            f"{given} holds no run.json: give a run directory or a run.json (a batch keeps one "
+            "per goal, in goals/<id>/run.json)"
+        )
+    return given / "run.json"
 
 
 @app.command("validate")

@@ -292,3 +292,20 @@ def test_every_option_of_every_command_says_what_it_does() -> None:
         if param.name != "help" and not getattr(param, "help", None)
     ]
     assert silent == [], f"options without a help text: {silent}"
+
+
+def test_view_takes_a_run_directory_as_well_as_its_run_json(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    done = runner.invoke(
+        app, ["run", "--scenario", "data_migration", "--yes", "--out", str(out), *FAST]
+    )
+    assert done.exit_code == 0, done.output
+    by_file = runner.invoke(app, ["view", str(out / "run.json")])
+    by_dir = runner.invoke(app, ["view", str(out)])
+    assert by_dir.exit_code == 0, by_dir.output
+    assert by_dir.output == by_file.output
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    refused = runner.invoke(app, ["view", str(empty)])
+    assert refused.exit_code == 2
+    assert f"{empty} holds no run.json" in " ".join(refused.output.split())
