@@ -254,6 +254,39 @@ async def test_usage_above_the_reservation_is_charged_flagged_and_reported() -> 
     assert overrun.tokens_over == 800 - WORST
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "数据迁移计划：先建表，再复制数据。" * 40,
+        "Миграция данных: создать таблицы. " * 40,
+        "🙂" * 300,
+    ],
+    ids=["chinese", "russian", "emoji"],
+)
+async def test_text_outside_ascii_is_reserved_as_tokenizers_count_it(text: str) -> None:
+    # Tokenizers give a character outside ASCII about a token of its own (often more), not a
+    # quarter of one: a provider counting so must not find the call above its reservation.
+    def counted(content: str) -> int:
+        plain = sum(1 for c in content if c.isascii())
+        return (plain + 3) // 4 + (len(content) - plain)
+
+    def respond(request: ModelRequest) -> ModelResponse:
+        used = sum(4 + counted(m.content) for m in request.messages)
+        return ModelResponse(text="ok", usage=Usage(used, request.max_tokens))
+
+    model = _priced(FunctionModel(respond))
+    request = ModelRequest(messages=(Message("user", text),), max_tokens=100)
+    events: list[RunEvent] = []
+    async with budgeted_node(model, Budget(tokens=100_000), listeners=(events.append,)) as (
+        node,
+        _,
+    ):
+        response = await node.call_model(request)
+    assert "overrun" not in response.flags
+    assert not [e for e in events if isinstance(e, BudgetOverrun)]
+    assert node.record.budget is not None and node.record.budget["overrun_tokens"] == 0
+
+
 async def test_each_attempt_is_reserved_and_settled_and_failed_usage_counts() -> None:
     script: list[Any] = [
         ModelError("overloaded", retryable=True, usage=Usage(30, 5)),

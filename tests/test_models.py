@@ -63,6 +63,7 @@ async def test_function_model_accepts_sync_and_async_functions() -> None:
 def test_token_estimates() -> None:
     assert estimate_text_tokens("") == 0
     assert estimate_text_tokens("abcde") == 2
+    assert estimate_text_tokens("abcde数据") == 4  # a token per character outside ASCII
     assert estimate_request_tokens(REQ) == 4 + 2
 
 

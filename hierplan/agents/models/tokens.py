@@ -1,10 +1,12 @@
 """Token estimates from text.
 
-hierplan does not ship a tokenizer: it estimates one token per four characters of text (the rule
-of thumb OpenAI and Anthropic both publish for English), plus a fixed overhead per message, tool
-and schema for the chat framing. The estimate is used for two things: the input side of a budget
-reservation before a call (a real provider's reported usage then replaces it), and the usage the
-offline simulator reports, which has no provider to ask.
+hierplan does not ship a tokenizer: it estimates one token per four characters of ASCII text (the
+rule of thumb OpenAI and Anthropic both publish for English) and one token per character outside
+ASCII (Chinese, Cyrillic, emoji: tokenizers give such a character about a token of its own, often
+more, so four to a token would reserve a quarter of what the call uses), plus a fixed overhead per
+message, tool and schema for the chat framing. The estimate is used for two things: the input
+side of a budget reservation before a call (a real provider's reported usage then replaces it),
+and the usage the offline simulator reports, which has no provider to ask.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ TOOL_OVERHEAD_TOKENS = 8
 
 
 def estimate_text_tokens(text: str) -> int:
-    """Tokens in ``text`` by the four-characters rule (at least 1 for non-empty text)."""
-    if not text:
-        return 0
-    return (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+    """Tokens in ``text``: four ASCII characters to a token, and a token for each character
+    outside ASCII (at least 1 for non-empty text)."""
+    if text.isascii():  # O(1) in CPython: the common case costs no scan
+        return (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+    plain = len(text.encode("ascii", "ignore"))
+    return (plain + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN + len(text) - plain
 
 
 def _schema_tokens(schema: Mapping[str, Any]) -> int:
