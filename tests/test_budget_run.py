@@ -54,7 +54,8 @@ from hierplan.hierarchy.events import (
     BudgetSettled,
     RunEvent,
 )
-from hierplan.hierarchy.plan import Step
+from hierplan.hierarchy.gate import Approve, GateContext
+from hierplan.hierarchy.plan import Plan, Step
 from hierplan.hierarchy.record import NodeKind, NodeRecord, RunResult
 from hierplan.tracing.report import render_run
 
@@ -776,6 +777,45 @@ async def test_allocation_policies_split_what_the_parent_has_left(
     levels = result.budget["levels"]
     assert [row["depth"] for row in levels] == [1, 2, 3]
     assert levels[0]["spent_tokens"] == root.budget["spent_tokens"]
+
+
+class _TriesABadEditThenApproves:
+    """A reviewer who tries an edit of the root plan (the weights the other way round, and a
+    tool the run does not have), sees the validators refuse it, and approves the plan."""
+
+    async def review(self, plan: Plan, ctx: GateContext) -> Approve:
+        if ctx.is_root:
+            swapped = [
+                step.model_copy(update={"estimate_tokens": 4_000 - (step.estimate_tokens or 0)})
+                for step in plan.steps
+                if step.kind == "subgoal"
+            ]
+            bad = plan.model_copy(
+                update={"steps": [*swapped, Step(id="z", title="z", instruction="z", tool="nope")]}
+            )
+            assert ctx.validate(bad)
+        return Approve()
+
+
+async def test_shares_follow_the_approved_plan_not_an_edit_the_validators_refused() -> None:
+    result = await hierplan.run(
+        "Root",
+        model=_plan_model(_shares_plan()),
+        executor_model=_delegating_executor([]),
+        tools=[lookup],
+        settings=RunSettings(strategy="hierarchical", plan_concurrency=1, max_depth=2),
+        pricing=PRICING,
+        budget_tokens=100_000,
+        allocation="weighted",
+        approver=_TriesABadEditThenApproves(),
+    )
+    assert result.status == "succeeded", result.error
+    root = result.tree
+    assert [v.decision for v in root.plan_versions] == ["approved", "invalid"]
+    left = 100_000 - root.calls[0].usage.total_tokens
+    a = root.children[0]
+    assert a.budget is not None
+    assert a.budget["limit_tokens"] == round(left * 0.25)  # 1,000 of 4,000 estimated tokens
 
 
 async def test_cancelling_a_run_from_outside_releases_every_reservation() -> None:

@@ -46,7 +46,7 @@ from hierplan.budgets.pricing import DEFAULT_SIMULATED_PRICED_AS, Price, PriceTa
 from hierplan.errors import BudgetExceeded, UserInputError
 from hierplan.hierarchy.context import Instrument, NodeContext, RunContext
 from hierplan.hierarchy.plan import Plan
-from hierplan.hierarchy.record import NodeRecord
+from hierplan.hierarchy.record import NodeRecord, PlanVersion
 
 DEFAULT_MIN_OUTPUT_FRACTION = 0.25
 Rates = tuple[int, int, int]  # pico-dollars per input, cached input and output token
@@ -262,7 +262,8 @@ class BudgetInstrument(Instrument):
             return 1.0
         shares: _Shares | None = parent.state.get(self._shares_key)
         if shares is None or shares.version != len(versions):
-            shares = _Shares(len(versions), self._unstarted(parent, versions[-1].plan, child))
+            plan = _running_plan(versions)
+            shares = _Shares(len(versions), self._unstarted(parent, plan, child))
             parent.state[self._shares_key] = shares
         weight = shares.weights.pop(step.id, None)
         if weight is None:  # not a step of the current plan: an even part of what is left
@@ -417,6 +418,16 @@ def _continued(prior: dict[str, Any] | None, now: dict[str, Any]) -> dict[str, A
         values = [v for v in (prior.get(key), now.get(key)) if v is not None]
         merged[key] = max(values) if values else None
     return merged
+
+
+def _running_plan(versions: list[PlanVersion]) -> Plan:
+    """The plan a planner runs: its latest approved version. Versions after it were not run:
+    edits the validators refused (recorded after the plan they were tried on), or proposals
+    rejected or found invalid before the planner went on with the plan it had."""
+    for version in reversed(versions):
+        if version.decision == "approved":
+            return version.plan
+    return versions[-1].plan
 
 
 def _level_row(depth: int, usd: bool) -> dict[str, Any]:
