@@ -7,6 +7,7 @@ the run paused for a plan review (continue it with ``hierplan resume``); 130 whe
 
 from __future__ import annotations
 
+import shlex
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -28,7 +29,7 @@ from hierplan.errors import HierplanError, UserInputError
 from hierplan.goals import load_goal_file
 from hierplan.hierarchy.context import STRATEGY_NAMES, RunSettings
 from hierplan.hierarchy.handle import start as start_run
-from hierplan.hierarchy.pause import load_checkpoint
+from hierplan.hierarchy.pause import CHECKPOINT_FILE, load_checkpoint
 from hierplan.hierarchy.plan import DEFAULT_MAX_DEPTH, DEFAULT_MAX_STEPS, load_plan, validate_plan
 from hierplan.hierarchy.record import RunResult
 from hierplan.hierarchy.resume import resume as resume_run
@@ -149,6 +150,19 @@ PriceOutOpt = Annotated[
 def _fail(message: str, code: int = 2) -> NoReturn:
     Console(stderr=True).print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def _refuse_paused_run(run_dir: Path) -> None:
+    """Refuse a new run in a directory that holds a paused one: the new run would drop the
+    paused run's checkpoint and the decisions waiting in its pending/ folder."""
+    if not (run_dir / CHECKPOINT_FILE).exists():
+        return
+    where = shlex.quote(str(run_dir))
+    _fail(
+        f"{run_dir} holds a paused run waiting for a decision: continue it with hierplan resume "
+        f"{where} (its pending/ folder says how), or give this run another --out; to start over "
+        f"in {run_dir}, delete {run_dir / CHECKPOINT_FILE} first"
+    )
 
 
 def _exit_code(result: RunResult) -> int:
@@ -333,6 +347,7 @@ def run_command(
     except HierplanError as exc:
         _fail(str(exc))
     run_dir = out or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    _refuse_paused_run(run_dir)
     _execute(
         console,
         run_dir,
@@ -450,6 +465,7 @@ def demo_command(
         )
     except UserInputError as exc:
         _fail(str(exc))
+    _refuse_paused_run(out)
     console.print(
         "[bold]hierplan demo[/]: migrate a 14-table SQLite shop database (~290k rows) into a new "
         "one. Planning runs on the offline simulator: [bold yellow]SIMULATED[/] model answers, "

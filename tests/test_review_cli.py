@@ -270,7 +270,12 @@ def test_budget_threshold_pauses_only_for_costly_subgoals(tmp_path: Path, source
     assert data["verification"]["ok"]
 
 
-def test_a_new_run_in_the_directory_forgets_the_paused_one(paused: Path) -> None:
+def test_a_new_run_in_the_directory_forgets_the_paused_one_once_its_checkpoint_is_deleted(
+    paused: Path,
+) -> None:
+    """Starting over in a paused run's directory, as the refusal says (see the test below):
+    the new run clears what is left of the paused one (its pending plans)."""
+    (paused / CHECKPOINT_FILE).unlink()
     code, out = hierplan(
         "run", "--scenario", "data_migration", "--yes", "-o", paused, "--sim-latency-scale", "0"
     )
@@ -329,3 +334,21 @@ def test_a_run_paused_with_a_model_object_is_not_resumed_on_another_model(
     assert "started in Python with a model object" in out and "hierplan.resume(" in out
     assert (run_dir / CHECKPOINT_FILE).read_text() == before
     assert not (run_dir / "run.json").exists()
+
+
+@pytest.mark.parametrize("command", ["run", "demo"])
+def test_a_new_run_in_a_paused_runs_directory_is_refused_and_the_pause_kept(
+    paused: Path, command: str
+) -> None:
+    pending = (paused / PENDING_DIR / "1.yaml").read_text()
+    scenario = ["--scenario", "data_migration"] if command == "run" else []
+    code, out = hierplan(command, *scenario, "--yes", "-o", paused, "--sim-latency-scale", "0")
+    assert code == 2, out
+    assert f"{paused} holds a paused run waiting for a decision" in " ".join(out.split())
+    assert f"hierplan resume {shlex.quote(str(paused))}" in out
+    # nothing of the paused run is lost: it still resumes
+    assert (paused / PENDING_DIR / "1.yaml").read_text() == pending
+    assert record(paused)["status"] == "paused"
+    code, out = hierplan("resume", paused, "--approve")
+    assert code == 0, out
+    assert record(paused)["status"] == "succeeded"
