@@ -159,6 +159,15 @@ async def test_a_plan_can_go_on_after_stopping_on_a_failure() -> None:
     assert rest.not_started == []
 
 
+async def test_a_failed_step_does_not_run_again_when_its_dependency_finishes() -> None:
+    rec = Recorder()
+    plan = plan_of({"a": [], "b": ["a"], "c": ["b"]})
+    out = await run_dag(plan, rec, failed={"b": StepFailed("b broke before")}, max_running=2)
+    assert rec.runs == {"a": 1}
+    assert set(out.failed) == {"b"} and out.cancelled == {"c": "dependency 'b' failed"}
+    assert out.not_started == []
+
+
 async def test_done_steps_are_not_run_again() -> None:
     rec = Recorder()
     plan = plan_of({"a": [], "b": ["a"]})

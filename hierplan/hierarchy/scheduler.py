@@ -138,29 +138,30 @@ async def run_dag(
 
     async def run_one(step: Step) -> None:
         nonlocal stopping, running
-        if stopping:  # a step that failed before this task's first turn: start nothing new
-            running -= 1
-            return
         try:
+            if stopping:  # a step failed before this task's first turn: start nothing new
+                return
             result = await run_step(step, {d: results[d] for d in step.depends_on})
         except StepFailed as exc:
-            running -= 1
             outcome.failed[step.id] = exc
             if stop_on_failure:
                 stopping = True
             else:
                 cancel_dependents(step.id, f"dependency {step.id!r} failed")
-                start_ready()
-            return
-        running -= 1
-        results[step.id] = result
-        if stopping:
-            return
-        for sid in dependents[step.id]:
-            waiting[sid] -= 1
-            if waiting[sid] == 0 and sid not in outcome.cancelled and sid not in outcome.failed:
-                ready.append(steps[sid])
-        start_ready()
+        else:
+            results[step.id] = result
+            if not stopping:
+                for sid in dependents[step.id]:
+                    waiting[sid] -= 1
+                    if (
+                        waiting[sid] == 0
+                        and sid not in outcome.cancelled
+                        and sid not in outcome.failed
+                    ):
+                        ready.append(steps[sid])
+        finally:
+            running -= 1
+        start_ready()  # nothing starts once stopping
 
     ready.extend(
         s
