@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hierplan.agents.models.base import Model, ModelRequest, ModelResponse, Usage
-from hierplan.agents.models.tokens import counted_usage, estimate_request_tokens
+from hierplan.agents.models.tokens import counted_usage, estimate_request_tokens, failed_usage
 from hierplan.budgets.budget import Account, LocalLedger, Reservation, pico_to_usd
 from hierplan.errors import BudgetExceeded, ModelError
 from hierplan.hierarchy.context import NodeContext
@@ -108,13 +108,14 @@ class BudgetedModel:
                 )
             response = await self._inner.request(request)
         except ModelError as exc:
-            if exc.usage is None:
+            used, flag = failed_usage(exc.usage)
+            if used is None:
                 await self._release(reservation)
                 self._settled(reservation, 0, 0, ["failed", "released"])
             else:
-                used = exc.usage.possible()
-                flags = ["failed"] if used is exc.usage else ["failed", "invalid_usage"]
-                await self._settle(reservation, used, flags)
+                await self._settle(
+                    reservation, used, ["failed"] if flag is None else ["failed", flag]
+                )
             raise
         except BaseException:
             # Cancelled, or a failure that used nothing: the whole reservation goes back.

@@ -77,8 +77,7 @@ def usage_counted(
     if reported is None:
         worst = estimate_request_tokens(request) if input_tokens is None else input_tokens
         return Usage(worst, request.max_tokens), "no_usage"
-    usage = reported.possible()
-    return usage, None if usage is reported else "invalid_usage"
+    return _possible(reported)
 
 
 def failed_usage(reported: Usage | None) -> tuple[Usage | None, str | None]:
@@ -87,5 +86,10 @@ def failed_usage(reported: Usage | None) -> tuple[Usage | None, str | None]:
     the budget settles it; so that the record and the trace never show a negative cost."""
     if reported is None:
         return None, None
+    return _possible(reported)
+
+
+def _possible(reported: Usage) -> tuple[Usage, str | None]:
+    """``reported`` made possible, flagged ``invalid_usage`` when that changed it."""
     usage = reported.possible()
     return usage, None if usage is reported else "invalid_usage"
