@@ -100,7 +100,10 @@ class ModelError(HierplanError):
 
     ``retryable`` says whether the same call may succeed later (rate limits, overload, server
     errors, timeouts); ``retry_after`` is the provider's hint in seconds; ``usage`` is what the
-    failed attempt consumed, when known, so that budgets count it.
+    failed attempt consumed, when known, so that budgets count it. ``unknown_usage`` says that
+    the request reached the provider, which may have billed it, and that no usage came back
+    (an attempt that timed out waiting for the reply, a connection lost after sending): such an
+    attempt counts at its worst case, as a reply without usage does, never as free.
     """
 
     def __init__(
@@ -110,11 +113,13 @@ class ModelError(HierplanError):
         retryable: bool = False,
         retry_after: float | None = None,
         usage: Usage | None = None,
+        unknown_usage: bool = False,
     ) -> None:
         super().__init__(message)
         self.retryable: bool = retryable
         self.retry_after: float | None = retry_after
         self.usage: Usage | None = usage
+        self.unknown_usage: bool = unknown_usage
 
 
 class ModelAuthError(ModelError):

@@ -28,6 +28,7 @@ from hierplan.bench.suites import get_suite
 from hierplan.budgets.budget import Fixed, usd_to_pico
 from hierplan.cli import app
 from hierplan.errors import UserInputError
+from hierplan.hierarchy.context import RunSettings
 
 HERE = Path(__file__).resolve().parent
 
@@ -443,6 +444,25 @@ def test_sigkill_mid_batch_then_resume_loses_nothing(tmp_path: Path) -> None:
     assert summary["retried_spent_usd"] == pytest.approx(prior / 1e12)
     assert summary["spent_pico"] <= usd_to_pico(1.0)
     assert len(list((out / "goals").glob("*/run.json"))) == 40
+
+
+def test_an_interrupted_batch_counts_the_calls_it_cut_short_as_spent(tmp_path: Path) -> None:
+    """Ctrl-C counts as a crash does: a call in flight may have been billed, so the goal it
+    belonged to keeps what the call held as spent, for the resume to go on from."""
+    goals = text_goals(tmp_path / "goals.jsonl", 2)
+
+    async def interrupted() -> None:
+        with anyio.move_on_after(1.0):  # the second goal's call never returns
+            await run_batch(config(goals, tmp_path / "out", 1.0, 2, hold="Answer question 1"))
+
+    anyio.run(interrupted)
+    done, cut = Journal(tmp_path / "out" / "journal.sqlite").rows()
+    assert (done.state, cut.state) == ("succeeded", "running")
+    # The same question's call: the finished one spent its input and 200 output tokens; the
+    # one cut short counts its input and all of max_tokens, as its reservation held.
+    max_tokens = RunSettings().executor_max_tokens
+    assert cut.spent_tokens == done.spent_tokens - 200 + max_tokens
+    assert cut.spent_pico > done.spent_pico > 0
 
 
 def test_the_batch_ledger_write_off_counts_held_calls_as_spent() -> None:

@@ -384,7 +384,7 @@ def _check_run(
     event(f"exhausted={bool(result.budget and result.budget['exhausted'])}")
     event(f"nodes>10={sum(1 for _ in result.nodes()) > 10}")
     settled = [e for e in seen if isinstance(e, BudgetSettled)]
-    event(f"cancelled mid-call={any(e.flags == ['released'] for e in settled)}")
+    event(f"cut short mid-call={any(e.flags == ['cut_short'] for e in settled)}")
     event(f"failed with usage={any(e.flags == ['failed'] for e in settled)}")
     reserved = sum(1 for e in seen if isinstance(e, BudgetReserved))
     assert reserved == len(settled)  # every reservation was settled or released

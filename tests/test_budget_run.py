@@ -314,7 +314,10 @@ async def test_each_attempt_is_reserved_and_settled_and_failed_usage_counts() ->
     assert [c.usage.total_tokens for c in node.record.calls] == [35, 0, 50]
 
 
-async def test_cancellation_mid_call_releases_the_reservation() -> None:
+async def test_a_call_cut_short_counts_at_its_reservation_in_the_budget_and_the_record() -> None:
+    """The provider may have billed a request it received: a cancelled call is settled at what
+    it held, flagged cut_short, and recorded at the same figure, so the cap holds against the
+    bill and the record adds up to the budget."""
     in_call = anyio.Event()
 
     async def hang(request: ModelRequest) -> ModelResponse:
@@ -337,10 +340,74 @@ async def test_cancellation_mid_call_releases_the_reservation() -> None:
         out = await instrument.ledger.outstanding()
         assert (out.reservations, out.tokens) == (0, 0)
         assert instrument.root is not None
-        assert await instrument.ledger.available(instrument.root) == (10_000, None)
+        assert await instrument.ledger.available(instrument.root) == (10_000 - WORST, None)
     assert node.record.budget is not None
-    assert node.record.budget["spent_tokens"] == 0
-    assert [e.flags for e in events if isinstance(e, BudgetSettled)] == [["released"]]
+    assert node.record.budget["spent_tokens"] == WORST
+    settled = [e for e in events if isinstance(e, BudgetSettled)]
+    assert [(e.tokens, e.reserved_tokens, e.flags) for e in settled] == [
+        (WORST, WORST, ["cut_short"])
+    ]
+    (call,) = node.record.calls
+    assert (call.ok, call.flags, call.usage.total_tokens) == (False, ["cut_short"], WORST)
+
+
+async def test_a_call_cut_short_after_max_tokens_was_lowered_counts_the_lowered_figure() -> None:
+    in_call = anyio.Event()
+
+    async def hang(request: ModelRequest) -> ModelResponse:
+        in_call.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    budget = WORST - 40  # fits the input and 60 of the 100 output tokens asked for
+    events: list[RunEvent] = []
+    async with (
+        budgeted_node(
+            _priced(FunctionModel(hang)), Budget(tokens=budget), listeners=(events.append,)
+        ) as (node, _),
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(node.call_model, REQUEST)
+        await in_call.wait()
+        tg.cancel_scope.cancel()
+    (settled,) = [e for e in events if isinstance(e, BudgetSettled)]
+    assert (settled.tokens, settled.flags) == (budget, ["cut_short"])
+    (call,) = node.record.calls
+    assert (call.usage.input_tokens, call.usage.output_tokens) == (WORST - 100, 60)
+    assert node.record.budget is not None and node.record.budget["spent_tokens"] == budget
+
+
+async def test_a_timeout_after_sending_counts_at_the_worst_case_and_one_before_does_not() -> None:
+    """A provider that took the request may bill it though no usage came back; a connection
+    that never opened sent nothing."""
+    errors = iter(
+        [
+            # not retryable, so that each call_model is one attempt
+            ModelError("no reply within 60 s", unknown_usage=True),
+            ModelError("connection failed (ConnectError)"),
+        ]
+    )
+
+    async def fail(request: ModelRequest) -> ModelResponse:
+        raise next(errors)
+
+    events: list[RunEvent] = []
+    async with budgeted_node(
+        _priced(FunctionModel(fail)), Budget(tokens=10_000), listeners=(events.append,)
+    ) as (node, _):
+        for _ in range(2):
+            with pytest.raises(ModelError):
+                await node.call_model(REQUEST)
+    settled = [e for e in events if isinstance(e, BudgetSettled)]
+    assert [(e.tokens, e.flags) for e in settled] == [
+        (WORST, ["failed", "no_usage"]),
+        (0, ["failed", "released"]),
+    ]
+    assert [(c.usage.total_tokens, c.flags) for c in node.record.calls] == [
+        (WORST, ["no_usage", "failed"]),
+        (0, ["failed"]),
+    ]
+    assert node.record.budget is not None and node.record.budget["spent_tokens"] == WORST
 
 
 class _ReplyLatencyLedger(Ledger):

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import hierplan
 from hierplan import Budget, BudgetInstrument, LocalLedger, NoiseProfile
-from hierplan.hierarchy.events import BudgetSettled, RunEvent
+from hierplan.hierarchy.events import BudgetReserved, BudgetSettled, RunEvent
 from hierplan.hierarchy.record import RunResult
 
 GROUPS = [["france", "japan"], ["peru", "chile"]]
@@ -195,15 +195,20 @@ async def test_a_caller_deadline_around_the_block_cancels_the_run() -> None:
 
 
 @pytest.mark.anyio
-async def test_a_cancel_during_a_model_call_releases_its_reservation() -> None:
-    """Cancelled right after the root's planning call reserved its worst case."""
+async def test_a_cancel_during_a_model_call_settles_it_at_its_reservation() -> None:
+    """Cancelled right after the root's planning call reserved its worst case: the provider
+    may have billed the request, so the run's spend counts what the call held."""
     ledger = LocalLedger()
     cancelled, result, events, _ = await _cancel_at(3, 0.0, 1.0, ledger, exact=True)
     assert cancelled and result.status == "cancelled"
     assert [e.type for e in events[:3]] == ["run_started", "node_started", "budget_reserved"]
+    (reserved,) = [e for e in events if isinstance(e, BudgetReserved)]
     settled = [e for e in events if isinstance(e, BudgetSettled)]
-    assert len(settled) == 1 and settled[0].flags == ["released"] and settled[0].tokens == 0
+    assert len(settled) == 1 and settled[0].flags == ["cut_short"]
+    assert settled[0].tokens == reserved.tokens > 0
     assert not [e for e in events if e.type == "model_called" and e.path == "1" and e.ok]
     outstanding = await ledger.outstanding()
     assert (outstanding.reservations, outstanding.tokens, outstanding.accounts) == (0, 0, 0)
-    assert result.budget is not None and result.budget["spent"]["tokens"] == 0
+    assert result.budget is not None and result.budget["spent"]["tokens"] == reserved.tokens
+    (call,) = result.tree.calls
+    assert (call.ok, call.flags, call.usage.total_tokens) == (False, ["cut_short"], reserved.tokens)

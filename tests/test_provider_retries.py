@@ -160,6 +160,27 @@ async def test_a_timed_out_attempt_is_abandoned_after_timeout_s(provider: str) -
     assert elapsed < 2.0  # the 3 s reply was not waited for
     failed = [c for c in calls(result) if not c.ok]
     assert len(failed) == 1 and 0.25 < failed[0].duration_s < 1.5
+    # The provider had the request and may bill it: counted at its worst case, not as free.
+    assert failed[0].flags == ["no_usage", "failed"]
+    assert failed[0].usage.output_tokens == RunSettings().planner_max_tokens
+    assert failed[0].usage.input_tokens > 0
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_an_attempt_that_could_not_connect_counts_for_nothing(provider: str) -> None:
+    with WireServer(script()) as server:
+        base_url = server.base_url(provider)
+    # The server has stopped: its port refuses connections, so no request went out.
+    result = await hierplan.run(
+        GOAL,
+        model=MODELS[provider],
+        settings=hierplan.RunSettings(model_retries=0),
+        model_options={"base_url": base_url, "api_key": "test-key", "timeout_s": 2.0},
+    )
+    assert result.status == "failed"
+    assert result.error is not None and "connection failed" in result.error
+    (call,) = calls(result)
+    assert (call.ok, call.flags, call.usage.total_tokens) == (False, ["failed"], 0)
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

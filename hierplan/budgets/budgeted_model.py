@@ -6,7 +6,10 @@
    call is not made and :class:`~hierplan.errors.BudgetExceeded` is raised;
 3. after the call, settle the actual usage (a failed call's usage counts; a response without
    usage settles at the reserved worst case and is flagged ``no_usage``; usage above the
-   reservation is charged, flagged ``overrun`` and reported); a cancelled call releases all.
+   reservation is charged, flagged ``overrun`` and reported; a failure the provider may have
+   billed without saying how much, a timeout say, settles at the worst case, flagged
+   ``no_usage``); a call cut short (cancelled, a deadline) settles at its reservation, flagged
+   ``cut_short``, since the provider may have billed it.
 
 Retries pass through the wrapper one attempt at a time, so each attempt is reserved and settled
 on its own. :class:`~hierplan.budgets.instrument.BudgetInstrument` puts it around every node's
@@ -16,6 +19,8 @@ model.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from anyio import get_cancelled_exc_class
 
 from hierplan.agents.models.base import Model, ModelRequest, ModelResponse, Usage
 from hierplan.agents.models.tokens import counted_usage, estimate_request_tokens, failed_usage
@@ -31,6 +36,9 @@ from hierplan.hierarchy.events import (
 
 if TYPE_CHECKING:
     from hierplan.budgets.instrument import BudgetInstrument
+
+
+_NOTHING = Usage()
 
 
 class _Counts:
@@ -75,9 +83,11 @@ class BudgetedModel:
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         """Reserve, call, settle (see the module docstring)."""
+        node = self._node
+        node.cut_short_usage = _NOTHING  # until the request goes out, cancelling costs nothing
         account = self._account
         if account is None:
-            account = self._account = self._instrument.account(self._node)
+            account = self._account = self._instrument.account(node)
         ledger = self._instrument.ledger
         local = self._local
         rate_in, _, rate_out = self._rates
@@ -106,19 +116,30 @@ class BudgetedModel:
                         requested_max_tokens=wanted,
                     )
                 )
+            node.cut_short_usage = Usage(input_tokens, request.max_tokens)
             response = await self._inner.request(request)
         except ModelError as exc:
-            used, flag = failed_usage(exc.usage)
+            used, flag = failed_usage(exc, request, input_tokens)
             if used is None:
                 await self._release(reservation)
                 self._settled(reservation, 0, 0, ["failed", "released"])
             else:
+                if exc.usage is None:
+                    # Counted at this request's worst case (its max_tokens may have been
+                    # lowered to fit): the record outside counts the same figure.
+                    exc.usage = used
                 await self._settle(
                     reservation, used, ["failed"] if flag is None else ["failed", flag]
                 )
             raise
+        except get_cancelled_exc_class():
+            # Cut short (cancelled, a deadline, Ctrl-C): the request may have reached the
+            # provider, which bills what it took, so the call counts at what it held.
+            await self._settle_held(reservation)
+            raise
         except BaseException:
-            # Cancelled, or a failure that used nothing: the whole reservation goes back.
+            # A failure outside the model's errors (a bug before the request went out): nothing
+            # was used, the whole reservation goes back.
             await self._release(reservation)
             self._settled(reservation, 0, 0, ["released"])
             raise
@@ -150,6 +171,15 @@ class BudgetedModel:
             self._overrun(reservation, tokens, pico)
         self._settled(reservation, tokens, pico, flags)
         return flags
+
+    async def _settle_held(self, reservation: Reservation) -> None:
+        """Settle a call cut short at what its reservation holds (flag ``cut_short``)."""
+        local = self._local
+        if local is not None:
+            local.settle_now(reservation, reservation.tokens, reservation.pico)
+        else:
+            await self._instrument.ledger.settle(reservation, reservation.tokens, reservation.pico)
+        self._settled(reservation, reservation.tokens, reservation.pico, ["cut_short"])
 
     async def _release(self, reservation: Reservation) -> None:
         local = self._local

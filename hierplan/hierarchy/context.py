@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hierplan.agents.executor import LLMExecutor, ToolExecutor
 from hierplan.agents.models.base import Model, ModelRequest, ModelResponse, ToolCall, Usage
-from hierplan.agents.models.tokens import counted_usage, failed_usage
+from hierplan.agents.models.tokens import counted_usage, failed_usage, worst_case
 from hierplan.agents.planner import LLMPlanner
 from hierplan.agents.tools import Toolbox
 from hierplan.budgets.pricing import PriceTable
@@ -182,7 +182,16 @@ class RunContext:
 class NodeContext:
     """One node's typed context: its record, parent, step, tools and (wrapped) model."""
 
-    __slots__ = ("_model", "allowed_tools", "parent", "record", "run", "state", "step")
+    __slots__ = (
+        "_model",
+        "allowed_tools",
+        "cut_short_usage",
+        "parent",
+        "record",
+        "run",
+        "state",
+        "step",
+    )
 
     def __init__(
         self,
@@ -200,6 +209,10 @@ class NodeContext:
         self.allowed_tools = allowed_tools
         self.state: dict[object, Any] = {}
         self._model: Model | None = None
+        # What the call in flight holds, set by a budget wrapper (its max_tokens may have been
+        # lowered to fit; nothing before the request goes out): a call cut short is recorded
+        # at it, so that the record shows what the budget settled.
+        self.cut_short_usage: Usage | None = None
 
     @property
     def path(self) -> str:
@@ -259,8 +272,11 @@ class NodeContext:
             t0 = time.perf_counter()
             try:
                 response = await self.model.request(request)
+            except anyio.get_cancelled_exc_class():
+                self._cut_short(request, started, t0, attempt)
+                raise
             except ModelError as exc:
-                used, flag = failed_usage(exc.usage)
+                used, flag = failed_usage(exc, request)
                 self._record(
                     request,
                     used or Usage(),
@@ -278,6 +294,7 @@ class NodeContext:
                         f"{exc} (the provider asked to wait {exc.retry_after:g} s, more than "
                         f"model_retry_max_delay_s={settings.model_retry_max_delay_s:g})",
                         usage=exc.usage,
+                        unknown_usage=exc.unknown_usage,
                     ) from exc
                 if self.run.bus.active:
                     self.run.bus.emit(
@@ -305,6 +322,17 @@ class NodeContext:
             )
             return response
 
+    def _cut_short(self, request: ModelRequest, started: float, t0: float, attempt: int) -> None:
+        """Record a call cut short (cancelled, a deadline): the provider may have billed it, so
+        it counts at its worst case, as its budget settled it."""
+        usage = self.cut_short_usage
+        self.cut_short_usage = None
+        if usage is None:  # no budget wrapper said what the call held
+            usage = worst_case(request)
+        elif not usage.input_tokens and not usage.output_tokens:
+            return  # cancelled before the request went out: no call was made
+        self._record(request, usage, started, t0, attempt, ok=False, flags=["cut_short"])
+
     def _record(
         self,
         request: ModelRequest,
@@ -320,7 +348,7 @@ class NodeContext:
         model = self.model
         cost = self.run.pricing.cost(model.priced_as, usage)
         call_flags = list(flags or ())
-        if not ok:
+        if not ok and "cut_short" not in call_flags:  # a call cut short did not fail
             call_flags.append("failed")
         duration = time.perf_counter() - t0
         # Positional, in field order: this runs for every call, and keywords cost more.

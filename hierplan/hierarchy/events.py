@@ -152,9 +152,12 @@ class BudgetReserved(RunEvent):
 class BudgetSettled(RunEvent):
     """A reservation was settled at the call's actual usage; the rest went back.
 
-    ``flags`` says what was unusual: ``no_usage`` (settled at the reserved worst case),
-    ``overrun`` (usage above the reservation), ``failed`` (the call failed, its usage counts),
-    ``released`` (nothing used: the call failed without usage or was cancelled).
+    ``flags`` says what was unusual: ``no_usage`` (settled at the reserved worst case: a reply
+    without usage, or a failure the provider may have billed without saying how much, such as
+    a timeout), ``overrun`` (usage above the reservation), ``failed`` (the call failed, its
+    usage counts), ``cut_short`` (cancelled or past a deadline before the reply came: settled
+    at the reservation, since the provider may have billed it), ``released`` (nothing used:
+    the call failed before the provider took it, or without usage).
     """
 
     type: Literal["budget_settled"] = "budget_settled"

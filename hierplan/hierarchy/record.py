@@ -47,7 +47,9 @@ class CallRecord:
     ``cost_usd`` is ``None`` when the model has no known price. Flags name anything unusual:
     ``no_usage`` (counted at the request's worst case), ``overrun``, ``invalid_usage`` (usage
     reported with negative counts or more cached input than input, counted as the nearest
-    possible usage), ``failed``.
+    possible usage), ``failed``, ``cut_short`` (cancelled or past a deadline before the reply
+    came, counted at the request's worst case: the provider may have billed it; ``ok`` is
+    false).
     """
 
     phase: Phase

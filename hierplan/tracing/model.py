@@ -7,12 +7,13 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from anyio import get_cancelled_exc_class
 from opentelemetry import context, trace
 from opentelemetry.trace import Span, SpanKind
 from opentelemetry.util.types import AttributeValue
 
 from hierplan.agents.models.base import Model, ModelRequest, ModelResponse, Usage
-from hierplan.agents.models.tokens import failed_usage, usage_counted
+from hierplan.agents.models.tokens import failed_usage, usage_counted, worst_case
 from hierplan.errors import ModelError
 from hierplan.hierarchy.context import NodeContext
 from hierplan.tracing.attributes import error_attributes, request_model
@@ -97,11 +98,21 @@ class TracedModel:
             finally:
                 context.detach(token)
         except BaseException as exc:
-            usage = failed_usage(exc.usage)[0] if isinstance(exc, ModelError) else None
-            self._finish(span, request, started, usage, None, exc)
+            usage, flag = self._failed_usage(request, exc)
+            self._finish(span, request, started, usage, None, exc, flag=flag)
             raise
         self._finish(span, request, started, None, response.model, None, response)
         return response
+
+    @staticmethod
+    def _failed_usage(request: ModelRequest, exc: BaseException) -> tuple[Usage | None, str | None]:
+        """What a call that raised ``exc`` counts for, as the record and the budget count it: a
+        call cut short at its worst case (the provider may have billed it)."""
+        if isinstance(exc, ModelError):
+            return failed_usage(exc, request)
+        if isinstance(exc, get_cancelled_exc_class()):
+            return worst_case(request), "cut_short"
+        return None, None
 
     def _finish(
         self,
@@ -112,9 +123,11 @@ class TracedModel:
         response_model: str | None,
         error: BaseException | None,
         response: ModelResponse | None = None,
+        *,
+        flag: str | None = None,
     ) -> None:
         try:
-            flags: list[str] = []
+            flags: list[str] = [] if flag is None else [flag]
             if response is not None:
                 # Counted as the run record counts it once this wrapper has returned (a reply
                 # without usage at its worst case, impossible usage as the nearest possible),
@@ -126,12 +139,12 @@ class TracedModel:
             attributes = self._record(span, request, started, usage, response_model, error)
             if response is not None:
                 attributes["gen_ai.response.finish_reasons"] = [response.finish_reason]
-                if flags:
-                    attributes["hierplan.flags"] = flags
-                if self._tracing.capture_content:
-                    attributes["gen_ai.output.messages"] = output_messages(
-                        response, self._tracing.content
-                    )
+            if flags:
+                attributes["hierplan.flags"] = flags
+            if response is not None and self._tracing.capture_content:
+                attributes["gen_ai.output.messages"] = output_messages(
+                    response, self._tracing.content
+                )
             span.set_attributes(attributes)  # one call: the SDK locks and checks per call
         except Exception:  # tracing must never break a run
             _log.exception("hierplan tracing: could not record a model call")

@@ -296,7 +296,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if fault == "slow":
             wire.log(Hit(provider, fault, 200))
-            time.sleep(wire.slow_s)  # the client has given up by now: no answer is spent
+            # The client has given up by now; the provider it stands for may have billed the
+            # request all the same, which is why the client counts it at its worst case.
+            time.sleep(wire.slow_s)
             self._json(200, {"late": True})
             return
         try:

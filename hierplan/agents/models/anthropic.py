@@ -57,6 +57,7 @@ from hierplan.agents.models.provider import (
     context_full_error,
     loads_json,
     malformed_error,
+    sent,
     status_error,
     timeout_error,
     tool_arguments,
@@ -140,8 +141,8 @@ class AnthropicModel(ProviderModel[anthropic.AsyncAnthropic]):
             async with stream:
                 async for event in stream:
                     reply.add(event)
-        except anthropic.APITimeoutError:
-            raise timeout_error(self._name, self.timeout_s) from None
+        except anthropic.APITimeoutError as exc:
+            raise timeout_error(self._name, self.timeout_s, after_sending=sent(exc)) from None
         except anthropic.APIConnectionError as exc:
             raise connection_error(self._name, exc) from None
         except httpx2.TimeoutException:

@@ -50,6 +50,7 @@ from hierplan.agents.models.provider import (
     connection_error,
     loads_json,
     malformed_error,
+    sent,
     status_error,
     timeout_error,
     tool_arguments,
@@ -122,8 +123,8 @@ class OpenAIModel(ProviderModel[openai.AsyncOpenAI]):
         params = self.build_params(request)
         try:
             completion = await self._client.chat.completions.create(**params)
-        except openai.APITimeoutError:
-            raise timeout_error(self._name, self.timeout_s) from None
+        except openai.APITimeoutError as exc:
+            raise timeout_error(self._name, self.timeout_s, after_sending=sent(exc)) from None
         except openai.APIConnectionError as exc:
             raise connection_error(self._name, exc) from None
         except openai.APIStatusError as exc:

@@ -300,23 +300,52 @@ def not_found_hint(url: str) -> str:
     return f"{where}: check the model name and the base URL"
 
 
-def timeout_error(model: str, timeout_s: float, usage: Usage | None = None) -> ModelError:
+# The HTTP library's errors raised before a request is sent (by name: the two SDKs each bring
+# their own copy of the library). Any other timeout or broken connection may come after the
+# provider took the request, and billed it.
+_BEFORE_SENDING = frozenset({"ConnectError", "ConnectTimeout", "PoolTimeout"})
+
+
+def sent(exc: BaseException) -> bool:
+    """Whether the request of a call that failed with ``exc`` (an SDK's timeout or connection
+    error, or the HTTP library's own) may have reached the provider: not when connecting
+    failed, or when no connection of the pool came free."""
+    chain: BaseException | None = exc
+    while chain is not None:
+        if type(chain).__name__ in _BEFORE_SENDING:
+            return False
+        chain = chain.__cause__ or chain.__context__
+    return True
+
+
+def timeout_error(
+    model: str, timeout_s: float, usage: Usage | None = None, *, after_sending: bool = True
+) -> ModelError:
     """A retryable error for an attempt that waited ``timeout_s`` in vain (``usage``: what a
-    streamed reply reported before it stopped, which makes it a stalled stream)."""
+    streamed reply reported before it stopped, which makes it a stalled stream;
+    ``after_sending``: whether the request may have reached the provider, whose bill the
+    attempt then counts for at its worst case when no usage came back)."""
     waited = "no reply within" if usage is None else "the reply stream stopped for"
     return ModelError(
         f"{model}: {waited} {timeout_s:g} s (timeout_s); the attempt was abandoned",
         retryable=True,
         usage=usage,
+        unknown_usage=usage is None and after_sending,
     )
 
 
 def connection_error(model: str, exc: BaseException, usage: Usage | None = None) -> ModelError:
     """A retryable error for a connection that failed or broke off (``usage``: what the
-    provider reported before the break, if anything)."""
+    provider reported before the break, if anything; without it, a connection lost after the
+    request went out counts at the attempt's worst case)."""
     cause = exc.__cause__ or exc.__context__ or exc
     detail = f"{type(cause).__name__}: {cause}".rstrip(": ")
-    return ModelError(f"{model}: connection failed ({detail})", retryable=True, usage=usage)
+    return ModelError(
+        f"{model}: connection failed ({detail})",
+        retryable=True,
+        usage=usage,
+        unknown_usage=usage is None and sent(exc),
+    )
 
 
 def malformed_error(model: str, what: str, usage: Usage | None = None) -> ModelError:

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hierplan.agents.models.base import ModelRequest, ModelResponse, Usage
+
+if TYPE_CHECKING:
+    from hierplan.errors import ModelError
 
 CHARS_PER_TOKEN = 4
 MESSAGE_OVERHEAD_TOKENS = 4
@@ -75,18 +78,34 @@ def usage_counted(
     before the call is recorded and must count it the same way."""
     reported = response.usage
     if reported is None:
-        worst = estimate_request_tokens(request) if input_tokens is None else input_tokens
-        return Usage(worst, request.max_tokens), "no_usage"
+        return worst_case(request, input_tokens), "no_usage"
     return _possible(reported)
 
 
-def failed_usage(reported: Usage | None) -> tuple[Usage | None, str | None]:
-    """What a failed call counts for: the usage its error reported (``None`` when it reported
-    none), impossible usage as the nearest possible one with the flag ``invalid_usage``, as
-    the budget settles it; so that the record and the trace never show a negative cost."""
+def failed_usage(
+    error: ModelError, request: ModelRequest, input_tokens: int | None = None
+) -> tuple[Usage | None, str | None]:
+    """What a call that failed with ``error`` counts for, and its flag: the usage the error
+    reported (impossible usage as the nearest possible one, flag ``invalid_usage``, as the
+    budget settles it, so that the record and the trace never show a negative cost); the
+    request's worst case (``input_tokens``, its estimate by default, plus ``max_tokens``; flag
+    ``no_usage``) when the provider may have billed the request without reporting usage
+    (``error.unknown_usage``); ``None`` when the call used nothing."""
+    reported = error.usage
     if reported is None:
+        if error.unknown_usage:
+            return worst_case(request, input_tokens), "no_usage"
         return None, None
-    return _possible(reported)
+    usage, flag = _possible(reported)
+    return usage, "no_usage" if flag is None and error.unknown_usage else flag
+
+
+def worst_case(request: ModelRequest, input_tokens: int | None = None) -> Usage:
+    """The most ``request`` can use: ``input_tokens`` (its estimate by default) plus
+    ``max_tokens``: what its budget reservation holds, and what a call counts for when the
+    provider may have billed it without saying how much."""
+    worst = estimate_request_tokens(request) if input_tokens is None else input_tokens
+    return Usage(worst, request.max_tokens)
 
 
 def _possible(reported: Usage) -> tuple[Usage, str | None]:
