@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from importlib import metadata as _metadata
 from typing import TYPE_CHECKING, Any
 
 from hierplan.agents.executor import LLMExecutor, StepResult, ToolExecutor
@@ -81,7 +82,10 @@ from hierplan.tracing.otel import Tracing
 if TYPE_CHECKING:
     from hierplan.mcp import MCPServer, MCPServerStdio, MCPServerStreamableHTTP, MCPTool
 
-__version__ = "0.1.0"
+try:  # the installed distribution's version, so that it is written in one place
+    __version__ = _metadata.version("hierplan")
+except _metadata.PackageNotFoundError:  # imported from a source tree that was not installed
+    __version__ = "0+unknown"
 
 # MCP tools need the optional ``mcp`` extra: imported on first use, with a clear message.
 _MCP_NAMES = ("MCPServer", "MCPServerStdio", "MCPServerStreamableHTTP", "MCPTool")

@@ -20,6 +20,7 @@ import anyio
 import typer
 from rich.console import Console
 
+from hierplan import __version__
 from hierplan.agents.models.simulated import PROFILES
 from hierplan.batch.cli import register as register_batch_commands
 from hierplan.bench.cli import bench_command
@@ -58,6 +59,28 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"hierplan {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print hierplan's version and exit.",
+        ),
+    ] = False,
+) -> None:
+    """Hierarchical planner-executor agents: inspectable plans, exact budgets, traced trees."""
+
 
 DEMO_OUT = Path("runs/demo")
 # The typical profile models a hosted model's speed (10 ms per output token); the demo runs it at a

@@ -198,6 +198,14 @@ def test_scenarios_command() -> None:
     assert result.exit_code == 0 and "data_migration" in result.output
 
 
+def test_version_prints_the_installed_distributions_version() -> None:
+    from importlib.metadata import version
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.output == f"hierplan {version('hierplan')}\n"
+
+
 def test_demo_in_a_subprocess(tmp_path: Path) -> None:
     proc = hierplan("demo", "--out", str(tmp_path / "demo"), *FAST, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr

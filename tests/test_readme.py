@@ -36,7 +36,7 @@ def test_every_documented_option_exists() -> None:
     command = typer.main.get_command(app)
     known = {
         opt
-        for sub in command.commands.values()
+        for sub in [command, *command.commands.values()]
         for param in sub.params
         for opt in getattr(param, "opts", [])
     }
