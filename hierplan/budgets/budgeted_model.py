@@ -38,9 +38,6 @@ if TYPE_CHECKING:
     from hierplan.budgets.instrument import BudgetInstrument
 
 
-_NOTHING = Usage()
-
-
 class _Counts:
     """Calls of one node whose ``max_tokens`` was lowered, and calls refused."""
 
@@ -84,7 +81,7 @@ class BudgetedModel:
     async def request(self, request: ModelRequest) -> ModelResponse:
         """Reserve, call, settle (see the module docstring)."""
         node = self._node
-        node.cut_short_usage = _NOTHING  # until the request goes out, cancelling costs nothing
+        node.held_tokens = 0  # until the request goes out, cancelling costs nothing
         account = self._account
         if account is None:
             account = self._account = self._instrument.account(node)
@@ -116,7 +113,7 @@ class BudgetedModel:
                         requested_max_tokens=wanted,
                     )
                 )
-            node.cut_short_usage = Usage(input_tokens, request.max_tokens)
+            node.held_tokens = reservation.tokens
             response = await self._inner.request(request)
         except ModelError as exc:
             used, flag = failed_usage(exc, request, input_tokens)

@@ -185,7 +185,7 @@ class NodeContext:
     __slots__ = (
         "_model",
         "allowed_tools",
-        "cut_short_usage",
+        "held_tokens",
         "parent",
         "record",
         "run",
@@ -209,10 +209,10 @@ class NodeContext:
         self.allowed_tools = allowed_tools
         self.state: dict[object, Any] = {}
         self._model: Model | None = None
-        # What the call in flight holds, set by a budget wrapper (its max_tokens may have been
-        # lowered to fit; nothing before the request goes out): a call cut short is recorded
-        # at it, so that the record shows what the budget settled.
-        self.cut_short_usage: Usage | None = None
+        # The tokens the call in flight holds, set by a budget wrapper (its max_tokens may
+        # have been lowered to fit; 0 before the request goes out): a call cut short is
+        # recorded at them, so that the record shows what the budget settled.
+        self.held_tokens: int | None = None
 
     @property
     def path(self) -> str:
@@ -325,12 +325,13 @@ class NodeContext:
     def _cut_short(self, request: ModelRequest, started: float, t0: float, attempt: int) -> None:
         """Record a call cut short (cancelled, a deadline): the provider may have billed it, so
         it counts at its worst case, as its budget settled it."""
-        usage = self.cut_short_usage
-        self.cut_short_usage = None
-        if usage is None:  # no budget wrapper said what the call held
-            usage = worst_case(request)
-        elif not usage.input_tokens and not usage.output_tokens:
+        held = self.held_tokens
+        self.held_tokens = None
+        if held == 0:
             return  # cancelled before the request went out: no call was made
+        usage = worst_case(request)
+        if held is not None:  # what the budget held: max_tokens may have been lowered to fit
+            usage = Usage(usage.input_tokens, held - usage.input_tokens)
         self._record(request, usage, started, t0, attempt, ok=False, flags=["cut_short"])
 
     def _record(
