@@ -66,3 +66,10 @@ def test_nothing_public_is_exported_by_accident() -> None:
 
 def test_the_package_says_it_is_typed() -> None:
     assert (importlib.resources.files("hierplan") / "py.typed").is_file()
+
+
+def test_every_run_setting_says_what_it_does() -> None:
+    silent = [
+        name for name, field in hierplan.RunSettings.model_fields.items() if not field.description
+    ]
+    assert silent == [], f"RunSettings fields without a description: {silent}"

@@ -51,7 +51,9 @@ class RunSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    strategy: StrategyName = "hierarchical"
+    strategy: StrategyName = Field(
+        "hierarchical", description="How the goal is planned and run (see STRATEGY_NAMES)."
+    )
     max_depth: int = Field(DEFAULT_MAX_DEPTH, ge=1, le=10, description="Deepest plan level.")
     concurrency: int = Field(8, ge=1, description="Executor steps running at once, run-wide.")
     plan_concurrency: int = Field(8, ge=1, description="Steps of one plan running at once.")
@@ -64,15 +66,24 @@ class RunSettings(BaseModel):
     step_timeout_s: float | None = Field(300.0, gt=0, description="Deadline of one step.")
     executor_max_turns: int = Field(8, ge=1, description="Model turns of an executor step.")
     react_max_turns: int = Field(30, ge=1, description="Model turns of a ReAct run.")
-    planner_max_tokens: int = Field(4096, ge=16)
-    executor_max_tokens: int = Field(1024, ge=16)
+    planner_max_tokens: int = Field(
+        4096, ge=16, description="Output tokens a planning call may use (a budget reserves them)."
+    )
+    executor_max_tokens: int = Field(
+        1024,
+        ge=16,
+        description=(
+            "Output tokens an executor call may use (a budget reserves them); a reasoning model "
+            "spends part of them thinking."
+        ),
+    )
     model_retries: int = Field(3, ge=0, description="Retries of a retryable model error.")
     model_retry_max_delay_s: float = Field(
         60.0,
         ge=0,
         description="Longest wait before a model retry; a provider asking for more fails the call.",
     )
-    seed: int = 0
+    seed: int = Field(0, description="Seed of the simulator: the same seed, the same run.")
 
 
 class Instrument:
