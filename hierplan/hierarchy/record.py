@@ -298,6 +298,10 @@ class RunResult:
         succeed (the deepest planner that still has a plan says which), with its status and why.
 
         Steps replaced or dropped by a replan are not listed; the plan that replaced them is.
+        Each entry has four keys: ``path`` (the node's path, or ``<planner path>:<step id>``
+        for a step that never started), ``goal`` (the node's goal or the step's title),
+        ``status`` (``failed``, ``cancelled``, ``budget_exhausted``, ``not started``, ...) and
+        ``reason`` (the error, or the status when there is none).
         """
         out: list[dict[str, str]] = []
         stack = [self.tree]
