@@ -14,13 +14,14 @@ import pytest
 from typer.testing import CliRunner
 
 from hierplan.agents.models.base import ModelRequest, ModelResponse
-from hierplan.agents.models.scripted import FunctionModel
+from hierplan.agents.models.scripted import FunctionModel, plan_response
 from hierplan.bench.harness import BenchConfig, check_config, load_results, run_bench
 from hierplan.bench.report import plot_cost_success, summarize
 from hierplan.bench.suites import SUITE_NAMES
 from hierplan.cli import app
-from hierplan.errors import UserInputError
+from hierplan.errors import UnexpectedModelCall, UserInputError
 from hierplan.hierarchy.context import STRATEGY_NAMES
+from hierplan.hierarchy.plan import Plan, Step
 
 README = Path(__file__).parent.parent / "README.md"
 FIELDS = {
@@ -186,6 +187,31 @@ async def test_any_model_can_be_benchmarked(tmp_path: Path) -> None:
     assert {r["model"] for r in records} == {"function"}
     assert [r["success"] for r in records] == [False, False]
     assert set(seen) == {"planning", "execution"}
+
+
+@pytest.mark.anyio
+async def test_a_run_whose_parallel_steps_raise_is_a_failed_run_not_the_end_of_the_bench(
+    tmp_path: Path,
+) -> None:
+    """A DAG's steps raise from a task group; that run is recorded as an error like a ReAct
+    run raising the same error, and the benchmark goes on."""
+
+    def answer(request: ModelRequest) -> ModelResponse:
+        if request.phase == "planning":
+            steps = [Step(id=s, title=s, instruction=f"do {s}") for s in ("a", "b")]
+            return plan_response(Plan(goal="g", steps=steps))
+        raise UnexpectedModelCall("the script is used up")
+
+    config = BenchConfig(suites=("game24",), strategies=("react", "dag"), tasks=2,
+                         latency_scale=0)  # fmt: skip
+    records = await run_bench(config, tmp_path, model=FunctionModel(answer))
+    assert len(records) == 4
+    assert {(r["strategy"], r["status"], r["success"]) for r in records} == {
+        ("react", "error", False),
+        ("dag", "error", False),
+    }
+    assert all("the script is used up" in r["error"] for r in records)
+    assert len(load_results(tmp_path / "results.jsonl")) == 4
 
 
 def test_plot_needs_matplotlib_and_says_how_to_get_it(

@@ -372,6 +372,13 @@ async def _run_all(
                     raise  # the benchmark cannot go on: say why
                 except HierplanError as exc:
                     record = _failed_record(spec, config, exc)
+                except BaseExceptionGroup as group:
+                    # A strategy whose steps run in a task group raises what they raised as a
+                    # group: a run error like any other, as a lone step's would be.
+                    failure = _run_error(group)
+                    if failure is None:
+                        raise
+                    record = _failed_record(spec, config, failure)
             sink.write(json.dumps(record) + "\n")
             sink.flush()
             records.append(record)
@@ -385,6 +392,22 @@ async def _run_all(
         except* (UserInputError, ModelAuthError) as group:
             raise group.exceptions[0] from None
     return records
+
+
+def _run_error(group: BaseExceptionGroup[Any]) -> HierplanError | None:
+    """The first error of ``group`` if every error in it is one a run may end with (a
+    :class:`HierplanError` other than bad input or a refused key), else ``None``."""
+    run_errors, others = group.split(
+        lambda e: (
+            isinstance(e, HierplanError) and not isinstance(e, (UserInputError, ModelAuthError))
+        )
+    )
+    if run_errors is None or others is not None:
+        return None
+    first: BaseException = run_errors
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    return first if isinstance(first, HierplanError) else None
 
 
 def _failed_record(spec: RunSpec, config: BenchConfig, exc: Exception) -> dict[str, Any]:
