@@ -214,6 +214,27 @@ async def test_a_run_whose_parallel_steps_raise_is_a_failed_run_not_the_end_of_t
     assert len(load_results(tmp_path / "results.jsonl")) == 4
 
 
+@pytest.mark.anyio
+async def test_records_name_the_model_that_ran_and_no_noise_profile_it_did_not_have(
+    tmp_path: Path,
+) -> None:
+    """``run_bench(model=...)`` replaces the configured ``sim``: finished and errored runs alike
+    name that model, and claim no simulator noise profile for it."""
+
+    def answer(request: ModelRequest) -> ModelResponse:
+        if "6, 1, 9, 5" in request.messages[-1].content:
+            raise UnexpectedModelCall("the script is used up")
+        return ModelResponse(text="FAILED: I cannot do this")
+
+    config = BenchConfig(suites=("game24",), strategies=("react",), tasks=2, latency_scale=0)
+    records = await run_bench(config, tmp_path, model=FunctionModel(answer))
+    assert sorted(r["status"] for r in records) == ["error", "failed"]
+    assert [(r["model"], r["profile"], r["simulated"]) for r in records] == [
+        ("function", None, True)
+    ] * 2
+    assert summarize(records, None).label() == "SIMULATED (model function)"
+
+
 def test_plot_needs_matplotlib_and_says_how_to_get_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -26,7 +26,7 @@ import anyio
 
 from hierplan.agents.models import resolve_model
 from hierplan.agents.models.base import Model, ToolCall, close_model, parse_model_string
-from hierplan.agents.models.simulated import PROFILES, NoiseProfile
+from hierplan.agents.models.simulated import PROFILES, NoiseProfile, SimulatedModel
 from hierplan.bench.base import BenchTask, Suite
 from hierplan.bench.suites import SUITE_NAMES, get_suite
 from hierplan.errors import HierplanError, ModelAuthError, UserInputError
@@ -174,9 +174,9 @@ def run_record(
     success: bool,
     verdict: str,
     config: BenchConfig,
-    model_name: str,
+    model: str | Model,
 ) -> dict[str, Any]:
-    """The JSON-ready record of one finished run."""
+    """The JSON-ready record of one finished run of ``model``."""
     tokens = {"planning": [0, 0], "execution": [0, 0]}
     calls = replans = 0
     for node in result.nodes():
@@ -194,9 +194,9 @@ def run_record(
         "seed": spec.seed,
         "sim_seed": simulator_seed(spec.task.task_id, spec.seed),
         "strategy": spec.strategy,
-        "model": model_name,
+        "model": model_name(model),
         "simulated": result.simulated,
-        "profile": config.profile.name if result.simulated else None,
+        "profile": noise_profile_name(model, config),
         "success": success,
         "status": result.status,
         "verification": verdict,
@@ -218,6 +218,24 @@ def run_record(
         "error": result.error,
         "run_id": result.run_id,
     }
+
+
+def model_name(model: str | Model) -> str:
+    """The name records give ``model`` (the model string, or the model's own name)."""
+    return model if isinstance(model, str) else model.name
+
+
+def noise_profile_name(model: str | Model, config: BenchConfig) -> str | None:
+    """The simulator noise profile the runs of ``model`` had, ``None`` for any other model.
+
+    Only the simulator applies a profile: a test double is labelled simulated, but no noise
+    profile shaped its answers, and a real model's none.
+    """
+    if isinstance(model, SimulatedModel):
+        return model.profile.name
+    if isinstance(model, str) and parse_model_string(model).provider == "sim":
+        return config.profile.name
+    return None
 
 
 def simulator_seed(task_id: str, seed: int) -> int:
@@ -251,8 +269,7 @@ async def run_one(spec: RunSpec, config: BenchConfig, model: str | Model) -> dic
         run_id=f"{spec.task.task_id}-s{spec.seed}-{spec.strategy}",
     )
     verdict = env.verify(result.answer)
-    name = model if isinstance(model, str) else model.name
-    return run_record(spec, result, counter.calls, verdict.ok, verdict.summary, config, name)
+    return run_record(spec, result, counter.calls, verdict.ok, verdict.summary, config, model)
 
 
 def load_results(path: Path) -> list[dict[str, Any]]:
@@ -371,14 +388,14 @@ async def _run_all(
                 except (UserInputError, ModelAuthError):
                     raise  # the benchmark cannot go on: say why
                 except HierplanError as exc:
-                    record = _failed_record(spec, config, exc)
+                    record = _failed_record(spec, config, exc, chosen)
                 except BaseExceptionGroup as group:
                     # A strategy whose steps run in a task group raises what they raised as a
                     # group: a run error like any other, as a lone step's would be.
                     failure = _run_error(group)
                     if failure is None:
                         raise
-                    record = _failed_record(spec, config, failure)
+                    record = _failed_record(spec, config, failure, chosen)
             sink.write(json.dumps(record) + "\n")
             sink.flush()
             records.append(record)
@@ -410,17 +427,21 @@ def _run_error(group: BaseExceptionGroup[Any]) -> HierplanError | None:
     return first if isinstance(first, HierplanError) else None
 
 
-def _failed_record(spec: RunSpec, config: BenchConfig, exc: Exception) -> dict[str, Any]:
-    """A run that raised instead of returning a result (counted as a failure)."""
+def _failed_record(
+    spec: RunSpec, config: BenchConfig, exc: Exception, model: str | Model
+) -> dict[str, Any]:
+    """A run of ``model`` that raised instead of returning a result (counted as a failure);
+    it names the model the runs used, which ``run_bench(model=...)`` may give instead of the
+    configured one."""
     return {
         "suite": spec.suite.name,
         "task": spec.task.index,
         "task_id": spec.task.task_id,
         "seed": spec.seed,
         "strategy": spec.strategy,
-        "model": config.model,
-        "simulated": config.simulated,
-        "profile": config.profile.name if config.simulated else None,
+        "model": model_name(model),
+        "simulated": model.simulated if not isinstance(model, str) else config.simulated,
+        "profile": noise_profile_name(model, config),
         "success": False,
         "status": "error",
         "verification": "",

@@ -88,9 +88,12 @@ class Summary:
     model: str
 
     def label(self) -> str:
-        """``SIMULATED (profile typical, model sim)`` or ``model openai:...``."""
-        if self.simulated:
+        """``SIMULATED (profile typical, model sim)``, ``SIMULATED (model function)`` for a test
+        double (no noise profile shaped its answers) or ``model openai:...``."""
+        if self.simulated and self.profile is not None:
             return f"SIMULATED (profile {self.profile}, model {self.model})"
+        if self.simulated:
+            return f"SIMULATED (model {self.model})"
         return f"model {self.model}"
 
     def cell(self, suite: str, strategy: str) -> Cell | None:
