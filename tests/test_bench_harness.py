@@ -110,6 +110,23 @@ def test_resume_runs_only_what_is_missing(tmp_path: Path) -> None:
     assert "made with other settings" in other.stderr
 
 
+def test_the_command_in_the_summary_resumes_the_same_benchmark(tmp_path: Path) -> None:
+    """The command summary.md gives reproduces the settings exactly, even those with more
+    digits than a short format keeps, so that it can resume the benchmark it describes."""
+    out = tmp_path / "c"
+    args = ["--suite", "game24", "--strategies", "react", "--tasks", "1", "--seeds", "1",
+            "--sim-latency-scale", "0.00012345678", "--sim-plan-error-rate", "0.123456789",
+            "--no-plot", "--out", str(out)]  # fmt: skip
+    assert bench(*args).exit_code == 0
+    text = (out / "summary.md").read_text()
+    found = re.search(r"```\n(hierplan bench .*)\n```", text)
+    assert found is not None, text
+    command = shlex.split(found.group(1))
+    assert "0.00012345678" in command and "0.123456789" in command
+    again = bench(*command[2:], "--resume", "--no-plot")
+    assert again.exit_code == 0, again.output
+
+
 def test_a_torn_last_line_is_skipped_on_resume(tmp_path: Path) -> None:
     path = tmp_path / "results.jsonl"
     path.write_text('{"a": 1}\n{"b": 2}\n{"c": ')

@@ -307,10 +307,17 @@ def _command(
     if config.base_url:
         parts += ["--base-url", config.base_url]
     if config.timeout_s:
-        parts += ["--timeout", f"{config.timeout_s:g}"]
+        parts += ["--timeout", _exact(config.timeout_s)]
     if config.simulated:
-        parts += ["--sim-profile", profile, "--sim-latency-scale", f"{config.latency_scale:g}"]
+        parts += ["--sim-profile", profile, "--sim-latency-scale", _exact(config.latency_scale)]
         for flag, value in overrides.items():
             if value is not None:
-                parts += [f"--{flag.replace('_', '-')}", f"{value:g}"]
+                parts += [f"--{flag.replace('_', '-')}", _exact(value)]
     return shlex.join(parts)
+
+
+def _exact(value: float) -> str:
+    """``value`` as short as it reads back the same: the command must give the same settings,
+    or ``--resume`` with it finds a benchmark "made with other settings"."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(value)
