@@ -190,6 +190,17 @@ def test_check_config_rejects_zero_tasks() -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("depth", [0, 11])
+async def test_a_depth_out_of_range_is_refused_before_anything_is_written(
+    tmp_path: Path, depth: int
+) -> None:
+    config = BenchConfig(suites=("game24",), strategies=("react",), tasks=1, max_depth=depth)
+    with pytest.raises(UserInputError, match=f"--max-depth: .*got {depth}"):
+        await run_bench(config, tmp_path / "d")
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.anyio
 async def test_any_model_can_be_benchmarked(tmp_path: Path) -> None:
     """The harness is not tied to the simulator: here a model that gives up on everything."""
     seen: list[str] = []

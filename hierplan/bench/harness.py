@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from pydantic import ValidationError
 
 from hierplan.agents.models import resolve_model
 from hierplan.agents.models.base import Model, ToolCall, close_model, parse_model_string
@@ -118,6 +119,14 @@ def check_config(config: BenchConfig) -> None:
         raise UserInputError(
             f"--sim-latency-scale must be a finite number >= 0 (got {config.latency_scale})"
         )
+    if config.max_depth is not None:
+        # Checked here, before the benchmark directory is made, not by each run's settings.
+        try:
+            RunSettings(max_depth=config.max_depth)
+        except ValidationError as exc:
+            raise UserInputError(
+                f"--max-depth: {exc.errors()[0]['msg']} (got {config.max_depth})"
+            ) from None
     parse_model_string(config.model)
     if config.simulated and config.provider_options():
         raise UserInputError(
