@@ -64,6 +64,17 @@ def test_blocksworld_oracle_plans_validate_on_generated_tasks() -> None:
         assert all(2 <= len(a) <= 3 for a in actions)
 
 
+@pytest.mark.parametrize("seed", [0, 5, 9])
+def test_blocksworld_tasks_are_all_different(seed: int) -> None:
+    """A repeated problem would count as a second independent task; the first ones stay
+    what they were when more are asked for."""
+    tasks = get_suite("blocksworld").generate(120, seed=seed)
+    assert len({t.goal for t in tasks}) == len(tasks) == 120
+    assert [t.goal for t in get_suite("blocksworld").generate(10, seed=seed)] == [
+        t.goal for t in tasks[:10]
+    ]
+
+
 def test_blocksworld_state_text_round_trips() -> None:
     world = bw.World.from_towers([["a", "b", "c"], ["d"]], hand=None)
     text = world.describe("state 4")

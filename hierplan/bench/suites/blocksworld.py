@@ -433,9 +433,12 @@ class Blocksworld(Suite):
     description = "PlanBench-style block stacking, 3-7 blocks; validator checks every action"
 
     def generate(self, count: int, seed: int = 0) -> list[BenchTask]:
-        """``count`` problems whose goal does not hold at the start."""
+        """``count`` different problems whose goal does not hold at the start."""
         rng = random.Random(f"blocksworld:{seed}")
         tasks: list[BenchTask] = []
+        # Small worlds repeat often (three blocks allow few problems): a repeated problem
+        # would count twice in the statistics as if it were a second, independent task.
+        seen: set[str] = set()
         while len(tasks) < count:
             blocks = BLOCKS[: rng.randint(3, 7)]
             start = World.from_towers(_random_towers(blocks, rng))
@@ -443,12 +446,14 @@ class Blocksworld(Suite):
             goal = {b: v for b, v in goal_world.below if v != TABLE}
             if not goal or goal_holds(start, goal):
                 continue
+            text = root_goal(start, goal)
+            if text in seen:
+                continue
+            seen.add(text)
             index = len(tasks)
             length = len(solve(start, full_target(start, goal)))
             params = {"blocks": len(blocks), "reference_actions": length}
-            tasks.append(
-                self.task(seed, index, root_goal(start, goal), params, BlocksInstance(start, goal))
-            )
+            tasks.append(self.task(seed, index, text, params, BlocksInstance(start, goal)))
         return tasks
 
     def environment(self, task: BenchTask, *, latency_scale: float = 1.0) -> TaskEnv:
