@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from hierplan.agents.models.base import ModelRequest, ModelResponse
 from hierplan.agents.models.scripted import FunctionModel, plan_response
+from hierplan.agents.models.simulated import PROFILES, SimulatedModel
 from hierplan.bench.harness import BenchConfig, check_config, load_results, run_bench
 from hierplan.bench.report import plot_cost_success, summarize
 from hierplan.bench.suites import SUITE_NAMES
@@ -261,6 +262,26 @@ async def test_records_name_the_model_that_ran_and_no_noise_profile_it_did_not_h
         ("function", None, True)
     ] * 2
     assert summarize(records, None).label() == "SIMULATED (model function)"
+
+
+@pytest.mark.anyio
+async def test_a_simulator_given_as_the_model_runs_paired_like_model_sim(tmp_path: Path) -> None:
+    """Each run gets its own simulator seeded by its task and seed: the runs are those of
+    model "sim" with the same profile, whatever ran before them."""
+    weak = PROFILES["weak"]
+    config = BenchConfig(suites=("game24",), strategies=("react", "dag"), tasks=3, seeds=2,
+                         latency_scale=0, profile=weak)  # fmt: skip
+    given = SimulatedModel(None, profile=weak, latency_scale=0)
+    by_instance = await run_bench(config, tmp_path / "i", model=given)
+    by_name = await run_bench(config, tmp_path / "n")
+
+    def outcomes(records: list[dict[str, Any]]) -> dict[tuple[str, int, str], tuple[Any, ...]]:
+        fields = ("status", "success", "tokens", "model_calls", "tool_calls", "profile")
+        return {
+            (r["task_id"], r["seed"], r["strategy"]): tuple(r[f] for f in fields) for r in records
+        }
+
+    assert outcomes(by_instance) == outcomes(by_name)
 
 
 def test_plot_needs_matplotlib_and_says_how_to_get_it(

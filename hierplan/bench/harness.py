@@ -262,8 +262,20 @@ async def run_one(spec: RunSpec, config: BenchConfig, model: str | Model) -> dic
     """Run one (suite, task, seed, strategy) and verify it."""
     env = spec.suite.environment(spec.task, latency_scale=config.latency_scale)
     counter = ToolCounter()
+    seed = simulator_seed(spec.task.task_id, spec.seed)
+    if isinstance(model, SimulatedModel):
+        # One simulator shared by every run would draw with one seed for all of them and carry
+        # its draw counts from run to run, so that a run's noise would depend on the runs
+        # before it: each run gets a simulator of its own, seeded as for model "sim".
+        model = SimulatedModel(
+            spec.suite.oracle(),
+            profile=model.profile,
+            seed=seed,
+            priced_as=model.priced_as,
+            latency_scale=model.latency_scale,
+        )
     settings = RunSettings.model_validate(
-        {"strategy": spec.strategy, "seed": simulator_seed(spec.task.task_id, spec.seed)}
+        {"strategy": spec.strategy, "seed": seed}
         | ({"max_depth": config.max_depth} if config.max_depth is not None else {})
     )
     result = await run(
@@ -356,7 +368,9 @@ async def run_bench(
 ) -> list[dict[str, Any]]:
     """Run the benchmark into ``out``; returns every record (resumed ones included).
 
-    ``model`` replaces the ``config.model`` string (for library use and tests).
+    ``model`` replaces the ``config.model`` string (for library use and tests). A
+    :class:`SimulatedModel` lends its profile, priced-as model and latency scale to a simulator
+    of each run's own, with the suite's oracle and the run's seed, as ``sim`` runs have.
     ``on_start(total, already_done)`` and ``on_result(record)`` report progress.
     """
     check_config(config)
