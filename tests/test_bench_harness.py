@@ -94,6 +94,31 @@ def test_unpriced_runs_have_no_cost_rather_than_a_cost_of_zero(tmp_path: Path) -
     assert not (out / "cost_vs_success.png").exists()
 
 
+def test_runs_that_raised_are_counted_out_loud(tmp_path: Path) -> None:
+    """A run that raised has no cost or latency: the tables say how many such runs were left
+    out of those figures, rather than letting the strategy look cheaper."""
+    out = tmp_path / "e"
+    common = ["--suite", "game24", "--strategies", "react", "--tasks", "2", "--seeds", "1",
+              "--sim-latency-scale", "0", "--no-plot", "--out", str(out)]  # fmt: skip
+    assert bench(*common).exit_code == 0
+    results = out / "results.jsonl"
+    first, second = load_results(results)
+    raised = {k: first[k] for k in ("suite", "task", "task_id", "seed", "strategy", "model",
+                                    "simulated", "profile", "params")}  # fmt: skip
+    raised |= {"success": False, "status": "error", "error": "ModelError: gone"}
+    results.write_text(json.dumps(raised) + "\n" + json.dumps(second) + "\n")
+    result = bench(*common, "--resume")
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert (
+        "note: runs that ended in an error: 1 of 2. They count as failures, but their cost" in text
+    )
+    summary = (out / "summary.md").read_text()
+    assert "Runs that ended in an error: 1. They count as failures" in summary
+    rows = list(csv.DictReader((out / "summary.csv").read_text().splitlines()))
+    assert {r["metric"]: r["n"] for r in rows}["cost_usd"] == "1"
+
+
 def test_resume_runs_only_what_is_missing(tmp_path: Path) -> None:
     out = tmp_path / "r"
     common = ["--suite", "game24", "--strategies", "react,dag", "--tasks", "2",

@@ -30,6 +30,8 @@ from rich.progress import (
 from hierplan.agents.models.simulated import PROFILES, NoiseProfile, get_profile
 from hierplan.bench.harness import RESULTS, BenchConfig, check_config, parse_list, run_bench
 from hierplan.bench.report import (
+    ERRORED_NOTE,
+    errored_runs,
     markdown,
     plot_cost_success,
     rich_tables,
@@ -207,6 +209,9 @@ def bench_command(
     if baseline not in config.strategies:
         _note(console, f"no paired differences: the baseline {baseline} was not among the "
               "strategies run (add it to --strategies, or choose another --baseline)")  # fmt: skip
+    errored = errored_runs(records)
+    if errored:
+        _note(console, ERRORED_NOTE.format(f"{errored} of {len(records)}"))
     unpriced = unpriced_runs(records)
     if unpriced:
         _note(console, f"{unpriced} of {len(records)} runs made calls of no known price: their "

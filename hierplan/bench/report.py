@@ -52,6 +52,12 @@ METRICS: tuple[tuple[str, str], ...] = (
     ("depth", "depth"),
 )
 PAIRED_METRICS: tuple[str, ...] = ("success", "cost_usd", "latency_s", "tokens")
+# A run that raised has no usage to report: left out of the means, it would make a strategy
+# that often errs look cheap and fast, so the tables say how many there were.
+ERRORED_NOTE = (
+    "runs that ended in an error: {}. They count as failures, but their cost, tokens and "
+    "latency are unknown and left out of those figures."
+)
 
 
 @dataclass(slots=True)
@@ -86,6 +92,7 @@ class Summary:
     simulated: bool
     profile: str | None
     model: str
+    errored: int = 0
 
     def label(self) -> str:
         """``SIMULATED (profile typical, model sim)``, ``SIMULATED (model function)`` for a test
@@ -116,6 +123,12 @@ def _value(record: Mapping[str, Any], metric: str) -> float | None:
 def unpriced_runs(records: Iterable[Mapping[str, Any]]) -> int:
     """How many runs made calls of no known price (their cost is left out of the figures)."""
     return sum(1 for r in records if r.get("unpriced_calls"))
+
+
+def errored_runs(records: Iterable[Mapping[str, Any]]) -> int:
+    """How many runs raised instead of ending (they count as failures, and have no cost,
+    tokens or latency to put in the figures)."""
+    return sum(1 for r in records if r.get("status") == "error")
 
 
 def _strategies(records: Iterable[Mapping[str, Any]]) -> list[str]:
@@ -153,6 +166,7 @@ def summarize(records: Sequence[Mapping[str, Any]], baseline: str | None = "reac
         simulated=any(bool(r.get("simulated")) for r in records),
         profile=first.get("profile"),
         model=str(first.get("model", "")),
+        errored=errored_runs(records),
     )
 
 
@@ -316,6 +330,9 @@ def markdown(summary: Summary, command: str | None = None) -> str:
         "otherwise). Cost is USD per run; tokens are per run, planner = planning-phase calls, "
         "executor = execution-phase calls.\n"
     )
+    if summary.errored:
+        note = ERRORED_NOTE.format(summary.errored)
+        out.write(f"\n{note[0].upper()}{note[1:]}\n")
     for suite in dict.fromkeys(c.suite for c in summary.cells):
         out.write(f"\n## {suite}\n\n")
         headers = ["strategy", "runs", *(h for _, h, _ in TABLE_COLUMNS)]
