@@ -17,7 +17,7 @@ from hierplan.agents.models.base import ModelRequest, ModelResponse
 from hierplan.agents.models.scripted import FunctionModel, plan_response
 from hierplan.agents.models.simulated import PROFILES, SimulatedModel
 from hierplan.bench.harness import BenchConfig, check_config, load_results, run_bench
-from hierplan.bench.report import plot_cost_success, summarize
+from hierplan.bench.report import markdown, plot_cost_success, summarize
 from hierplan.bench.suites import SUITE_NAMES
 from hierplan.cli import app
 from hierplan.errors import UnexpectedModelCall, UserInputError
@@ -286,7 +286,9 @@ async def test_records_name_the_model_that_ran_and_no_noise_profile_it_did_not_h
     assert [(r["model"], r["profile"], r["simulated"]) for r in records] == [
         ("function", None, True)
     ] * 2
-    assert summarize(records, None).label() == "SIMULATED (model function)"
+    summary = summarize(records, None)
+    assert summary.label() == "SIMULATED (model function)"
+    assert "All figures come from a test double" in markdown(summary)
 
 
 @pytest.mark.anyio

@@ -319,8 +319,10 @@ def markdown(summary: Summary, command: str | None = None) -> str:
     out = io.StringIO()
     out.write(f"# Strategy benchmark — {summary.label()}\n\n")
     if summary.simulated:
+        # Only the simulator has a noise profile; other simulated answers come from a test double.
+        source = "the offline simulator" if summary.profile is not None else "a test double"
         out.write(
-            "All figures come from the offline simulator: token counts, costs and latencies "
+            f"All figures come from {source}: token counts, costs and latencies "
             "are simulated, not measured on a real model.\n\n"
         )
     if command:
