@@ -198,6 +198,7 @@ def test_a_resume_after_an_interrupted_write_starts_its_records_on_a_line_of_the
         (["--sim-latency-median", "inf"], "--sim-latency-median: Input should be a finite"),
         (["--baseline", "magic"], "unknown --baseline 'magic'"),
         (["--model", "gpt-5"], "model"),
+        (["-m", "openai:gpt-5-mini", "--base-url", "notaurl"], "--base-url 'notaurl' is not a URL"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(tmp_path: Path, args: list[str], message: str) -> None:

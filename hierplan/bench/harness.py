@@ -21,6 +21,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 from pydantic import ValidationError
@@ -128,6 +129,15 @@ def check_config(config: BenchConfig) -> None:
                 f"--max-depth: {exc.errors()[0]['msg']} (got {config.max_depth})"
             ) from None
     parse_model_string(config.model)
+    if config.base_url is not None:
+        # As for hierplan run: otherwise every call of every run fails to connect, and the
+        # benchmark reports them as the model's failures.
+        parts = urlsplit(config.base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise UserInputError(
+                f"--base-url {config.base_url!r} is not a URL: give one like "
+                "http://localhost:8000/v1"
+            )
     if config.simulated and config.provider_options():
         raise UserInputError(
             "--base-url and --timeout apply to real models (--model openai:<model> or "
