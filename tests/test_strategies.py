@@ -310,11 +310,48 @@ async def test_as_needed_decomposes_only_what_fails() -> None:
     assert purposes(model) == ["execute", "plan", "execute", "execute", "execute"]
 
 
-async def test_as_needed_at_max_depth_only_attempts() -> None:
-    model = ScriptedModel([text_response("FAILED: cannot")])
-    result = await go(model, "as-needed", max_depth=1)
-    assert result.status == "failed"
-    assert result.tree.kind == "executor" and result.tree.children == []
+async def test_as_needed_decomposes_down_to_max_depth_as_hierarchical_plans() -> None:
+    """max_depth is the deepest plan level for every strategy: at 1, a failed attempt is
+    followed by one flat plan, as hierarchical's root plans, whose steps are attempted as tasks
+    and not decomposed again."""
+    model = ScriptedModel(
+        [
+            text_response("FAILED: cannot"),
+            plan_response(plan(s("a"), s("b", "a"))),
+            text_response("A"),
+            text_response("B"),
+        ]
+    )
+    result = await go(model, "as-needed", max_depth=1, concurrency=1)
+    assert (result.status, result.answer) == ("succeeded", "B")
+    assert [(n.path, n.kind, n.status) for n in result.nodes()] == [
+        ("1", "planner", "succeeded"),
+        ("1.1", "executor", "failed"),
+        ("1.2", "executor", "succeeded"),
+        ("1.3", "executor", "succeeded"),
+    ]
+    assert purposes(model) == ["execute", "plan", "execute", "execute"]
+
+
+async def test_as_needed_nodes_at_max_depth_still_decompose_into_tasks() -> None:
+    model = ScriptedModel(
+        [
+            text_response("FAILED: too big"),  # the root's attempt
+            plan_response(plan(s("p"))),  # the root's plan: p is a node at depth 2
+            text_response("FAILED: still too big"),  # p's attempt
+            plan_response(plan(s("q"))),  # p plans at level 2 = max_depth: q is a task
+            text_response("done"),
+        ]
+    )
+    result = await go(model, "as-needed", max_depth=2, concurrency=1)
+    assert (result.status, result.answer) == ("succeeded", "done")
+    assert [(n.path, n.kind) for n in result.nodes()] == [
+        ("1", "planner"),
+        ("1.1", "executor"),
+        ("1.2", "planner"),
+        ("1.2.1", "executor"),
+        ("1.2.2", "executor"),
+    ]
 
 
 async def test_usage_is_counted_per_node_and_call_and_tagged_by_phase() -> None:

@@ -326,7 +326,9 @@ def _is_planner_step(step: Step, node: NodeContext, policy: PlanPolicy) -> bool:
     if step.kind == "subgoal":
         return True
     direct = step.tool is not None and step.args is not None
-    return policy.as_needed and not direct and node.depth + 1 < node.run.settings.max_depth
+    # A step's node is one level below its plan's; it may plan in turn down to max_depth, the
+    # deepest plan level, as a hierarchical sub-goal may.
+    return policy.as_needed and not direct and node.depth < node.run.settings.max_depth
 
 
 async def run_child(

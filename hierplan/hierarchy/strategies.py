@@ -103,11 +103,8 @@ class AsNeeded(Strategy):
     policy: ClassVar[PlanPolicy] = PlanPolicy(as_needed=True)
 
     async def run(self, root: NodeContext) -> StepResult:
-        step = goal_step(root.record.goal)
-        if root.depth >= root.run.settings.max_depth:
-            root.record.kind = "executor"
-            return await run_task_node(root, step, {}, max_retries=0)
-        return await run_as_needed_node(root, step, {}, self.policy)
+        # The root is plan level 1, which every max_depth allows: it may always decompose.
+        return await run_as_needed_node(root, goal_step(root.record.goal), {}, self.policy)
 
 
 STRATEGIES: Mapping[str, type[Strategy]] = {
