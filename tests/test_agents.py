@@ -247,3 +247,26 @@ def test_steps_are_frozen() -> None:
     step = Step(id="a", title="a", instruction="a")
     with pytest.raises(Exception, match="frozen"):
         step.id = "b"  # type: ignore[misc]
+
+
+async def test_a_hierplan_error_from_a_tool_in_a_parallel_turn_fails_the_step_not_the_run() -> None:
+    @tool
+    def lookup(key: str) -> str:
+        """Refuse every key."""
+        raise hierplan.StepFailed(f"no record {key!r}; the step cannot go on")
+
+    plan = {"goal": "g", "steps": [{"id": "a", "title": "A", "instruction": "look up"}]}
+    model = ScriptedModel(
+        [plan_response(plan), tool_response(("lookup", {"key": "k"}), ("nap", {"seconds": 30}))]
+    )
+    started = time.perf_counter()
+    result = await hierplan.run(
+        "g",
+        model=model,
+        tools=[lookup, nap],
+        strategy="plan-execute",
+        settings=hierplan.RunSettings(max_retries=0),
+    )
+    assert time.perf_counter() - started < 5  # the sibling call was cancelled, not waited for
+    leaf = result.tree.children[0]
+    assert leaf.status == "failed" and leaf.error == "no record 'k'; the step cannot go on"

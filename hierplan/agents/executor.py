@@ -207,8 +207,13 @@ class LLMExecutor:
         self, node: NodeContext, calls: Sequence[ToolCall], allowed: frozenset[str], turn: int
     ) -> list[Message]:
         replies: list[Message] = [Message("tool", "", tool_call_id=c.id) for c in calls]
+        # A hierplan error other than a tool's failure (a tool raising StepFailed itself, a
+        # provider refusing the credentials inside an instrument) ends the step. It is kept
+        # and raised as it is after the group, which would otherwise wrap it in an
+        # ExceptionGroup that no handler of a step expects.
+        fatal: list[HierplanError] = []
 
-        async def one(index: int, call: ToolCall) -> None:
+        async def one(index: int, call: ToolCall, scope: anyio.CancelScope) -> None:
             try:
                 target = node.run.toolbox.get(call.name, allowed)
                 output = await call_tool(
@@ -217,9 +222,15 @@ class LLMExecutor:
                 text = result_text(output)
             except ToolError as exc:
                 text = f"ERROR: {exc}"
+            except HierplanError as exc:
+                fatal.append(exc)
+                scope.cancel()  # the other calls of the turn are of no use any more
+                return
             replies[index] = Message("tool", text, tool_call_id=call.id)
 
         async with anyio.create_task_group() as tg:
             for index, call in enumerate(calls):
-                tg.start_soon(one, index, call)
+                tg.start_soon(one, index, call, tg.cancel_scope)
+        if fatal:
+            raise fatal[0]
         return replies
