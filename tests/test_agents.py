@@ -270,3 +270,20 @@ async def test_a_hierplan_error_from_a_tool_in_a_parallel_turn_fails_the_step_no
     assert time.perf_counter() - started < 5  # the sibling call was cancelled, not waited for
     leaf = result.tree.children[0]
     assert leaf.status == "failed" and leaf.error == "no record 'k'; the step cannot go on"
+
+
+async def test_a_tool_call_cut_by_the_step_deadline_is_reported_as_not_ok() -> None:
+    steps = [{"id": "a", "title": "A", "instruction": "nap", "tool": "nap", "args": {"seconds": 5}}]
+    events: list[Any] = []
+    await hierplan.run(
+        "g",
+        model=ScriptedModel([plan_response({"goal": "g", "steps": steps})]),
+        tools=[nap],
+        strategy="plan-execute",
+        listeners=[events.append],
+        settings=hierplan.RunSettings(step_timeout_s=0.05, max_retries=0),
+    )
+    calls = [e for e in events if e.type == "tool_called"]
+    assert [(e.tool, e.ok, e.error) for e in calls] == [
+        ("nap", False, "cancelled before it finished")
+    ]

@@ -83,6 +83,10 @@ async def call_tool(
     except HierplanError as exc:
         error = str(exc)
         raise
+    except anyio.get_cancelled_exc_class():
+        # A step's deadline or a cancelled run stopped the call: it did not succeed.
+        error = "cancelled before it finished"
+        raise
     finally:
         if run.bus.wants("tool_called"):
             run.bus.emit(
