@@ -224,3 +224,32 @@ def test_a_tool_needs_a_name_model_providers_accept() -> None:
     assert add_one.name == "add-one"
     assert add_one.parameters["properties"]["a"]["type"] == "integer"
     assert tool(name="A_b-9")(add).name == "A_b-9"
+
+
+async def test_positional_only_parameters_are_passed_by_position() -> None:
+    def power(base: float, exponent: int = 2, /, *, rounded: bool = False) -> float:
+        """Raise a number to a power."""
+        value = base**exponent
+        return round(value) if rounded else value
+
+    async def offset(value: int, /) -> int:
+        """Add one."""
+        return value + 1
+
+    assert await tool(power).call({"base": 1.5}) == 2.25
+    assert await tool(power).call({"base": 2, "exponent": 3, "rounded": True}) == 8
+    assert await tool(offset).call({"value": 41}) == 42
+
+
+async def test_parameters_named_like_pydantic_internals_keep_their_names() -> None:
+    @tool
+    def tag(_id: int, model_config: str = "default", json: bool = False) -> str:
+        """Tag a record."""
+        return f"{_id}:{model_config}:{json}"
+
+    assert sorted(tag.parameters["properties"]) == ["_id", "json", "model_config"]
+    assert tag.parameters["required"] == ["_id"]
+    assert await tag.call({"_id": 7, "model_config": "x"}) == "7:x:False"
+    with pytest.raises(ToolArgsError, match=r"_id: Input should be a valid integer") as info:
+        await tag.call({"_id": "seven", "arg0": 1})
+    assert "arg0: Extra inputs are not permitted" in str(info.value)

@@ -24,11 +24,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from functools import partial
-from typing import Any, overload
+from typing import Annotated, Any, overload
 
 import anyio
 import anyio.to_thread
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from hierplan.agents.models.base import ToolSpec
@@ -113,7 +113,7 @@ class FunctionTool(Tool):
         self.function = function
         self.is_async = inspect.iscoroutinefunction(function)
         chosen = _tool_name(function, name)
-        self.args_model = _args_model(function, chosen)
+        self.args_model, self._fields, self._positional = _args_model(function, chosen)
         doc = inspect.getdoc(function) or ""
         super().__init__(
             chosen,
@@ -136,16 +136,22 @@ class FunctionTool(Tool):
                 for err in exc.errors()
             )
             raise ToolArgsError(f"invalid arguments for tool {self.name!r}: {problems}") from None
-        return {field: getattr(model, field) for field in type(model).model_fields}
+        return {param: getattr(model, field) for field, param in self._fields.items()}
 
     async def invoke(self, arguments: Mapping[str, Any]) -> Any:
         """Await an async function; run a sync one in a worker thread (and await what it
         returns if that is awaitable)."""
+        kwargs = dict(arguments)
+        args: list[Any] = []
+        for param in self._positional:  # in order, up to the first one left to its default
+            if param not in kwargs:
+                break
+            args.append(kwargs.pop(param))
         if self.is_async:
-            result: Any = await self.function(**arguments)
+            result: Any = await self.function(*args, **kwargs)
             return result
         result = await anyio.to_thread.run_sync(
-            partial(self.function, **arguments), abandon_on_cancel=True
+            partial(self.function, *args, **kwargs), abandon_on_cancel=True
         )
         # A sync wrapper around an async function (a decorator without its own async def)
         # returns a coroutine: its result is what the tool returns, not the coroutine.
@@ -170,22 +176,39 @@ def _tool_name(function: Callable[..., Any], name: str | None) -> str:
     )
 
 
-def _args_model(function: Callable[..., Any], name: str) -> type[BaseModel]:
+def _args_model(
+    function: Callable[..., Any], name: str
+) -> tuple[type[BaseModel], dict[str, str], tuple[str, ...]]:
+    """The arguments' model; which parameter each of its fields is; the positional-only
+    parameters, in order (a function cannot take those by keyword)."""
     # The signature's annotations, not the function's: a functools.partial has only those.
     signature = inspect.signature(function, eval_str=True)
+    params = signature.parameters.values()
     fields: dict[str, Any] = {}
-    for param in signature.parameters.values():
+    names: dict[str, str] = {}
+    for index, param in enumerate(params):
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise TypeError(f"tool {name!r}: *args and **kwargs are not supported")
         annotation = Any if param.annotation is inspect.Parameter.empty else param.annotation
         default = ... if param.default is inspect.Parameter.empty else param.default
-        fields[param.name] = (annotation, default)
+        field = param.name
+        if field.startswith("_") or hasattr(BaseModel, field):
+            # pydantic takes a leading "_" for a private attribute and a BaseModel name
+            # (model_config, json...) for its own, so the parameter would vanish from the
+            # schema: such a name becomes the alias of a field named otherwise.
+            field = f"arg{index}"
+            while field in signature.parameters:
+                field += "_"
+            annotation = Annotated[annotation, Field(alias=param.name)]
+        fields[field] = (annotation, default)
+        names[field] = param.name
     model: type[BaseModel] = create_model(
         f"{name}_args",
         __config__=ConfigDict(extra="forbid"),
         **fields,
     )
-    return model
+    positional = tuple(p.name for p in params if p.kind is p.POSITIONAL_ONLY)
+    return model, names, positional
 
 
 @overload
