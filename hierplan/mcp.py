@@ -208,19 +208,31 @@ class MCPServer(Toolset):
     async def open(self) -> AsyncIterator[Sequence[Tool]]:
         """Connect, list the tools, yield them as hierplan tools; disconnect on exit."""
         failure: str | None = None
-        async with anyio.create_task_group() as group:
-            try:
-                connection, listed = await group.start(self._serve)
-            except Exception as exc:  # any start-up failure is the user's to fix
-                failure = _reason(exc)
-            else:
-                failure = self._missing(listed)
+        raised: BaseException | None = None
+        try:
+            async with anyio.create_task_group() as group:
                 try:
-                    if failure is None:
-                        yield self._tools(connection, listed)
-                finally:
-                    connection.mark_gone("the connection was closed by its user")
-                    connection.closing.set()
+                    connection, listed = await group.start(self._serve)
+                except Exception as exc:  # any start-up failure is the user's to fix
+                    failure = _reason(exc)
+                else:
+                    failure = self._missing(listed)
+                    try:
+                        if failure is None:
+                            yield self._tools(connection, listed)
+                    except BaseException as exc:
+                        raised = exc
+                        raise
+                    finally:
+                        connection.mark_gone("the connection was closed by its user")
+                        connection.closing.set()
+        except BaseExceptionGroup as group_error:
+            # What the block inside `async with server.open()` raised (a run's own error, say)
+            # is the caller's, not the task group's: it goes on as it is, not in a group.
+            if raised is None or list(group_error.exceptions) != [raised]:
+                raise
+        if raised is not None:
+            raise raised
         if failure is not None:  # raised outside the task group, so not wrapped in a group
             raise UserInputError(
                 f"cannot use MCP server {self.name!r} ({self.describe()}): {failure}"

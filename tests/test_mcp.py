@@ -28,6 +28,7 @@ from hierplan.errors import (
     ToolError,
     ToolServerGone,
     ToolTimeoutError,
+    UnexpectedModelCall,
     UserInputError,
 )
 from hierplan.hierarchy.events import Replanned, RunEvent, ToolCalled
@@ -387,3 +388,15 @@ async def test_cancelling_a_run_stops_its_mcp_server(server: MCPServerStdio) -> 
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # the server process is gone
     assert asyncio.all_tasks() == before
+
+
+@pytest.mark.anyio
+async def test_an_error_inside_an_open_server_comes_out_as_itself(server: MCPServerStdio) -> None:
+    with pytest.raises(KeyError, match="mine"):
+        async with server.open():
+            raise KeyError("mine")
+    # A run's own error (here: a script with no answers) is not wrapped in an ExceptionGroup
+    # by the server the run opened.
+    with pytest.raises(UnexpectedModelCall, match="its script has 0 item"):
+        await hierplan.run("g", model=hierplan.ScriptedModel([]), tools=[server], strategy="dag")
+
