@@ -185,7 +185,8 @@ class MCPServer(Toolset):
         timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
     ) -> None:
-        if timeout_s <= 0 or connect_timeout_s <= 0:
+        # `not > 0` also refuses NaN, which every comparison with a deadline gets wrong.
+        if not (timeout_s > 0 and connect_timeout_s > 0):
             raise UserInputError(f"MCP server {name!r}: timeouts must be more than 0 seconds")
         self.name = name
         self.tool_prefix = tool_prefix

@@ -400,3 +400,8 @@ async def test_an_error_inside_an_open_server_comes_out_as_itself(server: MCPSer
     with pytest.raises(UnexpectedModelCall, match="its script has 0 item"):
         await hierplan.run("g", model=hierplan.ScriptedModel([]), tools=[server], strategy="dag")
 
+
+@pytest.mark.parametrize("option", ["timeout_s", "connect_timeout_s"])
+def test_an_mcp_deadline_that_is_not_a_number_is_refused(option: str) -> None:
+    with pytest.raises(UserInputError, match="timeouts must be more than 0 seconds"):
+        MCPServerStdio(sys.executable, [str(SERVER)], **{option: float("nan")})
