@@ -287,3 +287,32 @@ async def test_a_tool_call_cut_by_the_step_deadline_is_reported_as_not_ok() -> N
     assert [(e.tool, e.ok, e.error) for e in calls] == [
         ("nap", False, "cancelled before it finished")
     ]
+
+
+async def test_tool_calls_of_the_last_allowed_turn_are_not_run() -> None:
+    sent: list[str] = []
+
+    @tool
+    def send(text: str) -> str:
+        """Send a message."""
+        sent.append(text)
+        return "sent"
+
+    plan = {"goal": "g", "steps": [{"id": "a", "title": "A", "instruction": "send"}]}
+    model = ScriptedModel(
+        [
+            plan_response(plan),
+            tool_response(("send", {"text": "first"})),
+            tool_response(("send", {"text": "again"})),
+        ]
+    )
+    result = await hierplan.run(
+        "g",
+        model=model,
+        tools=[send],
+        strategy="plan-execute",
+        settings=hierplan.RunSettings(executor_max_turns=2, max_retries=0),
+    )
+    model.assert_complete()
+    assert "no answer after 2 model turns" in (result.error or "")
+    assert sent == ["first"]  # the second turn's call had no turn left to read its result

@@ -199,6 +199,10 @@ class LLMExecutor:
                         text[len(FAILED_PREFIX) :].strip() or "the executor gave up", retryable=True
                     )
                 return StepResult(text, text)
+            if turn == turns - 1:
+                # No model turn is left to read what these calls would return: running them
+                # would only repeat their side effects when the step is retried.
+                break
             results = await self._run_calls(node, response.tool_calls, allowed, turn)
             messages = (
                 *messages,
