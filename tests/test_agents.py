@@ -12,7 +12,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hierplan
-from hierplan import ModelResponse, Plan, ScriptedModel, Step, tool
+from hierplan import (
+    FunctionModel,
+    ModelRequest,
+    ModelResponse,
+    Plan,
+    ScriptedModel,
+    Step,
+    ToolCall,
+    tool,
+)
 from hierplan.agents.executor import StepResult, resolve_refs
 from hierplan.agents.models.scripted import plan_response, text_response, tool_response
 from hierplan.agents.planner import parse_plan_output
@@ -316,3 +325,27 @@ async def test_tool_calls_of_the_last_allowed_turn_are_not_run() -> None:
     model.assert_complete()
     assert "no answer after 2 model turns" in (result.error or "")
     assert sent == ["first"]  # the second turn's call had no turn left to read its result
+
+
+async def test_parallel_calls_that_share_an_id_each_get_their_own_reply() -> None:
+    seen: list[ModelRequest] = []
+
+    def answer(request: ModelRequest) -> ModelResponse:
+        if request.phase == "planning":
+            return plan_response(
+                {"goal": "g", "steps": [{"id": "a", "title": "A", "instruction": "x"}]}
+            )
+        seen.append(request)
+        if len(seen) == 1:  # a server that gives every parallel call one id, or none
+            calls = [ToolCall("dup", "echo", {"text": t}) for t in ("one", "two")]
+            return ModelResponse(tool_calls=(*calls, ToolCall("", "echo", {"text": "three"})))
+        return text_response("done")
+
+    result = await hierplan.run("g", model=FunctionModel(answer), tools=[echo], strategy="dag")
+    assert result.status == "succeeded", result.error
+    assistant, *replies = seen[1].messages[-4:]
+    ids = [c.id for c in assistant.tool_calls]
+    assert ids[0] == "dup" and len(set(ids)) == 3 and all(ids)
+    assert [(m.tool_call_id, m.content) for m in replies] == list(
+        zip(ids, ["one", "two", "three"], strict=True)
+    )

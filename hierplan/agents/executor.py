@@ -137,6 +137,23 @@ def unusable_answer(response: ModelResponse, max_tokens: int) -> str | None:
     return None
 
 
+def distinct_call_ids(calls: Sequence[ToolCall], turn: int) -> tuple[ToolCall, ...]:
+    """``calls`` with an id of their own each: a call without an id, or with the id of an
+    earlier call of the same turn (some OpenAI-compatible servers give parallel calls one id),
+    gets ``call_<turn>_<index>``. Otherwise the replies could not say which result is whose."""
+    seen: set[str] = set()
+    out: list[ToolCall] = []
+    for index, call in enumerate(calls):
+        if not call.id or call.id in seen:
+            new_id = f"call_{turn}_{index}"
+            while new_id in seen or any(c.id == new_id for c in calls):
+                new_id += "_"
+            call = ToolCall(new_id, call.name, call.arguments)
+        seen.add(call.id)
+        out.append(call)
+    return tuple(out)
+
+
 class ToolExecutor:
     """Runs a step's tool with the plan's arguments; no model call."""
 
@@ -203,12 +220,9 @@ class LLMExecutor:
                 # No model turn is left to read what these calls would return: running them
                 # would only repeat their side effects when the step is retried.
                 break
-            results = await self._run_calls(node, response.tool_calls, allowed, turn)
-            messages = (
-                *messages,
-                Message("assistant", response.text, response.tool_calls),
-                *results,
-            )
+            calls = distinct_call_ids(response.tool_calls, turn)
+            results = await self._run_calls(node, calls, allowed, turn)
+            messages = (*messages, Message("assistant", response.text, calls), *results)
         raise StepFailed(f"no answer after {turns} model turns", retryable=True)
 
     async def _run_calls(
