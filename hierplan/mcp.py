@@ -39,6 +39,7 @@ from jsonschema.exceptions import SchemaError
 from mcp import Client, MCPError, StdioServerParameters, stdio_client
 from mcp.client import Transport
 from mcp.client.streamable_http import streamable_http_client
+from referencing.exceptions import Unresolvable
 
 from hierplan.agents.tools import DEFAULT_TOOL_TIMEOUT_S, Tool, Toolset
 from hierplan.errors import ToolArgsError, ToolError, ToolServerGone, UserInputError
@@ -135,7 +136,13 @@ class MCPTool(Tool):
                 f"tool {self.name!r} takes an object of arguments, got {type(arguments).__name__}"
             )
         if self._validator is not None:
-            errors = sorted(self._validator.iter_errors(dict(arguments)), key=lambda e: e.path)
+            try:
+                errors = sorted(self._validator.iter_errors(dict(arguments)), key=lambda e: e.path)
+            except Unresolvable:
+                # A "$ref" to nowhere passes check_schema and fails only here: the schema is
+                # broken after all, so the server judges the arguments, as for any other.
+                self._validator = None
+                return arguments
             if errors:
                 problems = "; ".join(
                     f"{'.'.join(str(p) for p in e.absolute_path) or 'arguments'}: {e.message}"

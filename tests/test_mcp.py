@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import anyio
+import mcp_types
 import pytest
 from capitals import CapitalsOracle, goal_for
 from eventcheck import check_events
@@ -21,6 +22,7 @@ from mcp import Client, StdioServerParameters
 
 import hierplan
 from hierplan import FunctionModel, ModelRequest, ModelResponse, ToolCall
+from hierplan.agents.models.scripted import plan_response
 from hierplan.agents.models.simulated import Action
 from hierplan.agents.prompts import PlanPrompt, StepPrompt
 from hierplan.errors import (
@@ -405,3 +407,24 @@ async def test_an_error_inside_an_open_server_comes_out_as_itself(server: MCPSer
 def test_an_mcp_deadline_that_is_not_a_number_is_refused(option: str) -> None:
     with pytest.raises(UserInputError, match="timeouts must be more than 0 seconds"):
         MCPServerStdio(sys.executable, [str(SERVER)], **{option: float("nan")})
+
+
+@pytest.mark.anyio
+async def test_a_schema_with_a_reference_to_nowhere_lets_the_server_judge(
+    server: MCPServerStdio,
+) -> None:
+    # check_schema accepts a "$ref" that points nowhere; only validating arguments finds it.
+    odd = {
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/Int"}, "b": {"type": "integer"}},
+    }
+    async with server.open() as tools:
+        real = _by_name(tools)["add"]
+        add = MCPTool(real._connection, mcp_types.Tool(name="add", input_schema=odd))
+        assert add.validate({"a": 1, "b": 2}) == {"a": 1, "b": 2}
+        with pytest.raises(ToolError, match="MCP tool 'add' failed: Error executing tool add"):
+            await add.call({"a": "x", "b": 2})  # the server still refuses what is wrong
+        step = Step(id="s", title="s", instruction="add", tool="add", args={"a": 1, "b": 2})
+        model = hierplan.ScriptedModel([plan_response(Plan(goal="g", steps=[step]))])
+        result = await hierplan.run("add", model=model, tools=[add], strategy="dag")
+        assert result.status == "succeeded" and result.answer == '{"result": 3}'
