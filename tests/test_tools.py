@@ -253,3 +253,30 @@ async def test_parameters_named_like_pydantic_internals_keep_their_names() -> No
     with pytest.raises(ToolArgsError, match=r"_id: Input should be a valid integer") as info:
         await tag.call({"_id": "seven", "arg0": 1})
     assert "arg0: Extra inputs are not permitted" in str(info.value)
+
+
+class Unprintable:
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+    __repr__ = __str__
+
+
+def test_result_text_never_raises_on_values_without_text() -> None:
+    huge = math.factorial(2000)  # 5736 digits: more than Python turns into decimal text
+    assert result_text(huge).startswith("[a int with no text form: Exceeds the limit")
+    assert result_text([Unprintable()]) == "[a list with no text form: no text]"
+    assert result_text(Unprintable()) == "[a Unprintable with no text form: no text]"
+
+
+async def test_a_tool_result_without_text_does_not_crash_the_run() -> None:
+    @tool
+    def factorial(n: int) -> int:
+        """n!"""
+        return math.factorial(n)
+
+    step = Step(id="f", title="f", instruction="2000!", tool="factorial", args={"n": 2000})
+    model = ScriptedModel([plan_response(Plan(goal="f", steps=[step]))])
+    result = await hierplan.run("f", model=model, tools=[factorial], strategy="dag")
+    assert result.status == "succeeded", result.error
+    assert (result.answer or "").startswith("[a int with no text form")

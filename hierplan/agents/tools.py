@@ -29,7 +29,7 @@ from typing import Annotated, Any, overload
 import anyio
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
-from pydantic_core import PydanticSerializationError, to_jsonable_python
+from pydantic_core import to_jsonable_python
 
 from hierplan.agents.models.base import ToolSpec
 from hierplan.errors import (
@@ -331,14 +331,20 @@ def result_text(result: Any, *, limit: int = 4000) -> str:
 
 
 def _json_text(result: Any) -> str:
+    # Every step catches any Exception: a tool's value runs its own code here (a __str__ that
+    # raises), and an int of more than 4300 digits has no decimal text at all.
     try:
         return json.dumps(result, default=_jsonable)
-    except (TypeError, ValueError):
+    except Exception:
         pass  # keys JSON cannot take (a tuple), or a value that contains itself
     try:
         return json.dumps(to_jsonable_python(result, fallback=str))
-    except (TypeError, ValueError, PydanticSerializationError):
+    except Exception:
+        pass
+    try:
         return repr(result)  # a reference cycle: the repr marks it, and still shows the rest
+    except Exception as exc:
+        return f"[a {type(result).__name__} with no text form: {exc}]"
 
 
 def _jsonable(value: Any) -> Any:
