@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import anyio
 import anyio.lowlevel
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 import hierplan
 from hierplan import Plan, ScriptedModel, Step, tool
@@ -280,3 +280,33 @@ async def test_a_tool_result_without_text_does_not_crash_the_run() -> None:
     result = await hierplan.run("f", model=model, tools=[factorial], strategy="dag")
     assert result.status == "succeeded", result.error
     assert (result.answer or "").startswith("[a int with no text form")
+
+
+class Query(BaseModel):
+    table: str
+
+    @field_validator("table")
+    @classmethod
+    def known(cls, table: str) -> str:
+        return {"users": "users"}[table]  # a KeyError, which pydantic does not wrap
+
+
+async def test_a_validator_raising_any_error_makes_the_arguments_invalid() -> None:
+    @tool
+    def count(query: Query) -> int:
+        """Count the rows of a table."""
+        return 3
+
+    assert await count.call({"query": {"table": "users"}}) == 3
+    with pytest.raises(ToolArgsError, match=r"tool 'count': KeyError: 'nope'"):
+        await count.call({"query": {"table": "nope"}})
+    step = Step(
+        id="c", title="c", instruction="count", tool="count", args={"query": {"table": "nope"}}
+    )
+    plan = plan_response(Plan(goal="c", steps=[step]))
+    model = ScriptedModel([plan])
+    settings = hierplan.RunSettings(max_invalid_plans=0)  # no second proposal
+    result = await hierplan.run("c", model=model, tools=[count], strategy="dag", settings=settings)
+    model.assert_complete()
+    assert result.status == "failed"  # the plan gate refused the plan: no crash
+    assert "KeyError: 'nope'" in (result.error or "")

@@ -136,6 +136,13 @@ class FunctionTool(Tool):
                 for err in exc.errors()
             )
             raise ToolArgsError(f"invalid arguments for tool {self.name!r}: {problems}") from None
+        except Exception as exc:
+            # pydantic turns only ValueError and AssertionError into a ValidationError; a
+            # validator of the tool's own types may raise anything else (a KeyError, say), and
+            # the plan gate and the executor expect a ToolArgsError, not a crash.
+            raise ToolArgsError(
+                f"invalid arguments for tool {self.name!r}: {type(exc).__name__}: {exc}"
+            ) from exc
         return {param: getattr(model, field) for field, param in self._fields.items()}
 
     async def invoke(self, arguments: Mapping[str, Any]) -> Any:
