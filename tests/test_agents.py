@@ -349,3 +349,23 @@ async def test_parallel_calls_that_share_an_id_each_get_their_own_reply() -> Non
     assert [(m.tool_call_id, m.content) for m in replies] == list(
         zip(ids, ["one", "two", "three"], strict=True)
     )
+
+
+@pytest.mark.parametrize("step_timeout_s", [None, 30.0])
+async def test_a_timeout_the_model_raises_is_not_the_step_deadline(
+    step_timeout_s: float | None,
+) -> None:
+    def answer(request: ModelRequest) -> ModelResponse:
+        if request.phase == "planning":
+            return plan_response(
+                {"goal": "g", "steps": [{"id": "a", "title": "A", "instruction": "x"}]}
+            )
+        raise TimeoutError("the model server did not answer within 2 s")
+
+    settings = hierplan.RunSettings(step_timeout_s=step_timeout_s, max_retries=0)
+    result = await hierplan.run(
+        "g", model=FunctionModel(answer), strategy="plan-execute", settings=settings
+    )
+    leaf = result.tree.children[0]
+    assert leaf.status == "failed"
+    assert leaf.error == "TimeoutError: the model server did not answer within 2 s"

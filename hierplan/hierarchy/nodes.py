@@ -165,6 +165,10 @@ async def _enter_all(scopes: list[AbstractAsyncContextManager[None]]) -> AsyncEx
     return stack
 
 
+class _DeadlinePassed(Exception):
+    """The step's own deadline passed (told apart from a TimeoutError the executor raises)."""
+
+
 def _as_step_failure(exc: Exception) -> StepFailed:
     if isinstance(exc, StepFailed):
         return exc
@@ -234,9 +238,14 @@ async def run_task_node(
                         with anyio.CancelScope(deadline=anyio.current_time() + timeout) as scope:
                             result = await _execute_step(node, step, inputs, react)
                         if scope.cancelled_caught:  # the deadline passed
-                            raise TimeoutError
-                except TimeoutError:
+                            raise _DeadlinePassed
+                except _DeadlinePassed:
                     failure = StepFailed(f"step timed out after {timeout:g} s", retryable=True)
+                except TimeoutError as exc:
+                    # A timeout of the executor's own (a model client's), not the step's
+                    # deadline: it fails the attempt with its own message, which may also come
+                    # when the step has no deadline at all.
+                    failure = StepFailed(f"TimeoutError: {exc}", retryable=True)
                 except (UnexpectedModelCall, ModelAuthError):
                     raise
                 except HierplanError as exc:
