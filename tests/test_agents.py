@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from typing import Any
@@ -369,3 +370,24 @@ async def test_a_timeout_the_model_raises_is_not_the_step_deadline(
     leaf = result.tree.children[0]
     assert leaf.status == "failed"
     assert leaf.error == "TimeoutError: the model server did not answer within 2 s"
+
+
+async def test_a_tool_calling_sys_exit_fails_its_step_not_the_run() -> None:
+    @tool
+    def cli(argv: list[str]) -> str:
+        """Run a small command line."""
+        parser = argparse.ArgumentParser(prog="cli")
+        parser.add_argument("--n", type=int, required=True)
+        return str(parser.parse_args(argv).n)  # exits with status 2 on bad arguments
+
+    steps = [{"id": "c", "title": "c", "instruction": "run", "tool": "cli", "args": {"argv": []}}]
+    model = ScriptedModel([plan_response({"goal": "g", "steps": steps})])
+    result = await hierplan.run(
+        "g",
+        model=model,
+        tools=[cli],
+        strategy="plan-execute",
+        settings=hierplan.RunSettings(max_retries=0),
+    )
+    leaf = result.tree.children[0]
+    assert leaf.status == "failed" and leaf.error == "tool 'cli' failed: SystemExit: 2"

@@ -115,7 +115,9 @@ async def _call(target: Tool, arguments: Mapping[str, Any]) -> Any:
         return await target.call(arguments)
     except HierplanError:
         raise
-    except Exception as exc:  # a tool's own bug or failure becomes a step failure
+    # A tool's own bug or failure becomes a step failure; so does a sys.exit() in its code (an
+    # argparse or click command line refusing its arguments), which would end the whole run.
+    except (Exception, SystemExit) as exc:
         raise ToolError(f"tool {target.name!r} failed: {type(exc).__name__}: {exc}") from exc
 
 
