@@ -222,6 +222,7 @@ def test_a_tool_needs_a_name_model_providers_accept() -> None:
         tool(name="a" * 65)(add)
     add_one = tool(partial(add, b=1), name="add-one")
     assert add_one.name == "add-one"
+    assert add_one.description == "Add."  # the function's, not functools.partial's docstring
     assert add_one.parameters["properties"]["a"]["type"] == "integer"
     assert tool(name="A_b-9")(add).name == "A_b-9"
 

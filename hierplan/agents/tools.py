@@ -114,7 +114,7 @@ class FunctionTool(Tool):
         self.is_async = inspect.iscoroutinefunction(function)
         chosen = _tool_name(function, name)
         self.args_model, self._fields, self._positional = _args_model(function, chosen)
-        doc = inspect.getdoc(function) or ""
+        doc = _doc(function)
         super().__init__(
             chosen,
             description if description is not None else doc.split("\n\n")[0].strip(),
@@ -165,6 +165,14 @@ class FunctionTool(Tool):
         if inspect.isawaitable(result):
             result = await result
         return result
+
+
+def _doc(function: Callable[..., Any]) -> str:
+    """The docstring of the function a tool runs: through a functools.partial to its function,
+    whose docstring inspect.getdoc would give as partial's own ("partial(func, *args...")."""
+    while isinstance(function, partial):
+        function = function.func
+    return inspect.getdoc(function) or ""
 
 
 def _tool_name(function: Callable[..., Any], name: str | None) -> str:
