@@ -391,3 +391,45 @@ async def test_a_tool_calling_sys_exit_fails_its_step_not_the_run() -> None:
     )
     leaf = result.tree.children[0]
     assert leaf.status == "failed" and leaf.error == "tool 'cli' failed: SystemExit: 2"
+
+
+def test_references_inside_list_and_object_arguments_resolve_too() -> None:
+    inputs = {"a": StepResult([1, 2], "[1, 2]"), "b": StepResult(7, "7")}
+    args = {"xs": ["$a", "$b", 3], "opts": {"label": "b is $b", "deep": [["$a"]]}}
+    assert resolve_refs(args, inputs) == {
+        "xs": [[1, 2], 7, 3],
+        "opts": {"label": "b is 7", "deep": [[[1, 2]]]},
+    }
+
+
+async def test_a_list_argument_of_references_gets_the_dependency_outputs() -> None:
+    @tool
+    def join(parts: list[str]) -> str:
+        """Join texts."""
+        return " + ".join(parts)
+
+    steps: list[dict[str, Any]] = [
+        {"id": "a", "title": "A", "instruction": "a", "tool": "echo", "args": {"text": "left"}},
+        {"id": "b", "title": "B", "instruction": "b", "tool": "echo", "args": {"text": "right"}},
+        {
+            "id": "j",
+            "title": "J",
+            "instruction": "join",
+            "tool": "join",
+            "args": {"parts": ["$a", "$b"]},
+            "depends_on": ["a", "b"],
+        },
+    ]
+    model = ScriptedModel([plan_response({"goal": "g", "steps": steps})])
+    result = await hierplan.run("g", model=model, tools=[echo, join], strategy="dag")
+    assert result.status == "succeeded", result.error
+    assert result.answer == "left + right"  # not "$a + $b"
+
+
+def test_the_gate_sees_references_inside_list_arguments() -> None:
+    from hierplan.hierarchy.gate import step_refs
+
+    step = Step(
+        id="j", title="J", instruction="j", tool="join", args={"parts": ["$a", {"k": "$b."}]}
+    )
+    assert step_refs(step, {"a", "b", "j"}) == {"a", "b"}

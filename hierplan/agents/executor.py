@@ -1,8 +1,9 @@
 """Executors: :class:`ToolExecutor` calls a step's tool directly; :class:`LLMExecutor` runs a
 bounded tool-calling loop with the node's model.
 
-Both take the outputs of the step's dependencies as ``inputs``. A string argument that is exactly
-``$<id>`` becomes that dependency's raw output; ``$<id>`` inside a longer string becomes its text.
+Both take the outputs of the step's dependencies as ``inputs``. A string argument (or a string in
+a list or object argument) that is exactly ``$<id>`` becomes that dependency's raw output;
+``$<id>`` inside a longer string becomes its text.
 Tool failures inside an LLM loop go back to the model as the tool's result so that it can
 recover; a final answer starting with ``FAILED:`` fails the step.
 """
@@ -40,19 +41,26 @@ def resolve_refs(args: Mapping[str, Any], inputs: Mapping[str, StepResult]) -> d
     """Replace ``$<id>`` references in string arguments by dependency outputs.
 
     An argument that is one reference and nothing else gets the dependency's output itself
-    (a list stays a list); a reference inside text gets its text. ``$`` followed by anything
+    (a list stays a list); a reference inside text gets its text. Strings inside list and
+    object arguments (``["$a", "$b"]``) are replaced the same way. ``$`` followed by anything
     but a dependency's id ("$100") is left as it is.
     """
-    out: dict[str, Any] = {}
-    for key, value in args.items():
-        if isinstance(value, str) and "$" in value:
-            whole = REF_PATTERN.fullmatch(value)
-            if whole and whole.group(1) in inputs:
-                out[key] = inputs[whole.group(1)].output
-                continue
-            value = REF_PATTERN.sub(lambda m: _ref_text(m.group(1), inputs), value)
-        out[key] = value
-    return out
+    return {key: _resolve(value, inputs) for key, value in args.items()}
+
+
+def _resolve(value: Any, inputs: Mapping[str, StepResult]) -> Any:
+    if isinstance(value, str):
+        if "$" not in value:
+            return value
+        whole = REF_PATTERN.fullmatch(value)
+        if whole and whole.group(1) in inputs:
+            return inputs[whole.group(1)].output
+        return REF_PATTERN.sub(lambda m: _ref_text(m.group(1), inputs), value)
+    if isinstance(value, list):
+        return [_resolve(item, inputs) for item in value]
+    if isinstance(value, dict):
+        return {key: _resolve(item, inputs) for key, item in value.items()}
+    return value
 
 
 def _ref_text(token: str, inputs: Mapping[str, StepResult]) -> str:

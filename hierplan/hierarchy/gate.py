@@ -266,14 +266,22 @@ def _args_problems(step: Step, toolbox: Toolbox, *, has_refs: bool) -> list[Plan
 
 
 def step_refs(step: Step, ids: Container[str]) -> set[str]:
-    """Step ids (of ``ids``, the plan's) referenced as ``$id`` in a step's string arguments."""
+    """Step ids (of ``ids``, the plan's) referenced as ``$id`` in a step's string arguments,
+    including the strings inside list and object arguments (which the executor resolves too)."""
     refs: set[str] = set()
-    for value in (step.args or {}).values():
-        if isinstance(value, str) and "$" in value:
-            for token in REF_PATTERN.findall(value):
-                target = ref_target(token, ids)
-                if target is not None:
-                    refs.add(target)
+    pending: list[Any] = list((step.args or {}).values())
+    while pending:
+        value = pending.pop()
+        if isinstance(value, str):
+            if "$" in value:
+                for token in REF_PATTERN.findall(value):
+                    target = ref_target(token, ids)
+                    if target is not None:
+                        refs.add(target)
+        elif isinstance(value, list):
+            pending.extend(value)
+        elif isinstance(value, dict):
+            pending.extend(value.values())
     return refs
 
 
