@@ -433,3 +433,31 @@ def test_the_gate_sees_references_inside_list_arguments() -> None:
         id="j", title="J", instruction="j", tool="join", args={"parts": ["$a", {"k": "$b."}]}
     )
     assert step_refs(step, {"a", "b", "j"}) == {"a", "b"}
+
+
+async def test_a_reference_inside_text_gets_the_whole_output_not_the_cut_text() -> None:
+    @tool
+    def draft() -> dict[str, str]:
+        """Write a long draft."""
+        return {"body": "x" * 6000}
+
+    @tool
+    def save(content: str) -> int:
+        """Save a document; answer its length."""
+        return len(content)
+
+    steps: list[dict[str, Any]] = [
+        {"id": "d", "title": "D", "instruction": "draft", "tool": "draft", "args": {}},
+        {
+            "id": "s",
+            "title": "S",
+            "instruction": "save",
+            "tool": "save",
+            "args": {"content": "Report: $d"},
+            "depends_on": ["d"],
+        },
+    ]
+    model = ScriptedModel([plan_response({"goal": "g", "steps": steps})])
+    result = await hierplan.run("g", model=model, tools=[draft, save], strategy="dag")
+    assert result.status == "succeeded", result.error
+    assert result.answer == str(len('Report: {"body": "' + "x" * 6000 + '"}'))

@@ -10,6 +10,7 @@ recover; a final answer starting with ``FAILED:`` fails the step.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
@@ -41,7 +42,7 @@ def resolve_refs(args: Mapping[str, Any], inputs: Mapping[str, StepResult]) -> d
     """Replace ``$<id>`` references in string arguments by dependency outputs.
 
     An argument that is one reference and nothing else gets the dependency's output itself
-    (a list stays a list); a reference inside text gets its text. Strings inside list and
+    (a list stays a list); a reference inside text gets its text, all of it. Strings inside list and
     object arguments (``["$a", "$b"]``) are replaced the same way. ``$`` followed by anything
     but a dependency's id ("$100") is left as it is.
     """
@@ -67,7 +68,11 @@ def _ref_text(token: str, inputs: Mapping[str, StepResult]) -> str:
     target = ref_target(token, inputs)
     if target is None:
         return "$" + token
-    return inputs[target].text + token[len(target) :]  # the punctuation after the reference
+    # The whole output, not the step's text, which is cut to what a model should read: a
+    # tool given "Report:\n$draft" must get all of the draft.
+    output = inputs[target].output
+    text = output if isinstance(output, str) else result_text(output, limit=sys.maxsize)
+    return text + token[len(target) :]  # the punctuation after the reference
 
 
 async def call_tool(
