@@ -461,3 +461,17 @@ async def test_a_reference_inside_text_gets_the_whole_output_not_the_cut_text() 
     result = await hierplan.run("g", model=model, tools=[draft, save], strategy="dag")
     assert result.status == "succeeded", result.error
     assert result.answer == str(len('Report: {"body": "' + "x" * 6000 + '"}'))
+
+
+async def test_an_empty_final_answer_fails_the_attempt_and_is_retried() -> None:
+    plan = {"goal": "g", "steps": [{"id": "a", "title": "A", "instruction": "greet"}]}
+    model = ScriptedModel([plan_response(plan), text_response("  "), text_response("hello")])
+    result = await hierplan.run(
+        "g",
+        model=model,
+        strategy="plan-execute",
+        settings=hierplan.RunSettings(max_retries=1, retry_backoff_s=0),
+    )
+    model.assert_complete()
+    leaf = result.tree.children[0]
+    assert leaf.status == "succeeded" and leaf.attempts == 2 and result.answer == "hello"

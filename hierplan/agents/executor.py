@@ -5,7 +5,7 @@ Both take the outputs of the step's dependencies as ``inputs``. A string argumen
 a list or object argument) that is exactly ``$<id>`` becomes that dependency's raw output;
 ``$<id>`` inside a longer string becomes its text.
 Tool failures inside an LLM loop go back to the model as the tool's result so that it can
-recover; a final answer starting with ``FAILED:`` fails the step.
+recover; a final answer starting with ``FAILED:``, or an empty one, fails the step.
 """
 
 from __future__ import annotations
@@ -226,6 +226,10 @@ class LLMExecutor:
                 if unusable is not None:
                     raise StepFailed(unusable)
                 text = response.text.strip()
+                if not text:
+                    # Nothing to pass on to the steps that depend on this one; another attempt
+                    # may answer (local models sometimes stop at once).
+                    raise StepFailed("the model gave an empty answer", retryable=True)
                 if text.startswith(FAILED_PREFIX):
                     raise StepFailed(
                         text[len(FAILED_PREFIX) :].strip() or "the executor gave up", retryable=True
