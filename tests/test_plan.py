@@ -145,6 +145,59 @@ def test_bad_plan_files_give_clear_errors(tmp_path: Path, text: str, message: st
         load_plan(path)
 
 
+_BOMB = "".join(
+    [
+        "goal: g\nsteps:\n  - id: a\n    title: A\n    instruction: x\n    tool: t\n    args:\n",
+        '      a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]\n',
+        *(f"      a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 9)),
+    ]
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        # PyYAML and json keep the last of two equal keys: the first steps would vanish unseen.
+        (
+            "plan.yaml",
+            "goal: g\nsteps:\n  - {id: a, title: A, instruction: x}\nsteps: []\n",
+            r"key 'steps' appears twice in one mapping \(line 4\)",
+        ),
+        (
+            "plan.json",
+            '{"goal": "g", "goal": "h", "steps": []}',
+            "key 'goal' appears twice in one object",
+        ),
+        ("plan.yaml", _BOMB, "aliases expand to more than 100,000 values"),
+        (
+            "plan.yaml",
+            "goal: g\nsteps:\n  - {id: a, title: A, instruction: x, tool: t, args: {q: &r [*r]}}\n",
+            "an alias refers to a value that contains it",
+        ),
+        # the problem and its place, not only PyYAML's context line
+        ("plan.yaml", "goal: [unclosed", r"expected ',' or '\]'.*\(line 1, column 16\)"),
+    ],
+)
+def test_plan_files_that_would_mislead_or_explode_are_refused(
+    tmp_path: Path, name: str, text: str, message: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(UserInputError, match=message):
+        load_plan(path)
+
+
+def test_yaml_anchors_and_merge_keys_still_work(tmp_path: Path) -> None:
+    path = tmp_path / "plan.yaml"
+    path.write_text(
+        "goal: g\nsteps:\n  - &a {id: a, title: A, instruction: x, tool: t, args: {q: 1}}\n"
+        "  - <<: *a\n    id: b\n    depends_on: [a]\n"
+    )
+    plan = load_plan(path)
+    assert [s.id for s in plan.steps] == ["a", "b"]
+    assert plan.step("b").args == {"q": 1}
+
+
 def test_missing_plan_file(tmp_path: Path) -> None:
     with pytest.raises(UserInputError, match="cannot read plan file"):
         load_plan(tmp_path / "nope.yaml")

@@ -337,18 +337,131 @@ def read_text_file(path: Path, what: str) -> str:
         raise UserInputError(f"{what} {path} is not UTF-8 text") from None
 
 
+# The most values a YAML file's aliases may expand to. An alias costs one line but stands for
+# everything its anchor holds, so nine lines of nested aliases make a billion strings (that no
+# one could print, send or run); a plan anywhere near this size is no plan a person wrote.
+MAX_ALIASED_VALUES = 100_000
+
+
+class DataTextError(ValueError):
+    """Why a YAML or JSON text cannot be read, in one line that follows the text's name
+    ("plan file p.yaml" + " is nested too deeply to read")."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last
+    silently, so a second ``steps:`` would drop the first list unseen) and notes aliases."""
+
+    saw_alias = False
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self.saw_alias = True
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # '<<' merges another mapping in; its keys may be overridden
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    repeated = key in seen
+                    seen.add(key)
+                except TypeError:
+                    continue  # an unhashable key: the constructor reports it
+                if repeated:
+                    raise DataTextError(
+                        f"is not valid YAML/JSON: key {key!r} appears twice in one mapping "
+                        f"(line {key_node.start_mark.line + 1}): keep one"
+                    )
+        return super().construct_mapping(node, deep=deep)
+
+
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DataTextError(
+                f"is not valid YAML/JSON: key {key!r} appears twice in one object: keep one"
+            )
+        out[key] = value
+    return out
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error in one line: what is wrong and where (PyYAML's first line is often only
+    the context, e.g. "while parsing a flow sequence", without the problem or the line)."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem:
+        mark = exc.problem_mark
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        return f"{exc.problem}{where}"
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def _check_aliased_size(data: Any) -> None:
+    """Refuse data whose aliases refer to themselves or expand past :data:`MAX_ALIASED_VALUES`."""
+    count = 0
+    on_path: set[int] = set()
+
+    def walk(value: Any) -> None:
+        nonlocal count
+        count += 1
+        if count > MAX_ALIASED_VALUES:
+            raise DataTextError(
+                "is not valid YAML/JSON: its aliases expand to more than "
+                f"{MAX_ALIASED_VALUES:,} values: write the values out, or use fewer aliases"
+            )
+        if isinstance(value, dict | list):
+            if id(value) in on_path:
+                raise DataTextError(
+                    "is not valid YAML/JSON: an alias refers to a value that contains it"
+                )
+            on_path.add(id(value))
+            for item in value.values() if isinstance(value, dict) else value:
+                walk(item)
+            on_path.discard(id(value))
+
+    walk(data)
+
+
+def parse_data_text(text: str, *, json_syntax: bool = False) -> Any:
+    """The data in ``text`` (JSON if ``json_syntax``, else YAML, a superset of JSON), or a
+    :class:`DataTextError` saying in one line what is wrong: bad syntax, a key given twice,
+    nesting too deep, a number too long, or aliases that expand without bound."""
+    try:
+        if json_syntax:
+            return json.loads(text, object_pairs_hook=_json_object)
+        loader = _StrictLoader(text)
+        try:
+            data = loader.get_single_data()
+        finally:
+            loader.dispose()
+        if loader.saw_alias:
+            _check_aliased_size(data)
+        return data
+    except DataTextError:
+        raise
+    except json.JSONDecodeError as exc:
+        raise DataTextError(
+            f"is not valid YAML/JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+        ) from None
+    except yaml.YAMLError as exc:
+        raise DataTextError(f"is not valid YAML/JSON: {_yaml_problem(exc)}") from None
+    except RecursionError:
+        raise DataTextError("is nested too deeply to read") from None
+    except ValueError:  # Python's limit on the digits of an integer it converts
+        raise DataTextError("holds a number with too many digits") from None
+
+
 def parse_yaml_or_json(text: str, path: Path, what: str) -> Any:
     """The data in ``text`` (JSON for a ``.json`` file, else YAML), or a
     :class:`UserInputError` saying what is wrong with ``what``."""
     try:
-        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise UserInputError(f"{what} {path} is not valid YAML/JSON: {first}") from None
-    except RecursionError:
-        raise UserInputError(f"{what} {path} is nested too deeply to read") from None
-    except ValueError:  # Python's limit on the digits of an integer it converts
-        raise UserInputError(f"{what} {path} holds a number with too many digits") from None
+        data = parse_data_text(text, json_syntax=path.suffix.lower() == ".json")
+    except DataTextError as exc:
+        raise UserInputError(f"{what} {path} {exc}") from None
     if data is None:
         raise UserInputError(f"{what} {path} is empty")
     return data
