@@ -472,6 +472,47 @@ async def test_a_refused_edit_is_kept_when_the_editor_then_fails(
     ]
 
 
+UNREADABLE_EDITOR = """\
+import os, sys
+path, state = sys.argv[1], os.environ["EDIT_STATE"]
+used = int(open(state).read()) if os.path.exists(state) else 0
+open(state, "w").write(str(used + 1))
+if used == 0:  # nested deeper than a parser's recursion goes
+    open(path, "w").write("[" * 100_000 + "]" * 100_000)
+else:  # a second steps key, which would silently replace the first
+    open(path, "w").write("goal: g\\nsteps: [{id: a, title: A, instruction: x}]\\nsteps: []\\n")
+"""
+
+
+@pytest.mark.anyio
+async def test_an_unreadable_edit_is_refused_and_the_review_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = tmp_path / "editor.py"
+    script.write_text(UNREADABLE_EDITOR)
+    monkeypatch.setenv("EDIT_STATE", str(tmp_path / "edits"))
+    screen = Console(file=io.StringIO(), width=200, color_system=None)
+    # edit (too deep), edit again (a key twice), discard, approve the proposed plan
+    reviewer = ConsoleReviewer(
+        screen,
+        editor=f"{sys.executable} {script}",
+        stream=io.StringIO("e\ne\nd\na\n"),
+        who="tess",
+    )
+    calls: list[str] = []
+    result = await hierplan.run(
+        ROOT_GOAL,
+        model=fanout_planner(2),
+        tools=[recording_tool(calls)],
+        approver=PolicyApprover(reviewer, "root"),
+    )
+    shown = screen.file.getvalue()  # type: ignore[attr-defined]
+    assert "the edited plan is nested too deeply to read" in shown
+    assert "key 'steps' appears twice in one mapping" in shown
+    assert result.status == "succeeded", shown[-2000:]
+    assert sorted(calls) == ["Collect part 1", "Collect part 2"]
+
+
 SLOW_EDITOR = """\
 #!{python}
 import pathlib, signal, sys, time

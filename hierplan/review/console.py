@@ -31,14 +31,19 @@ from typing import Protocol, TextIO, TypeVar, cast
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
-import yaml
 from rich.console import Console
 from rich.prompt import Prompt
 from rich.text import Text
 
 from hierplan.errors import UserInputError
 from hierplan.hierarchy.gate import Approve, Decision, Defer, Edit, GateContext, Reject
-from hierplan.hierarchy.plan import Plan, plan_from_data, plan_to_yaml
+from hierplan.hierarchy.plan import (
+    DataTextError,
+    Plan,
+    parse_data_text,
+    plan_from_data,
+    plan_to_yaml,
+)
 from hierplan.review.render import diff_view, plan_review_tree, review_view
 
 T = TypeVar("T")
@@ -307,11 +312,12 @@ class _Session:
             text = new_text
 
     def _check(self, text: str) -> tuple[Plan | None, list[str]]:
+        # Read as strictly as a plan file: an edit is as untrusted as one, and nesting too deep
+        # or a number too long must be a finding here, not an error that ends the review.
         try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            return None, [f"the edited plan is not valid YAML: {first}"]
+            data = parse_data_text(text)
+        except DataTextError as exc:
+            return None, [f"the edited plan {exc}"]
         try:
             plan = plan_from_data(data, source="the edited plan")
         except UserInputError as exc:
