@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from hierplan.errors import UserInputError
 from hierplan.hierarchy.context import StrategyName
-from hierplan.hierarchy.plan import parse_yaml_or_json, read_text_file
+from hierplan.hierarchy.plan import field_problems, parse_yaml_or_json, read_text_file
 
 
 class GoalSpec(BaseModel):
@@ -59,11 +59,9 @@ def goal_from_data(data: Any, *, source: str) -> GoalSpec:
     try:
         return GoalSpec.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'goal'}: {err['msg']}"
-            for err in exc.errors()
-        )
-        raise UserInputError(f"{source} is not a valid goal: {problems}") from None
+        raise UserInputError(
+            f"{source} is not a valid goal: {field_problems(exc, 'goal')}"
+        ) from None
 
 
 def load_goal_file(path: Path) -> GoalSpec:

@@ -198,6 +198,17 @@ def test_yaml_anchors_and_merge_keys_still_work(tmp_path: Path) -> None:
     assert plan.step("b").args == {"q": 1}
 
 
+def test_a_plan_with_many_bad_fields_gets_a_short_error(tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"goal": "g", "steps": [{"id": f"s{i}"} for i in range(3000)]}))
+    with pytest.raises(UserInputError) as caught:
+        load_plan(path)
+    message = str(caught.value)
+    assert message.count("Field required") == 10  # the first ten, then how many more
+    assert message.startswith(f"plan file {path} is not a valid plan: steps.0.title: Field")
+    assert message.endswith("; and 5990 more")
+
+
 def test_missing_plan_file(tmp_path: Path) -> None:
     with pytest.raises(UserInputError, match="cannot read plan file"):
         load_plan(tmp_path / "nope.yaml")

@@ -20,7 +20,7 @@ from hierplan.agents.models.provider import json_problem, loads_json
 from hierplan.agents.prompts import PLAN_OUTPUT_NAME, PlanPrompt, progress_summary
 from hierplan.agents.prompts import render_plan_prompt as _render
 from hierplan.errors import PlanParseError
-from hierplan.hierarchy.plan import Plan
+from hierplan.hierarchy.plan import Plan, field_problems
 
 if TYPE_CHECKING:
     from hierplan.hierarchy.context import NodeContext
@@ -48,10 +48,7 @@ def parse_plan_output(response: ModelResponse) -> Plan:
     try:
         return Plan.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'plan'}: {err['msg']}"
-            for err in exc.errors()[:10]
-        )
+        problems = field_problems(exc, "plan")
         raise PlanParseError(f"the plan does not match the schema: {problems}") from None
 
 

@@ -314,16 +314,31 @@ def critical_path(
     return best[end][0], chain[::-1]
 
 
+# The most field problems one error message lists: a file of thousands of bad steps would
+# otherwise make one line of hundreds of kilobytes, where the first few say what to fix.
+MAX_LISTED_PROBLEMS = 10
+
+
+def field_problems(exc: ValidationError, whole: str) -> str:
+    """The fields a validation error found wrong, as ``loc: msg`` joined by ``; `` (``whole``
+    names the data itself), at most :data:`MAX_LISTED_PROBLEMS` of them and how many more."""
+    errors = exc.errors()
+    listed = "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or whole}: {err['msg']}"
+        for err in errors[:MAX_LISTED_PROBLEMS]
+    )
+    more = len(errors) - MAX_LISTED_PROBLEMS
+    return f"{listed}; and {more} more" if more > 0 else listed
+
+
 def plan_from_data(data: Any, *, source: str = "plan") -> Plan:
     """Validate parsed data as a :class:`Plan`; errors name each bad field."""
     try:
         return Plan.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'plan'}: {err['msg']}"
-            for err in exc.errors()
-        )
-        raise UserInputError(f"{source} is not a valid plan: {problems}") from None
+        raise UserInputError(
+            f"{source} is not a valid plan: {field_problems(exc, 'plan')}"
+        ) from None
 
 
 def read_text_file(path: Path, what: str) -> str:
