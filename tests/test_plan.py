@@ -174,6 +174,11 @@ _BOMB = "".join(
             "goal: g\nsteps:\n  - {id: a, title: A, instruction: x, tool: t, args: {q: &r [*r]}}\n",
             "an alias refers to a value that contains it",
         ),
+        # a value YAML cannot convert is a bad value, not a number with too many digits
+        ("plan.yaml", "goal: g\nsteps: []\nwhen: 2020-02-30\n", r"'2020-02-30' is not a valid "),
+        ("plan.yaml", "goal: g\nsteps: []\nn: !!int abc\n", r"'abc' is not a valid int \(line 3\)"),
+        ("plan.yaml", 'goal: g\nsteps: []\nw: !!timestamp "x"\n', "'x' is not a valid timestamp"),
+        ("plan.yaml", "goal: g\nsteps: []\nx: " + "7" * 5000, r"too many digits \(line 3\)"),
         # the problem and its place, not only PyYAML's context line
         ("plan.yaml", "goal: [unclosed", r"expected ',' or '\]'.*\(line 1, column 16\)"),
     ],

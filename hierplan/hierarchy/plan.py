@@ -15,6 +15,7 @@ plan with networkx and reports every problem at once.
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -373,6 +374,29 @@ class _StrictLoader(yaml.SafeLoader):
         if self.check_event(yaml.AliasEvent):
             self.saw_alias = True
         return super().compose_node(parent, index)
+
+    def construct_object(self, node: Any, deep: bool = False) -> Any:
+        # PyYAML's constructors raise what Python raises on a value they cannot convert:
+        # ValueError for "2020-02-30" or !!int "abc", AttributeError for !!timestamp "x". Each
+        # is a bad value at a line of the file, not a number with too many digits.
+        try:
+            return super().construct_object(node, deep=deep)
+        except (DataTextError, RecursionError):
+            raise
+        except (ValueError, TypeError, AttributeError, OverflowError):
+            if not isinstance(node, yaml.ScalarNode):
+                raise
+            line = node.start_mark.line + 1
+            if (
+                node.tag == "tag:yaml.org,2002:int"
+                and len(node.value) > sys.get_int_max_str_digits()
+            ):
+                raise DataTextError(f"holds a number with too many digits (line {line})") from None
+            shown = node.value if len(node.value) <= 40 else node.value[:40] + "..."
+            kind = node.tag.rsplit(":", 1)[-1]
+            raise DataTextError(
+                f"is not valid YAML/JSON: {shown!r} is not a valid {kind} (line {line})"
+            ) from None
 
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         if isinstance(node, yaml.MappingNode):
