@@ -17,6 +17,7 @@ from hierplan.hierarchy.plan import (
     critical_path,
     diff_plans,
     load_plan,
+    parse_yaml_or_json,
     plan_from_data,
     plan_to_yaml,
     topological_order,
@@ -178,6 +179,7 @@ _BOMB = "".join(
         ("plan.yaml", "goal: g\nsteps: []\nwhen: 2020-02-30\n", r"'2020-02-30' is not a valid "),
         ("plan.yaml", "goal: g\nsteps: []\nn: !!int abc\n", r"'abc' is not a valid int \(line 3\)"),
         ("plan.yaml", 'goal: g\nsteps: []\nw: !!timestamp "x"\n', "'x' is not a valid timestamp"),
+        ("plan.yaml", "goal: g\nsteps: []\nn: !!int ''\n", "'' is not a valid int"),
         ("plan.yaml", "goal: g\nsteps: []\nx: " + "7" * 5000, r"too many digits \(line 3\)"),
         # the problem and its place, not only PyYAML's context line
         ("plan.yaml", "goal: [unclosed", r"expected ',' or '\]'.*\(line 1, column 16\)"),
@@ -277,3 +279,25 @@ def test_a_step_does_the_same_work_whatever_its_title_or_estimate() -> None:
     direct = Step(id="d", title="D", instruction="copy", tool="t", args={"n": 1})
     assert direct.same_work(direct.model_copy(update={"instruction": "copy it"}))
     assert not direct.same_work(direct.model_copy(update={"args": {"n": 2}}))
+
+
+# Pieces of YAML and JSON syntax, tags and scalars, joined at random: most texts are broken.
+yaml_text = st.lists(
+    st.sampled_from(
+        [*"ab1-:[]{}&*!<>?|%@'\"\\,.#\n ", "!!int ", "!!timestamp ", "2020-02-30", "&x ", "*x"]
+    ),
+    max_size=40,
+).map("".join)
+
+
+@settings(max_examples=500, deadline=None)
+@given(yaml_text, st.sampled_from(["plan.yaml", "plan.json"]))
+def test_untrusted_plan_text_gives_a_plan_or_one_line_error(text: str, name: str) -> None:
+    """Whatever a plan file holds, reading it gives a Plan or a one-line UserInputError."""
+    path = Path("/nonexistent") / name
+    try:
+        data = parse_yaml_or_json(text, path, "plan file")
+        plan_from_data(data, source=f"plan file {path}")
+    except UserInputError as exc:
+        assert "\n" not in str(exc)
+        assert str(exc).startswith(f"plan file {path} ")

@@ -377,13 +377,14 @@ class _StrictLoader(yaml.SafeLoader):
 
     def construct_object(self, node: Any, deep: bool = False) -> Any:
         # PyYAML's constructors raise what Python raises on a value they cannot convert:
-        # ValueError for "2020-02-30" or !!int "abc", AttributeError for !!timestamp "x". Each
-        # is a bad value at a line of the file, not a number with too many digits.
+        # ValueError for "2020-02-30" or !!int "abc", AttributeError for !!timestamp "x",
+        # IndexError for an empty !!int. Each is a bad value at a line of the file, not a
+        # number with too many digits nor a traceback.
         try:
             return super().construct_object(node, deep=deep)
         except (DataTextError, RecursionError):
             raise
-        except (ValueError, TypeError, AttributeError, OverflowError):
+        except (ValueError, TypeError, AttributeError, ArithmeticError, LookupError):
             if not isinstance(node, yaml.ScalarNode):
                 raise
             line = node.start_mark.line + 1
