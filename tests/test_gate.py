@@ -118,6 +118,18 @@ async def test_edits_are_validated_again_and_an_invalid_edit_goes_back_to_the_ap
     assert attempts[0] == () and "depends on itself" in attempts[1][0]
 
 
+async def test_an_edit_built_without_the_schema_checks_is_refused() -> None:
+    # model_copy(update=...) and model_construct skip field validation: an id that is no id
+    # (one no $id reference could name, here) would otherwise reach the run.
+    sneaky = GOOD.model_copy(update={"steps": [s("a").model_copy(update={"id": "../x"})]})
+    edits = iter([sneaky, GOOD])
+    approver = CallbackApprover(lambda p, c: Edit(next(edits), by="dave"))
+    outcome = await Gate(approver).review(GOOD, ctx())
+    assert outcome.kind == "edited" and outcome.plan == GOOD
+    (refused,) = outcome.refused
+    assert refused.problems[0].startswith("the edited plan is not a valid plan: steps.0.id:")
+
+
 async def test_a_callback_must_return_a_decision() -> None:
     with pytest.raises(TypeError, match="return Approve"):
         await Gate(CallbackApprover(lambda p, c: "yes")).review(GOOD, ctx())  # type: ignore[arg-type,return-value]

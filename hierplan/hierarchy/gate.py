@@ -20,10 +20,18 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 import anyio
+from pydantic import ValidationError
 
 from hierplan.agents.tools import Toolbox
 from hierplan.errors import ToolArgsError
-from hierplan.hierarchy.plan import Plan, PlanDiff, PlanProblem, Step, validate_plan
+from hierplan.hierarchy.plan import (
+    Plan,
+    PlanDiff,
+    PlanProblem,
+    Step,
+    field_problems,
+    validate_plan,
+)
 
 REF_PATTERN = re.compile(r"\$([A-Za-z0-9_][A-Za-z0-9_.\-]{0,63})")
 
@@ -355,8 +363,9 @@ class Gate:
             if isinstance(decision, Defer):
                 return GateOutcome("pending", plan, decision.by, decision.note, refused=ctx.refused)
             edit, decision = decision, None
-            edited = edit.plan
-            edit_problems = [str(p) for p in self.validate(edited, ctx)]
+            edited, edit_problems = _schema_checked(edit.plan)
+            if not edit_problems:
+                edit_problems = [str(p) for p in self.validate(edited, ctx)]
             if not edit_problems:
                 return GateOutcome("edited", edited, edit.by, edit.note, refused=ctx.refused)
             if not ctx.refused or ctx.refused[-1].plan != edited:
@@ -369,6 +378,22 @@ class Gate:
             f"no valid edit after {self.max_edit_rounds} rounds: {'; '.join(ctx.problems)}",
             refused=ctx.refused,
         )
+
+
+def _schema_checked(plan: Plan) -> tuple[Plan, list[str]]:
+    """An edit's plan checked against the plan schema again, and what it found wrong.
+
+    A plan the proposal's parser made has passed the schema, but an approver's edit need not
+    have: ``Plan.model_construct`` (or ``model_copy(update=...)``) skips the field checks the
+    validators rely on: the step id pattern that ``$id`` references match, the kinds, the
+    length and estimate limits.
+    """
+    if not isinstance(plan, Plan):
+        raise TypeError(f"Edit needs a Plan, not {type(plan).__name__}: Edit(Plan(...))")
+    try:
+        return Plan.model_validate(plan.model_dump(warnings=False)), []
+    except ValidationError as exc:
+        return plan, [f"the edited plan is not a valid plan: {field_problems(exc, 'plan')}"]
 
 
 def _with_problems(ctx: GateContext, problems: list[str]) -> GateContext:
