@@ -130,6 +130,12 @@ async def test_an_edit_built_without_the_schema_checks_is_refused() -> None:
     assert refused.problems[0].startswith("the edited plan is not a valid plan: steps.0.id:")
 
 
+async def test_an_edit_of_plain_data_is_a_clear_type_error() -> None:
+    approver = CallbackApprover(lambda p, c: Edit({"goal": "g", "steps": []}))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"Edit needs a Plan, not dict"):
+        await Gate(approver).review(GOOD, ctx())
+
+
 async def test_a_callback_must_return_a_decision() -> None:
     with pytest.raises(TypeError, match="return Approve"):
         await Gate(CallbackApprover(lambda p, c: "yes")).review(GOOD, ctx())  # type: ignore[arg-type,return-value]
