@@ -90,6 +90,15 @@ async def test_references_must_name_dependencies() -> None:
     assert (await gate.review(ok, ctx())).kind == "approved"
 
 
+async def test_a_reference_to_the_step_itself_is_not_told_to_depend_on_itself() -> None:
+    plan = Plan(goal="g", steps=[s("a", tool="copy", args={"table": "$a"})])
+    outcome = await Gate().review(plan, ctx())
+    assert outcome.problems == [
+        "step 'a' uses $a, its own result, which does not exist before it runs: refer to a "
+        "step it depends on"
+    ]
+
+
 async def test_a_dollar_amount_or_punctuation_after_a_reference_is_not_a_reference() -> None:
     gate = Gate()
     plan = Plan(

@@ -238,6 +238,17 @@ def args_validator(plan: Plan, ctx: GateContext) -> list[PlanProblem]:
             continue
         refs = step_refs(step, ids)
         for ref in sorted(refs - set(step.depends_on)):
+            if ref == step.id:
+                # "depend on it" would be a self-dependency, which the gate refuses too
+                problems.append(
+                    PlanProblem(
+                        "bad_reference",
+                        f"step {step.id!r} uses ${ref}, its own result, which does not exist "
+                        "before it runs: refer to a step it depends on",
+                        step.id,
+                    )
+                )
+                continue
             problems.append(
                 PlanProblem(
                     "bad_reference",
