@@ -25,7 +25,7 @@ from hierplan import (
 )
 from hierplan.agents.executor import StepResult, resolve_refs
 from hierplan.agents.models.scripted import plan_response, text_response, tool_response
-from hierplan.agents.planner import parse_plan_output
+from hierplan.agents.planner import LLMPlanner, parse_plan_output
 from hierplan.errors import PlanParseError
 
 pytestmark = pytest.mark.anyio
@@ -92,6 +92,11 @@ async def test_an_invalid_plan_gets_one_repair_attempt() -> None:
     repair = model.requests[1].messages[-1].content
     assert repair.startswith("REPAIR: that plan was invalid: the plan is not valid JSON")
     assert [c.purpose for c in result.tree.calls] == ["plan", "plan-repair"]
+
+
+def test_repair_attempts_cannot_be_negative() -> None:
+    with pytest.raises(ValueError, match="repair_attempts must be 0 or more, not -1"):
+        LLMPlanner(repair_attempts=-1)
 
 
 async def test_a_plan_that_stays_invalid_fails_the_node_clearly() -> None:

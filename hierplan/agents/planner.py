@@ -67,6 +67,9 @@ class LLMPlanner:
     """Plans and replans a node's goal with the node's model."""
 
     def __init__(self, *, repair_attempts: int = 1) -> None:
+        # Fewer than none would ask the model nothing and fail with no reason at all.
+        if repair_attempts < 0:
+            raise ValueError(f"repair_attempts must be 0 or more, not {repair_attempts}")
         self.repair_attempts = repair_attempts
 
     async def plan(
