@@ -23,7 +23,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from hierplan.errors import UserInputError
 from hierplan.hierarchy.context import StrategyName
-from hierplan.hierarchy.plan import field_problems, parse_yaml_or_json, read_text_file
+from hierplan.hierarchy.plan import (
+    MAX_GOAL_CHARS,
+    field_problems,
+    parse_yaml_or_json,
+    read_text_file,
+)
 
 
 class GoalSpec(BaseModel):
@@ -31,7 +36,8 @@ class GoalSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    goal: str | None = Field(default=None, min_length=1, max_length=20_000)
+    # The run's own limit, so that a goal that runs given on the command line runs from a file.
+    goal: str | None = Field(default=None, min_length=1, max_length=MAX_GOAL_CHARS)
     scenario: str | None = Field(default=None, min_length=1)
     strategy: StrategyName | None = None
     model: str | None = None

@@ -289,6 +289,19 @@ def test_a_goal_file_with_a_blank_goal_or_an_empty_scenario_is_refused(tmp_path:
         load_goal_file(empty)
 
 
+def test_a_goal_file_takes_as_long_a_goal_as_a_run_does(tmp_path: Path) -> None:
+    from hierplan.errors import UserInputError
+    from hierplan.goals import load_goal_file
+
+    long_goal = "migrate the shop " * 2_000  # 34,000 characters: the run takes 100,000
+    path = tmp_path / "goal.txt"
+    path.write_text(long_goal)
+    assert load_goal_file(path).goal == long_goal.strip()
+    path.write_text("x" * 100_001)
+    with pytest.raises(UserInputError, match="goal: String should have at most 100000"):
+        load_goal_file(path)
+
+
 def test_every_option_of_every_command_says_what_it_does() -> None:
     import typer.main
 
