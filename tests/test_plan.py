@@ -7,8 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from hierplan.errors import UserInputError
 from hierplan.hierarchy.plan import (
@@ -301,3 +303,33 @@ def test_untrusted_plan_text_gives_a_plan_or_one_line_error(text: str, name: str
     except UserInputError as exc:
         assert "\n" not in str(exc)
         assert str(exc).startswith(f"plan file {path} ")
+
+
+def test_yaml_line_breaks_in_text_survive_a_plan_file() -> None:
+    # YAML reads \x85, \u2028 and \u2029 as line breaks: written bare, they came back a space.
+    plan = Plan(goal="g\u2028h", steps=[step("a", tool="t", args={"text": "a\x85b\u2029c"})])
+    assert plan_from_data(yaml.safe_load(plan_to_yaml(plan))) == plan
+
+
+plain_values = (
+    st.text(max_size=10) | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.text(min_size=1, max_size=20),
+    st.text(min_size=1, max_size=20),
+    st.dictionaries(st.text(max_size=5), plain_values, max_size=3),
+)
+def test_a_plan_written_as_yaml_reads_back_the_same(
+    text: str, title: str, args: dict[str, Any]
+) -> None:
+    """What a reviewer is given to edit (and a paused run saves) is the plan itself."""
+    try:
+        plan = Plan(
+            goal=text, steps=[Step(id="a", title=title, instruction=text, tool="t", args=args)]
+        )
+    except ValidationError:
+        return  # a title too long, for instance: not a plan
+    assert plan_from_data(yaml.safe_load(plan_to_yaml(plan))) == plan

@@ -514,11 +514,29 @@ def load_plan(path: Path) -> Plan:
     return plan_from_data(data, source=f"plan file {path}")
 
 
+# Characters YAML reads as line breaks: PyYAML writes them as they are in plain and
+# single-quoted scalars, where reading folds them into a space, so "a\x85b" came back "a b".
+_YAML_BREAKS = frozenset("\x85\u2028\u2029")
+
+
+class _PlanDumper(yaml.SafeDumper):
+    """``yaml.SafeDumper`` that double-quotes (and so escapes) strings holding a YAML break."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = '"' if _YAML_BREAKS.intersection(value) else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_PlanDumper.add_representer(str, _represent_str)
+
+
 def plan_to_yaml(plan: Plan) -> str:
-    """A plan as YAML, without unset optional fields, for people to read and edit."""
+    """A plan as YAML, without unset optional fields, for people to read and edit; reading it
+    back gives the same plan."""
     data = plan.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
     data.setdefault("steps", [])
-    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100)
+    return yaml.dump(data, Dumper=_PlanDumper, sort_keys=False, allow_unicode=True, width=100)
 
 
 @dataclass(slots=True, frozen=True)
