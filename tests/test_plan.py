@@ -92,6 +92,25 @@ def test_subgoal_allowed_above_max_depth_only() -> None:
     assert codes(plan, depth=2, max_depth=2) == ["too_deep"]
 
 
+def test_a_blank_instruction_is_a_problem_unless_the_tool_is_called_directly() -> None:
+    blank = Plan(
+        goal="g",
+        steps=[
+            Step(id="a", title="A", instruction=" \n\t"),
+            Step(id="b", title="B", instruction=" ", kind="subgoal"),
+            Step(id="c", title="C", instruction=" ", tool="t"),
+            Step(id="d", title="D", instruction=" ", tool="t", args={"x": 1}),
+        ],
+    )
+    problems = validate_plan(blank, tools=["t"])
+    assert [(p.code, p.step) for p in problems] == [
+        ("blank_instruction", "a"),
+        ("blank_instruction", "b"),
+        ("blank_instruction", "c"),
+    ]
+    assert str(problems[0]) == "step 'a' has a blank instruction: say what the step does"
+
+
 def test_topological_order_keeps_plan_order_for_ties() -> None:
     plan = Plan(goal="g", steps=[step("c"), step("a", "c"), step("b"), step("d", "a", "b")])
     assert topological_order(plan) == ["c", "a", "b", "d"]

@@ -165,7 +165,8 @@ def validate_plan(
 
     Checks: empty plan, too many steps, duplicate ids, dangling and self dependencies, cycles,
     tools that are unknown or not allowed (``tools`` is the allowlist; ``None`` skips the
-    check), arguments without a tool, and sub-goals at or beyond ``max_depth`` (a node at
+    check), arguments without a tool, blank instructions (unless the step calls its tool
+    directly), and sub-goals at or beyond ``max_depth`` (a node at
     ``depth`` may only plan sub-goals if its children would be at most ``max_depth`` deep).
     """
     problems: list[PlanProblem] = []
@@ -241,6 +242,16 @@ def _step_problems(
         )
     if s.args is not None and s.tool is None:
         out.append(PlanProblem("args_without_tool", f"step {s.id!r} has args but no tool", s.id))
+    if not s.instruction.strip() and not (s.tool is not None and s.args is not None):
+        # Whitespace passes the schema's min_length, but an executor or sub-planner given it has
+        # nothing to do; a step that calls its tool directly does not use its instruction.
+        out.append(
+            PlanProblem(
+                "blank_instruction",
+                f"step {s.id!r} has a blank instruction: say what the step does",
+                s.id,
+            )
+        )
     if s.kind == "subgoal":
         if s.tool is not None:
             out.append(
