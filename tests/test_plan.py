@@ -197,7 +197,11 @@ _BOMB = "".join(
             "an alias refers to a value that contains it",
         ),
         # a value YAML cannot convert is a bad value, not a number with too many digits
-        ("plan.yaml", "goal: g\nsteps: []\nwhen: 2020-02-30\n", r"'2020-02-30' is not a valid "),
+        (
+            "plan.yaml",
+            "goal: g\nsteps: []\nw: !!timestamp 2020-02-30\n",
+            r"'2020-02-30' is not a valid ",
+        ),
         ("plan.yaml", "goal: g\nsteps: []\nn: !!int abc\n", r"'abc' is not a valid int \(line 3\)"),
         ("plan.yaml", 'goal: g\nsteps: []\nw: !!timestamp "x"\n', "'x' is not a valid timestamp"),
         ("plan.yaml", "goal: g\nsteps: []\nn: !!int ''\n", "'' is not a valid int"),
@@ -213,6 +217,18 @@ def test_plan_files_that_would_mislead_or_explode_are_refused(
     path.write_text(text)
     with pytest.raises(UserInputError, match=message):
         load_plan(path)
+
+
+def test_an_unquoted_date_in_a_plan_file_is_the_text_written(tmp_path: Path) -> None:
+    # As in JSON: a tool's string argument gets the string, and the plan saved again is the same.
+    path = tmp_path / "plan.yaml"
+    path.write_text(
+        "goal: g\nsteps:\n  - {id: a, title: A, instruction: x, tool: t, args: {day: 2024-05-01}}\n"
+    )
+    plan = load_plan(path)
+    assert plan.step("a").args == {"day": "2024-05-01"}
+    path.write_text(plan_to_yaml(plan))
+    assert load_plan(path) == plan
 
 
 def test_yaml_anchors_and_merge_keys_still_work(tmp_path: Path) -> None:

@@ -430,6 +430,15 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+# Plans and goal files hold JSON-shaped data: a date written unquoted ("when: 2024-05-01") is
+# the text written, as in JSON, not a datetime that a tool's string argument then refuses and
+# that comes back as text once the plan is saved. An explicit !!timestamp still makes one.
+_StrictLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
 def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
