@@ -111,6 +111,21 @@ def test_a_blank_instruction_is_a_problem_unless_the_tool_is_called_directly() -
     assert str(problems[0]) == "step 'a' has a blank instruction: say what the step does"
 
 
+def test_an_inf_or_nan_argument_is_a_problem(tmp_path: Path) -> None:
+    path = tmp_path / "plan.yaml"
+    path.write_text(
+        "goal: g\nsteps:\n  - {id: a, title: A, instruction: x, tool: t, args: {n: .inf}}\n"
+        "  - {id: b, title: B, instruction: y, tool: t, args: {n: [1, {m: .nan}]}}\n"
+        "  - {id: c, title: C, instruction: z, tool: t, args: {n: 1.5}}\n"
+    )
+    problems = validate_plan(load_plan(path), tools=["t"])
+    assert [(p.code, p.step) for p in problems] == [
+        ("non_finite_arg", "a"),
+        ("non_finite_arg", "b"),
+    ]
+    assert str(problems[0]) == "step 'a' has an argument that is inf or nan: give a finite number"
+
+
 def test_topological_order_keeps_plan_order_for_ties() -> None:
     plan = Plan(goal="g", steps=[step("c"), step("a", "c"), step("b"), step("d", "a", "b")])
     assert topological_order(plan) == ["c", "a", "b", "d"]

@@ -15,6 +15,7 @@ plan with networkx and reports every problem at once.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -165,9 +166,9 @@ def validate_plan(
 
     Checks: empty plan, too many steps, duplicate ids, dangling and self dependencies, cycles,
     tools that are unknown or not allowed (``tools`` is the allowlist; ``None`` skips the
-    check), arguments without a tool, blank instructions (unless the step calls its tool
-    directly), and sub-goals at or beyond ``max_depth`` (a node at
-    ``depth`` may only plan sub-goals if its children would be at most ``max_depth`` deep).
+    check), arguments without a tool or that are inf or nan, blank instructions (unless the
+    step calls its tool directly), and sub-goals at or beyond ``max_depth`` (a node at ``depth``
+    may only plan sub-goals if its children would be at most ``max_depth`` deep).
     """
     problems: list[PlanProblem] = []
     if not plan.steps:
@@ -242,6 +243,15 @@ def _step_problems(
         )
     if s.args is not None and s.tool is None:
         out.append(PlanProblem("args_without_tool", f"step {s.id!r} has args but no tool", s.id))
+    if s.args is not None and _has_non_finite(s.args):
+        # JSON has no inf or nan: the plan's record, events and YAML would say null instead.
+        out.append(
+            PlanProblem(
+                "non_finite_arg",
+                f"step {s.id!r} has an argument that is inf or nan: give a finite number",
+                s.id,
+            )
+        )
     if not s.instruction.strip() and not (s.tool is not None and s.args is not None):
         # Whitespace passes the schema's min_length, but an executor or sub-planner given it has
         # nothing to do; a step that calls its tool directly does not use its instruction.
@@ -267,6 +277,16 @@ def _step_problems(
                 )
             )
     return out
+
+
+def _has_non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_has_non_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_non_finite(v) for v in value)
+    return False
 
 
 def _cycle_problems(plan: Plan) -> list[PlanProblem]:
