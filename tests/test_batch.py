@@ -577,6 +577,19 @@ def test_the_batch_panel_without_a_terminal_ends_its_lines(tmp_path: Path) -> No
     assert any(line.strip().startswith("batch summary") for line in lines), result.output
 
 
+def test_a_batch_on_the_simulator_says_so_in_its_summary(tmp_path: Path) -> None:
+    goals = tmp_path / "goals.jsonl"
+    goals.write_text('{"suite": "game24", "task": 0}\n{"suite": "crafting", "task": 0}\n')
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        app, ["batch", str(goals), "--out", str(out), "--sim-latency-scale", "0"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "offline simulator for 2 of 2 goals [SIMULATED]" in result.output, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["simulated_goals"] == 2
+
+
 def test_an_interrupted_batch_names_the_command_that_resumes_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import anyio
 
+from hierplan.agents.models.base import parse_model_string
 from hierplan.batch.budget import (
     BatchBudget,
     GoalLedger,
@@ -446,8 +447,16 @@ def summarize(batch: Batch, wall_time_s: float, finished_now: int) -> dict[str, 
     prior_t = sum(r.prior_tokens for r in rows)
     prior_p = sum(r.prior_pico for r in rows)
     budget = batch.budget
+    default_model = batch.options.model
+    simulated = sum(
+        1
+        for goal in batch.goals.goals
+        if parse_model_string(goal.spec.model or default_model).provider == "sim"
+    )
     return {
         "goals": len(rows),
+        # Goals answered by the offline simulator: their figures are simulated, not measured.
+        "simulated_goals": simulated,
         "counts": counts,
         "statuses": statuses,
         "spent_usd": pico_to_usd(spent_p),

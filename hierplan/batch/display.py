@@ -131,6 +131,12 @@ def summary_table(summary: dict[str, Any]) -> Table:
         "goals",
         f"{summary['goals']} ({', '.join(f'{k} {v}' for k, v in counts.items() if v)})",
     )
+    simulated = summary.get("simulated_goals", 0)
+    if simulated:
+        table.add_row(
+            "model",
+            f"offline simulator for {simulated} of {summary['goals']} goals [SIMULATED]",
+        )
     table.add_row("spent", f"${summary['spent_usd']:.6f}, {summary['spent_tokens']:,} tokens")
     limit = summary["budget"]
     table.add_row(
