@@ -429,3 +429,14 @@ def test_a_missing_api_key_stops_before_anything_is_written(tmp_path: Path) -> N
     assert not out.exists()
     result = bench("--base-url", "http://127.0.0.1:1/v1", "--out", str(out))
     assert result.exit_code == 2 and "apply to real models" in result.stderr
+
+
+def test_a_missing_api_key_is_the_only_line_shown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    result = bench("--model", "openai:gpt-5-mini", "--out", str(tmp_path / "nothing"))
+    assert result.exit_code == 2
+    assert result.stdout == ""  # no progress bar for a benchmark that never started
+    assert result.stderr.startswith("error: openai:gpt-5-mini needs an API key")
+    assert len(result.stderr.splitlines()) == 1, result.stderr

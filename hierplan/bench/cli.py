@@ -263,8 +263,13 @@ def _run(console: Console, config: BenchConfig, out: Path, resume: bool) -> list
     )
     bar = progress.add_task("runs", total=None, ok=0)
     succeeded = 0
+    shown: list[bool] = []
 
     def started(total: int, already: int) -> None:
+        # Shown once the runs are about to start: a benchmark refused before (a missing API
+        # key, an --out holding another benchmark) shows its one-line error alone.
+        progress.start()
+        shown.append(True)
         progress.update(bar, total=total, completed=already)
 
     def finished(record: dict[str, Any]) -> None:
@@ -273,12 +278,15 @@ def _run(console: Console, config: BenchConfig, out: Path, resume: bool) -> list
         progress.update(bar, advance=1, ok=succeeded)
 
     try:
-        with progress:
-            return anyio.run(
-                lambda: run_bench(config, out, resume=resume, on_start=started, on_result=finished)
-            )
+        return anyio.run(
+            lambda: run_bench(config, out, resume=resume, on_start=started, on_result=finished)
+        )
     except HierplanError as exc:
-        _fail(str(exc))
+        problem = str(exc)
+    finally:
+        if shown:
+            progress.stop()
+    _fail(problem)
 
 
 def _command(
