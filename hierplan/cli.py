@@ -50,7 +50,7 @@ from hierplan.review.policy import POLICY_HELP
 from hierplan.scenarios import scenarios
 from hierplan.tracing.html import write_html
 from hierplan.tracing.report import plan_tree, print_run
-from hierplan.tracing.setup import TRACE_HELP, configure_tracing
+from hierplan.tracing.setup import TRACE_HELP, configure_tracing, parse_trace_target
 
 app = typer.Typer(
     name="hierplan",
@@ -486,6 +486,8 @@ def demo_command(
             policy=review_policy,
             default="auto",
         )
+        for target in trace or ():
+            parse_trace_target(target)  # a bad one is refused before the banner
     except UserInputError as exc:
         _fail(str(exc))
     _refuse_paused_run(out)

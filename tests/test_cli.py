@@ -59,6 +59,17 @@ def test_run_a_scenario_writes_run_json_and_view_shows_it(tmp_path: Path) -> Non
     )
 
 
+def test_a_demo_with_a_bad_trace_target_prints_the_error_alone(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    result = hierplan("demo", "--out", str(out), "--trace", "bogus")
+    assert result.returncode == 2
+    assert result.stdout == ""  # no banner for a demo that does not start
+    assert result.stderr.strip() == (
+        "error: unknown --trace target 'bogus': use console, otlp, otlp=URL or jsonl=PATH"
+    )
+    assert not out.exists()
+
+
 def test_bad_input_exits_2_with_one_line_and_no_traceback(tmp_path: Path) -> None:
     broken = tmp_path / "goal.yaml"
     broken.write_text("goal: [unclosed\n")
