@@ -50,7 +50,12 @@ from hierplan.review.policy import POLICY_HELP
 from hierplan.scenarios import scenarios
 from hierplan.tracing.html import write_html
 from hierplan.tracing.report import plan_tree, print_run
-from hierplan.tracing.setup import TRACE_HELP, configure_tracing, parse_trace_target
+from hierplan.tracing.setup import (
+    TRACE_HELP,
+    configure_tracing,
+    export_problems_in_one_line,
+    parse_trace_target,
+)
 
 app = typer.Typer(
     name="hierplan",
@@ -310,14 +315,16 @@ def _execute(
     if tracing is not None:
         kwargs["instruments"] = tracing.instruments
     try:
-        result = anyio.run(lambda: _run_with_console(console, setup=setup, **kwargs))
+        with export_problems_in_one_line():
+            try:
+                result = anyio.run(lambda: _run_with_console(console, setup=setup, **kwargs))
+            finally:
+                if tracing is not None:
+                    tracing.shutdown()
     except HierplanError as exc:
         _fail(str(exc))
     except KeyboardInterrupt:
         _fail("interrupted", EXIT_INTERRUPTED)
-    finally:
-        if tracing is not None:
-            tracing.shutdown()
     _finish(console, result, out, started)
 
 

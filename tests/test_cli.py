@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -68,6 +69,20 @@ def test_a_demo_with_a_bad_trace_target_prints_the_error_alone(tmp_path: Path) -
         "error: unknown --trace target 'bogus': use console, otlp, otlp=URL or jsonl=PATH"
     )
     assert not out.exists()
+
+
+def test_a_collector_that_cannot_be_reached_is_one_warning_line(tmp_path: Path) -> None:
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_TIMEOUT": "2", "OTEL_METRICS_EXPORTER": "none"}
+    result = subprocess.run(
+        [sys.executable, "-m", "hierplan", "run", "--scenario", "data_migration", "--yes",
+         "--out", str(tmp_path / "run"), *FAST, "--trace", "otlp=http://127.0.0.1:1"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("warning: the trace could not be exported"), lines[0]
+    assert "run goes on without it" in lines[0]
 
 
 def test_bad_input_exits_2_with_one_line_and_no_traceback(tmp_path: Path) -> None:

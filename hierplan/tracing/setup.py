@@ -23,10 +23,12 @@ says otherwise; ``OTEL_RESOURCE_ATTRIBUTES`` is honoured.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -300,3 +302,47 @@ def configure_tracing(
         capture_content=capture_content,
     )
     return TraceSetup(tracing, tracer_provider, meter_provider, targets)
+
+
+class _OneLineExportWarning(logging.Handler):
+    """Says once, in one line, that the trace could not be exported; drops the rest."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        super().__init__(logging.WARNING)
+        self.stream = stream
+        self.said = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Write the first problem's first line; later ones repeat it for other batches."""
+        if self.said:
+            return
+        self.said = True
+        try:
+            problem = " ".join(record.getMessage().split())
+        except Exception:  # a record whose arguments do not format: say what is known
+            problem = str(record.msg)
+        if len(problem) > 300:
+            problem = problem[:299] + "…"
+        self.stream.write(
+            f"warning: the trace could not be exported (is the collector running and its "
+            f"address right?); the run goes on without it: {problem}\n"
+        )
+        self.stream.flush()
+
+
+@contextmanager
+def export_problems_in_one_line(stream: IO[str] | None = None) -> Iterator[None]:
+    """While inside, OpenTelemetry exporters' warnings and errors (an OTLP collector that
+    cannot be reached retries and logs every attempt) become one warning line on ``stream``
+    (stderr by default). For command-line programs: it changes the ``opentelemetry.exporter``
+    logger until the block ends."""
+    logger = logging.getLogger("opentelemetry.exporter")
+    handler = _OneLineExportWarning(stream or sys.stderr)
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
