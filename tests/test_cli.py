@@ -85,6 +85,23 @@ def test_a_collector_that_cannot_be_reached_is_one_warning_line(tmp_path: Path) 
     assert "run goes on without it" in lines[0]
 
 
+def test_a_missing_api_key_says_what_to_set_from_the_command_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    out = tmp_path / "run"
+    model = "anthropic:claude-haiku-4-5"
+    result = runner.invoke(
+        app, ["run", "--scenario", "data_migration", "-m", model, "-y", "-o", str(out)]
+    )
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        f"error: {model} needs an API key: set ANTHROPIC_API_KEY (a local server that ignores "
+        "keys takes any value), or, from Python, pass api_key in model_options"
+    )
+    assert not out.exists()
+
+
 def test_bad_input_exits_2_with_one_line_and_no_traceback(tmp_path: Path) -> None:
     broken = tmp_path / "goal.yaml"
     broken.write_text("goal: [unclosed\n")

@@ -160,7 +160,7 @@ def require_key(given: str | None, variable: str, model: str) -> str:
     if not key or not key.strip():
         raise ModelNotAvailableError(
             f"{model} needs an API key: set {variable} (a local server that ignores keys "
-            f"takes any value), or pass api_key in model_options"
+            f"takes any value), or, from Python, pass api_key in model_options"
         )
     return key.strip()
 
