@@ -102,6 +102,17 @@ def test_a_missing_api_key_says_what_to_set_from_the_command_line(
     assert not out.exists()
 
 
+def test_a_broken_yaml_plan_names_the_problem_and_where_it_is(tmp_path: Path) -> None:
+    broken = tmp_path / "plan.yaml"
+    broken.write_text("goal: g\nsteps:\n  - id: a\n   title: x\n")
+    result = runner.invoke(app, ["validate", str(broken)])
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        f"error: plan file {broken} is not valid YAML/JSON: expected <block end>, but found "
+        "'<block mapping start>' at line 4, column 4"
+    )
+
+
 def test_bad_input_exits_2_with_one_line_and_no_traceback(tmp_path: Path) -> None:
     broken = tmp_path / "goal.yaml"
     broken.write_text("goal: [unclosed\n")
