@@ -586,6 +586,10 @@ def test_a_batch_on_the_simulator_says_so_in_its_summary(tmp_path: Path) -> None
     )
     assert result.exit_code == 0, result.output
     assert "offline simulator for 2 of 2 goals [SIMULATED]" in result.output, result.output
+    finished = [line for line in result.output.splitlines() if line.startswith("succeeded")]
+    assert len(finished) == 2 and all(line.split()[2].startswith("$") for line in finished), (
+        finished
+    )  # the state, the goal's id, its cost: "succeeded" is not said twice
     summary = json.loads((out / "summary.json").read_text())
     assert summary["simulated_goals"] == 2
 

@@ -114,8 +114,9 @@ class BatchDisplay:
     def goal_done(self, goal_id: str, state: str, status: str, detail: str) -> None:
         """Print one finished goal above the panel."""
         style = STATE_STYLES.get(state, "")
+        shown = "" if status == state else f"{status}  "  # "failed  g1  partial", not twice
         self.console.print(
-            Text.assemble((f"{state:9} ", style), f"{goal_id}  {status}  ", (detail, "dim")),
+            Text.assemble((f"{state:9} ", style), f"{goal_id}  {shown}", (detail, "dim")),
             highlight=False,
         )
         self.refresh()
