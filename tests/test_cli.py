@@ -113,6 +113,26 @@ def test_a_broken_yaml_plan_names_the_problem_and_where_it_is(tmp_path: Path) ->
     )
 
 
+def test_view_shows_a_answer_of_several_lines_line_by_line(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = runner.invoke(
+        app, ["run", "--scenario", "data_migration", "--yes", "--out", str(out), *FAST]
+    )
+    assert result.exit_code == 0, result.output
+    record = json.loads((out / "run.json").read_text())
+    record["answer"] = "first: 5 tables match\nsecond: 2 tables match\n\nthird: ok"
+    (out / "run.json").write_text(json.dumps(record))
+    view = CliRunner().invoke(app, ["view", str(out / "run.json")], terminal_width=200)
+    assert view.exit_code == 0, view.output
+    tail = view.output[view.output.index("answer:") :].splitlines()
+    assert tail[:4] == [
+        "answer:",
+        "  first: 5 tables match",
+        "  second: 2 tables match",
+        "  third: ok",
+    ], tail
+
+
 def test_bad_input_exits_2_with_one_line_and_no_traceback(tmp_path: Path) -> None:
     broken = tmp_path / "goal.yaml"
     broken.write_text("goal: [unclosed\n")

@@ -237,9 +237,21 @@ def summary_lines(result: RunResult) -> Text:
         ok = bool(result.verification.get("ok"))
         text.append("\nverified: ", style="bold")
         text.append(str(result.verification.get("summary", "")), style="green" if ok else "red")
-    text.append("\nanswer: ", style="bold")
-    text.append(short(result.answer, 400) or "(none)")
+    text.append("\nanswer:", style="bold")
+    text.append(answer_text(result.answer))
     return text
+
+
+def answer_text(answer: str, lines: int = 12, limit: int = 400) -> str:
+    """An answer as shown after ``answer:``: on the same line when it is one line; else its
+    lines (each cut to ``limit`` characters), the first ``lines`` of them, each on its own."""
+    rows = [" ".join(row.split()) for row in answer.splitlines() if row.strip()]
+    if len(rows) <= 1:
+        return " " + (short(answer, limit) or "(none)")
+    shown = [f"\n  {short(row, limit)}" for row in rows[:lines]]
+    if len(rows) > lines:
+        shown.append(f"\n  … {len(rows) - lines} more line(s) in the run record")
+    return "".join(shown)
 
 
 def audit_table(result: RunResult) -> Table | None:
