@@ -594,6 +594,21 @@ def test_a_batch_on_the_simulator_says_so_in_its_summary(tmp_path: Path) -> None
     assert summary["simulated_goals"] == 2
 
 
+def test_a_batch_whose_collector_cannot_be_reached_says_so_in_one_line(tmp_path: Path) -> None:
+    goals = tmp_path / "goals.jsonl"
+    goals.write_text('{"suite": "game24", "task": 0}\n')
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_TIMEOUT": "2", "OTEL_METRICS_EXPORTER": "none"}
+    result = subprocess.run(
+        [sys.executable, "-m", "hierplan", "batch", str(goals), "--out", str(tmp_path / "out"),
+         "--sim-latency-scale", "0", "--trace", "otlp=http://127.0.0.1:1"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("warning: the trace could not be exported"), lines[0]
+
+
 def test_an_interrupted_batch_names_the_command_that_resumes_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

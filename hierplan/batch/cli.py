@@ -24,7 +24,12 @@ from hierplan.batch.runner import RunOptions
 from hierplan.budgets.budget import ALLOCATIONS, MAX_BUDGET_TOKENS, Budget, usd_to_pico
 from hierplan.errors import HierplanError, UserInputError
 from hierplan.hierarchy.context import STRATEGY_NAMES
-from hierplan.tracing.setup import TRACE_HELP, TraceSetup, configure_tracing
+from hierplan.tracing.setup import (
+    TRACE_HELP,
+    TraceSetup,
+    configure_tracing,
+    export_problems_in_one_line,
+)
 
 BrokerOpt = Annotated[
     str | None,
@@ -233,16 +238,18 @@ def _run(batch: Batch, tracing: TraceSetup | None) -> NoReturn:
     display = BatchDisplay(console, batch.tally())
     batch.display = display
     try:
-        with display:
-            summary = anyio.run(execute, batch)
+        with export_problems_in_one_line():
+            try:
+                with display:
+                    summary = anyio.run(execute, batch)
+            finally:
+                batch.journal.close()
+                if tracing is not None:
+                    tracing.shutdown()
     except HierplanError as exc:
         _fail(str(exc))
     except KeyboardInterrupt:
         _fail(f"interrupted; continue with: {resume_command(config)}", 130)
-    finally:
-        batch.journal.close()
-        if tracing is not None:
-            tracing.shutdown()
     console.print(summary_table(summary))
     console.print(
         f"journal: {config.out / 'journal.sqlite'}  summary: {config.out / 'summary.json'}  "
