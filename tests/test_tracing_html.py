@@ -114,6 +114,16 @@ def test_report_has_every_node_level_and_cost() -> None:
     assert "SIMULATED" in page
 
 
+def test_a_simulated_run_says_so_in_the_report_title() -> None:
+    result = sample_run()
+    page = render_html(result)
+    assert "<title>hierplan run r1 (SIMULATED)</title>" in page
+    assert "<h1>hierplan run r1 (SIMULATED)</h1>" in page
+    result.simulated = False
+    real = render_html(result)
+    assert "<title>hierplan run r1</title>" in real and "SIMULATED" not in real
+
+
 def test_report_is_self_contained() -> None:
     page = render_html(sample_run())
     for needle in ("http://", "https://", "src=", "href=", "@import", "url("):

@@ -343,7 +343,8 @@ def render_html(result: RunResult) -> str:
         "default-src 'none'; style-src 'unsafe-inline'; "
         f"script-src 'sha256-{script_hash}'; base-uri 'none'; form-action 'none'"
     )
-    title = f"hierplan run {result.run_id}"
+    # The title is what a tab, a bookmark or a printout shows: a simulated run says so there.
+    title = f"hierplan run {result.run_id}" + (" (SIMULATED)" if result.simulated else "")
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f'<meta http-equiv="Content-Security-Policy" content="{e(csp)}">'
