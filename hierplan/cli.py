@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import shlex
 import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, NoReturn, cast
 from urllib.parse import urlsplit
 
 import anyio
@@ -688,6 +689,30 @@ register_batch_commands(app)
 app.command("bench")(bench_command)
 
 
+# The parser's error for a command line it refuses: click's UsageError, which newer typer
+# versions vendor; BadParameter derives from it in either.
+_USAGE_ERROR = cast("type[Exception]", typer.BadParameter.__mro__[1])
+
+
 def main() -> None:
-    """Entry point of the ``hierplan`` script."""
-    app()
+    """Entry point of the ``hierplan`` script.
+
+    A command line the parser refuses (an unknown option, a value out of range, a missing
+    argument) is one ``error:`` line naming the help to read, like every other bad input.
+    """
+    try:
+        code = app(standalone_mode=False)
+    except _USAGE_ERROR as exc:
+        error: Any = exc
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            error.show()  # the help, as asked for by giving nothing
+            sys.exit(error.exit_code)
+        where = error.ctx.command_path if error.ctx is not None else "hierplan"
+        message = " ".join(error.format_message().split())
+        try:
+            _fail(f"{message} (see {where} --help)", error.exit_code)
+        except typer.Exit as stop:
+            sys.exit(stop.exit_code)
+    except typer.Abort:
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

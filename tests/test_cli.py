@@ -133,6 +133,26 @@ def test_view_shows_a_answer_of_several_lines_line_by_line(tmp_path: Path) -> No
     ], tail
 
 
+def test_a_bad_option_is_one_line_that_points_to_help() -> None:
+    cases = [
+        (["run", "--scenario", "data_migration", "--bogus"], "No such option: --bogus"),
+        (["run", "--timeout", "0", "--yes"], "Invalid value for '--timeout'"),
+        (["view"], "Missing argument"),
+        (["frobnicate"], "No such command 'frobnicate'"),
+    ]
+    for args, message in cases:
+        proc = hierplan(*args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert proc.stdout == "", (args, proc.stdout)
+        lines = proc.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), (args, proc.stderr)
+        assert message in lines[0] and "--help" in lines[0], (args, lines[0])
+    # help, the version and no arguments at all are unchanged
+    assert hierplan("--version").stdout.startswith("hierplan ")
+    assert "Usage:" in hierplan().stdout
+    assert hierplan("view", "--help").returncode == 0
+
+
 def test_bad_input_exits_2_with_one_line_and_no_traceback(tmp_path: Path) -> None:
     broken = tmp_path / "goal.yaml"
     broken.write_text("goal: [unclosed\n")
