@@ -609,6 +609,23 @@ def test_a_batch_whose_collector_cannot_be_reached_says_so_in_one_line(tmp_path:
     assert lines[0].startswith("warning: the trace could not be exported"), lines[0]
 
 
+def test_a_celery_batch_whose_redis_is_down_writes_nothing(tmp_path: Path) -> None:
+    goals = tmp_path / "goals.jsonl"
+    goals.write_text('{"suite": "game24", "task": 0}\n')
+    out = tmp_path / "out"
+    broker = "redis://127.0.0.1:1/0"
+    result = subprocess.run(
+        [sys.executable, "-m", "hierplan", "batch", str(goals), "--out", str(out),
+         "--backend", "celery", "--broker", broker, "--sim-latency-scale", "0"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""  # no panel for a batch that never started
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: cannot reach Redis at {broker}")
+    assert not out.exists()  # the same command works as it is once Redis is up
+
+
 def test_an_interrupted_batch_names_the_command_that_resumes_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

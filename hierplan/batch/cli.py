@@ -22,6 +22,7 @@ from hierplan.batch.core import DEFAULT_CONCURRENCY, Batch, BatchConfig, execute
 from hierplan.batch.display import BatchDisplay, summary_table
 from hierplan.batch.runner import RunOptions
 from hierplan.budgets.budget import ALLOCATIONS, MAX_BUDGET_TOKENS, Budget, usd_to_pico
+from hierplan.budgets.redis_ledger import check_reachable
 from hierplan.errors import HierplanError, UserInputError
 from hierplan.hierarchy.context import STRATEGY_NAMES
 from hierplan.tracing.setup import (
@@ -181,6 +182,10 @@ def batch_command(
             instruments=tracing.instruments if tracing is not None else (),
             given=_given_flags(context),
         )
+        if broker is not None:
+            # Before the batch's directory is made: a broker that is down leaves nothing to
+            # resume, and the command can be given again as it was once Redis is up.
+            check_reachable(broker)
         batch = prepare(config)
     except HierplanError as exc:
         if tracing is not None:

@@ -88,6 +88,17 @@ def connect(url: str) -> redis.Redis:
         raise UserInputError(f"not a Redis URL: {url!r} ({exc})") from None
 
 
+def check_reachable(url: str) -> None:
+    """Refuse a Redis that does not answer at ``url``, in one line saying so."""
+    client = connect(url)
+    try:
+        client.ping()
+    except Exception as exc:  # connection refused, a wrong password, a timeout...
+        raise UserInputError(f"cannot reach Redis at {url}: {exc}") from None
+    finally:
+        client.close()
+
+
 class RedisLedger(Ledger):
     """The ledger contract on Redis: every method one atomic Lua script.
 
