@@ -185,7 +185,7 @@ def batch_command(
         if broker is not None:
             # Before the batch's directory is made: a broker that is down leaves nothing to
             # resume, and the command can be given again as it was once Redis is up.
-            check_reachable(broker)
+            check_reachable(broker, _hide_password(broker))
         batch = prepare(config)
     except HierplanError as exc:
         if tracing is not None:

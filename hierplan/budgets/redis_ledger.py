@@ -88,13 +88,14 @@ def connect(url: str) -> redis.Redis:
         raise UserInputError(f"not a Redis URL: {url!r} ({exc})") from None
 
 
-def check_reachable(url: str) -> None:
-    """Refuse a Redis that does not answer at ``url``, in one line saying so."""
+def check_reachable(url: str, shown: str | None = None) -> None:
+    """Refuse a Redis that does not answer at ``url``, in one line saying so (naming it as
+    ``shown``: the URL with its password hidden, say)."""
     client = connect(url)
     try:
         client.ping()
     except Exception as exc:  # connection refused, a wrong password, a timeout...
-        raise UserInputError(f"cannot reach Redis at {url}: {exc}") from None
+        raise UserInputError(f"cannot reach Redis at {shown or url}: {exc}") from None
     finally:
         client.close()
 
