@@ -109,7 +109,7 @@ def test_a_broken_yaml_plan_names_the_problem_and_where_it_is(tmp_path: Path) ->
     assert result.exit_code == 2
     assert result.output.strip() == (
         f"error: plan file {broken} is not valid YAML/JSON: expected <block end>, but found "
-        "'<block mapping start>' at line 4, column 4"
+        "'<block mapping start>' (line 4, column 4)"
     )
 
 
