@@ -105,6 +105,17 @@ def test_a_key_given_twice_on_a_goal_line_is_refused_not_overwritten() -> None:
     assert "line 2: 'id', 'seed' given more than once: keep one" in message
 
 
+def test_a_goals_line_takes_as_long_a_goal_as_a_run_does() -> None:
+    from hierplan.hierarchy.plan import MAX_GOAL_CHARS
+
+    longest = ("x\n" * MAX_GOAL_CHARS)[: MAX_GOAL_CHARS - 1] + "x"  # its JSON escapes each \n
+    line = json.dumps({"goal": longest, "model": "openai:gpt-5-mini"})
+    (goal,) = parse_goals(line)
+    assert goal.spec.goal == longest
+    with pytest.raises(UserInputError, match="line 1: goal: String should have at most"):
+        parse_goals(json.dumps({"goal": longest + "x", "model": "openai:gpt-5-mini"}))
+
+
 def test_a_default_id_taken_by_another_line_says_so() -> None:
     text = '{"scenario": "data_migration", "id": "line-2"}\n{"scenario": "data_migration"}\n'
     with pytest.raises(UserInputError) as caught:

@@ -51,10 +51,12 @@ from hierplan.bench.suites import get_suite
 from hierplan.budgets.budget import ALLOCATIONS, MAX_BUDGET_TOKENS, MAX_BUDGET_USD
 from hierplan.errors import HierplanError, UserInputError
 from hierplan.hierarchy.context import StrategyName
+from hierplan.hierarchy.plan import MAX_GOAL_CHARS
 from hierplan.scenarios import get_scenario
 
 MAX_ERRORS_SHOWN = 20
-MAX_LINE_CHARS = 100_000
+# Room for a goal as long as a run takes, written as JSON (escapes can double its length).
+MAX_LINE_CHARS = 2 * MAX_GOAL_CHARS + 10_000
 GOAL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 MAX_TASK_INDEX = 9_999
@@ -71,7 +73,7 @@ class GoalLine(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     id: str | None = Field(default=None, pattern=GOAL_ID.pattern)
-    goal: str | None = Field(default=None, min_length=1, max_length=20_000)
+    goal: str | None = Field(default=None, min_length=1, max_length=MAX_GOAL_CHARS)
     scenario: str | None = Field(default=None, min_length=1, max_length=100)
     suite: str | None = Field(default=None, min_length=1, max_length=100)
     task: Annotated[StrictStr, Field(max_length=100)] | StrictInt | None = None
