@@ -437,20 +437,18 @@ open(path, "w").write(yaml.safe_dump(data, sort_keys=False))
 """
 
 
-@pytest.mark.anyio
-async def test_a_refused_edit_is_kept_when_the_editor_then_fails(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def review_with_editor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, editor: str, keys: str, width: int
+) -> tuple[str, hierplan.RunResult, list[str]]:
+    """A run of ROOT_GOAL whose root plan is reviewed at the console with ``keys``, the plan
+    editor being the Python script ``editor`` (which keeps a count of its uses in EDIT_STATE):
+    what the screen showed, the result, and the tool calls made."""
     script = tmp_path / "editor.py"
-    script.write_text(FLAKY_EDITOR)
+    script.write_text(editor)
     monkeypatch.setenv("EDIT_STATE", str(tmp_path / "edits"))
-    screen = Console(file=io.StringIO(), width=120, color_system=None)
-    # edit (refused), edit again (the editor fails), edit (fixed), approve the edited plan
+    screen = Console(file=io.StringIO(), width=width, color_system=None)
     reviewer = ConsoleReviewer(
-        screen,
-        editor=f"{sys.executable} {script}",
-        stream=io.StringIO("e\ne\ne\na\n"),
-        who="tess",
+        screen, editor=f"{sys.executable} {script}", stream=io.StringIO(keys), who="tess"
     )
     calls: list[str] = []
     result = await hierplan.run(
@@ -459,7 +457,17 @@ async def test_a_refused_edit_is_kept_when_the_editor_then_fails(
         tools=[recording_tool(calls)],
         approver=PolicyApprover(reviewer, "root"),
     )
-    shown = screen.file.getvalue()  # type: ignore[attr-defined]
+    return screen.file.getvalue(), result, calls  # type: ignore[attr-defined]
+
+
+@pytest.mark.anyio
+async def test_a_refused_edit_is_kept_when_the_editor_then_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # edit (refused), edit again (the editor fails), edit (fixed), approve the edited plan
+    shown, result, calls = await review_with_editor(
+        tmp_path, monkeypatch, FLAKY_EDITOR, "e\ne\ne\na\n", 120
+    )
     assert "The editor exited with status 1" in shown
     assert "The refused edit is kept for your next edit." in shown
     assert result.status == "succeeded", shown[-2000:]
@@ -488,25 +496,10 @@ else:  # a second steps key, which would silently replace the first
 async def test_an_unreadable_edit_is_refused_and_the_review_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    script = tmp_path / "editor.py"
-    script.write_text(UNREADABLE_EDITOR)
-    monkeypatch.setenv("EDIT_STATE", str(tmp_path / "edits"))
-    screen = Console(file=io.StringIO(), width=200, color_system=None)
     # edit (too deep), edit again (a key twice), discard, approve the proposed plan
-    reviewer = ConsoleReviewer(
-        screen,
-        editor=f"{sys.executable} {script}",
-        stream=io.StringIO("e\ne\nd\na\n"),
-        who="tess",
+    shown, result, calls = await review_with_editor(
+        tmp_path, monkeypatch, UNREADABLE_EDITOR, "e\ne\nd\na\n", 200
     )
-    calls: list[str] = []
-    result = await hierplan.run(
-        ROOT_GOAL,
-        model=fanout_planner(2),
-        tools=[recording_tool(calls)],
-        approver=PolicyApprover(reviewer, "root"),
-    )
-    shown = screen.file.getvalue()  # type: ignore[attr-defined]
     assert "the edited plan is nested too deeply to read" in shown
     assert "key 'steps' appears twice in one mapping" in shown
     assert result.status == "succeeded", shown[-2000:]
