@@ -36,6 +36,23 @@ if TYPE_CHECKING:
     from hierplan.agents.models.base import Usage
 
 
+# The most field problems one error message lists: a file of thousands of bad steps would
+# otherwise make one line of hundreds of kilobytes, where the first few say what to fix.
+MAX_LISTED_PROBLEMS = 10
+
+
+def field_problems(exc: ValidationError, whole: str) -> str:
+    """The fields a validation error found wrong, as ``loc: msg`` joined by ``; `` (``whole``
+    names the data itself), at most :data:`MAX_LISTED_PROBLEMS` of them and how many more."""
+    errors = exc.errors()
+    listed = "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or whole}: {err['msg']}"
+        for err in errors[:MAX_LISTED_PROBLEMS]
+    )
+    more = len(errors) - MAX_LISTED_PROBLEMS
+    return f"{listed}; and {more} more" if more > 0 else listed
+
+
 def first_problem(exc: ValidationError, whole: str = "top level") -> str:
     """``"<where>: <what>"`` of the first error a pydantic validation found (``whole``: what
     to call the input itself when the error is about all of it)."""

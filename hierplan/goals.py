@@ -21,14 +21,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from hierplan.errors import UserInputError
+from hierplan.errors import UserInputError, field_problems
 from hierplan.hierarchy.context import StrategyName
-from hierplan.hierarchy.plan import (
-    MAX_GOAL_CHARS,
-    field_problems,
-    parse_yaml_or_json,
-    read_text_file,
-)
+from hierplan.hierarchy.plan import MAX_GOAL_CHARS, parse_yaml_or_json, read_text_file
 
 
 class GoalSpec(BaseModel):

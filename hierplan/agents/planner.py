@@ -19,8 +19,8 @@ from hierplan.agents.models.base import Message, ModelRequest, ModelResponse, Ou
 from hierplan.agents.models.provider import json_problem, loads_json
 from hierplan.agents.prompts import PLAN_OUTPUT_NAME, PlanPrompt, progress_summary
 from hierplan.agents.prompts import render_plan_prompt as _render
-from hierplan.errors import PlanParseError
-from hierplan.hierarchy.plan import Plan, field_problems
+from hierplan.errors import PlanParseError, field_problems
+from hierplan.hierarchy.plan import Plan
 
 if TYPE_CHECKING:
     from hierplan.hierarchy.context import NodeContext

@@ -23,13 +23,12 @@ import anyio
 from pydantic import ValidationError
 
 from hierplan.agents.tools import Toolbox
-from hierplan.errors import ToolArgsError
+from hierplan.errors import ToolArgsError, field_problems
 from hierplan.hierarchy.plan import (
     Plan,
     PlanDiff,
     PlanProblem,
     Step,
-    field_problems,
     validate_plan,
 )
 

@@ -14,9 +14,7 @@ plan with networkx and reports every problem at once.
 
 from __future__ import annotations
 
-import json
 import math
-import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -27,7 +25,8 @@ import networkx as nx
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from hierplan.errors import UserInputError
+from hierplan.errors import UserInputError, field_problems
+from hierplan.hierarchy.datatext import DataTextError, parse_data_text
 
 DEFAULT_MAX_STEPS = 50
 DEFAULT_MAX_DEPTH = 3
@@ -346,23 +345,6 @@ def critical_path(
     return best[end][0], chain[::-1]
 
 
-# The most field problems one error message lists: a file of thousands of bad steps would
-# otherwise make one line of hundreds of kilobytes, where the first few say what to fix.
-MAX_LISTED_PROBLEMS = 10
-
-
-def field_problems(exc: ValidationError, whole: str) -> str:
-    """The fields a validation error found wrong, as ``loc: msg`` joined by ``; `` (``whole``
-    names the data itself), at most :data:`MAX_LISTED_PROBLEMS` of them and how many more."""
-    errors = exc.errors()
-    listed = "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or whole}: {err['msg']}"
-        for err in errors[:MAX_LISTED_PROBLEMS]
-    )
-    more = len(errors) - MAX_LISTED_PROBLEMS
-    return f"{listed}; and {more} more" if more > 0 else listed
-
-
 def plan_from_data(data: Any, *, source: str = "plan") -> Plan:
     """Validate parsed data as a :class:`Plan`; errors name each bad field."""
     try:
@@ -382,157 +364,6 @@ def read_text_file(path: Path, what: str) -> str:
         raise UserInputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise UserInputError(f"{what} {path} is not UTF-8 text") from None
-
-
-# The most values a YAML file's aliases may expand to. An alias costs one line but stands for
-# everything its anchor holds, so nine lines of nested aliases make a billion strings (that no
-# one could print, send or run); a plan anywhere near this size is no plan a person wrote.
-MAX_ALIASED_VALUES = 100_000
-
-
-class DataTextError(ValueError):
-    """Why a YAML or JSON text cannot be read, in one line that follows the text's name
-    ("plan file p.yaml" + " is nested too deeply to read")."""
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last
-    silently, so a second ``steps:`` would drop the first list unseen) and notes aliases."""
-
-    saw_alias = False
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            self.saw_alias = True
-        return super().compose_node(parent, index)
-
-    def construct_object(self, node: Any, deep: bool = False) -> Any:
-        # PyYAML's constructors raise what Python raises on a value they cannot convert:
-        # ValueError for "2020-02-30" or !!int "abc", AttributeError for !!timestamp "x",
-        # IndexError for an empty !!int. Each is a bad value at a line of the file, not a
-        # number with too many digits nor a traceback.
-        try:
-            return super().construct_object(node, deep=deep)
-        except (DataTextError, RecursionError):
-            raise
-        except (ValueError, TypeError, AttributeError, ArithmeticError, LookupError):
-            if not isinstance(node, yaml.ScalarNode):
-                raise
-            line = node.start_mark.line + 1
-            if (
-                node.tag == "tag:yaml.org,2002:int"
-                and len(node.value) > sys.get_int_max_str_digits()
-            ):
-                raise DataTextError(f"holds a number with too many digits (line {line})") from None
-            shown = node.value if len(node.value) <= 40 else node.value[:40] + "..."
-            kind = node.tag.rsplit(":", 1)[-1]
-            raise DataTextError(
-                f"is not valid YAML/JSON: {shown!r} is not a valid {kind} (line {line})"
-            ) from None
-
-    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-        if isinstance(node, yaml.MappingNode):
-            seen: set[Any] = set()
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue  # '<<' merges another mapping in; its keys may be overridden
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    repeated = key in seen
-                    seen.add(key)
-                except TypeError:
-                    continue  # an unhashable key: the constructor reports it
-                if repeated:
-                    raise DataTextError(
-                        f"is not valid YAML/JSON: key {key!r} appears twice in one mapping "
-                        f"(line {key_node.start_mark.line + 1}): keep one"
-                    )
-        return super().construct_mapping(node, deep=deep)
-
-
-# Plans and goal files hold JSON-shaped data: a date written unquoted ("when: 2024-05-01") is
-# the text written, as in JSON, not a datetime that a tool's string argument then refuses and
-# that comes back as text once the plan is saved. An explicit !!timestamp still makes one.
-_StrictLoader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-
-
-def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise DataTextError(
-                f"is not valid YAML/JSON: key {key!r} appears twice in one object: keep one"
-            )
-        out[key] = value
-    return out
-
-
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    """A YAML error in one line: what is wrong and where (PyYAML's first line is often only
-    the context, e.g. "while parsing a flow sequence", without the problem or the line)."""
-    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem:
-        mark = exc.problem_mark
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        return f"{exc.problem}{where}"
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-
-
-def _check_aliased_size(data: Any) -> None:
-    """Refuse data whose aliases refer to themselves or expand past :data:`MAX_ALIASED_VALUES`."""
-    count = 0
-    on_path: set[int] = set()
-
-    def walk(value: Any) -> None:
-        nonlocal count
-        count += 1
-        if count > MAX_ALIASED_VALUES:
-            raise DataTextError(
-                "is not valid YAML/JSON: its aliases expand to more than "
-                f"{MAX_ALIASED_VALUES:,} values: write the values out, or use fewer aliases"
-            )
-        if isinstance(value, dict | list):
-            if id(value) in on_path:
-                raise DataTextError(
-                    "is not valid YAML/JSON: an alias refers to a value that contains it"
-                )
-            on_path.add(id(value))
-            for item in value.values() if isinstance(value, dict) else value:
-                walk(item)
-            on_path.discard(id(value))
-
-    walk(data)
-
-
-def parse_data_text(text: str, *, json_syntax: bool = False) -> Any:
-    """The data in ``text`` (JSON if ``json_syntax``, else YAML, a superset of JSON), or a
-    :class:`DataTextError` saying in one line what is wrong: bad syntax, a key given twice,
-    nesting too deep, a number too long, or aliases that expand without bound."""
-    try:
-        if json_syntax:
-            return json.loads(text, object_pairs_hook=_json_object)
-        loader = _StrictLoader(text)
-        try:
-            data = loader.get_single_data()
-        finally:
-            loader.dispose()
-        if loader.saw_alias:
-            _check_aliased_size(data)
-        return data
-    except DataTextError:
-        raise
-    except json.JSONDecodeError as exc:
-        raise DataTextError(
-            f"is not valid YAML/JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
-        ) from None
-    except yaml.YAMLError as exc:
-        raise DataTextError(f"is not valid YAML/JSON: {_yaml_problem(exc)}") from None
-    except RecursionError:
-        raise DataTextError("is nested too deeply to read") from None
-    except ValueError:  # Python's limit on the digits of an integer it converts
-        raise DataTextError("holds a number with too many digits") from None
 
 
 def parse_yaml_or_json(text: str, path: Path, what: str) -> Any:

@@ -36,14 +36,9 @@ from rich.prompt import Prompt
 from rich.text import Text
 
 from hierplan.errors import UserInputError
+from hierplan.hierarchy.datatext import DataTextError, parse_data_text
 from hierplan.hierarchy.gate import Approve, Decision, Defer, Edit, GateContext, Reject
-from hierplan.hierarchy.plan import (
-    DataTextError,
-    Plan,
-    parse_data_text,
-    plan_from_data,
-    plan_to_yaml,
-)
+from hierplan.hierarchy.plan import Plan, plan_from_data, plan_to_yaml
 from hierplan.review.render import diff_view, plan_review_tree, review_view
 
 T = TypeVar("T")
