@@ -156,12 +156,13 @@ def distinct_call_ids(calls: Sequence[ToolCall], turn: int) -> tuple[ToolCall, .
     """``calls`` with an id of their own each: a call without an id, or with the id of an
     earlier call of the same turn (some OpenAI-compatible servers give parallel calls one id),
     gets ``call_<turn>_<index>``. Otherwise the replies could not say which result is whose."""
+    given = {c.id for c in calls}  # a new id must not take one a later call holds
     seen: set[str] = set()
     out: list[ToolCall] = []
     for index, call in enumerate(calls):
         if not call.id or call.id in seen:
             new_id = f"call_{turn}_{index}"
-            while new_id in seen or any(c.id == new_id for c in calls):
+            while new_id in seen or new_id in given:
                 new_id += "_"
             call = ToolCall(new_id, call.name, call.arguments)
         seen.add(call.id)
