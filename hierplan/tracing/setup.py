@@ -50,6 +50,7 @@ from opentelemetry.sdk.trace.export import (
     SpanExportResult,
 )
 
+from hierplan.agents.models.provider import one_line
 from hierplan.errors import UserInputError
 from hierplan.hierarchy.context import Instrument
 from hierplan.hierarchy.record import make_directory
@@ -318,11 +319,9 @@ class _OneLineExportWarning(logging.Handler):
             return
         self.said = True
         try:
-            problem = " ".join(record.getMessage().split())
+            problem = one_line(record.getMessage())
         except Exception:  # a record whose arguments do not format: say what is known
-            problem = str(record.msg)
-        if len(problem) > 300:
-            problem = problem[:299] + "…"
+            problem = one_line(str(record.msg))
         self.stream.write(
             f"warning: the trace could not be exported (is the collector running and its "
             f"address right?); the run goes on without it: {problem}\n"
