@@ -66,9 +66,15 @@ def test_numbers_no_plan_can_hold_are_a_parse_error_not_a_crash() -> None:
     too_long = '{"goal": "g", "steps": [], "x": ' + "9" * 5000 + "}"
     with pytest.raises(PlanParseError, match="a number with too many digits"):
         parse_plan_output(ModelResponse(text=too_long))
-    for estimate in ({"estimate_tokens": 10**400}, {"estimate_usd": float("inf")}):
+    for estimate in ({"estimate_tokens": 10**400}, {"estimate_usd": 1e300}):
         with pytest.raises(PlanParseError, match=r"estimate_.*less than or equal"):
             parse_plan_output(ModelResponse(output={"goal": "g", "steps": [{**step, **estimate}]}))
+    # inf and NaN are not numbers out of range but no numbers at all: said so, not "<= 1e9".
+    for bad in (float("inf"), float("nan")):
+        with pytest.raises(PlanParseError, match=r"estimate_usd: Input should be a finite number"):
+            parse_plan_output(
+                ModelResponse(output={"goal": "g", "steps": [{**step, "estimate_usd": bad}]})
+            )
 
 
 @settings(max_examples=200)

@@ -75,6 +75,7 @@ class Step(BaseModel):
         default=None,
         ge=0,
         le=1e9,
+        allow_inf_nan=False,  # else NaN is refused as "should be <= 1e9", which misleads
         description="Expected cost of a subgoal in USD (for budgets).",
     )
     estimate_tokens: int | None = Field(
