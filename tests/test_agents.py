@@ -207,6 +207,26 @@ async def test_step_deadline_then_retries_then_failure() -> None:
     assert leaf.error == "step timed out after 0.05 s"
 
 
+async def test_step_retry_backoff_doubles_up_to_its_cap() -> None:
+    steps: list[dict[str, Any]] = [
+        {"id": "a", "title": "A", "instruction": "nap", "tool": "nap", "args": {"seconds": 5}}
+    ]
+    events: list[hierplan.Event] = []
+    result = await hierplan.run(
+        "g",
+        model=ScriptedModel([plan_response({"goal": "g", "steps": steps})]),
+        tools=[nap],
+        strategy="plan-execute",
+        listeners=[events.append],
+        settings=hierplan.RunSettings(
+            step_timeout_s=0.01, max_retries=5, retry_backoff_s=0.01, retry_max_delay_s=0.03
+        ),
+    )
+    assert result.tree.children[0].attempts == 6
+    delays = [e.delay_s for e in events if isinstance(e, hierplan.StepRetried)]
+    assert delays == pytest.approx([0.01, 0.02, 0.03, 0.03, 0.03])
+
+
 async def test_global_leaf_limit_holds_across_sub_plans() -> None:
     running = 0
     peak = 0

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import hierplan
 from hierplan.cli import app
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -43,3 +44,14 @@ def test_every_documented_option_exists() -> None:
     documented = set(re.findall(r"`(--[a-z-]+)", README.read_text()))
     assert documented, "the README documents options"
     assert documented <= known, documented - known
+
+
+def test_run_settings_table_lists_every_setting_with_its_default() -> None:
+    section = README.read_text().split("### Run settings", 1)[1].split("\n### ", 1)[0]
+    rows = dict(re.findall(r"^\| `([a-z_]+)` \|.*\| `([^`]*)` \|$", section, re.M))
+    fields = hierplan.RunSettings.model_fields
+    assert list(rows) == list(fields), "the table lists every RunSettings field, in order"
+    for name, field in fields.items():
+        default = field.default
+        shown = f"{default:g}" if isinstance(default, float) else str(default)
+        assert rows[name] == shown, f"{name}: README says {rows[name]}, the default is {shown}"

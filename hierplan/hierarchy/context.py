@@ -59,7 +59,14 @@ class RunSettings(BaseModel):
     plan_concurrency: int = Field(8, ge=1, description="Steps of one plan running at once.")
     max_steps: int = Field(DEFAULT_MAX_STEPS, ge=1, description="Steps allowed in one plan.")
     max_retries: int = Field(2, ge=0, description="Retries of a failed step before replanning.")
-    retry_backoff_s: float = Field(0.2, ge=0, description="First retry delay; doubles each time.")
+    retry_backoff_s: float = Field(
+        0.2,
+        ge=0,
+        description="First retry delay of a step or a model call; doubles each time, up to a cap.",
+    )
+    retry_max_delay_s: float = Field(
+        60.0, ge=0, description="Longest wait before a step retry: the doubling stops there."
+    )
     max_replans: int = Field(2, ge=0, description="Replans per node after failures.")
     max_rejections: int = Field(3, ge=0, description="Plans a node may have rejected.")
     max_invalid_plans: int = Field(2, ge=0, description="Invalid plans a node may propose.")

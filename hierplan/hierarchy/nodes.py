@@ -260,7 +260,10 @@ async def run_task_node(
                 if not failure.retryable or attempt > retries:
                     _finish(node, failure.status, error=str(failure))
                     raise failure
-                delay = settings.retry_backoff_s * 2.0 ** (attempt - 1)
+                # Capped: with many retries the doubling would otherwise reach hours.
+                delay = min(
+                    settings.retry_max_delay_s, settings.retry_backoff_s * 2.0 ** (attempt - 1)
+                )
                 if run.bus.active:
                     run.bus.emit(
                         StepRetried(
