@@ -311,3 +311,44 @@ async def test_a_validator_raising_any_error_makes_the_arguments_invalid() -> No
     model.assert_complete()
     assert result.status == "failed"  # the plan gate refused the plan: no crash
     assert "KeyError: 'nope'" in (result.error or "")
+
+
+async def test_a_run_above_40_steps_at_once_runs_as_many_sync_tools_at_once() -> None:
+    # Every step's sync tool waits until all of them are running: with the 40 worker threads
+    # anyio allows by default, the last ten would never start and the barrier would break.
+    concurrency = 50
+    barrier = threading.Barrier(concurrency, timeout=5)
+
+    @tool
+    def meet(n: int) -> int:
+        """Wait for every other step's call."""
+        barrier.wait()
+        return n
+
+    steps = [
+        Step(id=f"s{i}", title=f"meet {i}", instruction="meet", tool="meet", args={"n": i})
+        for i in range(concurrency)
+    ]
+    model = ScriptedModel([plan_response(Plan(goal="meet", steps=steps))])
+    result = await hierplan.run(
+        "meet",
+        model=model,
+        tools=[meet],
+        strategy="dag",
+        settings=hierplan.RunSettings(
+            concurrency=concurrency, plan_concurrency=concurrency, max_steps=concurrency
+        ),
+    )
+    assert result.status == "succeeded", result.error
+    assert result.stats["peak_concurrent_leaves"] == concurrency
+
+
+def test_runs_of_40_steps_at_once_or_fewer_share_anyio_default_thread_limiter() -> None:
+    from hierplan.agents.tools import _tool_threads, tool_threads
+
+    with tool_threads(40):
+        assert _tool_threads.get() is None  # the default limiter, shared with the loop
+    with tool_threads(41):
+        limiter = _tool_threads.get()
+        assert limiter is not None and limiter.total_tokens == 41
+    assert _tool_threads.get() is None

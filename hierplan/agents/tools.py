@@ -22,7 +22,8 @@ import json
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, contextmanager
+from contextvars import ContextVar
 from functools import partial
 from typing import Annotated, Any, overload
 
@@ -42,6 +43,11 @@ from hierplan.errors import (
 )
 
 DEFAULT_TOOL_TIMEOUT_S = 60.0
+# anyio's default limit of worker threads (per event loop), which sync tools share.
+DEFAULT_TOOL_THREADS = 40
+_tool_threads: ContextVar[anyio.CapacityLimiter | None] = ContextVar(
+    "hierplan_tool_threads", default=None
+)
 # The function names OpenAI and Anthropic both accept: a tool named otherwise runs offline
 # but a real model's first request would be refused.
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -158,13 +164,34 @@ class FunctionTool(Tool):
             result: Any = await self.function(*args, **kwargs)
             return result
         result = await anyio.to_thread.run_sync(
-            partial(self.function, *args, **kwargs), abandon_on_cancel=True
+            partial(self.function, *args, **kwargs),
+            abandon_on_cancel=True,
+            limiter=_tool_threads.get(),
         )
         # A sync wrapper around an async function (a decorator without its own async def)
         # returns a coroutine: its result is what the tool returns, not the coroutine.
         if inspect.isawaitable(result):
             result = await result
         return result
+
+
+@contextmanager
+def tool_threads(concurrency: int) -> Iterator[None]:
+    """Let sync tools started within the block use up to ``concurrency`` worker threads at once.
+
+    Sync tools share anyio's default limit of 40 threads, so a run allowing more executor steps
+    at once than that would queue their tools behind it. Within the block (a run whose
+    ``concurrency`` is above 40), they get a limiter of their own with ``concurrency`` threads;
+    at 40 or less they keep sharing the default one, as any other code on the loop does.
+    """
+    if concurrency <= DEFAULT_TOOL_THREADS:
+        yield
+        return
+    token = _tool_threads.set(anyio.CapacityLimiter(concurrency))
+    try:
+        yield
+    finally:
+        _tool_threads.reset(token)
 
 
 def _doc(function: Callable[..., Any]) -> str:

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from hierplan.agents.models import resolve_model
 from hierplan.agents.models.base import Model, close_model, parse_model_string
 from hierplan.agents.models.simulated import COVERAGE_HINT, NoiseProfile, Oracle
-from hierplan.agents.tools import Tool, Toolbox, Toolset
+from hierplan.agents.tools import Tool, Toolbox, Toolset, tool_threads
 from hierplan.budgets.instrument import (
     BudgetInstrument,
     prepare_budget,
@@ -510,7 +510,7 @@ async def _run_nodes(
     answer = ""
     error: str | None = None
     # cancel() from outside (a run handle) cancels this scope: the run ends "cancelled".
-    with anyio.CancelScope() as cancel_scope:
+    with tool_threads(ctx.settings.concurrency), anyio.CancelScope() as cancel_scope:
         ctx.cancel_scope = cancel_scope
         if ctx.cancel_requested:
             cancel_scope.cancel()
