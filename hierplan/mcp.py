@@ -36,6 +36,8 @@ import mcp_types
 from anyio.abc import TaskStatus
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
+from jsonschema.protocols import Validator
+from jsonschema.validators import validator_for
 from mcp import Client, MCPError, StdioServerParameters, stdio_client
 from mcp.client import Transport
 from mcp.client.streamable_http import streamable_http_client
@@ -121,13 +123,16 @@ class MCPTool(Tool):
         self.remote_name = spec.name
         self.server = connection.server
         self._connection = connection
+        # The draft the schema names in "$schema" (draft-07's tuple "items" and "dependencies"
+        # mean nothing to 2020-12), else 2020-12, the MCP specification's default.
+        draft = validator_for(spec.input_schema, default=Draft202012Validator)
         try:
-            Draft202012Validator.check_schema(spec.input_schema)
+            draft.check_schema(spec.input_schema)
         except SchemaError:
             # A server with a broken schema: let the server judge the arguments.
-            self._validator: Draft202012Validator | None = None
+            self._validator: Validator | None = None
         else:
-            self._validator = Draft202012Validator(spec.input_schema)
+            self._validator = draft(spec.input_schema)
 
     def validate(self, arguments: Mapping[str, Any]) -> Mapping[str, Any]:
         """Check ``arguments`` against the server's JSON schema; errors name each bad field."""

@@ -428,3 +428,23 @@ async def test_a_schema_with_a_reference_to_nowhere_lets_the_server_judge(
         model = hierplan.ScriptedModel([plan_response(Plan(goal="g", steps=[step]))])
         result = await hierplan.run("add", model=model, tools=[add], strategy="dag")
         assert result.status == "succeeded" and result.answer == '{"result": 3}'
+
+
+@pytest.mark.anyio
+async def test_a_schema_is_checked_by_the_draft_its_schema_key_names(
+    server: MCPServerStdio,
+) -> None:
+    # "dependencies" is a draft-07 keyword that 2020-12 ignores: checked as 2020-12, "a"
+    # without "b" would pass and only the server could refuse it.
+    draft7 = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "dependencies": {"a": ["b"]},
+    }
+    async with server.open() as tools:
+        real = _by_name(tools)["add"]
+        add = MCPTool(real._connection, mcp_types.Tool(name="add", input_schema=draft7))
+        with pytest.raises(ToolArgsError, match="'b' is a dependency of 'a'"):
+            add.validate({"a": 1})
+        assert add.validate({"a": 1, "b": 2}) == {"a": 1, "b": 2}
