@@ -331,6 +331,7 @@ def _execute(
 
 @app.command("run")
 def run_command(
+    ctx: typer.Context,
     goal: GoalArg = None,
     scenario: ScenarioOpt = None,
     goal_file: GoalFileOpt = None,
@@ -364,6 +365,8 @@ def run_command(
     console = Console()
     try:
         goal, scenario, options = _goal_input(goal, scenario, goal_file)
+        # A flag given on the command line wins over the goal file, which wins over defaults.
+        options = {k: v for k, v in options.items() if not _given(ctx, k)}
         _check_choices(str(options.get("strategy", strategy)), sim_profile)
         model = str(options.pop("model", model))
         model_options = _model_options(model, base_url, timeout)
@@ -403,16 +406,24 @@ def run_command(
     )
 
 
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether the option ``name`` was set on the command line (or its environment variable),
+    not left to its default."""
+    source = ctx.get_parameter_source(name)
+    # By name: typer may bring its own copy of click, whose enum is not click's.
+    return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
+
+
 def _goal_input(
     goal: str | None, scenario: str | None, goal_file: Path | None
 ) -> tuple[str | None, str | None, dict[str, Any]]:
-    """The goal and scenario to run, and the settings a ``--goal-file`` overrides."""
+    """The goal and scenario to run, and the settings a ``--goal-file`` gives."""
     options: dict[str, Any] = {}
     if goal_file is not None:
         if goal is not None:
             raise UserInputError("give a goal or --goal-file, not both")
         spec = load_goal_file(goal_file)
-        goal, scenario = spec.goal, spec.scenario or scenario
+        goal, scenario = spec.goal, scenario or spec.scenario
         options = spec.overrides()
     if goal is None and scenario is None:
         raise UserInputError("no goal: give GOAL, --goal-file FILE or --scenario NAME")
@@ -427,8 +438,8 @@ def _run_settings(
     seed: int,
     model_retries: int | None,
 ) -> RunSettings:
-    """The run's settings: the flags, overridden by a goal file's ``options``, overridden in
-    turn by ``--model-retries`` when it is given."""
+    """The run's settings: the flags, overridden by a goal file's ``options`` (those the
+    command line did not set), overridden in turn by ``--model-retries`` when it is given."""
     if model_retries is not None:
         options = {**options, "model_retries": model_retries}
     flags = {"strategy": strategy, "max_depth": max_depth, "concurrency": concurrency, "seed": seed}

@@ -424,3 +424,19 @@ def test_view_takes_a_run_directory_as_well_as_its_run_json(tmp_path: Path) -> N
     refused = runner.invoke(app, ["view", str(empty)])
     assert refused.exit_code == 2
     assert f"{empty} holds no run.json" in " ".join(refused.output.split())
+
+
+def test_a_flag_on_the_command_line_wins_over_the_goal_file(tmp_path: Path) -> None:
+    spec = tmp_path / "goal.yaml"
+    spec.write_text("scenario: data_migration\nstrategy: dag\nconcurrency: 4\nseed: 7\n")
+    settings = {}
+    for name, flags in {"file": [], "flags": ["--concurrency", "2", "-s", "hierarchical"]}.items():
+        out = tmp_path / name
+        args = ["run", "--goal-file", str(spec), "--yes", "-o", str(out), *FAST, *flags]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+        settings[name] = json.loads((out / "run.json").read_text())["settings"]
+    # The file's settings win over the flags' defaults, the flags given over the file.
+    assert (settings["file"]["strategy"], settings["file"]["concurrency"]) == ("dag", 4)
+    assert (settings["flags"]["strategy"], settings["flags"]["concurrency"]) == ("hierarchical", 2)
+    assert settings["file"]["seed"] == settings["flags"]["seed"] == 7
