@@ -9,6 +9,7 @@
     max_depth: 3
     concurrency: 8
     seed: 0
+    executor_max_tokens: 4096    # any other RunSettings field, checked as RunSettings checks it
 
 A plain ``.txt`` file is a goal as free text. Every problem is reported with the field it
 concerns; nothing runs until the whole file is valid.
@@ -19,11 +20,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from hierplan.errors import UserInputError, field_problems
-from hierplan.hierarchy.context import StrategyName
+from hierplan.hierarchy.context import RunSettings, StrategyName
 from hierplan.hierarchy.plan import MAX_GOAL_CHARS, parse_yaml_or_json, read_text_file
+
+# The goal's own keys that are also run settings; every other RunSettings field a goal file
+# may set too (executor_max_tokens, step_timeout_s...), so that the command line, which has
+# flags for a few of them, can set them all.
+_SPEC_SETTINGS = ("strategy", "max_depth", "concurrency", "seed")
+MORE_SETTINGS = tuple(name for name in RunSettings.model_fields if name not in _SPEC_SETTINGS)
 
 
 class GoalSpec(BaseModel):
@@ -39,6 +46,8 @@ class GoalSpec(BaseModel):
     max_depth: int | None = Field(default=None, ge=1, le=10)
     concurrency: int | None = Field(default=None, ge=1)
     seed: int | None = None
+    # Set by goal_from_data: the other run settings the file gives, already checked.
+    _more: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _goal_or_scenario(self) -> GoalSpec:
@@ -52,17 +61,30 @@ class GoalSpec(BaseModel):
     def overrides(self) -> dict[str, Any]:
         """The settings this goal sets (strategy, model, limits), without the unset ones."""
         keys = ("strategy", "model", "max_depth", "concurrency", "seed")
-        return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+        given = {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+        return given | self._more
 
 
 def goal_from_data(data: Any, *, source: str) -> GoalSpec:
-    """Validate parsed data as a :class:`GoalSpec`; errors name each bad field."""
+    """Validate parsed data as a :class:`GoalSpec` and any other run settings it gives as
+    :class:`RunSettings` fields; errors name each bad field."""
+    more: dict[str, Any] = {}
+    if isinstance(data, dict):
+        more = {k: v for k, v in data.items() if k in MORE_SETTINGS}
+        data = {k: v for k, v in data.items() if k not in more}
+    problems: list[str] = []
     try:
-        return GoalSpec.model_validate(data)
+        spec = GoalSpec.model_validate(data)
     except ValidationError as exc:
-        raise UserInputError(
-            f"{source} is not a valid goal: {field_problems(exc, 'goal')}"
-        ) from None
+        problems.append(field_problems(exc, "goal"))
+    try:
+        checked = RunSettings.model_validate(more).model_dump(include=set(more))
+    except ValidationError as exc:
+        problems.append(field_problems(exc, "goal"))
+    if problems:  # both parts' problems at once: nothing runs until the whole file is valid
+        raise UserInputError(f"{source} is not a valid goal: {'; '.join(problems)}")
+    spec._more = checked
+    return spec
 
 
 def load_goal_file(path: Path) -> GoalSpec:

@@ -440,3 +440,28 @@ def test_a_flag_on_the_command_line_wins_over_the_goal_file(tmp_path: Path) -> N
     assert (settings["file"]["strategy"], settings["file"]["concurrency"]) == ("dag", 4)
     assert (settings["flags"]["strategy"], settings["flags"]["concurrency"]) == ("hierarchical", 2)
     assert settings["file"]["seed"] == settings["flags"]["seed"] == 7
+
+
+def test_a_goal_file_sets_any_run_setting_checked_as_run_settings_checks_it(
+    tmp_path: Path,
+) -> None:
+    spec = tmp_path / "goal.yaml"
+    spec.write_text(
+        "scenario: data_migration\nexecutor_max_tokens: 4096\nstep_timeout_s: null\n"
+        "max_retries: 0\n"
+    )
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["run", "--goal-file", str(spec), "-y", "-o", str(out), *FAST])
+    assert result.exit_code == 0, result.output
+    settings = json.loads((out / "run.json").read_text())["settings"]
+    assert settings["executor_max_tokens"] == 4096 and settings["step_timeout_s"] is None
+    assert settings["max_retries"] == 0
+    # Problems of the goal's own keys and of the settings come together, each named.
+    spec.write_text("scenario: data_migration\nmax_depth: 0\nexecutor_max_tokens: 2\nbogus: 1\n")
+    result = runner.invoke(app, ["run", "--goal-file", str(spec), "-y", "-o", str(out), *FAST])
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        f"error: goal file {spec} is not a valid goal: max_depth: Input should be greater than "
+        "or equal to 1; bogus: Extra inputs are not permitted; executor_max_tokens: Input "
+        "should be greater than or equal to 16"
+    )

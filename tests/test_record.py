@@ -72,7 +72,10 @@ values = st.recursive(
     max_leaves=12,
 )
 fields = st.sampled_from(
-    ["goal", "scenario", "strategy", "model", "max_depth", "concurrency", "seed", "extra"]
+    (
+        "goal scenario strategy model max_depth concurrency seed extra executor_max_tokens "
+        "step_timeout_s retry_backoff_s max_retries"
+    ).split()
 )
 
 
@@ -85,6 +88,10 @@ def test_untrusted_goal_data_is_accepted_or_rejected_with_a_message(data: Any) -
         assert str(exc).startswith("goal is not a valid goal: ")
     else:
         assert spec.goal is not None or spec.scenario is not None
+        # What a goal file accepts, a run takes (model_validate raises otherwise).
+        settings = {k: v for k, v in spec.overrides().items() if k != "model"}
+        taken = hierplan.RunSettings.model_validate(settings).model_dump(include=set(settings))
+        assert taken == settings
 
 
 def test_records_are_written_with_the_mode_a_plain_write_gives(tmp_path: Path) -> None:
