@@ -113,6 +113,17 @@ def test_a_broken_yaml_plan_names_the_problem_and_where_it_is(tmp_path: Path) ->
     )
 
 
+def test_a_run_record_given_as_a_plan_is_named_as_such(tmp_path: Path) -> None:
+    record = tmp_path / "run.json"
+    record.write_text(json.dumps({"run_id": "r", "tree": {}, "status": "succeeded"}))
+    result = runner.invoke(app, ["validate", str(record)])
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        f"error: plan file {record} is a run record, not a plan: give a file with a plan's "
+        f"'goal' and 'steps' (hierplan view {record} shows the run)"
+    )
+
+
 def test_view_shows_a_answer_of_several_lines_line_by_line(tmp_path: Path) -> None:
     out = tmp_path / "run"
     result = runner.invoke(

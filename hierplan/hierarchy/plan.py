@@ -383,6 +383,12 @@ def load_plan(path: Path) -> Plan:
     """Read a plan from a YAML or JSON file, with a clear error for anything wrong."""
     text = read_text_file(path, "plan file")
     data = parse_yaml_or_json(text, path, "plan file")
+    if isinstance(data, dict) and {"run_id", "tree"} <= data.keys():
+        # A run.json given for a plan: say so, not list its twenty fields a plan lacks.
+        raise UserInputError(
+            f"plan file {path} is a run record, not a plan: give a file with a plan's 'goal' "
+            f"and 'steps' (hierplan view {path} shows the run)"
+        )
     return plan_from_data(data, source=f"plan file {path}")
 
 
