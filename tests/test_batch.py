@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from hierplan.batch import BatchBudget, BatchConfig, RunOptions, parse_goals, run_batch
 from hierplan.batch.budget import decide
-from hierplan.batch.goals import goal_seed, load_goals
+from hierplan.batch.goals import BatchGoal, goal_seed, load_goals
 from hierplan.batch.journal import Journal, open_journal
 from hierplan.bench.suites import get_suite
 from hierplan.budgets.budget import Fixed, usd_to_pico
@@ -165,6 +165,10 @@ line_objects = st.dictionaries(
             "concurrency",
             "allocation",
             "extra",
+            "executor_max_tokens",
+            "step_timeout_s",
+            "retry_backoff_s",
+            "settings",
         ]
     ),
     json_values | st.sampled_from(["data_migration", "sim", "openai:gpt-5-mini", "dag", "equal"]),
@@ -191,6 +195,29 @@ def test_any_goals_file_parses_or_fails_with_line_numbers(lines: list[str]) -> N
     for goal in goals:
         named = [goal.spec.goal, goal.spec.scenario, goal.spec.suite]
         assert sum(n is not None for n in named) == 1
+        # What a line accepts, a run takes, and a worker reads back from the journal.
+        assert BatchGoal.from_json(goal.to_json()) == goal
+        RunOptions().settings(goal)
+
+
+def test_a_line_sets_any_run_setting_checked_strictly_and_carried_to_the_run() -> None:
+    line = {"scenario": "data_migration", "executor_max_tokens": 4096, "step_timeout_s": None}
+    (goal,) = parse_goals(json.dumps(line | {"retry_backoff_s": 1}))
+    # as a worker reads it back from the journal or the Celery message
+    settings = RunOptions().settings(BatchGoal.from_json(goal.to_json()))
+    assert (settings.executor_max_tokens, settings.step_timeout_s) == (4096, None)
+    assert settings.retry_backoff_s == 1.0
+    bad = (
+        '{"scenario": "data_migration", "max_depth": 0, "executor_max_tokens": true}\n'
+        '{"scenario": "data_migration", "settings": {"max_retries": 1}}\n'
+    )
+    with pytest.raises(UserInputError) as caught:
+        parse_goals(bad)
+    assert str(caught.value).splitlines()[1:] == [
+        "  line 1: max_depth: Input should be greater than or equal to 1; "
+        "executor_max_tokens: Input should be a valid integer",
+        "  line 2: 'settings' is not a key of a line: write each run setting as a key",
+    ]
 
 
 def test_suite_task_lines_name_a_task_of_a_bench_suite() -> None:

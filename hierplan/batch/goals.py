@@ -15,7 +15,9 @@ succeeded.
 
 Optionally a line has its own settings: ``id`` (a name of letters, digits, ``.``, ``_``, ``-``;
 by default ``line-N``), ``strategy``, ``model``, ``max_depth``, ``concurrency`` (steps at once
-within the goal), ``seed``, ``allocation``, and a budget cap ``budget_usd`` / ``budget_tokens``.
+within the goal), ``seed``, ``allocation``, a budget cap ``budget_usd`` / ``budget_tokens``, and
+any other run setting (``executor_max_tokens``, ``step_timeout_s``...: a
+:class:`~hierplan.RunSettings` field), checked as strictly as the rest.
 A goal without a ``seed`` gets its own, derived from the batch's seed and its id (see
 :func:`goal_seed`). A key given twice on a line is refused (JSON readers would keep the
 last). Blank lines are skipped. A goals file comes from anywhere, so every line is checked and
@@ -50,7 +52,7 @@ from hierplan.bench.base import BenchTask
 from hierplan.bench.suites import get_suite
 from hierplan.budgets.budget import ALLOCATIONS, MAX_BUDGET_TOKENS, MAX_BUDGET_USD
 from hierplan.errors import HierplanError, UserInputError
-from hierplan.hierarchy.context import StrategyName
+from hierplan.hierarchy.context import RunSettings, StrategyName
 from hierplan.hierarchy.plan import MAX_GOAL_CHARS
 from hierplan.scenarios import get_scenario
 
@@ -85,6 +87,19 @@ class GoalLine(BaseModel):
     allocation: str | None = None
     budget_usd: float | None = Field(default=None, ge=0, le=MAX_BUDGET_USD, allow_inf_nan=False)
     budget_tokens: int | None = Field(default=None, ge=0, le=MAX_BUDGET_TOKENS)
+    # The other run settings of the line, written as keys of the line itself: parse_goals
+    # gathers them here; the journal and Celery messages carry them as they are.
+    settings: dict[str, Any] | None = None
+
+    @field_validator("settings")
+    @classmethod
+    def _run_settings(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is None:
+            return None
+        unknown = sorted(set(value) - set(MORE_SETTINGS))
+        if unknown:
+            raise ValueError(f"not run settings a line's 'settings' holds: {', '.join(unknown)}")
+        return run_settings_of(value)
 
     @field_validator("task", mode="before")
     @classmethod
@@ -202,6 +217,21 @@ def suite_task(suite: str, task: str | int) -> BenchTask:
     return _suite_tasks(suite, task_seed, count)[index]
 
 
+# Run settings a line may give beside its own keys (strategy, max_depth, concurrency and
+# seed are among those).
+MORE_SETTINGS = tuple(
+    name for name in RunSettings.model_fields if name not in GoalLine.model_fields
+)
+
+
+def run_settings_of(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` checked as :class:`RunSettings` fields, strictly (``true`` is no count), as
+    plain data; :class:`pydantic.ValidationError` names each bad one."""
+    return RunSettings.model_validate(values, strict=True).model_dump(
+        mode="json", include=set(values)
+    )
+
+
 def _problems(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
@@ -209,6 +239,26 @@ def _problems(exc: ValidationError) -> str:
         message = str(err["msg"]).removeprefix("Value error, ")
         parts.append(f"{where}: {message}" if where else message)
     return "; ".join(parts)
+
+
+def _line_spec(data: dict[str, Any]) -> tuple[GoalLine | None, str]:
+    """The line as a :class:`GoalLine`, its run settings gathered into ``settings``; or
+    ``None`` and every problem of the line's own keys and of its run settings."""
+    if "settings" in data:
+        return None, "'settings' is not a key of a line: write each run setting as a key"
+    more = {k: v for k, v in data.items() if k in MORE_SETTINGS}
+    problems: list[str] = []
+    try:
+        spec = GoalLine.model_validate({k: v for k, v in data.items() if k not in more})
+    except ValidationError as exc:
+        problems.append(_problems(exc))
+    try:
+        checked = run_settings_of(more)
+    except ValidationError as exc:
+        problems.append(_problems(exc))
+    if problems:
+        return None, "; ".join(problems)
+    return (spec.model_copy(update={"settings": checked}) if checked else spec), ""
 
 
 def _check_line(spec: GoalLine, default_model: str) -> str | None:
@@ -268,10 +318,9 @@ def parse_goals(
                 f"not {_json_type(data)}"
             )
             continue
-        try:
-            spec = GoalLine.model_validate(data)
-        except ValidationError as exc:
-            errors.append(f"line {number}: {_problems(exc)}")
+        spec, problems = _line_spec(data)
+        if spec is None:
+            errors.append(f"line {number}: {problems}")
             continue
         problem = _check_line(spec, default_model)
         if problem is not None:

@@ -54,7 +54,7 @@ class RunOptions:
             values["max_depth"] = spec.max_depth
         if spec.concurrency is not None:
             values["concurrency"] = spec.concurrency
-        return RunSettings.model_validate(values)
+        return RunSettings.model_validate(values | (spec.settings or {}))
 
 
 @dataclass(slots=True)
