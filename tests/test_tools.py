@@ -352,3 +352,17 @@ def test_runs_of_40_steps_at_once_or_fewer_share_anyio_default_thread_limiter() 
         limiter = _tool_threads.get()
         assert limiter is not None and limiter.total_tokens == 41
     assert _tool_threads.get() is None
+
+
+def test_invalid_arguments_name_at_most_ten_problems() -> None:
+    @tool
+    def total(xs: list[int]) -> int:
+        """Add numbers."""
+        return sum(xs)
+
+    with pytest.raises(ToolArgsError) as caught:
+        total.validate({"xs": ["x"] * 500})
+    message = str(caught.value)
+    # the message goes back to the model: ten findings and a count, not five hundred
+    assert message.count("Input should be a valid integer") == 10
+    assert message.endswith("; and 490 more")

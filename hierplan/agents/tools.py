@@ -40,6 +40,7 @@ from hierplan.errors import (
     ToolNotAllowedError,
     ToolTimeoutError,
     UserInputError,
+    field_problems,
 )
 
 DEFAULT_TOOL_TIMEOUT_S = 60.0
@@ -137,10 +138,9 @@ class FunctionTool(Tool):
         try:
             model = self.args_model.model_validate(dict(arguments))
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}"
-                for err in exc.errors()
-            )
+            # At most ten problems: the message goes back to the model, and a list of
+            # thousands of bad items would cost its tokens on every later turn.
+            problems = field_problems(exc, "arguments")
             raise ToolArgsError(f"invalid arguments for tool {self.name!r}: {problems}") from None
         except Exception as exc:
             # pydantic turns only ValueError and AssertionError into a ValidationError; a
