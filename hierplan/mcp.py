@@ -44,7 +44,13 @@ from mcp.client.streamable_http import streamable_http_client
 from referencing.exceptions import Unresolvable
 
 from hierplan.agents.tools import DEFAULT_TOOL_TIMEOUT_S, Tool, Toolset
-from hierplan.errors import ToolArgsError, ToolError, ToolServerGone, UserInputError
+from hierplan.errors import (
+    MAX_LISTED_PROBLEMS,
+    ToolArgsError,
+    ToolError,
+    ToolServerGone,
+    UserInputError,
+)
 
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
 _MAX_LIST_PAGES = 100
@@ -151,8 +157,11 @@ class MCPTool(Tool):
             if errors:
                 problems = "; ".join(
                     f"{'.'.join(str(p) for p in e.absolute_path) or 'arguments'}: {e.message}"
-                    for e in errors[:10]
+                    for e in errors[:MAX_LISTED_PROBLEMS]
                 )
+                more = len(errors) - MAX_LISTED_PROBLEMS
+                if more > 0:  # said, as field_problems says it for a local tool
+                    problems += f"; and {more} more"
                 raise ToolArgsError(f"invalid arguments for tool {self.name!r}: {problems}")
         return arguments
 

@@ -448,3 +448,19 @@ async def test_a_schema_is_checked_by_the_draft_its_schema_key_names(
         with pytest.raises(ToolArgsError, match="'b' is a dependency of 'a'"):
             add.validate({"a": 1})
         assert add.validate({"a": 1, "b": 2}) == {"a": 1, "b": 2}
+
+
+@pytest.mark.anyio
+async def test_invalid_mcp_arguments_name_at_most_ten_problems(server: MCPServerStdio) -> None:
+    many = {
+        "type": "object",
+        "properties": {f"p{i}": {"type": "integer"} for i in range(15)},
+    }
+    async with server.open() as tools:
+        real = _by_name(tools)["add"]
+        wide = MCPTool(real._connection, mcp_types.Tool(name="wide", input_schema=many))
+        with pytest.raises(ToolArgsError) as caught:
+            wide.validate({f"p{i}": "x" for i in range(15)})
+    message = str(caught.value)
+    assert message.count("is not of type 'integer'") == 10
+    assert message.endswith("; and 5 more")
