@@ -43,7 +43,7 @@ from hierplan.budgets.budget import (
     usd_to_pico,
 )
 from hierplan.budgets.instrument import BudgetInstrument
-from hierplan.budgets.pricing import Price, PriceTable
+from hierplan.budgets.pricing import Price, PriceTable, with_anthropic_cache_writes
 from hierplan.cli import app
 from hierplan.errors import BudgetExceeded, ModelError, UserInputError
 from hierplan.hierarchy.context import Instrument, NodeContext, RunContext, RunSettings
@@ -188,6 +188,43 @@ async def test_usd_budget_counts_exactly_in_the_price_table_units() -> None:
     # $1/M input (cached at the same rate: no cached price), $4/M output
     assert balance.spent_pico == usd_to_pico((100 * 1.0 + 50 * 4.0) / 1e6)
     assert node.record.cost_usd == pytest.approx(balance.spent_pico / 1e12, rel=1e-12)
+
+
+async def test_usd_budget_charges_cache_writes_at_their_own_rates() -> None:
+    # Anthropic's rates: a five-minute write 1.25x input, a one-hour write 2x, a read 0.1x
+    price = with_anthropic_cache_writes(Price(1.0, 4.0, cached_input_per_mtok=0.1))
+    usage = Usage(
+        1000, 50, cached_input_tokens=100, cache_write_tokens=600, cache_write_1h_tokens=200
+    )
+
+    def respond(request: ModelRequest) -> ModelResponse:
+        return ModelResponse(text="ok", usage=usage)
+
+    model = _priced(FunctionModel(respond))
+    async with budgeted_node(model, Budget(usd=0.01)) as (node, instrument):
+        node.run.pricing = PriceTable({"test:model": price})
+        instrument.check_prices(node.run.pricing, ["test:model"])
+        await node.call_model(REQUEST)
+        assert instrument.root is not None
+        balance = await instrument.ledger.balance(instrument.root)
+    expected = (300 * 1.0 + 100 * 0.1 + 400 * 1.25 + 200 * 2.0 + 50 * 4.0) / 1e6
+    assert balance.spent_pico == usd_to_pico(expected)
+    assert node.record.cost_usd == pytest.approx(expected, rel=1e-12)
+    assert node.record.calls[0].usage == usage
+
+
+async def test_more_cache_writes_than_uncached_input_settle_as_the_nearest_possible() -> None:
+    odd = ModelResponse(
+        text="ok",
+        usage=Usage(10, 5, cached_input_tokens=4, cache_write_tokens=9, cache_write_1h_tokens=20),
+    )
+    model = ScriptedModel([odd], priced_as="test:model")
+    async with budgeted_node(model, Budget(tokens=10_000)) as (node, _):
+        response = await node.call_model(REQUEST)
+    assert "invalid_usage" in response.flags
+    assert node.record.calls[0].usage == Usage(
+        10, 5, cached_input_tokens=4, cache_write_tokens=6, cache_write_1h_tokens=6
+    )
 
 
 async def test_a_response_without_usage_settles_at_the_worst_case_and_is_flagged() -> None:

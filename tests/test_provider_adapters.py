@@ -27,6 +27,7 @@ from hierplan.agents.models.base import (
 )
 from hierplan.agents.models.openai import OpenAIModel, token_field_for
 from hierplan.agents.planner import PLAN_SCHEMA
+from hierplan.budgets.pricing import PriceTable
 from hierplan.errors import ModelAuthError, ModelError
 from hierplan.hierarchy.plan import Plan
 
@@ -93,6 +94,27 @@ async def test_text_reply_maps_usage_with_cached_and_reasoning_tokens(provider: 
     assert response.usage == Usage(120, 30, cached_input_tokens=100, reasoning_tokens=12)
     assert response.model == MODELS[provider]
     assert response.flags == [] and not response.simulated and response.finish_reason == "stop"
+
+
+@pytest.mark.anyio
+async def test_anthropic_cache_writes_are_reported_apart_and_priced_above_input() -> None:
+    # input_tokens 100 fresh + 200 read + 700 written (500 for five minutes, 200 for an hour)
+    reply = Reply(
+        text="done",
+        input_tokens=1000,
+        output_tokens=10,
+        cached_tokens=200,
+        cache_write_tokens=700,
+        cache_write_1h_tokens=200,
+    )
+    with WireServer(ScriptBackend([reply])) as server:
+        response = await one(server, "anthropic", ModelRequest(ask("Say done")))
+    assert response.usage == Usage(
+        1000, 10, cached_input_tokens=200, cache_write_tokens=700, cache_write_1h_tokens=200
+    )
+    # claude-haiku-4-5: $1/M input, $0.10 read, $1.25 five-minute write, $2 one-hour write, $5 out
+    cost = PriceTable().cost("anthropic:claude-haiku-4-5", response.usage)
+    assert cost == pytest.approx((100 * 1 + 200 * 0.1 + 500 * 1.25 + 200 * 2 + 10 * 5) / 1e6)
 
 
 @pytest.mark.anyio

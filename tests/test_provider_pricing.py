@@ -57,6 +57,35 @@ def test_cached_input_is_charged_at_the_cache_rate() -> None:
     assert table.cost("anthropic:claude-opus-4-8", usage) == pytest.approx(0.2 * 5 + 0.8 * 0.5)
 
 
+def test_anthropic_cache_writes_cost_what_anthropic_bills() -> None:
+    # 1.25x the input price for a five-minute write, 2x for a one-hour write, 0.1x for a read
+    table = PriceTable()
+    writes = Usage(input_tokens=1_000_000, output_tokens=0, cache_write_tokens=1_000_000)
+    assert table.cost("anthropic:claude-sonnet-4-6", writes) == pytest.approx(3.75)
+    hour = replace(writes, cache_write_1h_tokens=1_000_000)
+    assert table.cost("anthropic:claude-sonnet-4-6", hour) == pytest.approx(6.00)
+    mixed = Usage(
+        input_tokens=1_000_000,
+        output_tokens=1_000_000,
+        cached_input_tokens=400_000,
+        cache_write_tokens=500_000,
+        cache_write_1h_tokens=200_000,
+    )
+    expected = 0.1 * 1 + 0.4 * 0.1 + 0.3 * 1.25 + 0.2 * 2 + 5  # claude-haiku-4-5: $1 in, $5 out
+    assert table.cost("anthropic:claude-haiku-4-5", mixed) == pytest.approx(expected)
+
+
+def test_every_anthropic_entry_has_cache_write_rates_and_no_openai_entry_does() -> None:
+    for model, price in DEFAULT_PRICES.items():
+        if model.startswith("anthropic:"):
+            assert price.cache_write_per_mtok == pytest.approx(price.input_per_mtok * 1.25)
+            assert price.cache_write_1h_per_mtok == pytest.approx(price.input_per_mtok * 2)
+        else:  # OpenAI bills no cache-write surcharge: a write costs plain input
+            assert price.cache_write_per_mtok is None and price.cache_write_1h_per_mtok is None
+    usage = Usage(1_000_000, 0, cache_write_tokens=600_000, cache_write_1h_tokens=100_000)
+    assert PriceTable().cost("openai:gpt-5.4", usage) == pytest.approx(2.50)
+
+
 @pytest.mark.parametrize(
     ("model", "entry"),
     [
@@ -82,3 +111,12 @@ def test_the_simulator_priced_as_a_bare_model_name_reports_its_cost(tmp_path: Pa
     )
     totals = result.totals()
     assert totals["unpriced_calls"] == 0 and totals["cost_usd"] > 0
+
+
+def test_a_price_given_for_an_anthropic_model_bills_its_cache_writes_from_it() -> None:
+    from hierplan.budgets.instrument import with_price
+
+    table = with_price(PriceTable(), 2.0, 8.0, ["anthropic:claude-local", "openai:local"])
+    usage = Usage(1_000_000, 0, cache_write_tokens=1_000_000, cache_write_1h_tokens=400_000)
+    assert table.cost("anthropic:claude-local", usage) == pytest.approx(0.6 * 2.5 + 0.4 * 4.0)
+    assert table.cost("openai:local", usage) == pytest.approx(2.0)

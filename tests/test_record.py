@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,29 @@ async def test_run_json_round_trips(tmp_path: Path) -> None:
     assert loaded.to_dict() == result.to_dict()
     assert loaded.to_dict()["tree"]["subtree_cost_usd"] == result.tree.subtree_cost_usd
     assert not list(path.parent.glob(".run.json.*"))  # no temporary file left behind
+
+
+async def test_run_json_keeps_cache_writes_and_reads_records_written_before_them(
+    tmp_path: Path,
+) -> None:
+    plan = {"goal": "g", "steps": [{"id": "a", "title": "A", "instruction": "say ok"}]}
+    written = Usage(100, 5, cache_write_tokens=60, cache_write_1h_tokens=10)
+    model = ScriptedModel([plan_response(plan), ModelResponse(text="ok", usage=written)])
+    result = await hierplan.run("g", model=model, strategy="plan-execute")
+    assert result.tree.children[0].calls[0].usage == written
+    totals = result.totals()
+    assert (totals["cache_write_tokens"], totals["cache_write_1h_tokens"]) == (60, 10)
+    path = result.write(tmp_path / "run.json")
+    assert RunResult.load(path).tree == result.tree
+    # a record from before cache writes were counted has no such fields: they read as 0
+    text = path.read_text()
+    for field in ("cache_write_tokens", "cache_write_1h_tokens"):
+        text = re.sub(rf',\s*"{field}": \d+', "", text)
+    assert "cache_write" not in text
+    path.write_text(text)
+    old = RunResult.load(path)
+    assert old.tree.children[0].calls[0].usage == Usage(100, 5)
+    assert old.totals()["cache_write_tokens"] == 0
 
 
 def test_goal_files(tmp_path: Path) -> None:

@@ -180,6 +180,37 @@ async def test_a_failed_call_with_impossible_usage_counts_the_nearest_possible(
     assert _attr(leaf_chat, "gen_ai.usage.output_tokens") == 7
 
 
+@pytest.mark.anyio
+async def test_cache_writes_are_on_chat_spans_and_in_the_rollups() -> None:
+    plan = {"goal": "greet", "steps": [{"id": "a", "title": "greet", "instruction": "say hi"}]}
+    written = Usage(400, 10, cache_write_tokens=300, cache_write_1h_tokens=100)
+
+    def answer(request: ModelRequest) -> ModelResponse:
+        if request.phase == "planning":
+            return ModelResponse(output=plan, usage=Usage(100, 20))
+        return ModelResponse(text="hi", usage=written)
+
+    model = FunctionModel(answer, name="m", priced_as="anthropic:claude-haiku-4-5")
+    telemetry = Telemetry()
+    result = await hierplan.run(
+        "greet", model=model, strategy="dag", instruments=[telemetry.tracing()]
+    )
+    spans = telemetry.finished()
+    check_cost_invariants(result, spans)
+    chats = {_attr(s, "hierplan.phase"): s for s in spans if s.name == "chat m"}
+    leaf = chats["execution"]
+    assert _attr(leaf, "gen_ai.usage.cache_creation.input_tokens") == 300
+    assert _attr(leaf, "hierplan.usage.cache_creation_1h.input_tokens") == 100
+    # five-minute writes at 1.25x the $1/M input price, one-hour writes at 2x
+    assert _attr(leaf, "gen_ai.usage.cost") == pytest.approx(
+        (100 * 1 + 200 * 1.25 + 100 * 2 + 10 * 5) / 1e6
+    )
+    planning = chats["planning"]
+    assert "gen_ai.usage.cache_creation.input_tokens" not in (planning.attributes or {})
+    (workflow,) = [s for s in spans if s.parent is None]
+    assert _attr(workflow, "gen_ai.aggregated_usage.cache_creation.input_tokens") == 300
+
+
 def test_costs_add_up_in_the_data_migration_run(
     migration: tuple[hierplan.RunResult, list[ReadableSpan]],
 ) -> None:

@@ -87,7 +87,7 @@ class BudgetedModel:
             account = self._account = self._instrument.account(node)
         ledger = self._instrument.ledger
         local = self._local
-        rate_in, _, rate_out = self._rates
+        rate_in, _, rate_out, _, _ = self._rates
         input_tokens = estimate_request_tokens(request)
         wanted = request.max_tokens
         tokens = input_tokens + wanted
@@ -150,12 +150,17 @@ class BudgetedModel:
         return response
 
     async def _settle(self, reservation: Reservation, usage: Usage, flags: list[str]) -> list[str]:
-        rate_in, rate_cached, rate_out = self._rates
-        cached = usage.cached_input_tokens  # usage is possible (see Usage.possible)
+        rate_in, rate_cached, rate_out, rate_write, rate_write_1h = self._rates
+        # usage is possible (see Usage.possible): reads and writes are parts of the input
+        cached = usage.cached_input_tokens
+        written = usage.cache_write_tokens
+        hour = usage.cache_write_1h_tokens
         tokens = usage.input_tokens + usage.output_tokens
         pico = (
-            (usage.input_tokens - cached) * rate_in
+            (usage.input_tokens - cached - written) * rate_in
             + cached * rate_cached
+            + (written - hour) * rate_write
+            + hour * rate_write_1h
             + usage.output_tokens * rate_out
         )
         local = self._local
@@ -226,7 +231,7 @@ class BudgetedModel:
         """Lower ``max_tokens`` to what the budget has left, down to the floor, or raise."""
         instrument = self._instrument
         ledger = instrument.ledger
-        rate_in, _, rate_out = self._rates
+        rate_in, _, rate_out, _, _ = self._rates
         floor = instrument.output_floor(request.max_tokens)
         input_pico = input_tokens * rate_in
         avail_t: int | None = None

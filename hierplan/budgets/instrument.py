@@ -42,15 +42,22 @@ from hierplan.budgets.budget import (
     uses_model,
 )
 from hierplan.budgets.budgeted_model import BudgetedModel
-from hierplan.budgets.pricing import DEFAULT_SIMULATED_PRICED_AS, Price, PriceTable
+from hierplan.budgets.pricing import (
+    DEFAULT_SIMULATED_PRICED_AS,
+    Price,
+    PriceTable,
+    with_anthropic_cache_writes,
+)
 from hierplan.errors import BudgetExceeded, UserInputError
 from hierplan.hierarchy.context import Instrument, NodeContext, RunContext
 from hierplan.hierarchy.plan import Plan
 from hierplan.hierarchy.record import NodeRecord, PlanVersion
 
 DEFAULT_MIN_OUTPUT_FRACTION = 0.25
-Rates = tuple[int, int, int]  # pico-dollars per input, cached input and output token
-_FREE: Rates = (0, 0, 0)
+# Pico-dollars per input, cached input (a cache read) and output token, and per token of a
+# five-minute and of a one-hour cache write.
+Rates = tuple[int, int, int, int, int]
+_FREE: Rates = (0, 0, 0, 0, 0)
 
 
 def unknown_price_message(priced_as: str) -> str:
@@ -86,7 +93,9 @@ def with_price(
             raise UserInputError(f"{label} must be a number >= 0 (USD per million tokens)")
     price = Price(price_in, price_out, source="override")
     for name in dict.fromkeys(models):
-        pricing = pricing.with_override(name, price)
+        # Anthropic bills cache writes above the input price given, whatever that price is.
+        given = with_anthropic_cache_writes(price) if name.startswith("anthropic:") else price
+        pricing = pricing.with_override(name, given)
     return pricing
 
 
@@ -173,7 +182,8 @@ class BudgetInstrument(Instrument):
             self.rates(priced_as)
 
     def rates(self, priced_as: str) -> Rates:
-        """Pico-dollars per input, cached input and output token of ``priced_as``."""
+        """Pico-dollars per input, cached input and output token of ``priced_as``, and per
+        token of a five-minute and a one-hour cache write."""
         found = self._rates.get(priced_as)
         if found is not None:
             return found
@@ -185,11 +195,18 @@ class BudgetInstrument(Instrument):
             self.usd_tracked = False
             rates = _FREE
         else:
-            cached = price.cached_input_per_mtok
+            inp = price.input_per_mtok
+            cached, write, write_1h = (
+                price.cached_input_per_mtok,
+                price.cache_write_per_mtok,
+                price.cache_write_1h_per_mtok,
+            )
             rates = (
-                rate_to_pico(price.input_per_mtok),
-                rate_to_pico(price.input_per_mtok if cached is None else cached),
+                rate_to_pico(inp),
+                rate_to_pico(inp if cached is None else cached),
                 rate_to_pico(price.output_per_mtok),
+                rate_to_pico(inp if write is None else write),
+                rate_to_pico(inp if write_1h is None else write_1h),
             )
         self._rates[priced_as] = rates
         return rates

@@ -1,4 +1,4 @@
-"""A versioned price table: USD per million input, output and cached-input tokens.
+"""A versioned price table: USD per million input, output, cached-input and cache-write tokens.
 
 Every entry names its source and the date it was read. A model missing from the table has no
 price: :meth:`PriceTable.cost` returns ``None`` and never counts the call as free; a USD budget
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from hierplan.agents.models.base import Usage
@@ -21,7 +21,8 @@ PRICE_TABLE_VERSION = "2026-12-03"
 
 # The providers' own pages are the canonical sources. Where a figure was checked against a
 # second, dated page (the providers' pages cannot be fetched from every machine), that page is
-# named too. Standard tier, short context; "cached" is a prompt-cache read.
+# named too. Standard tier, short context; "cached" is a prompt-cache read, and Anthropic's
+# cache writes are priced from the input rate (see ANTHROPIC_CACHE_WRITE_5M_MULTIPLIER).
 _OPENAI_SOURCE = "https://openai.com/api/pricing/"
 _ANTHROPIC_SOURCE = "https://platform.claude.com/docs/en/about-claude/pricing"
 
@@ -52,33 +53,55 @@ _SONNET_5 = _checked(
 )
 
 
+# Anthropic bills a prompt-cache write above plain input: 1.25 times the base input price for the
+# default five-minute cache, 2 times for the one-hour cache (a read is 0.1 times, the cached rates
+# below). Source: https://platform.claude.com/docs/en/about-claude/pricing (the prompt caching
+# multipliers under the model pricing table; also
+# https://platform.claude.com/docs/en/build-with-claude/prompt-caching), read 2026-12-03.
+ANTHROPIC_CACHE_WRITE_5M_MULTIPLIER = 1.25
+ANTHROPIC_CACHE_WRITE_1H_MULTIPLIER = 2.0
+
+
 @dataclass(slots=True, frozen=True)
 class Price:
-    """USD per one million tokens, with where and when the figure was read."""
+    """USD per one million tokens, with where and when the figure was read.
+
+    ``cached_input_per_mtok`` is the price of a prompt-cache read; ``cache_write_per_mtok`` and
+    ``cache_write_1h_per_mtok`` the prices of a prompt-cache write kept five minutes and one
+    hour (Anthropic's; OpenAI bills cache writes as plain input). A rate left ``None`` is the
+    input rate.
+    """
 
     input_per_mtok: float
     output_per_mtok: float
     cached_input_per_mtok: float | None = None
     source: str = ""
     as_of: str = ""
+    cache_write_per_mtok: float | None = None
+    cache_write_1h_per_mtok: float | None = None
 
     def cost(self, usage: Usage) -> float:
         """The USD cost of ``usage`` at this price.
 
-        Cached input tokens are a subset of input tokens; they are charged at the cached rate
-        when one is known, otherwise at the full input rate.
+        Cache reads and cache writes are subsets of input tokens; each is charged at its own
+        rate when one is known, otherwise at the full input rate.
         """
-        cached_rate = (
-            self.cached_input_per_mtok
-            if self.cached_input_per_mtok is not None
-            else self.input_per_mtok
-        )
-        fresh = usage.input_tokens - usage.cached_input_tokens
+        inp = self.input_per_mtok
+        cached = usage.cached_input_tokens
+        written = usage.cache_write_tokens
+        hour = usage.cache_write_1h_tokens
+        fresh = usage.input_tokens - cached - written
         return (
-            fresh * self.input_per_mtok
-            + usage.cached_input_tokens * cached_rate
+            fresh * inp
+            + cached * _or(self.cached_input_per_mtok, inp)
+            + (written - hour) * _or(self.cache_write_per_mtok, inp)
+            + hour * _or(self.cache_write_1h_per_mtok, inp)
             + usage.output_tokens * self.output_per_mtok
         ) / 1_000_000
+
+
+def _or(rate: float | None, default: float) -> float:
+    return default if rate is None else rate
 
 
 def _openai(
@@ -87,10 +110,19 @@ def _openai(
     return Price(inp, out, cached, source, as_of)
 
 
+def with_anthropic_cache_writes(price: Price) -> Price:
+    """``price`` with Anthropic's cache-write rates, derived from its input rate."""
+    return replace(
+        price,
+        cache_write_per_mtok=price.input_per_mtok * ANTHROPIC_CACHE_WRITE_5M_MULTIPLIER,
+        cache_write_1h_per_mtok=price.input_per_mtok * ANTHROPIC_CACHE_WRITE_1H_MULTIPLIER,
+    )
+
+
 def _anthropic(
     inp: float, out: float, cached: float, as_of: str, source: str = _ANTHROPIC_SOURCE
 ) -> Price:
-    return Price(inp, out, cached, source, as_of)
+    return with_anthropic_cache_writes(Price(inp, out, cached, source, as_of))
 
 
 DEFAULT_PRICES: Mapping[str, Price] = {

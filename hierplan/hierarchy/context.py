@@ -401,6 +401,8 @@ class NodeContext:
                     reasoning_tokens=usage.reasoning_tokens,
                     purpose=request.purpose,
                     attempt=attempt,
+                    cache_write_tokens=usage.cache_write_tokens,
+                    cache_write_1h_tokens=usage.cache_write_1h_tokens,
                 )
             )
 

@@ -132,6 +132,8 @@ class ModelCalled(RunEvent):
     reasoning_tokens: int = 0
     purpose: str = ""
     attempt: int = 1
+    cache_write_tokens: int = 0
+    cache_write_1h_tokens: int = 0
 
 
 class BudgetReserved(RunEvent):

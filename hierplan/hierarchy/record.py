@@ -46,10 +46,10 @@ class CallRecord:
 
     ``cost_usd`` is ``None`` when the model has no known price. Flags name anything unusual:
     ``no_usage`` (counted at the request's worst case), ``overrun``, ``invalid_usage`` (usage
-    reported with negative counts or more cached input than input, counted as the nearest
-    possible usage), ``failed``, ``cut_short`` (cancelled or past a deadline before the reply
-    came, counted at the request's worst case: the provider may have billed it; ``ok`` is
-    false).
+    reported with negative counts or more cache reads and writes than input, counted as the
+    nearest possible usage), ``failed``, ``cut_short`` (cancelled or past a deadline before the
+    reply came, counted at the request's worst case: the provider may have billed it; ``ok``
+    is false).
     """
 
     phase: Phase
@@ -271,6 +271,8 @@ class RunResult:
             "output_tokens": 0,
             "cached_input_tokens": 0,
             "reasoning_tokens": 0,
+            "cache_write_tokens": 0,
+            "cache_write_1h_tokens": 0,
             "calls": 0,
             "cost_usd": 0.0,
             "planning_cost_usd": 0.0,
@@ -285,6 +287,8 @@ class RunResult:
             out["output_tokens"] += node.usage.output_tokens
             out["cached_input_tokens"] += node.usage.cached_input_tokens
             out["reasoning_tokens"] += node.usage.reasoning_tokens
+            out["cache_write_tokens"] += node.usage.cache_write_tokens
+            out["cache_write_1h_tokens"] += node.usage.cache_write_1h_tokens
             out["calls"] += len(node.calls)
             calls.extend(node.calls)
             out["unpriced_calls"] += node.unpriced_calls

@@ -179,6 +179,13 @@ class TracedModel:
         attributes["gen_ai.usage.output_tokens"] = usage.output_tokens
         if usage.cached_input_tokens:
             attributes["gen_ai.usage.cache_read.input_tokens"] = usage.cached_input_tokens
+        if usage.cache_write_tokens:
+            attributes["gen_ai.usage.cache_creation.input_tokens"] = usage.cache_write_tokens
+            if usage.cache_write_1h_tokens:
+                # No GenAI convention splits writes by lifetime; the hour-long ones cost more.
+                attributes["hierplan.usage.cache_creation_1h.input_tokens"] = (
+                    usage.cache_write_1h_tokens
+                )
         if usage.reasoning_tokens:
             attributes["gen_ai.usage.reasoning.output_tokens"] = usage.reasoning_tokens
         # The run record prices each attempt the same way, so chat spans add up to its totals.

@@ -21,6 +21,7 @@ class _Totals:
     output_tokens: int = 0
     cached_input_tokens: int = 0
     reasoning_tokens: int = 0
+    cache_write_tokens: int = 0
     # The priced calls' costs by phase, summed with math.fsum at the end, as run.json sums them.
     planning: list[float] = field(default_factory=list)
     execution: list[float] = field(default_factory=list)
@@ -35,6 +36,7 @@ class _Totals:
         self.output_tokens += usage.output_tokens
         self.cached_input_tokens += usage.cached_input_tokens
         self.reasoning_tokens += usage.reasoning_tokens
+        self.cache_write_tokens += usage.cache_write_tokens
         for call in record.calls:
             if call.cost_usd is not None:
                 (self.planning if call.phase == "planning" else self.execution).append(
@@ -63,6 +65,12 @@ class _Totals:
             "hierplan.calls": self.calls,
             "hierplan.unpriced_calls": self.unpriced_calls,
         }
+        if self.cache_write_tokens:
+            # Only where a call wrote to a prompt cache (few runs do: hierplan asks for no
+            # caching), so that other runs' spans carry no attribute that is always 0.
+            attributes["gen_ai.aggregated_usage.cache_creation.input_tokens"] = (
+                self.cache_write_tokens
+            )
         if record.children:
             attributes["hierplan.children"] = len(record.children)
         for key, value in (record.budget or {}).items():

@@ -178,7 +178,8 @@ def _blocks(reply: Reply, call: WireCall) -> list[dict[str, Any]]:
 
 def _usage(reply: Reply, call: WireCall, *, output_only: bool = False) -> dict[str, Any]:
     prompt, out = reply.tokens(call)
-    fresh = prompt - reply.cached_tokens
+    written, hour = reply.cache_write_tokens, reply.cache_write_1h_tokens
+    fresh = prompt - reply.cached_tokens - written
     usage: dict[str, Any] = {"output_tokens": out}
     if reply.reasoning_tokens:
         usage["output_tokens_details"] = {"thinking_tokens": reply.reasoning_tokens}
@@ -186,7 +187,12 @@ def _usage(reply: Reply, call: WireCall, *, output_only: bool = False) -> dict[s
         usage |= {
             "input_tokens": fresh,
             "cache_read_input_tokens": reply.cached_tokens,
-            "cache_creation_input_tokens": 0,
+            "cache_creation_input_tokens": written,
+            # the writes by cache lifetime, as the API reports them
+            "cache_creation": {
+                "ephemeral_5m_input_tokens": written - hour,
+                "ephemeral_1h_input_tokens": hour,
+            },
         }
     return usage
 

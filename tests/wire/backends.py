@@ -56,7 +56,9 @@ class Reply:
     ``refusal`` is OpenAI's refusal field, and with ``finish="refusal"`` the explanation in
     Anthropic's ``stop_details``; ``thinking`` is sent as a signed thinking block
     (Anthropic); ``whole_blocks`` streams each Anthropic content block whole in its
-    ``content_block_start``, with no deltas, as some servers speaking the format do.
+    ``content_block_start``, with no deltas, as some servers speaking the format do;
+    ``cache_write_tokens`` (of which ``cache_write_1h_tokens`` kept an hour) are the input
+    Anthropic reports written to its prompt cache.
     """
 
     text: str = ""
@@ -71,6 +73,8 @@ class Reply:
     output_tokens: int | None = None
     cached_tokens: int = 0
     reasoning_tokens: int = 0
+    cache_write_tokens: int = 0
+    cache_write_1h_tokens: int = 0
     finish: str | None = None
     whole_blocks: bool = False
 

@@ -21,8 +21,10 @@
 - A refusal (``stop_reason: refusal``: the API's classifiers stopped the reply, perhaps inside a
   tool call) comes back as text with the flag ``refusal`` and no calls or output: the text is
   the explanation in ``stop_details``, else what the model had written.
-- Usage: Anthropic's ``input_tokens`` leaves out cache reads and writes, so input is their sum
-  and ``cached_input_tokens`` the cache reads; thinking tokens are reasoning tokens. A reply
+- Usage: Anthropic's ``input_tokens`` leaves out cache reads and writes, so input is their sum,
+  ``cached_input_tokens`` the cache reads and ``cache_write_tokens`` the cache writes (of which
+  ``cache_write_1h_tokens`` those kept an hour, from ``cache_creation``), which the price table
+  bills above plain input, as Anthropic does; thinking tokens are reasoning tokens. A reply
   without usage has ``usage=None`` and the flag ``no_usage``.
 - One attempt per request, explicit ``timeout_s``; see :mod:`hierplan.agents.models.provider`.
 """
@@ -346,6 +348,7 @@ class _Reply:
     output_tokens: int | None = None
     cache_read: int = 0
     cache_write: int = 0
+    cache_write_1h: int = 0
     thinking: int = 0
 
     def add(self, event: Any) -> None:
@@ -397,6 +400,12 @@ class _Reply:
         thinking = getattr(details, "thinking_tokens", None)
         if isinstance(thinking, int):
             self.thinking = thinking
+        # The writes by cache lifetime (message_start only): a one-hour write costs 2x the
+        # input price, a five-minute one 1.25x. Without the split every write is taken for a
+        # five-minute one, the API's default lifetime.
+        hour = getattr(getattr(raw, "cache_creation", None), "ephemeral_1h_input_tokens", None)
+        if isinstance(hour, int):
+            self.cache_write_1h = hour
 
     def usage(self) -> Usage | None:
         """What the reply reported so far, or ``None`` without input and output counts."""
@@ -408,6 +417,8 @@ class _Reply:
             self.output_tokens,
             cached_input_tokens=self.cache_read,
             reasoning_tokens=min(self.thinking, self.output_tokens),
+            cache_write_tokens=self.cache_write,
+            cache_write_1h_tokens=min(self.cache_write_1h, self.cache_write),
         )
 
 

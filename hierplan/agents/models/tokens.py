@@ -59,8 +59,8 @@ def counted_usage(
     """The usage ``response`` counts for, set on it and flagged where it is not what the model
     reported: a reply without usage counts at the request's worst case (``input_tokens``, its
     estimate by default, plus ``max_tokens``; flag ``no_usage``), never as free; impossible
-    usage (negative counts, more cached input than input) as the nearest possible one (flag
-    ``invalid_usage``)."""
+    usage (negative counts, more cache reads and writes than input) as the nearest possible
+    one (flag ``invalid_usage``)."""
     usage, flag = usage_counted(response, request, input_tokens)
     if flag is None:
         return usage
