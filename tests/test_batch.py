@@ -1062,3 +1062,18 @@ def test_a_resume_refuses_a_flag_given_at_its_default_that_differs_from_the_batc
     assert f"cannot resume {out} with --concurrency, --seed" in " ".join(again.output.split())
     same = CliRunner().invoke(app, [*start, "--resume", "-c", "2", "--seed", "5"])
     assert same.exit_code == 0, same.output
+
+
+def test_a_goals_minimum_on_anthropic_holds_its_tool_use_system_prompt() -> None:
+    # A plan comes back through a tool, so Anthropic adds its tool-use system prompt (313 tokens
+    # with the tool forced, 346 offered: the minimum takes the smaller).
+    from hierplan.batch.budget import goal_minimum
+    from hierplan.budgets.pricing import PriceTable
+    from hierplan.hierarchy.context import RunSettings
+
+    def minimum(model: str) -> int:
+        (goal,) = parse_goals(json.dumps({"goal": "count the rows", "model": model}))
+        return goal_minimum(goal, "sim", PriceTable(), RunSettings())[0]
+
+    assert minimum("anthropic:claude-haiku-4-5") == minimum("openai:gpt-5-mini") + 313
+    assert minimum("anthropic:claude-3-5-haiku") == minimum("openai:gpt-5-mini") + 264

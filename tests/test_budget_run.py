@@ -15,19 +15,25 @@ import anyio
 import pytest
 from rich.console import Console
 from typer.testing import CliRunner
+from wire import TEST_KEY, Reply, ScriptBackend, WireServer
 
 import hierplan
+from hierplan.agents.models import resolve_model
 from hierplan.agents.models.base import (
     Message,
     Model,
     ModelRequest,
     ModelResponse,
+    OutputSchema,
     Phase,
     ToolCall,
+    ToolSpec,
     Usage,
+    close_model,
 )
 from hierplan.agents.models.scripted import FunctionModel, ScriptedModel, plan_response
 from hierplan.agents.models.tokens import estimate_request_tokens
+from hierplan.agents.planner import PLAN_SCHEMA
 from hierplan.agents.prompts import parse_plan_prompt, parse_step_prompt
 from hierplan.agents.tools import Toolbox, tool
 from hierplan.budgets import budgeted_model
@@ -73,7 +79,7 @@ def _priced(model: FunctionModel) -> FunctionModel:
 
 @asynccontextmanager
 async def budgeted_node(
-    model: FunctionModel | ScriptedModel,
+    model: Model,
     budget: Budget,
     *,
     listeners: tuple[Callable[[RunEvent], None], ...] = (),
@@ -225,6 +231,88 @@ async def test_more_cache_writes_than_uncached_input_settle_as_the_nearest_possi
     assert node.record.calls[0].usage == Usage(
         10, 5, cached_input_tokens=4, cache_write_tokens=6, cache_write_1h_tokens=6
     )
+
+
+ADD = ToolSpec(
+    "add",
+    "Add two integers.",
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
+)
+PLAN_REQUEST = ModelRequest(
+    messages=(Message("system", "Plan."), Message("user", "Count the rows")),
+    output_schema=OutputSchema("plan", PLAN_SCHEMA),
+    max_tokens=200,
+    phase="planning",
+)
+TOOLS_REQUEST = ModelRequest(
+    messages=(Message("system", "You add."), Message("user", "Add 2 and 3")),
+    tools=(ADD,),
+    max_tokens=200,
+)
+PLAN_ANSWER = {"goal": "Count", "steps": [{"id": "a", "title": "A", "instruction": "count"}]}
+
+
+@pytest.mark.parametrize(
+    ("model", "request_", "hidden"),
+    [
+        # tool_choice auto: Claude 4+ adds 346 tokens, Claude 3.5 Haiku 264
+        ("anthropic:claude-haiku-4-5", TOOLS_REQUEST, 346),
+        ("anthropic:claude-3-5-haiku-20241022", TOOLS_REQUEST, 264),
+        # the plan tool forced (tool_choice tool): 313 tokens
+        ("anthropic:claude-sonnet-4-6", PLAN_REQUEST, 313),
+        # a model that always thinks is only offered the plan tool: tool_choice auto
+        ("anthropic:claude-fable-5", PLAN_REQUEST, 346),
+        # no tools sent, no tool-use system prompt
+        ("anthropic:claude-haiku-4-5", REQUEST, 0),
+    ],
+    ids=["tools", "older-model", "forced-plan", "offered-plan", "no-tools"],
+)
+async def test_anthropic_reservations_hold_its_tool_use_system_prompt(
+    model: str, request_: ModelRequest, hidden: int
+) -> None:
+    # The server bills what Anthropic would: the request as estimated plus its tool-use system
+    # prompt, and every output token the call may use. Reserved without that prompt, the call
+    # overran its reservation.
+    estimate = estimate_request_tokens(request_)
+    output = PLAN_ANSWER if request_.output_schema is not None else None
+    text = "" if output is not None else "5"
+    reply = Reply(
+        text=text, output=output, input_tokens=estimate + hidden, output_tokens=request_.max_tokens
+    )
+    events: list[RunEvent] = []
+    with WireServer(ScriptBackend([reply])) as server:
+        adapter = resolve_model(model, base_url=server.base_url("anthropic"), api_key=TEST_KEY)
+        try:
+            budget = Budget(tokens=10_000)
+            async with budgeted_node(adapter, budget, listeners=(events.append,)) as (node, _):
+                response = await node.call_model(request_)
+        finally:
+            await close_model(adapter)
+    (reserved,) = [e for e in events if isinstance(e, BudgetReserved)]
+    assert reserved.tokens == estimate + hidden + request_.max_tokens
+    assert response.usage == Usage(estimate + hidden, request_.max_tokens)
+    assert "overrun" not in response.flags and "overrun" not in node.record.flags
+    assert not [e for e in events if isinstance(e, BudgetOverrun)]
+
+
+async def test_a_reply_without_usage_settles_with_the_tool_use_system_prompt() -> None:
+    # the budget and the record count a reply without usage at the same worst case
+    events: list[RunEvent] = []
+    with WireServer(ScriptBackend([Reply(text="5")])) as server:
+        server.faults.script(["no_usage"])
+        adapter = resolve_model(
+            "anthropic:claude-haiku-4-5", base_url=server.base_url("anthropic"), api_key=TEST_KEY
+        )
+        try:
+            budget = Budget(tokens=10_000)
+            async with budgeted_node(adapter, budget, listeners=(events.append,)) as (node, _):
+                await node.call_model(TOOLS_REQUEST)
+        finally:
+            await close_model(adapter)
+    worst = estimate_request_tokens(TOOLS_REQUEST) + 346 + TOOLS_REQUEST.max_tokens
+    (settled,) = [e for e in events if isinstance(e, BudgetSettled)]
+    assert settled.tokens == worst and settled.flags == ["no_usage"]
+    assert node.record.calls[0].usage.total_tokens == worst
 
 
 async def test_a_response_without_usage_settles_at_the_worst_case_and_is_flagged() -> None:

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 from tracing_support import Telemetry, check_cost_invariants
-from wire import MODELS, TEST_KEY, OracleBackend, WireServer, model_options
+from wire import MODELS, TEST_KEY, OracleBackend, Reply, ScriptBackend, WireServer, model_options
 
 import hierplan
+from hierplan import FunctionModel
+from hierplan.agents.models.tokens import estimate_request_tokens
 from hierplan.scenarios import get_scenario
 from hierplan.scenarios.base import ScenarioEnv
 
@@ -60,6 +62,48 @@ async def test_a_run_on_a_real_provider_is_traced(
     text = json.dumps([dict(s.attributes or {}) for s in spans], default=str)
     assert "hierplan.simulated" not in text  # real answers are not labelled simulated
     assert TEST_KEY not in text  # content is on, and still no key
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("budget_tokens", [None, 100_000], ids=["unbudgeted", "budgeted"])
+async def test_a_reply_without_usage_counts_anthropics_tool_use_prompt_in_span_and_record(
+    budget_tokens: int | None,
+) -> None:
+    # The planning call forces the plan tool, so Anthropic adds its 313-token tool-use system
+    # prompt: the worst case of a reply without usage holds it in the chat span, the record and
+    # the budget alike.
+    plan = {"goal": "greet", "steps": [{"id": "a", "title": "greet", "instruction": "say hi"}]}
+    telemetry = Telemetry()
+    seen: list[hierplan.ModelRequest] = []
+
+    class Keep(hierplan.Instrument):
+        """Keeps the requests the adapter is sent."""
+
+        def wrap_model(self, model: hierplan.Model, node: hierplan.NodeContext) -> hierplan.Model:
+            async def send(request: hierplan.ModelRequest) -> hierplan.ModelResponse:
+                seen.append(request)
+                return await model.request(request)
+
+            return FunctionModel(send, model.name, model.priced_as, report_usage=False)
+
+    with WireServer(ScriptBackend([Reply(output=plan), Reply(text="hi")])) as server:
+        server.faults.script(["no_usage"])
+        result = await hierplan.run(
+            "greet",
+            model=MODELS["anthropic"],
+            strategy="dag",
+            budget_tokens=budget_tokens,
+            model_options=model_options(server, "anthropic"),
+            instruments=[Keep(), telemetry.tracing()],
+        )
+    assert result.status == "succeeded", result.error
+    spans = telemetry.finished()
+    check_cost_invariants(result, spans)
+    (call,) = result.tree.calls
+    assert call.flags == ["no_usage"]
+    assert call.usage.input_tokens == estimate_request_tokens(seen[0]) + 313
+    (chat,) = [s for s in spans if (s.attributes or {}).get("hierplan.phase") == "planning"]
+    assert (chat.attributes or {})["gen_ai.usage.input_tokens"] == call.usage.input_tokens
 
 
 ANTHROPIC_CHECK = textwrap.dedent(

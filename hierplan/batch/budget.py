@@ -37,7 +37,7 @@ from typing import Literal
 
 from hierplan.agents import planner
 from hierplan.agents.models.base import ModelRequest, OutputSchema, Phase, parse_model_string
-from hierplan.agents.models.tokens import estimate_request_tokens
+from hierplan.agents.models.tokens import anthropic_tool_prompt_tokens, estimate_request_tokens
 from hierplan.agents.prompts import PLAN_OUTPUT_NAME, PlanPrompt, render_plan_prompt
 from hierplan.batch.goals import BatchGoal
 from hierplan.budgets.budget import (
@@ -124,14 +124,26 @@ def goal_minimum(
         max_tokens=floor,
         phase="planning",
     )
-    input_tokens = estimate_request_tokens(request)
-    price = pricing.lookup(priced_as_of(goal.spec.model or default_model))
+    model = goal.spec.model or default_model
+    input_tokens = estimate_request_tokens(request) + _hidden_planning_tokens(model)
+    price = pricing.lookup(priced_as_of(model))
     if price is None:
         return input_tokens + floor, 0
     pico = input_tokens * rate_to_pico(price.input_per_mtok) + floor * rate_to_pico(
         price.output_per_mtok
     )
     return input_tokens + floor, pico
+
+
+def _hidden_planning_tokens(model: str) -> int:
+    """The least input a provider adds on its own to a planning call on ``model``: Anthropic's
+    tool-use system prompt, since a plan comes back through a tool (the smaller of its two
+    sizes, as whether the tool is forced depends on the model's options: the minimum stays a
+    minimum)."""
+    parsed = parse_model_string(model)
+    if parsed.provider != "anthropic":
+        return 0
+    return min(anthropic_tool_prompt_tokens(parsed.name, forced=f) for f in (False, True))
 
 
 def check_prices(

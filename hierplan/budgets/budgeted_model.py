@@ -1,7 +1,8 @@
 """The model wrapper of a node under a budget: reserve before every call, settle after.
 
-1. reserve the worst case: estimated input tokens plus ``max_tokens``, priced by the run's
-   price table for the model's ``priced_as``;
+1. reserve the worst case: estimated input tokens (with the input the provider adds on its own,
+   see :func:`~hierplan.agents.models.tokens.estimate_input_tokens`) plus ``max_tokens``, priced
+   by the run's price table for the model's ``priced_as``;
 2. if that does not fit, lower ``max_tokens`` to what fits, down to a floor; below the floor the
    call is not made and :class:`~hierplan.errors.BudgetExceeded` is raised;
 3. after the call, settle the actual usage (a failed call's usage counts; a response without
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING
 from anyio import get_cancelled_exc_class
 
 from hierplan.agents.models.base import Model, ModelRequest, ModelResponse, Usage
-from hierplan.agents.models.tokens import counted_usage, estimate_request_tokens, failed_usage
+from hierplan.agents.models.tokens import counted_usage, estimate_input_tokens, failed_usage
 from hierplan.budgets.budget import Account, LocalLedger, Reservation, pico_to_usd
 from hierplan.errors import BudgetExceeded, ModelError
 from hierplan.hierarchy.context import NodeContext
@@ -53,6 +54,7 @@ class BudgetedModel:
 
     __slots__ = (
         "_account",
+        "_base",
         "_inner",
         "_instrument",
         "_local",
@@ -66,6 +68,7 @@ class BudgetedModel:
 
     def __init__(self, inner: Model, node: NodeContext, instrument: BudgetInstrument) -> None:
         self._inner = inner
+        self._base = node.base_model  # inner may be another instrument's wrapper
         self._node = node
         self._instrument = instrument
         self._account: Account | None = None
@@ -88,7 +91,9 @@ class BudgetedModel:
         ledger = self._instrument.ledger
         local = self._local
         rate_in, _, rate_out, _, _ = self._rates
-        input_tokens = estimate_request_tokens(request)
+        # With what the provider adds on its own (Anthropic's tool-use system prompt): without
+        # it every Anthropic call with tools used more than it reserved.
+        input_tokens = estimate_input_tokens(request, self._base)
         wanted = request.max_tokens
         tokens = input_tokens + wanted
         pico = input_tokens * rate_in + wanted * rate_out

@@ -243,12 +243,17 @@ class NodeContext:
         return self.record.depth
 
     @property
+    def base_model(self) -> Model:
+        """This node's model as the run was given it, before any instrument wrapped it: the
+        one whose provider may add input of its own (see :func:`~hierplan.agents.models.tokens.
+        estimate_input_tokens`), which budgets, the record and the trace estimate alike."""
+        return self.run.planner_model if self.record.kind == "planner" else self.run.executor_model
+
+    @property
     def model(self) -> Model:
         """This node's model, wrapped by every instrument (built on first use)."""
         if self._model is None:
-            base = (
-                self.run.planner_model if self.record.kind == "planner" else self.run.executor_model
-            )
+            base = self.base_model
             for instrument in self.run.instruments:
                 base = instrument.wrap_model(base, self)
             self._model = base
@@ -294,7 +299,7 @@ class NodeContext:
                 self._cut_short(request, started, t0, attempt)
                 raise
             except ModelError as exc:
-                used, flag = failed_usage(exc, request)
+                used, flag = failed_usage(exc, request, model=self.base_model)
                 self._record(
                     request,
                     used or Usage(),
@@ -330,7 +335,7 @@ class NodeContext:
                 request,
                 # Budget or not, the record shows what the call may have cost (a budget
                 # wrapper has already set the reply's usage the same way).
-                counted_usage(response, request),
+                counted_usage(response, request, model=self.base_model),
                 started,
                 t0,
                 attempt,
@@ -347,7 +352,7 @@ class NodeContext:
         self.held_tokens = None
         if held == 0:
             return  # cancelled before the request went out: no call was made
-        usage = worst_case(request)
+        usage = worst_case(request, model=self.base_model)
         if held is not None:  # what the budget held: max_tokens may have been lowered to fit
             usage = Usage(usage.input_tokens, held - usage.input_tokens)
         self._record(request, usage, started, t0, attempt, ok=False, flags=["cut_short"])

@@ -98,20 +98,22 @@ class TracedModel:
             finally:
                 context.detach(token)
         except BaseException as exc:
-            usage, flag = self._failed_usage(request, exc)
+            usage, flag = self._failed_usage(request, exc, self._node.base_model)
             self._finish(span, request, started, usage, None, exc, flag=flag)
             raise
         self._finish(span, request, started, None, response.model, None, response)
         return response
 
     @staticmethod
-    def _failed_usage(request: ModelRequest, exc: BaseException) -> tuple[Usage | None, str | None]:
+    def _failed_usage(
+        request: ModelRequest, exc: BaseException, model: Model
+    ) -> tuple[Usage | None, str | None]:
         """What a call that raised ``exc`` counts for, as the record and the budget count it: a
-        call cut short at its worst case (the provider may have billed it)."""
+        call cut short at its worst case on ``model`` (the provider may have billed it)."""
         if isinstance(exc, ModelError):
-            return failed_usage(exc, request)
+            return failed_usage(exc, request, model=model)
         if isinstance(exc, get_cancelled_exc_class()):
-            return worst_case(request), "cut_short"
+            return worst_case(request, model=model), "cut_short"
         return None, None
 
     def _finish(
@@ -132,7 +134,7 @@ class TracedModel:
                 # Counted as the run record counts it once this wrapper has returned (a reply
                 # without usage at its worst case, impossible usage as the nearest possible),
                 # so that chat spans add up to the record's totals and the rollups.
-                usage, flag = usage_counted(response, request)
+                usage, flag = usage_counted(response, request, model=self._node.base_model)
                 flags = list(response.flags)
                 if flag is not None and flag not in flags:
                     flags.append(flag)

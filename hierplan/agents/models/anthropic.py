@@ -26,6 +26,8 @@
   ``cache_write_1h_tokens`` those kept an hour, from ``cache_creation``), which the price table
   bills above plain input, as Anthropic does; thinking tokens are reasoning tokens. A reply
   without usage has ``usage=None`` and the flag ``no_usage``.
+- A request that sends tools also gets Anthropic's own tool-use system prompt, billed as input;
+  :meth:`AnthropicModel.hidden_input_tokens` says how large, so that budgets reserve it.
 - One attempt per request, explicit ``timeout_s``; see :mod:`hierplan.agents.models.provider`.
 """
 
@@ -65,6 +67,7 @@ from hierplan.agents.models.provider import (
     tool_arguments,
     truncated_error,
 )
+from hierplan.agents.models.tokens import anthropic_tool_prompt_tokens
 
 API_KEY_VARIABLE = "ANTHROPIC_API_KEY"
 TOOL_NAME_LIMIT = 128
@@ -206,6 +209,16 @@ class AnthropicModel(ProviderModel[anthropic.AsyncAnthropic]):
         if request.temperature is not None:
             params["temperature"] = request.temperature
         return params
+
+    def hidden_input_tokens(self, request: ModelRequest) -> int:
+        """The input Anthropic adds to ``request`` on its own and bills: its tool-use system
+        prompt, when tools are sent (the request's tools or the output tool), in the size for
+        the ``tool_choice`` :meth:`build_params` sends (forced or auto). Budgets add it to
+        their estimate of the request."""
+        if not request.tools and request.output_schema is None:
+            return 0
+        forced = request.output_schema is not None and self.force_output_tool
+        return anthropic_tool_prompt_tokens(self.model_name, forced=forced)
 
     def to_response(self, reply: _Reply, request: ModelRequest) -> ModelResponse:
         """A :class:`ModelResponse` from an accumulated stream."""

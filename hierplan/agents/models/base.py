@@ -166,6 +166,10 @@ class Model(Protocol):
     provider part, ``priced_as`` the model whose price applies (a simulated model is priced as
     if it were a named real one), and ``simulated`` says whether answers come from an oracle.
 
+    A model whose provider adds input of its own to a request (the Anthropic adapter: its
+    tool-use system prompt) also has ``hidden_input_tokens(request) -> int``, which budgets
+    add to their estimate of the request's input.
+
     A model that holds connections (the provider adapters) also has ``async aclose()``;
     :func:`hierplan.run` closes the models it resolved from strings when the run ends, in the
     run's event loop (see :func:`close_model`).

@@ -6,13 +6,16 @@ ASCII (Chinese, Cyrillic, emoji: tokenizers give such a character about a token 
 more, so four to a token would reserve a quarter of what the call uses), plus a fixed overhead per
 message, tool and schema for the chat framing. The estimate is used for two things: the input
 side of a budget reservation before a call (a real provider's reported usage then replaces it),
-and the usage the offline simulator reports, which has no provider to ask.
+and the usage the offline simulator reports, which has no provider to ask. Input a provider adds
+on its own (Anthropic's tool-use system prompt) is added to a reservation's estimate by
+:func:`estimate_input_tokens`, never to the simulator's counts.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from hierplan.agents.models.base import ModelRequest, ModelResponse, Usage
@@ -23,6 +26,25 @@ if TYPE_CHECKING:
 CHARS_PER_TOKEN = 4
 MESSAGE_OVERHEAD_TOKENS = 4
 TOOL_OVERHEAD_TOKENS = 8
+
+# Anthropic puts a tool-use system prompt of its own in front of every request that sends tools,
+# and bills it as input: by model, one size with tool_choice auto or none (the default) and one
+# with any or a named tool (a forced call). Source: "Tool use pricing" in
+# https://platform.claude.com/docs/en/about-claude/pricing, read 2026-12-03 (the Claude 3 rows
+# checked against https://docs.anthropic.com/en/docs/tool-use-pricing-and-tokens, the 346/313
+# row against https://claudecodeguides.com/claude-tool-use-hidden-token-costs-explained/).
+# Models listed apart are matched by name prefix; every other model (Claude 3.7, 4, 4.x, 5 and
+# any newer) takes the 346/313 row, the one current models share.
+ANTHROPIC_TOOL_PROMPT_TOKENS: tuple[int, int] = (346, 313)
+"""(tool_choice auto/none, any/tool) tokens for the models the table does not list apart."""
+_ANTHROPIC_OLDER_TOOL_PROMPT_TOKENS: Mapping[str, tuple[int, int]] = MappingProxyType(
+    {
+        "claude-3-5-haiku": (264, 340),
+        "claude-3-haiku": (264, 340),
+        "claude-3-opus": (530, 281),
+        "claude-3-sonnet": (159, 235),
+    }
+)
 
 
 def estimate_text_tokens(text: str) -> int:
@@ -53,15 +75,41 @@ def estimate_request_tokens(request: ModelRequest) -> int:
     return total
 
 
+def anthropic_tool_prompt_tokens(model_name: str, *, forced: bool) -> int:
+    """The tokens of the tool-use system prompt Anthropic adds to a request to ``model_name``
+    (``claude-haiku-4-5``) that sends tools: with a forced tool (``tool_choice`` any or tool)
+    when ``forced``, else with ``tool_choice`` auto."""
+    sizes = next(
+        (v for k, v in _ANTHROPIC_OLDER_TOOL_PROMPT_TOKENS.items() if model_name.startswith(k)),
+        ANTHROPIC_TOOL_PROMPT_TOKENS,
+    )
+    return sizes[1] if forced else sizes[0]
+
+
+def estimate_input_tokens(request: ModelRequest, model: object = None) -> int:
+    """Estimated input tokens of ``request`` sent to ``model``: :func:`estimate_request_tokens`
+    plus what the model's provider adds on its own, when the model says how much through a
+    ``hidden_input_tokens(request)`` method (the Anthropic adapter: its tool-use system
+    prompt). Budgets reserve this; without it a call with tools overran its reservation."""
+    total = estimate_request_tokens(request)
+    hidden = getattr(model, "hidden_input_tokens", None)
+    if hidden is not None:
+        total += int(hidden(request))
+    return total
+
+
 def counted_usage(
-    response: ModelResponse, request: ModelRequest, input_tokens: int | None = None
+    response: ModelResponse,
+    request: ModelRequest,
+    input_tokens: int | None = None,
+    model: object = None,
 ) -> Usage:
     """The usage ``response`` counts for, set on it and flagged where it is not what the model
-    reported: a reply without usage counts at the request's worst case (``input_tokens``, its
-    estimate by default, plus ``max_tokens``; flag ``no_usage``), never as free; impossible
-    usage (negative counts, more cache reads and writes than input) as the nearest possible
-    one (flag ``invalid_usage``)."""
-    usage, flag = usage_counted(response, request, input_tokens)
+    reported: a reply without usage counts at the request's worst case (``input_tokens``, by
+    default its estimate on ``model``, plus ``max_tokens``; flag ``no_usage``), never as free;
+    impossible usage (negative counts, more cache reads and writes than input) as the nearest
+    possible one (flag ``invalid_usage``)."""
+    usage, flag = usage_counted(response, request, input_tokens, model)
     if flag is None:
         return usage
     response.usage = usage
@@ -71,40 +119,49 @@ def counted_usage(
 
 
 def usage_counted(
-    response: ModelResponse, request: ModelRequest, input_tokens: int | None = None
+    response: ModelResponse,
+    request: ModelRequest,
+    input_tokens: int | None = None,
+    model: object = None,
 ) -> tuple[Usage, str | None]:
     """What :func:`counted_usage` would count ``response`` for, and its flag (``no_usage``,
     ``invalid_usage`` or ``None``), without changing the response: for those who see the reply
     before the call is recorded and must count it the same way."""
     reported = response.usage
     if reported is None:
-        return worst_case(request, input_tokens), "no_usage"
+        return worst_case(request, input_tokens, model), "no_usage"
     return _possible(reported)
 
 
 def failed_usage(
-    error: ModelError, request: ModelRequest, input_tokens: int | None = None
+    error: ModelError,
+    request: ModelRequest,
+    input_tokens: int | None = None,
+    model: object = None,
 ) -> tuple[Usage | None, str | None]:
     """What a call that failed with ``error`` counts for, and its flag: the usage the error
     reported (impossible usage as the nearest possible one, flag ``invalid_usage``, as the
     budget settles it, so that the record and the trace never show a negative cost); the
-    request's worst case (``input_tokens``, its estimate by default, plus ``max_tokens``; flag
-    ``no_usage``) when the provider may have billed the request without reporting usage
-    (``error.unknown_usage``); ``None`` when the call used nothing."""
+    request's worst case (``input_tokens``, by default its estimate on ``model``, plus
+    ``max_tokens``; flag ``no_usage``) when the provider may have billed the request without
+    reporting usage (``error.unknown_usage``); ``None`` when the call used nothing."""
     reported = error.usage
     if reported is None:
         if error.unknown_usage:
-            return worst_case(request, input_tokens), "no_usage"
+            return worst_case(request, input_tokens, model), "no_usage"
         return None, None
     usage, flag = _possible(reported)
     return usage, "no_usage" if flag is None and error.unknown_usage else flag
 
 
-def worst_case(request: ModelRequest, input_tokens: int | None = None) -> Usage:
-    """The most ``request`` can use: ``input_tokens`` (its estimate by default) plus
-    ``max_tokens``: what its budget reservation holds, and what a call counts for when the
-    provider may have billed it without saying how much."""
-    worst = estimate_request_tokens(request) if input_tokens is None else input_tokens
+def worst_case(
+    request: ModelRequest, input_tokens: int | None = None, model: object = None
+) -> Usage:
+    """The most ``request`` can use: ``input_tokens`` (by default its estimate on ``model``,
+    see :func:`estimate_input_tokens`) plus ``max_tokens``: what its budget reservation holds,
+    and what a call counts for when the provider may have billed it without saying how
+    much."""
+    worst = estimate_input_tokens(request, model) if input_tokens is None else input_tokens
     return Usage(worst, request.max_tokens)
 
 
