@@ -18,6 +18,7 @@ from hierplan.agents.models.base import ModelResponse, Usage
 from hierplan.agents.models.scripted import plan_response
 from hierplan.errors import UserInputError
 from hierplan.goals import goal_from_data, load_goal_file
+from hierplan.hierarchy.events import ModelCalled, RunEvent
 
 pytestmark = pytest.mark.anyio
 
@@ -48,8 +49,13 @@ async def test_run_json_keeps_cache_writes_and_reads_records_written_before_them
     plan = {"goal": "g", "steps": [{"id": "a", "title": "A", "instruction": "say ok"}]}
     written = Usage(100, 5, cache_write_tokens=60, cache_write_1h_tokens=10)
     model = ScriptedModel([plan_response(plan), ModelResponse(text="ok", usage=written)])
-    result = await hierplan.run("g", model=model, strategy="plan-execute")
+    events: list[RunEvent] = []
+    result = await hierplan.run(
+        "g", model=model, strategy="plan-execute", listeners=[events.append]
+    )
     assert result.tree.children[0].calls[0].usage == written
+    called = [e for e in events if isinstance(e, ModelCalled) and e.phase == "execution"]
+    assert [(e.cache_write_tokens, e.cache_write_1h_tokens) for e in called] == [(60, 10)]
     totals = result.totals()
     assert (totals["cache_write_tokens"], totals["cache_write_1h_tokens"]) == (60, 10)
     path = result.write(tmp_path / "run.json")
@@ -165,8 +171,6 @@ def test_a_record_reaches_the_disk_before_it_replaces_the_old_one(
 
 async def test_cost_rollups_equal_the_sum_of_the_calls_costs_in_any_order() -> None:
     import math
-
-    from hierplan.hierarchy.events import RunEvent
 
     events: list[RunEvent] = []
     model = ScriptedModel(
