@@ -154,6 +154,23 @@ async def test_bad_resume_decisions_change_nothing(tmp_path: Path) -> None:
 
 
 @pytest.mark.anyio
+async def test_an_edited_plan_for_another_goal_is_refused(tmp_path: Path) -> None:
+    calls: list[str] = []
+    model = fanout_planner(2)
+    common = {"model": model, "tools": [recording_tool(calls)]}
+    await hierplan.run(ROOT_GOAL, approver=PauseForReview(), checkpoint_dir=tmp_path, **common)
+    saved = (tmp_path / CHECKPOINT_FILE).read_text()
+    pending = load_plan(tmp_path / PENDING_DIR / "1.yaml")
+    other = pending.model_copy(update={"goal": "Collect the\n other parts"})
+    with pytest.raises(UserInputError, match=r"'Collect the other parts', but node 1 waits"):
+        await hierplan.resume(tmp_path, Edit(other), **common)
+    assert (tmp_path / CHECKPOINT_FILE).read_text() == saved and calls == []
+    spaced = pending.model_copy(update={"goal": f"  {ROOT_GOAL.replace(' ', chr(10))} "})
+    done = await hierplan.resume(tmp_path, Edit(spaced), **common)
+    assert done.status == "succeeded", done.error
+
+
+@pytest.mark.anyio
 async def test_several_pending_subgoals_are_decided_one_node_at_a_time(tmp_path: Path) -> None:
     calls: list[str] = []
     model = fanout_planner(3)

@@ -184,6 +184,27 @@ def test_resume_refuses_a_bad_plan_and_keeps_the_checkpoint(
     assert tables(paused) == []
 
 
+def test_resume_refuses_a_plan_for_another_goal(paused: Path, tmp_path: Path) -> None:
+    plan = yaml.safe_load((paused / PENDING_DIR / "1.yaml").read_text())
+    saved_goal = plan["goal"]
+    plan["goal"] = "Summarise the Q3 incident reports"
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump(plan))
+    before = (paused / CHECKPOINT_FILE).read_text()
+    code, out = hierplan("resume", paused, "--plan", other)
+    assert code == 2 and "Traceback" not in out
+    line = " ".join(out.split())
+    assert "'Summarise the Q3 incident reports', but node 1 waits on a plan for" in line
+    assert "pass the plan saved for that node (pending/1.yaml, edited)" in line
+    assert (paused / CHECKPOINT_FILE).read_text() == before
+    assert not (paused / RESUMING_FILE).exists() and tables(paused) == []
+    # The saved goal, wrapped again by an editor, is the same goal.
+    plan["goal"] = "\n  ".join(saved_goal.split(" "))
+    other.write_text(yaml.safe_dump(plan))
+    code, out = hierplan("resume", paused, "--plan", other)
+    assert code == 0, out
+
+
 def test_resume_flags_are_checked(paused: Path) -> None:
     assert hierplan("resume", paused)[0] == 2
     code, out = hierplan("resume", paused, "--approve", "--reject", "x")

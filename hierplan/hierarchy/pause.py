@@ -35,6 +35,7 @@ import anyio
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from hierplan.agents.executor import StepResult
+from hierplan.agents.models.provider import one_line
 from hierplan.errors import UserInputError, first_problem
 from hierplan.hierarchy.gate import Decision, Edit, GateContext
 from hierplan.hierarchy.plan import Plan, plan_to_yaml
@@ -351,6 +352,35 @@ def check_decisions(run: RunContext, restore: Restore, *, flat: bool) -> None:
                 + "; ".join(str(p) for p in problems)
                 + ". Nothing was resumed: fix the plan and run hierplan resume again"
             )
+
+
+def check_edit_goals(tree: NodeRecord, decisions: Mapping[str, Decision]) -> None:
+    """Refuse an edited plan made for another goal than its pending node's.
+
+    A plan file saved for another node (or another run) would otherwise be validated against
+    this node's tools and run in its place. The goal may be the node's or the one of the plan
+    saved in ``pending/<node>.yaml`` (the planner words its plan's goal itself), compared with
+    whitespace made single spaces: the YAML of a pending plan folds long lines, and an editor
+    may wrap them again. Raises :class:`UserInputError` before anything is written.
+    """
+    pending = {node.path: (node, version) for node, version in pending_versions(tree)}
+    for path, decision in decisions.items():
+        if not isinstance(decision, Edit) or path not in pending:
+            continue
+        node, version = pending[path]
+        given = _goal_key(decision.plan.goal)
+        if given in (_goal_key(node.goal), _goal_key(version.plan.goal)):
+            continue
+        raise UserInputError(
+            f"the edited plan is for the goal {one_line(decision.plan.goal, 80)!r}, but node "
+            f"{path} waits on a plan for {one_line(node.goal, 80)!r}: pass the plan saved for "
+            f"that node ({PENDING_DIR}/{path}.yaml, edited), or set the plan's goal to the "
+            "node's. Nothing was resumed"
+        )
+
+
+def _goal_key(goal: str) -> str:
+    return " ".join(goal.split())
 
 
 def _allowed_tools(tree: NodeRecord, path: str, names: frozenset[str]) -> frozenset[str]:

@@ -26,6 +26,7 @@ from hierplan.hierarchy.pause import (
     CHECKPOINT_FILE,
     RESUMING_FILE,
     Checkpoint,
+    check_edit_goals,
     clear_checkpoint,
     load_checkpoint,
     pending_versions,
@@ -149,6 +150,7 @@ async def resume(
     """
     checkpoint = load_checkpoint(run_dir)
     restore = checkpoint.restore(decisions_for(checkpoint, decision, node))
+    check_edit_goals(restore.record.tree, restore.decisions)
     if version is not None:
         _check_version(restore.record.tree, node, version)
     kwargs = run_arguments(checkpoint, overrides, run_dir)
