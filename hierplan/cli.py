@@ -11,7 +11,8 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, cast
@@ -27,6 +28,7 @@ from hierplan.batch.cli import register as register_batch_commands
 from hierplan.bench.cli import bench_command
 from hierplan.budgets.budget import MAX_BUDGET_TOKENS
 from hierplan.console import RunConsole
+from hierplan.dirlock import lock_directory
 from hierplan.errors import HierplanError, UserInputError
 from hierplan.goals import load_goal_file
 from hierplan.hierarchy.context import STRATEGY_NAMES, RunSettings
@@ -179,6 +181,30 @@ PriceOutOpt = Annotated[
 def _fail(message: str, code: int = 2) -> NoReturn:
     Console(stderr=True).print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+RUN_LOCK = "run.lock"
+"""Held in a run directory by the one process running or resuming the run there."""
+
+
+@contextmanager
+def _holding(run_dir: Path, *, otherwise: str) -> Iterator[None]:
+    """Hold ``run_dir``'s lock (:mod:`hierplan.dirlock`) for the body, or refuse: two processes
+    writing one run directory would mix their records, checkpoints and scenario files.
+    ``otherwise`` says what the refused command can do instead of waiting."""
+    try:
+        lock = lock_directory(
+            run_dir,
+            RUN_LOCK,
+            what="the run directory",
+            wait=f"wait for it to end (or stop it){otherwise}",
+        )
+    except HierplanError as exc:
+        _fail(str(exc))
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _refuse_paused_run(run_dir: Path) -> None:
@@ -381,29 +407,30 @@ def run_command(
     except HierplanError as exc:
         _fail(str(exc))
     run_dir = out or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
-    _refuse_paused_run(run_dir)
-    _execute(
-        console,
-        run_dir,
-        setup,
-        goal=goal,
-        scenario=scenario,
-        model=model,
-        settings=settings,
-        sim_profile=sim_profile,
-        sim_latency_scale=sim_latency_scale,
-        workdir=run_dir if scenario else None,
-        model_options=model_options,
-        checkpoint_dir=run_dir,
-        checkpoint_extra=setup.saved(),
-        trace=trace,
-        trace_content=trace_content,
-        budget_usd=budget_usd,
-        budget_tokens=budget_tokens,
-        allocation=allocation,
-        price_in=price_in,
-        price_out=price_out,
-    )
+    with _holding(run_dir, otherwise=", or give this run another --out"):
+        _refuse_paused_run(run_dir)
+        _execute(
+            console,
+            run_dir,
+            setup,
+            goal=goal,
+            scenario=scenario,
+            model=model,
+            settings=settings,
+            sim_profile=sim_profile,
+            sim_latency_scale=sim_latency_scale,
+            workdir=run_dir if scenario else None,
+            model_options=model_options,
+            checkpoint_dir=run_dir,
+            checkpoint_extra=setup.saved(),
+            trace=trace,
+            trace_content=trace_content,
+            budget_usd=budget_usd,
+            budget_tokens=budget_tokens,
+            allocation=allocation,
+            price_in=price_in,
+            price_out=price_out,
+        )
 
 
 def _given(ctx: typer.Context, name: str) -> bool:
@@ -509,27 +536,28 @@ def demo_command(
             parse_trace_target(target)  # a bad one is refused before the banner
     except UserInputError as exc:
         _fail(str(exc))
-    _refuse_paused_run(out)
-    console.print(
-        "[bold]hierplan demo[/]: migrate a 14-table SQLite shop database (~290k rows) into a new "
-        "one. Planning runs on the offline simulator: [bold yellow]SIMULATED[/] model answers, "
-        f"real tools and real data (simulated model latency x{sim_latency_scale:g}).",
-        highlight=False,
-    )
-    _execute(
-        console,
-        out,
-        setup,
-        scenario="data_migration",
-        settings=RunSettings.model_validate({"strategy": strategy, "seed": seed}),
-        sim_profile=sim_profile,
-        sim_latency_scale=sim_latency_scale,
-        workdir=out,
-        checkpoint_dir=out,
-        checkpoint_extra=setup.saved(),
-        trace=trace,
-        trace_content=trace_content,
-    )
+    with _holding(out, otherwise=", or give this demo another --out"):
+        _refuse_paused_run(out)
+        console.print(
+            "[bold]hierplan demo[/]: migrate a 14-table SQLite shop database (~290k rows) into a "
+            "new one. Planning runs on the offline simulator: [bold yellow]SIMULATED[/] model "
+            f"answers, real tools and real data (simulated model latency x{sim_latency_scale:g}).",
+            highlight=False,
+        )
+        _execute(
+            console,
+            out,
+            setup,
+            scenario="data_migration",
+            settings=RunSettings.model_validate({"strategy": strategy, "seed": seed}),
+            sim_profile=sim_profile,
+            sim_latency_scale=sim_latency_scale,
+            workdir=out,
+            checkpoint_dir=out,
+            checkpoint_extra=setup.saved(),
+            trace=trace,
+            trace_content=trace_content,
+        )
 
 
 @app.command("resume")
@@ -578,27 +606,32 @@ def resume_command(
     try:
         who = by or f"{reviewer_name()} via hierplan resume"
         decision = resume_decision(approve, reject, plan_file, who, review=review)
-        checkpoint = load_checkpoint(run_dir)
-        model = _saved_model_name(checkpoint.invocation, run_dir)
-        saved = checkpoint.extra
-        flags = yes or review or pause_for_review
-        setup = review_setup(
-            yes=yes,
-            review=review,
-            pause=pause_for_review,
-            policy=review_policy or str(saved.get("review_policy", "root")),
-            default=None if flags else saved_mode(saved),
-        )
     except HierplanError as exc:
         _fail(str(exc))
-    _execute(
-        console,
-        run_dir,
-        setup,
-        start=partial(resume_until_interrupted, run_dir, decision, node=node, version=version),
-        model=model,
-        checkpoint_extra=setup.saved(),
-    )
+    # Held before the checkpoint is read: a run or resume writing the directory may replace it.
+    with _holding(run_dir, otherwise=""):
+        try:
+            checkpoint = load_checkpoint(run_dir)
+            model = _saved_model_name(checkpoint.invocation, run_dir)
+            saved = checkpoint.extra
+            flags = yes or review or pause_for_review
+            setup = review_setup(
+                yes=yes,
+                review=review,
+                pause=pause_for_review,
+                policy=review_policy or str(saved.get("review_policy", "root")),
+                default=None if flags else saved_mode(saved),
+            )
+        except HierplanError as exc:
+            _fail(str(exc))
+        _execute(
+            console,
+            run_dir,
+            setup,
+            start=partial(resume_until_interrupted, run_dir, decision, node=node, version=version),
+            model=model,
+            checkpoint_extra=setup.saved(),
+        )
 
 
 def _saved_model_name(invocation: dict[str, Any], run_dir: Path) -> str:

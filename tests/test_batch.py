@@ -416,10 +416,12 @@ def test_a_batch_directory_is_run_by_one_process_at_a_time(tmp_path: Path) -> No
     running = open_journal(out, resume=True)  # as a batch still running holds it
     try:
         # A second process resuming it would run the same pending goals on the same budget.
-        with pytest.raises(UserInputError, match=f"being run by process {os.getpid()}"):
+        busy = rf"out is in use by another hierplan process \(process {os.getpid()}\)"
+        with pytest.raises(UserInputError, match=busy):
             anyio.run(run_batch, config(goals, out, 1.0, 2, resume=True))
     finally:
         running.close()
+    assert not (out / "batch.lock").exists()  # the holder deletes it as it lets go
     assert anyio.run(run_batch, config(goals, out, 1.0, 2, resume=True))["counts"]["succeeded"] == 2
 
 

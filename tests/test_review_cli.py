@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sqlite3
 from contextlib import closing
@@ -18,7 +19,8 @@ import hierplan as hierplan_api
 from hierplan.agents.models.base import ModelRequest, ModelResponse
 from hierplan.agents.models.scripted import FunctionModel
 from hierplan.agents.prompts import parse_plan_prompt
-from hierplan.cli import app
+from hierplan.cli import RUN_LOCK, app
+from hierplan.dirlock import lock_directory
 from hierplan.hierarchy.pause import CHECKPOINT_FILE, PENDING_DIR, RESUMING_FILE
 from hierplan.review import PauseForReview
 
@@ -203,6 +205,24 @@ def test_resume_refuses_a_plan_for_another_goal(paused: Path, tmp_path: Path) ->
     other.write_text(yaml.safe_dump(plan))
     code, out = hierplan("resume", paused, "--plan", other)
     assert code == 0, out
+
+
+def test_a_run_directory_is_written_by_one_process_at_a_time(paused: Path) -> None:
+    before = (paused / CHECKPOINT_FILE).read_text()
+    held = lock_directory(paused, RUN_LOCK, what="the run directory", wait="wait")
+    try:
+        busy = f"{paused} is in use by another hierplan process (process {os.getpid()})"
+        code, out = hierplan("resume", paused, "--approve")
+        assert code == 2 and busy in " ".join(out.split()), out
+        code, out = start(paused)  # a new run there would clear the checkpoint
+        assert code == 2 and busy in " ".join(out.split()), out
+        assert "give this run another --out" in " ".join(out.split())
+    finally:
+        held.release()
+    assert (paused / CHECKPOINT_FILE).read_text() == before and tables(paused) == []
+    code, out = hierplan("resume", paused, "--approve")
+    assert code == 0, out
+    assert not (paused / RUN_LOCK).exists()  # let go of, and deleted, at the end
 
 
 def test_resume_flags_are_checked(paused: Path) -> None:

@@ -16,7 +16,6 @@ billed), stays spent as ``prior``.
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
@@ -26,12 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from hierplan.batch.goals import BatchGoal
+from hierplan.dirlock import DirectoryLock, lock_directory
 from hierplan.errors import UserInputError
-from hierplan.hierarchy.record import make_directory
 
 JOURNAL = "journal.sqlite"
 LOCK = "batch.lock"
-"""Held (``flock``) by the one process that runs the batch; it holds that process's id."""
+"""Held (:mod:`hierplan.dirlock`) by the one process that runs the batch; it holds that
+process's id."""
 FINAL_STATES = ("succeeded", "failed", "skipped")
 
 _SCHEMA = """
@@ -94,7 +94,7 @@ class GoalRow:
 class Journal:
     """The journal of one batch directory. Use it from one thread (the batch's event loop)."""
 
-    def __init__(self, path: Path, lock: int | None = None) -> None:
+    def __init__(self, path: Path, lock: DirectoryLock | None = None) -> None:
         self.path = path
         self._lock = lock
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
@@ -113,7 +113,7 @@ class Journal:
         batch directory's lock."""
         self.db.close()
         if self._lock is not None:
-            os.close(self._lock)  # releases the flock
+            self._lock.release()
             self._lock = None
 
     @contextmanager
@@ -253,27 +253,16 @@ class Journal:
             )
 
 
-def lock_directory(out: Path) -> int | None:
+def lock_batch(out: Path) -> DirectoryLock:
     """Take ``out``'s batch lock for this process, or fail if another process holds it: two
     processes running one batch would each run its pending goals and each spend what is left
-    of its budget. The lock goes with the process (and with a killed one)."""
-    try:
-        import fcntl
-    except ImportError:  # no flock on this platform: nothing to take
-        return None
-    fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = os.read(fd, 32).decode(errors="replace").strip() or "another process"
-        os.close(fd)
-        raise UserInputError(
-            f"{out} is being run by process {holder}: wait for it to end (or stop it) before "
-            "resuming the batch"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode())
-    return fd
+    of its budget."""
+    return lock_directory(
+        out,
+        LOCK,
+        what="the batch directory",
+        wait="wait for it to end (or stop it) before resuming the batch",
+    )
 
 
 def open_journal(out: Path, *, resume: bool) -> Journal:
@@ -283,7 +272,7 @@ def open_journal(out: Path, *, resume: bool) -> Journal:
     if resume:
         if not path.exists():
             raise UserInputError(f"nothing to resume: {out} holds no batch journal ({JOURNAL})")
-        lock = lock_directory(out)
+        lock = lock_batch(out)
         journal: Journal | None = None
         try:
             journal = Journal(path, lock)
@@ -291,13 +280,12 @@ def open_journal(out: Path, *, resume: bool) -> Journal:
         except sqlite3.DatabaseError as exc:
             if journal is not None:
                 journal.close()
-            elif lock is not None:
-                os.close(lock)
+            else:
+                lock.release()
             raise UserInputError(f"cannot read the batch journal {path}: {exc}") from None
         return journal
     if path.exists():
         raise UserInputError(
             f"{out} already holds a batch: pass --resume to continue it, or choose another --out"
         )
-    make_directory(out, "the batch directory")
-    return Journal(path, lock_directory(out))
+    return Journal(path, lock_batch(out))

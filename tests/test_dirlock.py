@@ -1,0 +1,99 @@
+"""The directory lock that ``run``, ``demo``, ``resume`` and ``batch`` hold on their directory."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hierplan import dirlock
+from hierplan.cli import RUN_LOCK, app
+from hierplan.dirlock import lock_directory
+from hierplan.errors import UserInputError
+
+HOLD = """
+import sys
+from pathlib import Path
+from hierplan.dirlock import lock_directory
+lock_directory(Path(sys.argv[1]), "run.lock", what="the run directory", wait="wait")
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def take(folder: Path) -> dirlock.DirectoryLock:
+    return lock_directory(folder, RUN_LOCK, what="the run directory", wait="wait for it")
+
+
+def test_a_second_process_is_refused_until_the_first_dies(tmp_path: Path) -> None:
+    with subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as holder:
+        try:
+            assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+            message = (
+                f"{tmp_path} is in use by another hierplan process (process {holder.pid}), "
+                "which holds its lock run.lock: wait for it"
+            )
+            with pytest.raises(UserInputError) as refused:
+                take(tmp_path)
+            assert str(refused.value) == message
+        finally:
+            holder.send_signal(signal.SIGKILL)  # no clean-up runs: the kernel lets go of it
+            holder.wait()
+    assert (tmp_path / RUN_LOCK).exists()  # what the killed process left locks nothing
+    lock = take(tmp_path)
+    assert (tmp_path / RUN_LOCK).read_text() == str(os.getpid())
+    lock.release()
+    lock.release()
+    assert not (tmp_path / RUN_LOCK).exists()
+
+
+def test_a_lock_file_replaced_while_it_was_taken_is_taken_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opened: list[int] = []
+    real_open = os.open
+
+    def open_then_holder_lets_go(path: str | Path, flags: int, mode: int = 0o777) -> int:
+        fd = real_open(path, flags, mode)
+        if not opened:
+            # The holder deletes the file as it lets go, and a third process makes a new one:
+            # locking the old one would lock nothing anyone else sees.
+            os.unlink(path)
+            os.close(real_open(path, os.O_RDWR | os.O_CREAT, 0o644))
+        opened.append(fd)
+        return fd
+
+    monkeypatch.setattr(dirlock.os, "open", open_then_holder_lets_go)
+    lock = take(tmp_path)
+    assert len(opened) == 2 and lock.fd == opened[1]
+    assert os.fstat(opened[1]).st_ino == (tmp_path / RUN_LOCK).stat().st_ino
+    lock.release()
+
+
+def test_a_refused_run_leaves_no_directory_behind(tmp_path: Path) -> None:
+    out = tmp_path / "runs" / "new"
+    result = CliRunner().invoke(app, ["run", "say hi", "-o", str(out), "--model", "bogus:x", "-y"])
+    assert result.exit_code == 2 and "unknown model 'bogus:x'" in result.output
+    assert not (tmp_path / "runs").exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    result = CliRunner().invoke(app, ["resume", str(kept), "--approve"])
+    assert result.exit_code == 2 and "not a paused run directory" in result.output
+    assert sorted(p.name for p in kept.iterdir()) == ["notes.txt"]
+
+
+def test_a_directory_that_cannot_be_locked_says_why(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UserInputError, match="is a file, not a directory"):
+        take(tmp_path / "file" / "run")
