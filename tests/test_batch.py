@@ -531,6 +531,39 @@ def test_the_batch_ledger_write_off_counts_held_calls_as_spent() -> None:
     anyio.run(main)
 
 
+def test_a_dropped_redis_ledger_refuses_its_accounts_and_writes_nothing() -> None:
+    from redis_support import require_redis
+
+    from hierplan.budgets.budget import LedgerError
+    from hierplan.budgets.redis_ledger import RedisLedger
+
+    server = require_redis()
+
+    async def main() -> None:
+        ledger = RedisLedger(server.url)
+        root = await ledger.open("batch", None, Fixed(None, 1_000))
+        goal = await ledger.open("goal", root, Fixed(None, 400))
+        held = await ledger.reserve(goal, 10, 100, "execution")
+        assert held is not None
+        assert ledger.drop() > 0  # the batch finished
+        # A delivery still running from that batch: read as empty, its account would have no
+        # limit at all; it is refused instead, and nothing comes back into Redis.
+        for operation in (
+            ledger.reserve(goal, 1, 1, "execution"),
+            ledger.available(goal),
+            ledger.close(goal),
+            ledger.write_off(goal),
+            ledger.open("late", root, Fixed(None, 1)),
+        ):
+            with pytest.raises(LedgerError, match=rf"no account '{root.id}'|'{goal.id}'|unknown"):
+                await operation
+        with pytest.raises(LedgerError, match="settled twice"):
+            await ledger.settle(held, 1, 1)
+        assert list(ledger.client.scan_iter(match=f"{{{ledger.namespace}}}:*")) == []
+
+    anyio.run(main)
+
+
 def test_the_redis_ledger_counts_exactly_on_both_sides_of_its_arithmetic_shortcut() -> None:
     from redis_support import require_redis
 
@@ -762,15 +795,13 @@ def test_a_delivery_that_fails_records_the_goal_failed_and_returns_its_grant(
     worker.workdir = tmp_path
     gone = RedisLedger(server.url)
     client = gone.client
-    # The batch's ledger is gone from Redis (flushed, evicted, another server): the goal fails
-    # with the reason, announced to the driver, instead of staying claimed for ever.
+    # The batch's ledger is gone from Redis (the batch finished and deleted it, or Redis lost
+    # it): a message delivered late writes nothing there, where a claim would leave the goal's
+    # keys for ever. The driver, if it still runs, says the ledger was lost.
     lost = _delivery(server.url, gone.namespace, "404")
-    assert anyio.run(work_on_goal, lost, worker) == "ok"
-    state = client.hgetall(goal_key(gone.namespace, "g"))
-    assert state["state"] == "failed"
-    assert "the worker failed: LedgerError: no account '404'" in state["reason"]
-    assert client.lrange(done_key(gone.namespace), 0, -1) == ["g"]
-    gone.drop()
+    assert anyio.run(work_on_goal, lost, worker) == "gone"
+    assert list(client.scan_iter(match=f"{{{gone.namespace}}}:*")) == []
+    assert not client.exists(goal_key(gone.namespace, "g"), done_key(gone.namespace))
 
     # Redis fails while the goal's account closes: the account is written off, so what it
     # spent is counted on the goal and the rest of its grant returns to the batch.
@@ -900,15 +931,15 @@ def test_a_celery_batch_whose_ledger_redis_lost_says_so_instead_of_waiting(
 
 def _celery_batch_on_a_worker_thread(
     tmp_path: Path, database: int, latency: float, display: object = None
-) -> tuple[dict[str, object], dict[str, str], Journal]:
+) -> tuple[dict[str, object], list[str], Journal]:
     """A one-goal Celery batch driven here, its goal run by ``work_on_goal`` in a thread (as a
-    worker takes the goal's message) on this test's own Redis database: the summary, the
-    goal's hash in Redis, and the journal."""
+    worker takes the goal's message) on this test's own Redis database: the summary, the keys
+    of the batch left in Redis, and the journal."""
     import threading
 
     from redis_support import require_redis
 
-    from hierplan.batch.celery_backend import QUEUE, _Worker, goal_key, work_on_goal
+    from hierplan.batch.celery_backend import QUEUE, _Worker, work_on_goal
     from hierplan.batch.core import execute, prepare
     from hierplan.budgets.redis_ledger import connect
 
@@ -950,20 +981,40 @@ def _celery_batch_on_a_worker_thread(
         worker_thread.start()
         summary = anyio.run(drive)
         worker_thread.join(5)
-        return summary, client.hgetall(goal_key(batch.meta["namespace"], "g")), batch.journal
+        left = sorted(client.scan_iter(match=f"{{{batch.meta['namespace']}}}:*"))
+        return summary, left, batch.journal
     finally:
         client.flushdb()
         client.close()
 
 
-def test_a_celery_goal_record_leaves_redis_once_the_journal_holds_it(tmp_path: Path) -> None:
-    summary, state, journal = _celery_batch_on_a_worker_thread(tmp_path, 4, 0)
+def test_a_finished_celery_batch_leaves_nothing_in_redis_and_resumes_without_it(
+    tmp_path: Path,
+) -> None:
+    from redis_support import require_redis
+
+    from hierplan.batch.core import execute, prepare
+
+    summary, left, journal = _celery_batch_on_a_worker_thread(tmp_path, 4, 0)
     assert summary["counts"]["succeeded"] == 1  # type: ignore[index]
-    assert state["state"] == "succeeded" and int(state["spent_pico"]) > 0
-    assert "record" not in state  # the journal keeps it
+    assert left == []  # the ledger, the goal's hash and the announcements are deleted
+    # The journal keeps what they held: the goal's record and spend, the ledger's figures.
     assert json.loads(journal.row("g").record or "")["status"] == "succeeded"
+    assert journal.meta()["ledger"]["spent_pico"] == summary["spent_pico"] > 0
     assert (tmp_path / "out" / "goals" / "g" / "run.json").exists()
     journal.close()
+    # Resumed, the finished batch runs nothing and does not call its ledger lost.
+    url = require_redis().url.rsplit("/", 1)[0] + "/4"
+    options = RunOptions(sim_latency_scale=0)
+    budget = BatchBudget(None, usd_to_pico(1), 1)
+    goals, out = tmp_path / "goals.jsonl", tmp_path / "out"
+    config = BatchConfig(goals, out, budget, options, "celery", resume=True, broker=url)
+    batch = prepare(config)
+    try:
+        again = anyio.run(execute, batch)
+    finally:
+        batch.journal.close()
+    assert again["counts"]["succeeded"] == 1 and again["finished_by_this_run"] == 0
 
 
 def test_the_celery_batch_panel_counts_what_goals_hold_on_workers(tmp_path: Path) -> None:

@@ -16,7 +16,10 @@ A delivery that was fenced out finds its account closed: its calls are refused a
 dropped, so a goal is never finished twice.
 
 Redis keys of a batch share its namespace: the ledger's accounts, and one hash per goal
-(``{ns}:g:<goal id>``) with its state, fence, account, spend and record.
+(``{ns}:g:<goal id>``) with its state, fence, account, spend and record. When every goal is
+journaled as final, the driver keeps the root account's figures in the journal and deletes every
+key of the namespace (see :func:`forget_ledger` for why that is safe); a resume of a finished
+batch has nothing left to run and needs none of them.
 """
 
 from __future__ import annotations
@@ -57,8 +60,12 @@ POLL_S = 0.2  # the driver's longest wait between looks at its goals' states
 WAIT_RETRY_S = 0.5
 ERROR_RETRY_S = 5.0  # a delivery that could not reach Redis tries again after this
 
+# KEYS: the goal's hash, the batch's root account. A delivery of a batch whose keys are gone
+# (it finished and deleted them, or Redis lost them) writes nothing: the driver is done, or says
+# the ledger was lost.
 _CLAIM = r"""
 local g = KEYS[1]
+if redis.call('EXISTS', KEYS[2]) == 0 then return 'gone' end
 local state = redis.call('HGET', g, 'state')
 if state == 'succeeded' or state == 'failed' or state == 'skipped' then return 'final' end
 local old = redis.call('HGET', g, 'account')
@@ -220,10 +227,16 @@ async def work_on_goal(payload: dict[str, Any], worker: _Worker) -> str:
         keys = [key, done_key(payload["namespace"])]
         return client.register_script(_FENCED_SET)(keys=keys, args=[fence, goal.id, *fields])
 
-    claim = client.register_script(_CLAIM)
-    claimed = await anyio.to_thread.run_sync(partial(claim, keys=[key], args=[fence, worker.name]))
+    claim = partial(
+        client.register_script(_CLAIM),
+        keys=[key, ledger.account_key(payload["root"])],
+        args=[fence, worker.name],
+    )
+    claimed = await anyio.to_thread.run_sync(claim)
     if claimed == "final":
         return "duplicate"
+    if claimed == "gone":
+        return "gone"
     opened: list[RedisAccount] = []
     try:
         return await _run_claimed(payload, worker, ledger, goal, fence, opened, fenced_set)
@@ -365,7 +378,7 @@ def run_worker(
 
 async def run_celery(batch: Batch) -> None:
     """Enqueue the batch's goals on Celery, at most ``concurrency`` at once, and journal each
-    one as its state in Redis becomes final."""
+    one as its state in Redis becomes final; then delete the batch's keys from Redis."""
     config = batch.config
     if config.broker is None:
         raise UserInputError("--backend celery needs --broker redis://HOST:PORT/DB")
@@ -376,25 +389,19 @@ async def run_celery(batch: Batch) -> None:
         await anyio.to_thread.run_sync(client.ping)
     except Exception as exc:
         raise UserInputError(f"cannot reach Redis at {config.broker}: {exc}") from None
-    root_id = batch.meta.get("root_account")
-    if root_id is None:
-        budget = batch.budget
-        root = await ledger.open("batch", None, Fixed(budget.tokens, budget.pico))
-        batch.journal.set_meta("root_account", root.id)
-        root_id = root.id
-    else:
-        try:
-            root = await ledger.account(root_id)
-        except LedgerError:
-            raise UserInputError(_ledger_lost(batch)) from None
-    namespace = batch.meta["namespace"]
     rows = batch.journal.rows()
     following = {r.id: r.goal for r in rows if r.state == "running"}
     pending = [r.goal for r in rows if r.state == "pending"]
+    if not following and not pending and batch.meta.get("root_account") is not None:
+        # Resumed after every goal finished: at most the deletion of its keys was left to do.
+        await forget_ledger(batch, ledger, str(batch.meta["root_account"]))
+        return
+    root = await _root_account(batch, ledger)
+    namespace = batch.meta["namespace"]
     payload = {
         "redis": config.broker,
         "namespace": namespace,
-        "root": root_id,
+        "root": root.id,
         "options": batch.meta["options"],
         "budget": batch.meta["budget"],
     }
@@ -422,7 +429,47 @@ async def run_celery(batch: Batch) -> None:
                 # The journal holds the record now: Redis keeps only the goal's figures, or
                 # a long batch's records would fill its memory (nothing there expires).
                 await anyio.to_thread.run_sync(client.hdel, goal_key(namespace, goal_id), "record")
-    batch.journal.set_meta("ledger", _root_figures(await ledger.balance(root)))
+    await forget_ledger(batch, ledger, root.id)
+
+
+async def _root_account(batch: Batch, ledger: RedisLedger) -> RedisAccount:
+    """The batch's root account in Redis: opened (and journaled) on the first run, found
+    again on a resume."""
+    root_id = batch.meta.get("root_account")
+    if root_id is None:
+        budget = batch.budget
+        root = await ledger.open("batch", None, Fixed(budget.tokens, budget.pico))
+        batch.journal.set_meta("root_account", root.id)
+        return root
+    try:
+        return await ledger.account(root_id)
+    except LedgerError:
+        raise UserInputError(_ledger_lost(batch)) from None
+
+
+async def forget_ledger(batch: Batch, ledger: RedisLedger, root_id: str) -> None:
+    """Once every goal is journaled as final: keep the figures of the root account
+    (``root_id``) in the journal (``meta.ledger``), then delete every key of the batch's
+    namespace from Redis.
+
+    Deleted rather than left to expire: nothing needs them any more, and a time to live would
+    have to outlast a driver that is stopped while workers still run its goals, or those goals'
+    accounts would vanish under them and their calls go unchecked. The journal holds every
+    goal's outcome, spend and record, so a resume of the finished batch runs nothing and needs
+    nothing from Redis (it only finishes a deletion that was cut short). What may still reach
+    Redis from the batch is refused without writing: a message delivered late finds no root
+    account and is dropped (``_CLAIM``); a delivery fenced out earlier and still running finds
+    its account gone, so its calls are refused (as they were once its account was written off)
+    and its result is dropped (``_FENCED_SET`` finds no fence).
+    """
+    try:
+        root = await ledger.account(root_id)
+    except LedgerError:
+        pass  # deleted already, after its figures went to the journal
+    else:
+        batch.journal.set_meta("ledger", _root_figures(await ledger.balance(root)))
+    with anyio.CancelScope(shield=True):  # a Ctrl-C now would leave half the keys
+        await anyio.to_thread.run_sync(ledger.drop)
 
 
 def _journal_final(batch: Batch, goal: BatchGoal, state: dict[str, str]) -> None:

@@ -10,6 +10,10 @@ reservation, ``{P}:out`` what is outstanding, ``{P}:seq`` the id counter. Fields
 ``lt``/``lp`` limits, ``at``/``ap`` allocated, ``st``/``sp`` spent, ``rt``/``rp`` reserved,
 ``gt``/``gp`` granted to fixed children, ``xt``/``xp`` released, ``kt``/``kp`` peak reserved,
 ``ot``/``op`` overrun, ``qt``/``qp`` and ``et``/``ep`` spent by phase (planning, execution).
+
+An operation on an account that is not there is refused and writes nothing: a batch deletes its
+ledger when it finishes (:meth:`~hierplan.budgets.redis_ledger.RedisLedger.drop`), and a
+delivery of it still running must neither find an account without limits nor leave new keys.
 """
 
 from __future__ import annotations
@@ -76,6 +80,12 @@ local function key(id) return '{' .. P .. '}:a:' .. id end
 local function rkey(id) return '{' .. P .. '}:r:' .. id end
 local OUT = '{' .. P .. '}:out'
 local function get(k, f) return redis.call('HGET', k, f) or '0' end
+-- An account that is not there (its batch finished and dropped the ledger) is refused: read as
+-- empty it would have no limits, and writing to it would leave keys nothing deletes.
+local function missing(id)
+  if redis.call('EXISTS', key(id)) == 1 then return nil end
+  return redis.error_reply("ledger:no account '" .. id .. "' in this ledger")
+end
 local function limit(k, f)
   local v = redis.call('HGET', k, f)
   if v == false or v == '' then return nil end
@@ -169,6 +179,8 @@ local function settle(rid, t, p, was_used)
   return 'ok'
 end
 local function close(id)
+  local gone = missing(id)
+  if gone then return gone end
   local k = key(id)
   local name = redis.call('HGET', k, 'name')
   if get(k, 'closed') == '1' then
@@ -205,7 +217,6 @@ end
 # ARGV: ns, name, parent id ('' for a root), kind, a1, a2 (limits or fractions; '' = None)
 OPEN = r"""
 local name, parent, kind = ARGV[2], ARGV[3], ARGV[4]
-local id = tostring(redis.call('INCR', '{' .. P .. '}:seq'))
 local lt, lp, fixed = nil, nil, '1'
 if parent == '' then
   parent = nil
@@ -243,6 +254,8 @@ else
     end
   end
 end
+-- Numbered once it is sure to open: a refused open writes nothing.
+local id = tostring(redis.call('INCR', '{' .. P .. '}:seq'))
 local k = key(id)
 redis.call('HSET', k, 'name', name, 'kind', kind, 'fixed', fixed, 'parent', parent or '',
   'lt', lt or '', 'lp', lp or '')
@@ -258,6 +271,8 @@ return {'ok', id, lt or '', lp or ''}
 # ARGV: ns, account id, tokens, pico, phase
 RESERVE = r"""
 local id = ARGV[2]
+local gone = missing(id)
+if gone then return gone end
 local k = key(id)
 if get(k, 'closed') == '1' then
   return redis.error_reply("ledger:account '" .. redis.call('HGET', k, 'name') .. "' is closed")
@@ -288,6 +303,8 @@ return close(ARGV[2])
 
 # ARGV: ns, account id
 AVAILABLE = r"""
+local gone = missing(ARGV[2])
+if gone then return gone end
 local t, p = available(ARGV[2])
 return {t or '', p or ''}
 """
@@ -295,6 +312,8 @@ return {t or '', p or ''}
 # ARGV: ns, account id. Every open reservation counts as spent at its worst case, then close.
 WRITE_OFF = r"""
 local id = ARGV[2]
+local gone = missing(id)
+if gone then return gone end
 local k = key(id)
 if get(k, 'closed') == '1' then return redis.call('HGETALL', k) end
 for _, rid in ipairs(redis.call('SMEMBERS', k .. ':res')) do
