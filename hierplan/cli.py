@@ -30,7 +30,7 @@ from hierplan.budgets.budget import MAX_BUDGET_TOKENS
 from hierplan.console import RunConsole
 from hierplan.dirlock import lock_directory
 from hierplan.errors import HierplanError, UserInputError
-from hierplan.goals import load_goal_file
+from hierplan.goals import load_goal_file, settings_from_assignments
 from hierplan.hierarchy.context import STRATEGY_NAMES, RunSettings
 from hierplan.hierarchy.handle import start as start_run
 from hierplan.hierarchy.pause import CHECKPOINT_FILE, load_checkpoint
@@ -149,6 +149,22 @@ ModelRetriesOpt = Annotated[
     int | None,
     typer.Option("--model-retries", min=0, help="Retries of a failed model call (3)."),
 ]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        metavar="KEY=VALUE",
+        help="A run setting without a flag of its own, e.g. executor_max_tokens=4096 (repeatable).",
+    ),
+]
+# The run settings with a flag of their own: --set refuses them, so each has one place.
+SETTING_FLAGS = {
+    "strategy": "--strategy",
+    "max_depth": "--max-depth",
+    "concurrency": "--concurrency",
+    "seed": "--seed",
+    "model_retries": "--model-retries",
+}
 BudgetUsdOpt = Annotated[
     float | None,
     typer.Option("--budget-usd", min=0.0, help="Cap the run's cost in USD (exact)."),
@@ -376,6 +392,7 @@ def run_command(
     base_url: BaseUrlOpt = None,
     timeout: TimeoutOpt = None,
     model_retries: ModelRetriesOpt = None,
+    set_: SetOpt = None,
     trace: TraceOpt = None,
     trace_content: TraceContentOpt = False,
     budget_usd: BudgetUsdOpt = None,
@@ -393,6 +410,7 @@ def run_command(
         goal, scenario, options = _goal_input(goal, scenario, goal_file)
         # A flag given on the command line wins over the goal file, which wins over defaults.
         options = {k: v for k, v in options.items() if not _given(ctx, k)}
+        options |= settings_from_assignments(set_ or [], flags=SETTING_FLAGS)
         _check_choices(str(options.get("strategy", strategy)), sim_profile)
         model = str(options.pop("model", model))
         model_options = _model_options(model, base_url, timeout)

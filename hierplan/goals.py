@@ -17,6 +17,7 @@ concerns; nothing runs until the whole file is valid.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from hierplan.errors import UserInputError, field_problems
 from hierplan.hierarchy.context import RunSettings, StrategyName
+from hierplan.hierarchy.datatext import DataTextError, parse_data_text
 from hierplan.hierarchy.plan import MAX_GOAL_CHARS, parse_yaml_or_json, read_text_file
 
 # The goal's own keys that are also run settings; every other RunSettings field a goal file
@@ -99,3 +101,42 @@ def load_goal_file(path: Path) -> GoalSpec:
             f"not {type(data).__name__}"
         )
     return goal_from_data(data, source=f"goal file {path}")
+
+
+def settings_from_assignments(
+    assignments: Sequence[str], *, flags: Mapping[str, str]
+) -> dict[str, Any]:
+    """Run settings from ``KEY=VALUE`` texts (``--set executor_max_tokens=4096``), each VALUE
+    read as a YAML scalar (``null`` for none) and checked as :class:`RunSettings` checks it.
+
+    ``flags`` maps the settings that have a flag of their own to it: giving one of those here
+    is refused, so that a setting has one place on a command line. Every problem is reported
+    at once, naming the setting.
+    """
+    values: dict[str, Any] = {}
+    problems: list[str] = []
+    for text in assignments:
+        key, sep, raw = text.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            problems.append(f"--set {text!r}: write KEY=VALUE, e.g. executor_max_tokens=4096")
+        elif key in flags:
+            problems.append(f"--set {key}: use {flags[key]}")
+        elif key not in RunSettings.model_fields:
+            known = ", ".join(k for k in RunSettings.model_fields if k not in flags)
+            problems.append(f"--set {key}: not a run setting (settings: {known})")
+        elif key in values:
+            problems.append(f"--set {key}: given twice, keep one")
+        else:
+            try:
+                values[key] = parse_data_text(raw) if raw.strip() else raw
+            except DataTextError as exc:
+                problems.append(f"--set {key}: {exc}")
+    if not problems:
+        try:
+            values = RunSettings.model_validate(values).model_dump(include=set(values))
+        except ValidationError as exc:
+            problems.extend(f"--set {err['loc'][0]}: {err['msg']}" for err in exc.errors())
+    if problems:
+        raise UserInputError("; ".join(problems))
+    return values

@@ -476,3 +476,38 @@ def test_a_goal_file_sets_any_run_setting_checked_as_run_settings_checks_it(
         "or equal to 1; bogus: Extra inputs are not permitted; executor_max_tokens: Input "
         "should be greater than or equal to 16"
     )
+
+
+def test_set_gives_any_run_setting_without_a_flag_of_its_own(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    sets = ["--set", "executor_max_tokens=2048", "--set", "step_timeout_s=null"]
+    result = runner.invoke(
+        app, ["run", "--scenario", "data_migration", "-y", "-o", str(out), *FAST, *sets]
+    )
+    assert result.exit_code == 0, result.output
+    settings = json.loads((out / "run.json").read_text())["settings"]
+    assert (settings["executor_max_tokens"], settings["step_timeout_s"]) == (2048, None)
+    # --set wins over a goal file, as a flag does
+    spec = tmp_path / "goal.yaml"
+    spec.write_text("scenario: data_migration\nexecutor_max_tokens: 4096\nmax_retries: 1\n")
+    out = tmp_path / "with-file"
+    result = runner.invoke(
+        app, ["run", "--goal-file", str(spec), "-y", "-o", str(out), *FAST, *sets]
+    )
+    assert result.exit_code == 0, result.output
+    settings = json.loads((out / "run.json").read_text())["settings"]
+    assert (settings["executor_max_tokens"], settings["max_retries"]) == (2048, 1)
+    # Every problem at once, each named; a setting with a flag of its own goes by its flag.
+    bad = ["--set", "concurrency=3", "--set", "x", "--set", "max_retries=-1"]
+    result = runner.invoke(app, ["run", "--scenario", "data_migration", "-y", *FAST, *bad])
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        "error: --set concurrency: use --concurrency; --set 'x': write KEY=VALUE, e.g. "
+        "executor_max_tokens=4096"
+    )
+    result = runner.invoke(
+        app, ["run", "--scenario", "data_migration", "-y", *FAST, "--set", "max_retries=-1"]
+    )
+    assert result.output.strip() == (
+        "error: --set max_retries: Input should be greater than or equal to 0"
+    )

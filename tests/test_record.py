@@ -209,3 +209,28 @@ def test_the_records_docstrings_say_what_every_field_holds(record: type) -> None
     doc = inspect.getdoc(record) or ""
     missing = [f.name for f in dataclasses.fields(record) if f"``{f.name}``" not in doc]
     assert missing == [], f"{record.__name__} fields not described: {missing}"
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([*hierplan.RunSettings.model_fields, "bogus", ""]),
+            st.sampled_from(["=", ":", ""]),
+            st.text(max_size=12) | st.integers().map(str) | st.just("null"),
+        ).map("".join),
+        max_size=4,
+    )
+)
+def test_any_set_assignments_give_valid_settings_or_a_message(texts: list[str]) -> None:
+    from hierplan.goals import settings_from_assignments
+
+    try:
+        values = settings_from_assignments(texts, flags={"seed": "--seed"})
+    except UserInputError as exc:
+        assert str(exc).startswith("--set ")
+    else:
+        assert "seed" not in values
+        # what --set accepts, a run takes (model_validate raises otherwise)
+        taken = hierplan.RunSettings.model_validate(values).model_dump(include=set(values))
+        assert taken == values
