@@ -1130,3 +1130,29 @@ def test_a_goals_minimum_on_anthropic_holds_its_tool_use_system_prompt() -> None
 
     assert minimum("anthropic:claude-haiku-4-5") == minimum("openai:gpt-5-mini") + 313
     assert minimum("anthropic:claude-3-5-haiku") == minimum("openai:gpt-5-mini") + 264
+
+
+def test_batch_set_gives_every_goal_a_run_setting_that_a_line_overrides(tmp_path: Path) -> None:
+    goals = tmp_path / "goals.jsonl"
+    goals.write_text(
+        '{"suite": "game24", "task": 0, "id": "plain"}\n'
+        '{"suite": "game24", "task": 1, "id": "own", "executor_max_tokens": 4096}\n'
+    )
+    out = tmp_path / "out"
+    start = ["batch", str(goals), "--out", str(out), "--sim-latency-scale", "0"]
+    sets = ["--set", "executor_max_tokens=2048", "--set", "concurrency=2"]
+    first = CliRunner().invoke(app, [*start, *sets])
+    assert first.exit_code == 0, first.output
+
+    def settings(goal: str) -> tuple[int, int]:
+        record = json.loads((out / "goals" / goal / "run.json").read_text())
+        return record["settings"]["executor_max_tokens"], record["settings"]["concurrency"]
+
+    assert settings("plain") == (2048, 2) and settings("own") == (4096, 2)
+    # the batch keeps its settings: a resume with others is refused, with the same ones runs
+    again = CliRunner().invoke(app, [*start, "--resume", "--set", "executor_max_tokens=1024"])
+    assert again.exit_code == 2 and "with --set" in " ".join(again.output.split())
+    same = CliRunner().invoke(app, [*start, "--resume", *sets])
+    assert same.exit_code == 0, same.output
+    refused = CliRunner().invoke(app, [*start, "--set", "seed=3"])
+    assert refused.output.strip() == "error: --set seed: use --seed"

@@ -24,6 +24,7 @@ from hierplan.batch.runner import RunOptions
 from hierplan.budgets.budget import ALLOCATIONS, MAX_BUDGET_TOKENS, Budget, usd_to_pico
 from hierplan.budgets.redis_ledger import check_reachable
 from hierplan.errors import HierplanError, UserInputError
+from hierplan.goals import settings_from_assignments
 from hierplan.hierarchy.context import STRATEGY_NAMES
 from hierplan.tracing.setup import (
     TRACE_HELP,
@@ -124,6 +125,19 @@ LatencyOpt = Annotated[
 ]
 
 
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        metavar="KEY=VALUE",
+        help="A run setting of every goal, e.g. executor_max_tokens=4096 (repeatable).",
+    ),
+]
+# The run settings the batch sets by flags of its own: --set refuses them. (--concurrency is
+# goals at once here; a goal's steps at once is --set concurrency=N.)
+SETTING_FLAGS = {"strategy": "--strategy", "seed": "--seed"}
+
+
 def batch_command(
     context: typer.Context,
     goals: GoalsArg,
@@ -144,6 +158,7 @@ def batch_command(
     sim_latency_scale: LatencyOpt = 1.0,
     visibility_timeout: VisibilityOpt = 3600.0,
     trace: TraceOpt = None,
+    set_: SetOpt = None,
 ) -> None:
     """Run many goals under one global budget, journaled in DIR (resumable with --resume).
 
@@ -169,6 +184,7 @@ def batch_command(
             seed=seed,
             sim_profile=sim_profile,
             sim_latency_scale=sim_latency_scale,
+            run_settings=settings_from_assignments(set_ or [], flags=SETTING_FLAGS),
         )
         config = BatchConfig(
             goals_path=goals,
@@ -200,7 +216,7 @@ def _given_flags(context: typer.Context) -> frozenset[str]:
     for name in context.params:
         source = context.get_parameter_source(name)
         if source is not None and source.name != "DEFAULT":
-            given.add("--" + name.replace("_", "-"))
+            given.add("--" + name.rstrip("_").replace("_", "-"))  # set_ is --set
     return frozenset(given)
 
 

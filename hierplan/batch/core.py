@@ -211,8 +211,8 @@ def _changed_on_resume(config: BatchConfig, meta: dict[str, Any]) -> list[str]:
     ]
     defaults, options = RunOptions().to_dict(), meta.get("options", {})
     for key, value in config.options.to_dict().items():
-        flag = "--" + key.replace("_", "-")
-        if differs(flag, value, defaults[key], options.get(key)):
+        flag = "--set" if key == "run_settings" else "--" + key.replace("_", "-")
+        if differs(flag, value, defaults[key], options.get(key, defaults[key])):
             changed.append(flag)
     return changed
 

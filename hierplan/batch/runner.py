@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,8 @@ class RunOptions:
     seed: int = 0
     sim_profile: str = "typical"
     sim_latency_scale: float = 1.0
+    run_settings: dict[str, Any] = field(default_factory=dict)
+    """Other run settings of every goal (``--set``), checked; a goal's line overrides them."""
 
     def to_dict(self) -> dict[str, Any]:
         """As plain data (for the journal and the Celery message)."""
@@ -50,6 +52,7 @@ class RunOptions:
             "strategy": spec.strategy or self.strategy,
             "seed": spec.seed if spec.seed is not None else goal_seed(self.seed, goal.id),
         }
+        values |= self.run_settings
         if spec.max_depth is not None:
             values["max_depth"] = spec.max_depth
         if spec.concurrency is not None:
