@@ -153,6 +153,31 @@ def test_the_command_in_the_summary_resumes_the_same_benchmark(tmp_path: Path) -
     assert again.exit_code == 0, again.output
 
 
+def test_set_gives_every_run_a_setting_the_summary_command_repeats(tmp_path: Path) -> None:
+    out = tmp_path / "s"
+    args = ["--suite", "game24", "--strategies", "react,dag", "--tasks", "1", "--seeds", "1",
+            "--sim-latency-scale", "0", "--no-plot", "--out", str(out),
+            "--set", "max_retries=0", "--set", "step_timeout_s=null",
+            "--set", "retry_backoff_s=0.0123456789"]  # fmt: skip
+    first = bench(*args)
+    assert first.exit_code == 0, first.output
+    manifest = json.loads((out / "bench.json").read_text())
+    assert manifest["run_settings"] == {
+        "max_retries": 0,
+        "step_timeout_s": None,
+        "retry_backoff_s": 0.0123456789,
+    }
+    found = re.search(r"```\n(hierplan bench .*)\n```", (out / "summary.md").read_text())
+    assert found is not None
+    command = shlex.split(found.group(1))
+    assert "retry_backoff_s=0.0123456789" in command and "step_timeout_s=null" in command
+    assert bench(*command[2:], "--resume", "--no-plot").exit_code == 0
+    other = bench(*args[:-6], "--resume", "--set", "max_retries=1")
+    assert other.exit_code == 2 and "made with other settings" in other.output
+    refused = bench(*args[:-6], "--set", "seed=1")
+    assert refused.output.strip() == "error: --set seed: use --seeds"
+
+
 def test_a_torn_last_line_is_skipped_on_resume(tmp_path: Path) -> None:
     path = tmp_path / "results.jsonl"
     path.write_text('{"a": 1}\n{"b": 2}\n{"c": ')

@@ -41,6 +41,7 @@ from hierplan.bench.report import (
 )
 from hierplan.bench.suites import SUITE_NAMES
 from hierplan.errors import HierplanError, UserInputError
+from hierplan.goals import settings_from_assignments
 from hierplan.hierarchy.context import STRATEGY_NAMES
 from hierplan.hierarchy.record import write_atomic
 
@@ -140,6 +141,18 @@ LatencyScaleOpt = Annotated[
 ]
 
 
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        metavar="KEY=VALUE",
+        help="A run setting of every run, e.g. max_retries=0 (repeatable).",
+    ),
+]
+# The run settings the benchmark sets itself, by strategy and seed, or by a flag of its own.
+SETTING_FLAGS = {"strategy": "--strategies", "seed": "--seeds", "max_depth": "--max-depth"}
+
+
 def bench_command(
     suite: SuiteOpt = "all",
     strategies: StrategiesOpt = "all",
@@ -154,6 +167,7 @@ def bench_command(
     baseline: BaselineOpt = "react",
     task_seed: TaskSeedOpt = 0,
     max_depth: MaxDepthOpt = None,
+    set_: SetOpt = None,
     plot: PlotOpt = True,
     sim_profile: ProfileOpt = "typical",
     sim_latency_scale: LatencyScaleOpt = 1.0,
@@ -195,6 +209,7 @@ def bench_command(
             max_depth=max_depth,
             base_url=base_url,
             timeout_s=timeout,
+            run_settings=settings_from_assignments(set_ or [], flags=SETTING_FLAGS),
         )
         check_config(config)
         if baseline not in STRATEGY_NAMES:
@@ -317,6 +332,8 @@ def _command(
         parts += ["--task-seed", str(config.task_seed)]
     if config.max_depth:
         parts += ["--max-depth", str(config.max_depth)]
+    for key, value in config.run_settings.items():
+        parts += ["--set", f"{key}={_setting_text(value)}"]
     if config.base_url:
         parts += ["--base-url", config.base_url]
     if config.timeout_s:
@@ -327,6 +344,15 @@ def _command(
             if value is not None:
                 parts += [f"--{flag.replace('_', '-')}", _exact(value)]
     return shlex.join(parts)
+
+
+def _setting_text(value: Any) -> str:
+    """A ``--set`` value as YAML reads it back the same (``null``, a number, a word)."""
+    if value is None:
+        return "null"
+    if isinstance(value, float):
+        return _exact(value)
+    return str(value)
 
 
 def _exact(value: float) -> str:

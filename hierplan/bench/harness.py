@@ -60,6 +60,8 @@ class BenchConfig:
     max_depth: int | None = None
     base_url: str | None = None
     timeout_s: float | None = None
+    run_settings: Mapping[str, Any] = field(default_factory=dict)
+    """Other run settings of every run (``--set``), checked: the same for every strategy."""
 
     @property
     def simulated(self) -> bool:
@@ -75,6 +77,8 @@ class BenchConfig:
             "task_seed": self.task_seed,
             "max_depth": self.max_depth,
             **({"base_url": self.base_url} if self.base_url else {}),
+            # Only when given: a benchmark made before --set existed resumes as it was.
+            **({"run_settings": dict(self.run_settings)} if self.run_settings else {}),
         }
 
     def provider_options(self) -> dict[str, Any]:
@@ -287,6 +291,7 @@ async def run_one(spec: RunSpec, config: BenchConfig, model: str | Model) -> dic
     settings = RunSettings.model_validate(
         {"strategy": spec.strategy, "seed": seed}
         | ({"max_depth": config.max_depth} if config.max_depth is not None else {})
+        | dict(config.run_settings)
     )
     result = await run(
         env.goal,
@@ -343,7 +348,7 @@ def _prepare_out(config: BenchConfig, out: Path, resume: bool) -> list[dict[str,
     if before != json.loads(json.dumps(config.identity())):
         raise UserInputError(
             f"cannot resume {out}: it was made with other settings (model, profile, latency "
-            "scale, task seed or depth); use the same ones or another --out"
+            "scale, task seed, depth or --set); use the same ones or another --out"
         )
     records = load_results(results)
     _end_with_a_whole_line(results)
