@@ -11,10 +11,11 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
+from types import MappingProxyType
 from typing import Annotated, Any, NoReturn, cast
 from urllib.parse import urlsplit
 
@@ -158,13 +159,15 @@ SetOpt = Annotated[
     ),
 ]
 # The run settings with a flag of their own: --set refuses them, so each has one place.
-SETTING_FLAGS = {
-    "strategy": "--strategy",
-    "max_depth": "--max-depth",
-    "concurrency": "--concurrency",
-    "seed": "--seed",
-    "model_retries": "--model-retries",
-}
+SETTING_FLAGS: Mapping[str, str] = MappingProxyType(
+    {
+        "strategy": "--strategy",
+        "max_depth": "--max-depth",
+        "concurrency": "--concurrency",
+        "seed": "--seed",
+        "model_retries": "--model-retries",
+    }
+)
 BudgetUsdOpt = Annotated[
     float | None,
     typer.Option("--budget-usd", min=0.0, help="Cap the run's cost in USD (exact)."),

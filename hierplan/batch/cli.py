@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import shlex
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Annotated, NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
@@ -135,7 +137,7 @@ SetOpt = Annotated[
 ]
 # The run settings the batch sets by flags of its own: --set refuses them. (--concurrency is
 # goals at once here; a goal's steps at once is --set concurrency=N.)
-SETTING_FLAGS = {"strategy": "--strategy", "seed": "--seed"}
+SETTING_FLAGS: Mapping[str, str] = MappingProxyType({"strategy": "--strategy", "seed": "--seed"})
 
 
 def batch_command(

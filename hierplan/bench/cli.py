@@ -150,7 +150,9 @@ SetOpt = Annotated[
     ),
 ]
 # The run settings the benchmark sets itself, by strategy and seed, or by a flag of its own.
-SETTING_FLAGS = {"strategy": "--strategies", "seed": "--seeds", "max_depth": "--max-depth"}
+SETTING_FLAGS: Mapping[str, str] = MappingProxyType(
+    {"strategy": "--strategies", "seed": "--seeds", "max_depth": "--max-depth"}
+)
 
 
 def bench_command(
