@@ -27,7 +27,11 @@ from tracing_support import (
 
 import hierplan
 from hierplan import (
+    Approve,
+    CallbackApprover,
+    Defer,
     FunctionModel,
+    GateContext,
     Instrument,
     Model,
     ModelRequest,
@@ -288,6 +292,30 @@ async def test_failures_set_span_status() -> None:
     (replanning,) = by_path[("invoke_agent planner", "1.2")]
     (replan,) = [e for e in replanning.events if e.name == "hierplan.replanned"]
     assert (replan.attributes or {})["hierplan.diff"] == "+1 -2 ~0 (added: r2; removed: r, after)"
+
+
+@pytest.mark.anyio
+async def test_a_paused_run_s_spans_say_paused_as_the_record_does(tmp_path: Path) -> None:
+    async def defer_the_report(plan: Plan, ctx: GateContext) -> Approve | Defer:
+        return Defer(by="test") if ctx.step is not None and ctx.step.id == "report" else Approve()
+
+    telemetry = Telemetry()
+    result = await hierplan.run(
+        instruments=[telemetry.tracing()],
+        approver=CallbackApprover(defer_the_report),
+        checkpoint_dir=tmp_path,
+        **ScriptedRun().run_options(),
+    )
+    assert result.status == "paused"
+    statuses = {n.path: n.status for n in result.nodes()}
+    assert statuses["1"] == statuses["1.2"] == "paused"
+    agents = [s for s in telemetry.finished() if s.name.startswith("invoke_agent")]
+    assert agents
+    for span in agents:
+        assert _attr(span, "hierplan.node.status") == statuses[_attr(span, "hierplan.node.path")]
+        assert span.status.status_code.name == "UNSET", span.name
+    (workflow,) = [s for s in telemetry.finished() if s.parent is None]
+    assert _attr(workflow, "hierplan.node.status") == "paused"
 
 
 class BudgetReserved(RunEvent):

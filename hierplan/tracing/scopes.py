@@ -251,7 +251,7 @@ class NodeScope(SpanScope):
         """The subtree's rollups and the node's status."""
         node = self.node
         record = node.record
-        status = record.status
+        status: str = record.status
         tree = None
         if node.parent is None and self.state is not None:
             # The whole tree's totals, for this span and the workflow span alike: every node
@@ -260,11 +260,8 @@ class NodeScope(SpanScope):
             tree = self.state.tree = tree_totals(record)
         attributes = node_rollups(record, tree)
         if exc is not None:
-            if isinstance(exc, anyio.get_cancelled_exc_class()):
-                status = "cancelled"
-            else:
-                # node_lifecycle marks the record failed only after this scope has closed
-                status = "failed" if status == "running" else status
+            status = _status_after(node, exc)
+            if not isinstance(exc, anyio.get_cancelled_exc_class()):
                 attributes["error.type"] = type(exc).__qualname__
         attributes["hierplan.node.status"] = status
         if self.tracing.capture_content and record.output:
@@ -272,6 +269,19 @@ class NodeScope(SpanScope):
         set_all(span, attributes)
         if status in FAILED_STATUSES:
             set_failed(span, record.error or status)
+
+
+def _status_after(node: NodeContext, exc: BaseException) -> str:
+    """The status ``exc`` leaves ``node``'s record with: node_lifecycle sets it only after this
+    scope has closed, so it is worked out here the same way (a run that pauses cancels its
+    nodes, which are then ``paused``, not ``cancelled``)."""
+    run = node.run
+    if isinstance(exc, anyio.get_cancelled_exc_class()):
+        return "paused" if run.pause.pausing else "cancelled"
+    if node.parent is None and run.cancel_requested:
+        return "cancelled"  # the root failed after the run was cancelled
+    status = node.record.status
+    return "failed" if status == "running" else status
 
 
 class PlanScope(SpanScope):
