@@ -1,8 +1,11 @@
-"""The HTML report without a browser: structure, figures, escaping (with fuzzing), the CLI."""
+"""The run reports without a browser: the HTML report's structure, figures and escaping (with
+fuzzing), the terminal report's text, and ``hierplan view``."""
 
 from __future__ import annotations
 
+import io
 import json
+import re
 import subprocess
 import sys
 import time
@@ -11,12 +14,13 @@ from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rich.console import Console
 
 from hierplan.agents.models.base import Usage
 from hierplan.hierarchy.plan import Plan, Step, diff_plans
 from hierplan.hierarchy.record import CallRecord, NodeRecord, PlanVersion, RunResult
 from hierplan.tracing.html import render_html
-from hierplan.tracing.report import money
+from hierplan.tracing.report import money, render_run
 
 HIERPLAN = [sys.executable, "-c", "from hierplan.cli import main; main()"]
 HOSTILE = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
@@ -198,3 +202,24 @@ def test_view_of_a_bad_record_fails_in_one_line(tmp_path: Path) -> None:
         f"error: cannot create the report's directory {blocker}: {blocker} is a file, not a "
         "directory"
     )
+
+
+# What a model's answer or a tool's error may hold: an OSC sequence that retitles the window,
+# a screen clear, an 8-bit CSI, a bell, a NUL.
+TERMINAL_HOSTILE = "\x1b]0;owned\x07\x1b[2J\x9b31m\x00done"
+
+
+def _terminal_text(result: RunResult) -> str:
+    out = io.StringIO()
+    Console(file=out, width=200, color_system=None).print(render_run(result))
+    return out.getvalue()
+
+
+def test_the_terminal_report_shows_control_characters_never_sends_them() -> None:
+    result = sample_run(TERMINAL_HOSTILE)
+    result.model = result.strategy = TERMINAL_HOSTILE
+    result.tree.tool = TERMINAL_HOSTILE
+    result.tree.plan_versions[0].decided_by = TERMINAL_HOSTILE
+    text = _terminal_text(result)
+    assert not re.search("[\x00-\x09\x0b-\x1f\x7f-\x9f]", text), repr(text)
+    assert "␛]0;owned␇␛[2J" in text  # shown, as symbols

@@ -1,12 +1,14 @@
 """Render a run for people: the plan tree and the cost at every node and level (rich).
 
 Used by ``hierplan view`` and at the end of ``hierplan run``/``demo``. Everything a model or a
-user wrote (goals, errors, answers) is printed as text, never as rich markup.
+user wrote (goals, errors, answers) is printed as text, never as rich markup, and with its
+control characters shown as symbols (see :func:`plain`), never sent to the terminal.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -55,9 +57,31 @@ def money(value: float | None) -> str:
 _ERROR_LIMIT = 1000  # characters of a run's error shown under the tree
 
 
+# C0 and C1 control characters (ESC and CSI start terminal escape sequences) and DEL.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def _control_symbol(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if code < 0x20:
+        return chr(0x2400 + code)  # the Unicode control pictures: ESC shows as ␛
+    return "\u2421" if code == 0x7F else "\ufffd"
+
+
+def plain(text: str) -> str:
+    r"""``text`` with its control characters replaced by visible symbols: text from a run (a
+    model's answer, a tool's error) could otherwise move the cursor, clear the screen or
+    retitle the window of the terminal it is printed to.
+
+    >>> plain("ok\x1b[2J")
+    'ok␛[2J'
+    """
+    return _CONTROL.sub(_control_symbol, text)
+
+
 def short(text: str, limit: int = 70) -> str:
-    """One line, cut to ``limit`` characters."""
-    line = " ".join(text.split())
+    """One line, cut to ``limit`` characters, control characters shown as symbols."""
+    line = plain(" ".join(text.split()))
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
@@ -82,7 +106,7 @@ def budget_text(budget: dict[str, Any]) -> str:
 
 def _node_label(node: NodeRecord, budgeted: bool = False) -> Text:
     label = Text()
-    label.append(f"{node.path} ", style="bold")
+    label.append(f"{plain(node.path)} ", style="bold")
     label.append(f"{node.kind} ", style="dim")
     label.append(node.status, style=STATUS_STYLE.get(node.status, ""))
     label.append("  ")
@@ -94,7 +118,7 @@ def _node_label(node: NodeRecord, budgeted: bool = False) -> Text:
             style="dim",
         )
     if node.tool:
-        label.append(f"  tool={node.tool}", style="blue")
+        label.append(f"  tool={plain(node.tool)}", style="blue")
     if node.budget:
         label.append(f"  {budget_text(node.budget)}", style="cyan")
     elif budgeted and node.started_at is not None:
@@ -148,7 +172,8 @@ def budget_table(budget: dict[str, Any]) -> Table:
     limit = budget.get("limit") or {}
     spent = budget.get("spent") or {}
     table = Table(
-        title=f"Budget per level ({budget.get('policy', '')} allocation)", show_footer=True
+        title=f"Budget per level ({plain(str(budget.get('policy', '')))} allocation)",
+        show_footer=True,
     )
     table.add_column("depth", footer="run")
     table.add_column("nodes", justify="right")
@@ -213,11 +238,11 @@ def summary_lines(result: RunResult) -> Text:
     text.append(result.status, style=STATUS_STYLE.get(result.status, ""))
     if not result.answer_complete:
         text.append(" (answer incomplete)", style="yellow")
-    model = result.model + (" [SIMULATED]" if result.simulated else "")
+    model = plain(result.model) + (" [SIMULATED]" if result.simulated else "")
     priced = result.stats.get("priced_as")
     if result.simulated and priced:
-        model += f", priced as {', '.join(priced)}"
-    text.append(f"\nstrategy: {result.strategy}   model: {model}")
+        model += f", priced as {plain(', '.join(priced))}"
+    text.append(f"\nstrategy: {plain(result.strategy)}   model: {model}")
     text.append(
         f"\ncalls: {totals['calls']}   cost: {money(totals['cost_usd'])} "
         f"(planning {money(totals['planning_cost_usd'])}, "
@@ -236,7 +261,8 @@ def summary_lines(result: RunResult) -> Text:
     if result.verification is not None:
         ok = bool(result.verification.get("ok"))
         text.append("\nverified: ", style="bold")
-        text.append(str(result.verification.get("summary", "")), style="green" if ok else "red")
+        summary = plain(str(result.verification.get("summary", "")))
+        text.append(summary, style="green" if ok else "red")
     text.append("\nanswer:", style="bold")
     text.append(answer_text(result.answer))
     return text
@@ -279,11 +305,11 @@ def audit_table(result: RunResult) -> Table | None:
                 if first and diff:
                     details = f"diff {diff}" + (f"; {details}" if details else "")
                 table.add_row(
-                    node.path if first else "",
+                    plain(node.path) if first else "",
                     str(version.version) if first else "",
-                    version.reason if first else "",
-                    Text(decision, style=DECISION_STYLE.get(decision, "")),
-                    Text("" if entry is None else entry.by),
+                    plain(version.reason) if first else "",
+                    Text(plain(decision), style=DECISION_STYLE.get(decision, "")),
+                    Text("" if entry is None else plain(entry.by)),
                     "" if entry is None else _clock(entry.at),
                     Text(short(details, 160)),
                 )
@@ -310,7 +336,7 @@ def _not_done(text: Text, result: RunResult, limit: int = 12) -> None:
         return
     text.append("\nnot done:", style="bold yellow")
     for item in undone[:limit]:
-        text.append(f"\n  {item['path']} {item['status']}: {short(item['goal'], 70)}")
+        text.append(f"\n  {plain(item['path'])} {item['status']}: {short(item['goal'], 70)}")
         if item["reason"] != item["status"]:
             text.append(f" ({short(item['reason'], 90)})", style="dim")
     if len(undone) > limit:
@@ -319,7 +345,7 @@ def _not_done(text: Text, result: RunResult, limit: int = 12) -> None:
 
 def render_run(result: RunResult) -> RenderableType:
     """Everything ``hierplan view`` shows."""
-    title = Text(f"run {result.run_id}: {short(result.goal, 90)}", style="bold")
+    title = Text(f"run {plain(result.run_id)}: {short(result.goal, 90)}", style="bold")
     parts: list[RenderableType] = [title, node_tree(result.tree), levels_table(result)]
     audit = audit_table(result)
     if audit is not None:
@@ -338,7 +364,7 @@ def plan_tree(plan: Plan, *, title: str = "plan") -> Tree:
         label.append(f"[{step.kind}] ", style="dim")
         label.append(short(step.title, 60))
         if step.tool:
-            label.append(f"  tool={step.tool}", style="blue")
+            label.append(f"  tool={plain(step.tool)}", style="blue")
             if step.args:
                 label.append(f" {short(str(step.args), 50)}", style="blue")
         if step.depends_on:
