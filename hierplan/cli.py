@@ -24,6 +24,7 @@ import typer
 from rich.console import Console
 
 from hierplan import __version__
+from hierplan.agents.models.provider import one_line
 from hierplan.agents.models.simulated import PROFILES
 from hierplan.batch.cli import register as register_batch_commands
 from hierplan.bench.cli import bench_command
@@ -53,7 +54,7 @@ from hierplan.review.options import (
 from hierplan.review.policy import POLICY_HELP
 from hierplan.scenarios import scenarios
 from hierplan.tracing.html import write_html
-from hierplan.tracing.report import plan_tree, print_run
+from hierplan.tracing.report import plan_tree, print_run, render_run
 from hierplan.tracing.setup import (
     TRACE_HELP,
     configure_tracing,
@@ -683,9 +684,13 @@ def view_command(
 ) -> None:
     """Show a finished run: the tree with status, tokens and cost at each node and level."""
     try:
-        result = RunResult.load(_run_record_path(run_json))
-        if html is not None:
-            path = write_html(result, html)
+        record = _run_record_path(run_json)
+        result = RunResult.load(record)
+        with _unshowable(record):
+            if html is not None:
+                path = write_html(result, html)
+            else:
+                shown = render_run(result)
     except HierplanError as exc:
         _fail(str(exc))
     except OSError as exc:
@@ -693,7 +698,22 @@ def view_command(
     if html is not None:
         Console().print(f"HTML report: {path}", highlight=False, markup=False, soft_wrap=True)
         return
-    print_run(result, Console())
+    Console().print(shown)
+
+
+@contextmanager
+def _unshowable(record: Path) -> Iterator[None]:
+    """Say in one line that ``record`` cannot be shown when rendering it trips: a record that
+    passed validation may still hold a figure of a shape this version does not know (a run's
+    budget, stats and verification are free-form: a record written by another version, or
+    edited by hand)."""
+    try:
+        yield
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+        raise UserInputError(
+            f"{record} is not a run record this version of hierplan can show "
+            f"({type(exc).__name__}: {one_line(str(exc))})"
+        ) from None
 
 
 def _run_record_path(given: Path) -> Path:

@@ -15,8 +15,10 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
+from typer.testing import CliRunner
 
 from hierplan.agents.models.base import Usage
+from hierplan.cli import app
 from hierplan.hierarchy.plan import Plan, Step, diff_plans
 from hierplan.hierarchy.record import CallRecord, NodeRecord, PlanVersion, RunResult
 from hierplan.tracing.html import render_html
@@ -223,3 +225,20 @@ def test_the_terminal_report_shows_control_characters_never_sends_them() -> None
     text = _terminal_text(result)
     assert not re.search("[\x00-\x09\x0b-\x1f\x7f-\x9f]", text), repr(text)
     assert "␛]0;owned␇␛[2J" in text  # shown, as symbols
+
+
+def test_view_of_a_record_with_figures_of_an_unknown_shape_fails_in_one_line(
+    tmp_path: Path,
+) -> None:
+    # It passes validation (a run's budget and stats are free-form), but the figures are not
+    # the numbers and lists the report expects: written by another version, or by hand.
+    data = sample_run().to_dict()
+    data["budget"] = {"limit": {"tokens": "lots"}, "spent": {"tokens": 5}}
+    data["stats"] = {"priced_as": [1, 2]}
+    record = tmp_path / "run.json"
+    record.write_text(json.dumps(data))
+    done = CliRunner().invoke(app, ["view", str(record)])
+    assert done.exit_code == 2, done.output
+    assert isinstance(done.exception, SystemExit)  # not a traceback
+    (line,) = done.output.strip().splitlines()
+    assert line.startswith(f"error: {record} is not a run record this version of hierplan")

@@ -360,7 +360,9 @@ def render_html(result: RunResult) -> str:
 
 
 def write_html(result: RunResult, path: Path) -> Path:
-    """Write the report to ``path`` atomically."""
+    """Write the report to ``path`` atomically (rendered first: a record that cannot be shown
+    leaves no directory behind)."""
+    page = render_html(result)
     make_directory(path.parent, "the report's directory")
-    write_atomic(path, render_html(result))
+    write_atomic(path, page)
     return path
