@@ -242,3 +242,12 @@ def test_view_of_a_record_with_figures_of_an_unknown_shape_fails_in_one_line(
     assert isinstance(done.exception, SystemExit)  # not a traceback
     (line,) = done.output.strip().splitlines()
     assert line.startswith(f"error: {record} is not a run record this version of hierplan")
+
+
+def test_budget_figures_are_shown_in_full() -> None:
+    result = sample_run()
+    result.tree.budget = {"limit_tokens": 50_000_000, "released_tokens": 49_973_764, "usd": 0.5}
+    page = render_html(result)
+    figures = "limit_tokens=50,000,000, released_tokens=49,973,764, usd=0.5"
+    assert f'<td class="budget">{figures}</td>' in page  # the sum of depth 1
+    assert f'budget <span class="budget">{figures}</span>' in page  # the root node's

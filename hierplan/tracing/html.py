@@ -116,6 +116,16 @@ def _summary(result: RunResult) -> str:
     return f'<table id="summary">{body}</table>'
 
 
+def _figure(value: object) -> str:
+    """A budget figure as people read it: whole numbers in full with thousands separators
+    (``:g`` would show 50,000,000 tokens as ``5e+07``), fractions to twelve significant digits."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:,.12g}"
+
+
 def _level_budgets(root: NodeRecord) -> dict[int, dict[str, float]]:
     """Numeric budget figures summed per depth (empty when no node has a budget)."""
     out: dict[int, dict[str, float]] = {}
@@ -134,9 +144,8 @@ def _levels(result: RunResult) -> str:
         budget = ""
         if budgets:
             figures = budgets.get(row["depth"], {})
-            budget = (
-                f'<td class="budget">{e(", ".join(f"{k}={v:g}" for k, v in figures.items()))}</td>'
-            )
+            shown = ", ".join(f"{k}={_figure(v)}" for k, v in figures.items())
+            budget = f'<td class="budget">{e(shown)}</td>'
         rows.append(
             f'<tr data-depth="{row["depth"]}"><td>{row["depth"]}</td>'
             f'<td class="num">{row["nodes"]}</td>'
@@ -172,7 +181,7 @@ def _node_summary(node: NodeRecord, subtree: float) -> str:
         f' · subtree <span class="subtree-cost" data-cost="{subtree!r}">{e(money(subtree))}</span>',
     ]
     if node.budget:
-        budget = ", ".join(f"{k}={v}" for k, v in node.budget.items())
+        budget = ", ".join(f"{k}={_figure(v)}" for k, v in node.budget.items())
         parts.append(f' · budget <span class="budget">{e(budget)}</span>')
     if node.tool:
         parts.append(f' · tool <span class="mono">{e(node.tool)}</span>')
