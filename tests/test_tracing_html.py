@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import time
+import typing
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from typer.testing import CliRunner
 from hierplan.agents.models.base import Usage
 from hierplan.cli import app
 from hierplan.hierarchy.plan import Plan, Step, diff_plans
-from hierplan.hierarchy.record import CallRecord, NodeRecord, PlanVersion, RunResult
+from hierplan.hierarchy.record import CallRecord, NodeRecord, NodeStatus, PlanVersion, RunResult
 from hierplan.tracing.html import render_html
 from hierplan.tracing.report import money, render_run
 
@@ -251,3 +252,9 @@ def test_budget_figures_are_shown_in_full() -> None:
     figures = "limit_tokens=50,000,000, released_tokens=49,973,764, usd=0.5"
     assert f'<td class="budget">{figures}</td>' in page  # the sum of depth 1
     assert f'budget <span class="budget">{figures}</span>' in page  # the root node's
+
+
+def test_every_status_has_a_colour_of_its_own() -> None:
+    page = render_html(sample_run())
+    for status in typing.get_args(NodeStatus):  # the run's statuses are among them
+        assert f".s-{status}" in page, status
