@@ -618,6 +618,8 @@ def resume_command(
         str | None,
         typer.Option("--review-policy", help=f"{POLICY_HELP}; default: as the run was started."),
     ] = None,
+    trace: TraceOpt = None,
+    trace_content: TraceContentOpt = False,
 ) -> None:
     """Continue a paused run with a decision on its pending plan(s).
 
@@ -653,6 +655,8 @@ def resume_command(
             start=partial(resume_until_interrupted, run_dir, decision, node=node, version=version),
             model=model,
             checkpoint_extra=setup.saved(),
+            trace=trace,
+            trace_content=trace_content,
         )
 
 

@@ -101,6 +101,18 @@ def test_resume_approve(paused: Path) -> None:
     assert "alice (TICKET-42)" in out and "pending" in out
 
 
+def test_resume_exports_a_trace_of_what_it_runs(paused: Path) -> None:
+    spans_file = paused.parent / "spans.jsonl"
+    code, out = hierplan("resume", paused, "--approve", "--trace", f"jsonl={spans_file}")
+    assert code == 0, out
+    spans = [json.loads(line) for line in spans_file.read_text().splitlines()]
+    (workflow,) = [s for s in spans if s["parent_span_id"] is None]
+    # Its rollups are the record's, which counts the calls made before the pause as well.
+    totals = record(paused)["totals"]
+    assert workflow["attributes"]["gen_ai.aggregated_usage.cost"] == totals["cost_usd"]
+    assert any(s["name"].startswith("execute_tool") for s in spans)
+
+
 def test_resume_reject_then_approve(paused: Path) -> None:
     reason = "index and verify each group as soon as it is copied"
     code, out = hierplan("resume", paused, "--reject", reason)
