@@ -258,3 +258,8 @@ def test_every_status_has_a_colour_of_its_own() -> None:
     page = render_html(sample_run())
     for status in typing.get_args(NodeStatus):  # the run's statuses are among them
         assert f".s-{status}" in page, status
+
+
+def test_amounts_near_a_dollar_are_shown_as_a_dollar_is() -> None:
+    shown = [money(v) for v in (0.99994, 0.99996, 1.0, -0.5, -3.5)]
+    assert shown == ["$0.9999", "$1.00", "$1.00", "$-0.5000", "$-3.50"]

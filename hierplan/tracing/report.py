@@ -51,7 +51,8 @@ def money(value: float | None) -> str:
     if 0 < abs(value) < 0.0001:  # a tiny budget or one cheap call: two significant digits,
         decimals = 1 - math.floor(math.log10(abs(value)))  # not $0.0000
         return f"${value:.{decimals}f}"
-    return f"${value:.4f}" if value < 1 else f"${value:,.2f}"
+    # Compared once rounded to what it shows: $0.99996 is $1.00, as $1 is, not $1.0000.
+    return f"${value:.4f}" if abs(round(value, 4)) < 1 else f"${value:,.2f}"
 
 
 _ERROR_LIMIT = 1000  # characters of a run's error shown under the tree
