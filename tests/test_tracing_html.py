@@ -143,8 +143,18 @@ def _check_inert(page: str, text: str) -> None:
     assert set(parser.tags) <= OWN_TAGS
     assert parser.tags.count("script") == 1
     assert not any(a.startswith("on") for a in parser.attributes)
-    # the content is there, as text
-    assert text.strip() == "" or any(text.strip()[:20] in t for t in parser.text)
+    # the content is there, as text (control characters shown as symbols: compared without
+    # either)
+    wanted = _unshown(text).strip()[:20]
+    assert wanted == "" or any(wanted in _unshown(t) for t in parser.text)
+
+
+def _unshown(text: str) -> str:
+    return re.sub(
+        "[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2400-\u2421\ufffd]",
+        "",
+        text,
+    )
 
 
 def test_hostile_content_is_escaped() -> None:
@@ -226,6 +236,19 @@ def test_the_terminal_report_shows_control_characters_never_sends_them() -> None
     text = _terminal_text(result)
     assert not re.search("[\x00-\x09\x0b-\x1f\x7f-\x9f]", text), repr(text)
     assert "␛]0;owned␇␛[2J" in text  # shown, as symbols
+
+
+def test_bidirectional_and_control_characters_are_shown_not_obeyed_in_both_reports() -> None:
+    # An override would show "cost: $1 \u202e0001$" as "cost: $1 $1000"; a NUL makes text
+    # tools take the HTML file for binary.
+    spoof = "cost: $1 \u202e0001$ \u2066x\u2069 nul\x00 line\nbreak"
+    result = sample_run(spoof)
+    page = render_html(result)
+    terminal = _terminal_text(result)
+    for shown in (page, terminal):
+        assert not re.search("[\x00\u202a-\u202e\u2066-\u2069]", shown), repr(shown)
+        assert "cost: $1 \ufffd0001$ \ufffdx\ufffd nul" in shown
+    assert "line\nbreak" in page  # line breaks in HTML stay: answers are shown as written
 
 
 def test_view_of_a_record_with_figures_of_an_unknown_shape_fails_in_one_line(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 from collections.abc import Iterator
 from html import escape
 from pathlib import Path
@@ -27,7 +28,7 @@ from hierplan.hierarchy.record import (
     subtree_costs,
     write_atomic,
 )
-from hierplan.tracing.report import money, short
+from hierplan.tracing.report import BIDI_CONTROLS, control_symbol, money, short
 
 TIMELINE_LIMIT = 2000
 """Nodes shown on the timeline at most (the earliest to start)."""
@@ -70,9 +71,16 @@ document.addEventListener('DOMContentLoaded', function () {
 """
 
 
+# What a page must not carry raw: control characters (a NUL makes text tools take the file
+# for binary) and bidirectional controls (they reorder the text shown around them). Tabs and
+# line breaks stay: multi-line answers are shown as written.
+_HIDDEN = re.compile(f"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f{BIDI_CONTROLS}]")
+
+
 def e(value: object) -> str:
-    """HTML-escape ``value`` (quotes too, so it is safe in attributes)."""
-    return escape(str(value), quote=True)
+    """HTML-escape ``value`` (quotes too, so it is safe in attributes), with control and
+    bidirectional characters shown as visible symbols."""
+    return escape(_HIDDEN.sub(control_symbol, str(value)), quote=True)
 
 
 def _tokens(node: NodeRecord) -> int:

@@ -58,11 +58,16 @@ def money(value: float | None) -> str:
 _ERROR_LIMIT = 1000  # characters of a run's error shown under the tree
 
 
-# C0 and C1 control characters (ESC and CSI start terminal escape sequences) and DEL.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+# Unicode's bidirectional embedding, override and isolate controls: they reorder the text
+# around them as it is shown, so "cost: $1 \u202e0001$" reads "cost: $1 $1000".
+BIDI_CONTROLS = "\u202a-\u202e\u2066-\u2069"
+# C0 and C1 control characters (ESC and CSI start terminal escape sequences), DEL, and the
+# bidirectional controls.
+_CONTROL = re.compile(f"[\x00-\x1f\x7f-\x9f{BIDI_CONTROLS}]")
 
 
-def _control_symbol(match: re.Match[str]) -> str:
+def control_symbol(match: re.Match[str]) -> str:
+    """A visible stand-in for the control character ``match`` found."""
     code = ord(match.group())
     if code < 0x20:
         return chr(0x2400 + code)  # the Unicode control pictures: ESC shows as ␛
@@ -72,12 +77,12 @@ def _control_symbol(match: re.Match[str]) -> str:
 def plain(text: str) -> str:
     r"""``text`` with its control characters replaced by visible symbols: text from a run (a
     model's answer, a tool's error) could otherwise move the cursor, clear the screen or
-    retitle the window of the terminal it is printed to.
+    retitle the window of the terminal it is printed to, or reorder what is shown around it.
 
     >>> plain("ok\x1b[2J")
     'ok␛[2J'
     """
-    return _CONTROL.sub(_control_symbol, text)
+    return _CONTROL.sub(control_symbol, text)
 
 
 def short(text: str, limit: int = 70) -> str:
