@@ -3,6 +3,7 @@ fuzzing), the terminal report's text, and ``hierplan view``."""
 
 from __future__ import annotations
 
+import html
 import io
 import json
 import re
@@ -18,12 +19,13 @@ from hypothesis import strategies as st
 from rich.console import Console
 from typer.testing import CliRunner
 
+import hierplan
 from hierplan.agents.models.base import Usage
 from hierplan.cli import app
 from hierplan.hierarchy.plan import Plan, Step, diff_plans
 from hierplan.hierarchy.record import CallRecord, NodeRecord, NodeStatus, PlanVersion, RunResult
 from hierplan.tracing.html import render_html
-from hierplan.tracing.report import money, render_run
+from hierplan.tracing.report import ALLOCATED_NOTE, money, render_run
 
 HIERPLAN = [sys.executable, "-c", "from hierplan.cli import main; main()"]
 HOSTILE = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
@@ -116,7 +118,8 @@ def test_report_has_every_node_level_and_cost() -> None:
     assert "+1 -1 ~0 (added: c; removed: b)" in page
     assert 'class="d-added" data-step="c"' in page and 'class="d-removed" data-step="b"' in page
     assert 'budget <span class="budget">usd=0.5, spent_usd=0.2' in page
-    assert '<td class="budget">usd=0.5, spent_usd=0.2</td>' in page  # per level (depth 1)
+    # no run budget (only a node's): no per-level budget column, which shows the run's
+    assert '<td class="budget">' not in page
     assert page.count('class="tl-row"') == 3
     assert "SIMULATED" in page
 
@@ -273,7 +276,6 @@ def test_budget_figures_are_shown_in_full() -> None:
     result.tree.budget = {"limit_tokens": 50_000_000, "released_tokens": 49_973_764, "usd": 0.5}
     page = render_html(result)
     figures = "limit_tokens=50,000,000, released_tokens=49,973,764, usd=0.5"
-    assert f'<td class="budget">{figures}</td>' in page  # the sum of depth 1
     assert f'budget <span class="budget">{figures}</span>' in page  # the root node's
 
 
@@ -286,3 +288,20 @@ def test_every_status_has_a_colour_of_its_own() -> None:
 def test_amounts_near_a_dollar_are_shown_as_a_dollar_is() -> None:
     shown = [money(v) for v in (0.99994, 0.99996, 1.0, -0.5, -3.5)]
     assert shown == ["$0.9999", "$1.00", "$1.00", "$-0.5000", "$-3.50"]
+
+
+def test_the_level_budget_column_shows_the_run_budget_figures_the_terminal_shows() -> None:
+    # Not a sum of every figure of the nodes (limits and releases included, which gave depth 2
+    # more than the run's limit): the record's per-level allocated and spent, with a note on
+    # why a level's allocations may add up to more than the run's limit.
+    result = hierplan.run_sync(
+        scenario="data_migration", sim_latency_scale=0, budget_tokens=50_000_000
+    )
+    page = render_html(result)
+    table = page[page.index('id="levels"') : page.index("</table>", page.index('id="levels"'))]
+    for row in result.budget["levels"]:
+        spent = f"spent {row['spent_tokens']:,} tok"
+        assert f"allocated {row['allocated_tokens']:,} tok, {spent}" in table
+    assert "limit_tokens" not in table and "released" not in table
+    assert html.escape(ALLOCATED_NOTE) in page
+    assert ALLOCATED_NOTE in " ".join(_terminal_text(result).split())  # wrapped to the table

@@ -28,7 +28,7 @@ from hierplan.hierarchy.record import (
     subtree_costs,
     write_atomic,
 )
-from hierplan.tracing.report import BIDI_CONTROLS, control_symbol, money, short
+from hierplan.tracing.report import ALLOCATED_NOTE, BIDI_CONTROLS, control_symbol, money, short
 
 TIMELINE_LIMIT = 2000
 """Nodes shown on the timeline at most (the earliest to start)."""
@@ -134,26 +134,32 @@ def _figure(value: object) -> str:
     return f"{value:,.12g}"
 
 
-def _level_budgets(root: NodeRecord) -> dict[int, dict[str, float]]:
-    """Numeric budget figures summed per depth (empty when no node has a budget)."""
-    out: dict[int, dict[str, float]] = {}
-    for node in root.walk():
-        for key, value in (node.budget or {}).items():
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                row = out.setdefault(node.depth, {})
-                row[key] = row.get(key, 0) + value
+def _level_budgets(result: RunResult) -> dict[int, str]:
+    """The run budget's figures per depth, as the terminal's budget table shows them: what
+    the level's nodes were allocated and spent (empty when the run had no budget). Not a sum
+    of the nodes' own figures: a share a node hands down to its children counts at both
+    depths, so such sums pass the run's limit."""
+    budget = result.budget or {}
+    limit = budget.get("limit") or {}
+    usd = bool(budget.get("usd_tracked"))
+    out: dict[int, str] = {}
+    for row in budget.get("levels", []):
+        tokens = "unlimited" if limit.get("tokens") is None else _figure(row["allocated_tokens"])
+        parts = [f"allocated {tokens} tok, spent {_figure(row['spent_tokens'])} tok"]
+        if usd:
+            dollars = "unlimited" if limit.get("usd") is None else money(row["allocated_usd"])
+            parts.append(f"allocated {dollars}, spent {money(row['spent_usd'])}")
+        out[int(row["depth"])] = "; ".join(parts)
     return out
 
 
 def _levels(result: RunResult) -> str:
-    budgets = _level_budgets(result.tree)
+    budgets = _level_budgets(result)
     rows = []
     for row in result.levels():
         budget = ""
         if budgets:
-            figures = budgets.get(row["depth"], {})
-            shown = ", ".join(f"{k}={_figure(v)}" for k, v in figures.items())
-            budget = f'<td class="budget">{e(shown)}</td>'
+            budget = f'<td class="budget">{e(budgets.get(row["depth"], ""))}</td>'
         rows.append(
             f'<tr data-depth="{row["depth"]}"><td>{row["depth"]}</td>'
             f'<td class="num">{row["nodes"]}</td>'
@@ -173,9 +179,10 @@ def _levels(result: RunResult) -> str:
     head = (
         '<tr><th>depth</th><th class="num">nodes</th><th class="num">input tokens</th>'
         '<th class="num">output tokens</th><th class="num">cost</th>'
-        f"{'<th>budget (sum)</th>' if budgets else ''}</tr>"
+        f"{'<th>budget</th>' if budgets else ''}</tr>"
     )
-    return f'<table id="levels">{head}{"".join(rows)}</table>'
+    note = f'<p class="muted">{e(ALLOCATED_NOTE)}</p>' if budgets else ""
+    return f'<table id="levels">{head}{"".join(rows)}</table>{note}'
 
 
 def _node_summary(node: NodeRecord, subtree: float) -> str:

@@ -172,6 +172,12 @@ def levels_table(result: RunResult) -> Table:
     return table
 
 
+ALLOCATED_NOTE = (
+    "allocated: the sum of the level's shares over the run; what a finished node gives back "
+    "is allocated again to later siblings"
+)
+
+
 def budget_table(budget: dict[str, Any]) -> Table:
     """Budget against spend per depth (each node's budget covers its subtree)."""
     usd = bool(budget.get("usd_tracked"))
@@ -179,6 +185,9 @@ def budget_table(budget: dict[str, Any]) -> Table:
     spent = budget.get("spent") or {}
     table = Table(
         title=f"Budget per level ({plain(str(budget.get('policy', '')))} allocation)",
+        # A share a finished node gives back is allocated again to a sibling that starts later,
+        # so a level's allocations can add up to more than the run's limit without any overspend.
+        caption=ALLOCATED_NOTE,
         show_footer=True,
     )
     table.add_column("depth", footer="run")
