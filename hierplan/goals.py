@@ -80,7 +80,7 @@ def goal_from_data(data: Any, *, source: str) -> GoalSpec:
     except ValidationError as exc:
         problems.append(field_problems(exc, "goal"))
     try:
-        checked = RunSettings.model_validate(more).model_dump(include=set(more))
+        checked = RunSettings.checked(more)
     except ValidationError as exc:
         problems.append(field_problems(exc, "goal"))
     if problems:  # both parts' problems at once: nothing runs until the whole file is valid
@@ -134,7 +134,7 @@ def settings_from_assignments(
                 problems.append(f"--set {key}: {exc}")
     if not problems:
         try:
-            values = RunSettings.model_validate(values).model_dump(include=set(values))
+            values = RunSettings.checked(values)
         except ValidationError as exc:
             problems.extend(f"--set {err['loc'][0]}: {err['msg']}" for err in exc.errors())
     if problems:

@@ -99,7 +99,7 @@ class GoalLine(BaseModel):
         unknown = sorted(set(value) - set(MORE_SETTINGS))
         if unknown:
             raise ValueError(f"not run settings a line's 'settings' holds: {', '.join(unknown)}")
-        return run_settings_of(value)
+        return RunSettings.checked(value, strict=True)
 
     @field_validator("task", mode="before")
     @classmethod
@@ -224,14 +224,6 @@ MORE_SETTINGS = tuple(
 )
 
 
-def run_settings_of(values: dict[str, Any]) -> dict[str, Any]:
-    """``values`` checked as :class:`RunSettings` fields, strictly (``true`` is no count), as
-    plain data; :class:`pydantic.ValidationError` names each bad one."""
-    return RunSettings.model_validate(values, strict=True).model_dump(
-        mode="json", include=set(values)
-    )
-
-
 def _problems(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
@@ -253,7 +245,7 @@ def _line_spec(data: dict[str, Any]) -> tuple[GoalLine | None, str]:
     except ValidationError as exc:
         problems.append(_problems(exc))
     try:
-        checked = run_settings_of(more)
+        checked = RunSettings.checked(more, strict=True)
     except ValidationError as exc:
         problems.append(_problems(exc))
     if problems:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from typing import Any, Literal
 
@@ -91,6 +91,14 @@ class RunSettings(BaseModel):
         description="Longest wait before a model retry; a provider asking for more fails the call.",
     )
     seed: int = Field(0, description="Seed of the simulator: the same seed, the same run.")
+
+    @classmethod
+    def checked(cls, values: Mapping[str, Any], *, strict: bool = False) -> dict[str, Any]:
+        """Some settings (a goal file's, ``--set``'s) checked as a run would check them, as
+        plain data; :class:`pydantic.ValidationError` names each bad one. ``strict``: no
+        conversions (``true`` is no count, ``"3"`` no number)."""
+        given = dict(values)
+        return cls.model_validate(given, strict=strict).model_dump(mode="json", include=set(given))
 
 
 class Instrument:
