@@ -24,6 +24,7 @@ from hierplan import (
     tool,
 )
 from hierplan.agents.executor import StepResult, resolve_refs
+from hierplan.agents.models.provider import RepeatedKeyError, loads_json
 from hierplan.agents.models.scripted import plan_response, text_response, tool_response
 from hierplan.agents.planner import LLMPlanner, parse_plan_output
 from hierplan.errors import PlanParseError
@@ -75,6 +76,38 @@ def test_numbers_no_plan_can_hold_are_a_parse_error_not_a_crash() -> None:
             parse_plan_output(
                 ModelResponse(output={"goal": "g", "steps": [{**step, "estimate_usd": bad}]})
             )
+
+
+def test_a_plan_with_a_key_given_twice_is_refused_not_read_as_its_last_value() -> None:
+    # json.loads keeps the last value: the step below would run as "b", not as written.
+    text = '{"goal": "g", "steps": [{"id": "a", "title": "A", "instruction": "x", "id": "b"}]}'
+    with pytest.raises(PlanParseError, match=r"'id' given more than once in one object: keep one"):
+        parse_plan_output(ModelResponse(text=text))
+    twice = '{"goal": "g", "goal": "h", "steps": [], "steps": []}'
+    with pytest.raises(PlanParseError, match=r"'goal', 'steps' given more than once"):
+        parse_plan_output(ModelResponse(text=twice))
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=200)
+@given(json_values)
+def test_loads_json_reads_what_json_writes_and_refuses_a_repeated_key(value: Any) -> None:
+    text = json.dumps(value)
+    assert loads_json(text) == value
+    # The same document with one object's first key written again: refused, naming the key.
+    start = text.find('{"')
+    if start >= 0:
+        key, _ = json.JSONDecoder().raw_decode(text, start + 1)  # that object's first key
+        doubled = text[: start + 1] + f"{json.dumps(key)}: 0, " + text[start + 1 :]
+        with pytest.raises(RepeatedKeyError) as caught:
+            loads_json(doubled)
+        assert caught.value.keys == [key]
 
 
 @settings(max_examples=200)

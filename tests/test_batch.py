@@ -101,8 +101,8 @@ def test_a_key_given_twice_on_a_goal_line_is_refused_not_overwritten() -> None:
         parse_goals(text)
     message = str(caught.value)
     assert "2 invalid line(s)" in message
-    assert "line 1: 'budget_usd' given more than once: keep one" in message
-    assert "line 2: 'id', 'seed' given more than once: keep one" in message
+    assert "line 1: 'budget_usd' given more than once in one object: keep one" in message
+    assert "line 2: 'id', 'seed' given more than once in one object: keep one" in message
 
 
 def test_a_goals_line_takes_as_long_a_goal_as_a_run_does() -> None:

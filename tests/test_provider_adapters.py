@@ -449,6 +449,16 @@ async def test_json_nested_too_deeply_is_an_unreadable_reply_not_a_crash(provide
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_tool_arguments_with_a_key_given_twice_are_refused(provider: str) -> None:
+    # Read with json.loads, {"a": 2, "b": 3, "a": 7} would add 7 and 3, silently.
+    reply = Reply(tool_calls=ADD_CALL, raw_arguments='{"a": 2, "b": 3, "a": 7}')
+    with WireServer(ScriptBackend([reply])) as server, pytest.raises(ModelError) as caught:
+        await one(server, provider, ModelRequest(ask("Add"), tools=(ADD,)))
+    assert "'a' given more than once in one object: keep one" in str(caught.value)
+
+
+@pytest.mark.anyio
 async def test_openai_tool_arguments_sent_as_an_object_are_read() -> None:
     reply = Reply(tool_calls=ADD_CALL, object_arguments=True)
     with WireServer(ScriptBackend([reply])) as server:

@@ -47,7 +47,7 @@ from pydantic import (
 )
 
 from hierplan.agents.models.base import parse_model_string
-from hierplan.agents.models.provider import json_problem, loads_json
+from hierplan.agents.models.provider import RepeatedKeyError, json_problem, loads_json
 from hierplan.bench.base import BenchTask
 from hierplan.bench.suites import get_suite
 from hierplan.budgets.budget import ALLOCATIONS, MAX_BUDGET_TOKENS, MAX_BUDGET_USD
@@ -295,14 +295,11 @@ def parse_goals(
             continue
         try:
             data: Any = loads_json(line)
+        except RepeatedKeyError as exc:
+            errors.append(f"line {number}: {exc}")
+            continue
         except ValueError as exc:
             errors.append(f"line {number}: not valid JSON ({json_problem(exc)})")
-            continue
-        twice = _repeated_keys(line)
-        if twice:
-            errors.append(
-                f"line {number}: {', '.join(map(repr, twice))} given more than once: keep one"
-            )
             continue
         if not isinstance(data, dict):
             errors.append(
@@ -369,21 +366,6 @@ def load_goals(path: Path, *, default_model: str = "sim") -> GoalsFile:
         ) from None
     goals = parse_goals(text, source=f"goals file {path}", default_model=default_model)
     return GoalsFile(path, tuple(goals), hashlib.sha256(data).hexdigest())
-
-
-def _repeated_keys(line: str) -> list[str]:
-    """Keys that appear more than once in one object of ``line`` (valid JSON). JSON readers
-    keep the last one silently: ``{"budget_usd": 0.01, ..., "budget_usd": 10}`` would run
-    with 10."""
-    repeated: list[str] = []
-
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        keys = [k for k, _ in items]
-        repeated.extend(k for i, k in enumerate(keys) if k in keys[:i] and k not in repeated)
-        return dict(items)
-
-    json.loads(line, object_pairs_hook=pairs)
-    return repeated
 
 
 def _json_type(value: Any) -> str:

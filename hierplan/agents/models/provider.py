@@ -391,19 +391,46 @@ def quota_exhausted(body: Any) -> bool:
     return bool(codes & {"insufficient_quota", "billing_hard_limit_reached"})
 
 
+class RepeatedKeyError(ValueError):
+    """JSON text with a key given twice in one object. ``json.loads`` keeps the last value
+    silently, so a plan step ``{"id": "a", ..., "id": "b"}`` or tool arguments
+    ``{"path": "x", "path": "y"}`` would run as something other than what was written."""
+
+    def __init__(self, keys: list[str]) -> None:
+        self.keys = keys
+        names = ", ".join(map(repr, keys))
+        super().__init__(f"{names} given more than once in one object: keep one")
+
+
 def loads_json(text: str) -> Any:
     """``json.loads`` for text from outside (model replies, goal lines): nesting too deep for
-    the parser (a model that loops on ``[`` until ``max_tokens`` writes exactly that) and a
-    number too long to convert are reported as the :class:`ValueError` that any other
+    the parser (a model that loops on ``[`` until ``max_tokens`` writes exactly that), a
+    number too long to convert and a key given twice in one object (a
+    :class:`RepeatedKeyError`) are reported as the :class:`ValueError` that any other
     unreadable JSON raises (a :class:`json.JSONDecodeError` when the syntax is wrong)."""
+    repeated: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out = dict(items)
+        if len(out) < len(items):  # rare: only then look for which keys
+            seen: set[str] = set()
+            for key, _ in items:
+                if key in seen and key not in repeated:
+                    repeated.append(key)
+                seen.add(key)
+        return out
+
     try:
-        return json.loads(text)
+        data = json.loads(text, object_pairs_hook=pairs)
     except RecursionError:
         raise ValueError("JSON nested too deeply to read") from None
     except json.JSONDecodeError:
         raise
     except ValueError:  # Python's limit on the digits of an integer it converts
         raise ValueError("JSON holds a number with too many digits to read") from None
+    if repeated:
+        raise RepeatedKeyError(repeated)
+    return data
 
 
 def json_problem(exc: ValueError) -> str:
