@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -20,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from hierplan import RunResult
 from hierplan.batch import BatchBudget, BatchConfig, RunOptions, parse_goals, run_batch
 from hierplan.batch.budget import decide
 from hierplan.batch.goals import BatchGoal, goal_seed, load_goals
@@ -357,7 +359,7 @@ def test_a_200_goal_batch_stops_at_its_budget(tmp_path: Path) -> None:
     assert counts["skipped"] >= 70
     journal = Journal(tmp_path / "out" / "journal.sqlite")
     rows = journal.rows()
-    assert {r.reason.split(":")[0] for r in rows if r.state == "skipped"} == {"budget"}
+    assert {(r.reason or "").split(":")[0] for r in rows if r.state == "skipped"} == {"budget"}
     assert [r.state for r in rows].index("skipped") > 100  # the goals left, in file order
     recorded = 0
     for row in rows:
@@ -750,7 +752,7 @@ def test_the_batch_panel_follows_goals_while_they_run(tmp_path: Path) -> None:
     seen: list[tuple[int, int]] = []
     run_stand_in = batch.run_fn
 
-    async def then_look(goal: str | None, **kwargs: object) -> object:
+    async def then_look(goal: str | None, **kwargs: Any) -> RunResult:
         result = await run_stand_in(goal, **kwargs)
         await anyio.sleep(0.75)  # the goal still runs, its calls settled
         seen.append((display.tally.counts["running"], display.tally.spent_pico))
@@ -1000,7 +1002,8 @@ def test_a_finished_celery_batch_leaves_nothing_in_redis_and_resumes_without_it(
     assert left == []  # the ledger, the goal's hash and the announcements are deleted
     # The journal keeps what they held: the goal's record and spend, the ledger's figures.
     assert json.loads(journal.row("g").record or "")["status"] == "succeeded"
-    assert journal.meta()["ledger"]["spent_pico"] == summary["spent_pico"] > 0
+    spent = summary["spent_pico"]
+    assert isinstance(spent, int) and journal.meta()["ledger"]["spent_pico"] == spent > 0
     assert (tmp_path / "out" / "goals" / "g" / "run.json").exists()
     journal.close()
     # Resumed, the finished batch runs nothing and does not call its ledger lost.
@@ -1066,8 +1069,10 @@ def test_an_interrupted_celery_driver_never_journals_a_goal_it_did_not_send(
     batch = prepare(BatchConfig(goals, tmp_path / "out", budget, backend="celery", broker=url))
     start = batch.journal.start
 
-    def start_then_interrupted(goal_id: str, grant: tuple[int | None, int | None]) -> None:
-        start(goal_id, grant)
+    def start_then_interrupted(
+        goal_id: str, grant: tuple[int | None, int | None], account: str | None = None
+    ) -> None:
+        start(goal_id, grant, account)
         task = asyncio.current_task()
         assert task is not None
         task.cancel()  # Ctrl-C arrives while the goal is journaled

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from batch_support import load_benchmark
@@ -98,10 +98,11 @@ def test_a_worker_killed_mid_goal_loses_nothing_and_overspends_nothing(tmp_path:
             if not (out / "journal.sqlite").exists():
                 continue
             journal = Journal(out / "journal.sqlite")
-            namespace = journal.meta().get("namespace")
+            namespace = str(journal.meta().get("namespace"))
             journal.close()
             for i in range(6):
-                state = client.hgetall(goal_key(namespace, f"line-{i + 1}"))
+                # The client decodes replies (decode_responses): str, not bytes.
+                state = cast(dict[str, str], client.hgetall(goal_key(namespace, f"line-{i + 1}")))
                 account = state.get("account")
                 if not account or not state.get("worker", "").endswith(f":{victim.pid}"):
                     continue

@@ -221,7 +221,7 @@ def test_blocksworld_replan_starts_from_the_state_in_the_failure() -> None:
     assert plan is not None
     assert all(s.id.startswith("s7_") for s in plan.steps)  # fresh ids: nothing carries over
     actions = [(s.tool, *s.args.values()) for s in plan.steps]  # type: ignore[union-attr]
-    assert bw.validate_actions(now, task.data.goal, actions).ok  # type: ignore[arg-type]
+    assert bw.validate_actions(now, task.data.goal, actions).ok
 
 
 def test_game24_replan_resets_a_dead_end() -> None:

@@ -60,7 +60,7 @@ def test_blocksworld_oracle_plans_validate_on_generated_tasks() -> None:
         plan = oracle.plan(PlanPrompt(goal=task.goal, depth=1, max_depth=1, max_steps=50))
         assert plan is not None
         actions = [(s.tool, *s.args.values()) for s in plan.steps if s.tool and s.args]
-        assert bw.validate_actions(instance.start, instance.goal, actions).ok  # type: ignore[arg-type]
+        assert bw.validate_actions(instance.start, instance.goal, actions).ok
         assert all(2 <= len(a) <= 3 for a in actions)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import anyio
@@ -179,10 +180,7 @@ class Checked:
     async def _work(
         self, tg: anyio.abc.TaskGroup, spec: NodeSpec, account: Account, name: str
     ) -> None:
-        jobs: list[Callable[[], Any]] = [
-            (lambda c=c: self.call(account, c))
-            for c in spec.calls  # type: ignore[misc]
-        ]
+        jobs: list[Callable[[], Any]] = [partial(self.call, account, c) for c in spec.calls]
         jobs += [
             (lambda c=c, i=i: self.node(c, account, f"{name}.{i}"))  # type: ignore[misc]
             for i, c in enumerate(spec.children, 1)
@@ -239,7 +237,7 @@ def _ledger_property(examples: int) -> Callable[[], None]:
     def prop(ledger: str, budget: tuple[int | None, int | None], tree: NodeSpec) -> None:
         _check_tree(LEDGERS[ledger], budget, tree)
 
-    return prop  # type: ignore[no-any-return]
+    return prop
 
 
 test_ledger_never_overspends = _ledger_property(DEFAULT_EXAMPLES)
@@ -432,7 +430,7 @@ def _run_property(examples: int) -> Callable[[], None]:
             tokens = 6_000
         _check_run(world, allocation, tokens, usd, concurrency)
 
-    return prop  # type: ignore[no-any-return]
+    return prop
 
 
 test_runs_never_overspend = _run_property(RUN_EXAMPLES)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import hierplan
 from hierplan import Budget, BudgetInstrument, LocalLedger, NoiseProfile
-from hierplan.hierarchy.events import BudgetReserved, BudgetSettled, RunEvent
+from hierplan.hierarchy.events import BudgetReserved, BudgetSettled, ModelCalled, RunEvent
 from hierplan.hierarchy.record import RunResult
 
 GROUPS = [["france", "japan"], ["peru", "chile"]]
@@ -206,7 +206,7 @@ async def test_a_cancel_during_a_model_call_settles_it_at_its_reservation() -> N
     settled = [e for e in events if isinstance(e, BudgetSettled)]
     assert len(settled) == 1 and settled[0].flags == ["cut_short"]
     assert settled[0].tokens == reserved.tokens > 0
-    assert not [e for e in events if e.type == "model_called" and e.path == "1" and e.ok]
+    assert not [e for e in events if isinstance(e, ModelCalled) and e.path == "1" and e.ok]
     outstanding = await ledger.outstanding()
     assert (outstanding.reservations, outstanding.tokens, outstanding.accounts) == (0, 0, 0)
     assert result.budget is not None and result.budget["spent"]["tokens"] == reserved.tokens

@@ -55,7 +55,12 @@ GOOD = Plan(goal="g", steps=[s("a", tool="copy", args={"table": "t"})])
 
 async def test_invalid_plans_never_reach_the_approver() -> None:
     seen: list[Plan] = []
-    gate = Gate(CallbackApprover(lambda p, c: seen.append(p) or Approve()))
+
+    def approve(plan: Plan, context: object) -> Approve:
+        seen.append(plan)
+        return Approve()
+
+    gate = Gate(CallbackApprover(approve))
     bad = Plan(goal="g", steps=[s("a", "b"), s("b", "a"), s("c", tool="drop", args={})])
     outcome = await gate.review(bad, ctx())
     assert outcome.kind == "invalid" and seen == []

@@ -52,7 +52,7 @@ async def _start(page: Any, base: str, latency: str) -> str:
     await page.fill("input[name=seed]", "1")
     await page.click("#start")
     await page.wait_for_selector("#run.active")
-    return await page.inner_text("#run-id")
+    return str(await page.inner_text("#run-id"))
 
 
 async def test_the_page_shows_the_plan_tree_growing(browser: Any, tmp_path: Path) -> None:

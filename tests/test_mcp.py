@@ -406,7 +406,8 @@ async def test_an_error_inside_an_open_server_comes_out_as_itself(server: MCPSer
 @pytest.mark.parametrize("option", ["timeout_s", "connect_timeout_s"])
 def test_an_mcp_deadline_that_is_not_a_number_is_refused(option: str) -> None:
     with pytest.raises(UserInputError, match="timeouts must be more than 0 seconds"):
-        MCPServerStdio(sys.executable, [str(SERVER)], **{option: float("nan")})
+        bad: dict[str, Any] = {option: float("nan")}
+        MCPServerStdio(sys.executable, [str(SERVER)], **bad)
 
 
 @pytest.mark.anyio

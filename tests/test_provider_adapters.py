@@ -394,7 +394,7 @@ async def test_thinking_blocks_go_back_with_the_turn_that_called_tools() -> None
         ]
     )
     with WireServer(backend) as server:
-        options = {"base_url": server.anthropic_base_url, "api_key": TEST_KEY}
+        options: dict[str, Any] = {"base_url": server.anthropic_base_url, "api_key": TEST_KEY}
         model = resolve_model("anthropic:claude-sonnet-5", **options)  # thinks by default
         first = await model.request(ModelRequest(ask("Add 2+3"), tools=(ADD,)))
         assert first.text == "" and first.usage is not None and first.usage.reasoning_tokens == 7
@@ -490,7 +490,11 @@ def test_openai_content_parts_are_read_as_text() -> None:
                 index=0,
                 finish_reason="stop",
                 message=openai.types.chat.ChatCompletionMessage.model_construct(
-                    role="assistant", content=parts, refusal=None, tool_calls=None
+                    # A list of parts, as some servers send: not what the SDK's type says.
+                    role="assistant",
+                    content=parts,  # type: ignore[arg-type]
+                    refusal=None,
+                    tool_calls=None,
                 ),
             )
         ],

@@ -32,9 +32,11 @@ def test_python_examples_run(index: int, tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_every_documented_option_exists() -> None:
+    import typer.core
     import typer.main
 
     command = typer.main.get_command(app)
+    assert isinstance(command, typer.core.TyperGroup)
     known = {
         opt
         for sub in [command, *command.commands.values()]

@@ -18,7 +18,7 @@ from hierplan.agents.models.base import ModelResponse, Usage
 from hierplan.agents.models.scripted import plan_response
 from hierplan.errors import UserInputError
 from hierplan.goals import goal_from_data, load_goal_file
-from hierplan.hierarchy.events import ModelCalled, RunEvent
+from hierplan.hierarchy.events import ModelCalled, RunEvent, RunFinished
 
 pytestmark = pytest.mark.anyio
 
@@ -190,13 +190,13 @@ async def test_cost_rollups_equal_the_sum_of_the_calls_costs_in_any_order() -> N
         "g", model=model, strategy="dag", listeners=[events.append],
         price_in=0.1, price_out=0.3,
     )  # fmt: skip
-    costs = [e.cost_usd for e in events if e.type == "model_called"]
+    costs = [e.cost_usd for e in events if isinstance(e, ModelCalled) and e.cost_usd is not None]
     assert len(costs) == 4 and sum(costs) != math.fsum(costs)  # plain addition drifts here
     data = result.to_dict()
     assert data["totals"]["cost_usd"] == math.fsum(costs) == result.totals()["cost_usd"]
     assert data["tree"]["subtree_cost_usd"] == math.fsum(costs) == result.tree.subtree_cost_usd
     assert math.fsum(row["cost_usd"] for row in data["levels"]) == pytest.approx(math.fsum(costs))
-    (finished,) = [e for e in events if e.type == "run_finished"]
+    (finished,) = [e for e in events if isinstance(e, RunFinished)]
     assert finished.cost_usd == math.fsum(costs)
     from hierplan.tracing.html import render_html
 

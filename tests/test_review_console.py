@@ -105,7 +105,7 @@ class Session:
             Path(keep).mkdir(parents=True, exist_ok=True)
             Path(keep, f"{name}.txt").write_text(ANSI.sub("", self.log.getvalue()))
         assert self.child.exitstatus is not None, self.log.getvalue()[-2000:]
-        return self.child.exitstatus
+        return int(self.child.exitstatus)
 
     def record(self) -> dict[str, Any]:
         data: dict[str, Any] = json.loads((self.dir / "run.json").read_text())
@@ -122,7 +122,7 @@ def shows(expected: str, shown: str) -> bool:
     return flat(expected) in flat(shown)
 
 
-def _editor(tmp: Path, modes: str) -> dict[str, str]:
+def _editor(tmp: Path, modes: str) -> dict[str, Any]:
     script = tmp / "editor.py"
     script.write_text(EDITOR.format(python=sys.executable))
     script.chmod(0o755)

@@ -11,7 +11,7 @@ from capitals import CapitalsScenario
 from eventcheck import check_events
 from liveservice import example_app, parse_sse, serve
 
-from hierplan.hierarchy.events import parse_event
+from hierplan.hierarchy.events import RunFinished, parse_event
 
 SCENARIOS = {"capitals": CapitalsScenario(), "slow-capitals": CapitalsScenario(delay_s=30)}
 FAST = {"scenario": "capitals", "sim_profile": "ideal", "sim_latency_scale": 0}
@@ -43,6 +43,7 @@ async def test_the_service_streams_a_runs_events_as_sse(tmp_path: Path) -> None:
         status = (await client.get(f"/runs/{run_id}")).json()
         assert status["status"] == "succeeded"
         assert status["events"] == len(events)
+        assert isinstance(events[-1], RunFinished)
         assert status["result"]["totals"]["cost_usd"] == pytest.approx(events[-1].cost_usd)
         # a client that reconnects with Last-Event-ID gets what it missed, and nothing twice
         again = await _events(client, run_id, **{"Last-Event-ID": "5"})

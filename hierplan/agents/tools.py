@@ -254,7 +254,14 @@ def _args_model(
 
 
 @overload
-def tool(function: Callable[..., Any], /) -> FunctionTool: ...
+def tool(
+    function: Callable[..., Any],
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout_s: float = ...,
+) -> FunctionTool: ...
 
 
 @overload

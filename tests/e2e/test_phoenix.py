@@ -199,7 +199,8 @@ def test_the_demo_in_phoenix(phoenix: str, tmp_path: Path) -> None:
 
 
 def _replanned_paths(tree: dict[str, Any]) -> list[str]:
-    stack, out = [tree], []
+    stack: list[dict[str, Any]] = [tree]
+    out: list[str] = []
     while stack:
         node = stack.pop()
         stack.extend(node["children"])

@@ -66,9 +66,13 @@ class Page:
         self.dialogs: list[str] = []
         self.page.on("request", lambda r: self.requests.append(r.url))
         self.page.on("console", lambda m: self.console.append((m.type, m.text)))
-        self.page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
+        self.page.on("dialog", self._dismiss)
         self.page.goto(path.as_uri())
         self.page.wait_for_load_state("load")
+
+    def _dismiss(self, dialog: Any) -> None:
+        self.dialogs.append(dialog.message)
+        dialog.dismiss()
 
     def summary(self, path: str) -> Any:
         return self.page.locator(f'details.node[data-path="{path}"] > summary')

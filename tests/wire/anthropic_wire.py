@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 import time
-from typing import Any
+from typing import Any, cast
 
 from hierplan.agents.models.base import Message, ToolCall
 
@@ -33,7 +33,7 @@ def thinks(body: dict[str, Any]) -> bool:
     """Whether the request runs with thinking on."""
     kind = body.get("thinking", {}).get("type")
     if kind is not None:
-        return kind != "disabled"
+        return bool(kind != "disabled")
     return str(body.get("model", "")).startswith(THINKING_BY_DEFAULT)
 
 
@@ -92,7 +92,10 @@ def _messages(raw: list[dict[str, Any]]) -> list[Message]:
             raise WireError(400, "invalid_request_error", "roles must alternate, user first")
         expected = "assistant" if role == "user" else "user"
         content = turn.get("content")
-        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        blocks = cast(
+            list[dict[str, Any]],
+            [{"type": "text", "text": content}] if isinstance(content, str) else content,
+        )
         answered = {b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"}
         if pending - answered:
             raise WireError(
@@ -264,11 +267,11 @@ def events(reply: Reply, call: WireCall, *, usage: bool = True) -> list[tuple[st
                 {"type": "content_block_start", "index": index, "content_block": head},
             )
         )
-        for delta in deltas:
+        for piece in deltas:
             out.append(
                 (
                     "content_block_delta",
-                    {"type": "content_block_delta", "index": index, "delta": delta},
+                    {"type": "content_block_delta", "index": index, "delta": piece},
                 )
             )
         out.append(("content_block_stop", {"type": "content_block_stop", "index": index}))

@@ -143,7 +143,7 @@ class OracleBackend:
             return self._plan(call)
         prompt = parse_step_prompt(call.messages)
         action = None if prompt is None else self.oracle.act(prompt, transcript(call.messages))
-        if action is None:
+        if prompt is None or action is None:
             return Reply(text="FAILED: this step is outside what the oracle knows")
         prefix = "toolu_" if call.provider == "anthropic" else ""
         return Reply(
