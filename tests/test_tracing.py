@@ -295,6 +295,31 @@ async def test_failures_set_span_status() -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("budget_tokens", "run_status", "root_status", "span_status"),
+    [
+        (None, "succeeded", "succeeded", "UNSET"),
+        # Out of budget at its first planning call: the root is budget_exhausted, the run partial.
+        (2000, "partial", "budget_exhausted", "ERROR"),
+    ],
+)
+async def test_the_workflow_span_says_the_run_s_status_beside_its_root_s(
+    budget_tokens: int | None, run_status: str, root_status: str, span_status: str
+) -> None:
+    telemetry = Telemetry()
+    result = await hierplan.run(
+        instruments=[telemetry.tracing()],
+        budget_tokens=budget_tokens,
+        **ScriptedRun().run_options(),
+    )
+    assert (result.status, result.tree.status) == (run_status, root_status), result.error
+    (workflow,) = [s for s in telemetry.finished() if s.parent is None]
+    assert _attr(workflow, "hierplan.run.status") == run_status
+    assert _attr(workflow, "hierplan.node.status") == root_status
+    assert workflow.status.status_code.name == span_status
+
+
+@pytest.mark.anyio
 async def test_a_paused_run_s_spans_say_paused_as_the_record_does(tmp_path: Path) -> None:
     async def defer_the_report(plan: Plan, ctx: GateContext) -> Approve | Defer:
         return Defer(by="test") if ctx.step is not None and ctx.step.id == "report" else Approve()
@@ -316,6 +341,8 @@ async def test_a_paused_run_s_spans_say_paused_as_the_record_does(tmp_path: Path
         assert span.status.status_code.name == "UNSET", span.name
     (workflow,) = [s for s in telemetry.finished() if s.parent is None]
     assert _attr(workflow, "hierplan.node.status") == "paused"
+    assert _attr(workflow, "hierplan.run.status") == "paused"
+    assert workflow.status.status_code.name == "UNSET"
 
 
 class BudgetReserved(RunEvent):

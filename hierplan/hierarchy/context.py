@@ -32,7 +32,7 @@ from hierplan.hierarchy.events import EventBus, ModelCalled, StepRetried
 from hierplan.hierarchy.gate import Gate
 from hierplan.hierarchy.pause import PauseControl, Restore
 from hierplan.hierarchy.plan import DEFAULT_MAX_DEPTH, DEFAULT_MAX_STEPS, Step
-from hierplan.hierarchy.record import CallRecord, NodeKind, NodeRecord
+from hierplan.hierarchy.record import CallRecord, NodeKind, NodeRecord, RunStatus
 from hierplan.hierarchy.scheduler import Slots
 
 StrategyName = Literal["react", "plan-execute", "replan", "dag", "hierarchical", "as-needed"]
@@ -180,6 +180,9 @@ class RunContext:
         self.cancel_scope: anyio.CancelScope | None = None
         self.cancel_requested = False
         self.nodes_finished = False
+        # Set once the nodes have finished, before the run's scopes close: what an instrument
+        # may read as its run scope ends (stays None when the run raises).
+        self.status: RunStatus | None = None
 
     def cancel(self) -> bool:
         """Stop the run from outside: every node task is cancelled, the record says cancelled.

@@ -452,6 +452,7 @@ async def _execute(ctx: RunContext, chosen: Strategy, prepared: _Prepared) -> Ru
             ctx.bus.emit(_run_started(ctx, prepared.goal))
         try:
             status, answer, error = await _run_nodes(ctx, chosen, root)
+            ctx.status = status  # before the run's scopes close: the trace says it
         except Exception as exc:
             # The run raises (a refused API key, a scripted model used up...): its event stream
             # still ends with run_finished, with status "error" and what went wrong.

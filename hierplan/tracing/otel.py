@@ -22,7 +22,8 @@ Cost sits on ``chat`` spans only (``gen_ai.usage.cost`` and ``llm.cost.total``, 
 backend that sums a trace's spans counts each call once. Agent, plan and workflow spans carry
 rollups computed from the run record when they end: ``gen_ai.aggregated_usage.*`` (tokens and
 cost of every call below) and ``hierplan.*`` (node path, depth, strategy, own and subtree cost,
-planning and execution cost, budget).
+planning and execution cost, budget). The workflow span also says how the run ended
+(``hierplan.run.status``, as ``RunResult.status``).
 
 Run events (gate decisions, replans with their diff, retries, budget events...) become span
 events on the span of the node whose path they name; an event for a node whose span is not

@@ -195,13 +195,19 @@ class RunScope(SpanScope):
         """The whole tree's rollups and the run's status."""
         super().finish(span, exc)
         root = self.state.root
-        if root is None:
-            return
-        span.set_attributes(workflow_rollups(root, self.run, self.state.tree))
-        if self.tracing.capture_content:
-            span.set_attribute("hierplan.goal", self.tracing.content(root.goal))
-        if root.status in FAILED_STATUSES:
-            set_failed(span, root.error or root.status)
+        if root is not None:
+            span.set_attributes(workflow_rollups(root, self.run, self.state.tree))
+            if self.tracing.capture_content:
+                span.set_attribute("hierplan.goal", self.tracing.content(root.goal))
+        # The run's status says whether it failed; when the run raised, its root's is all
+        # there is (the error is on the span already).
+        outcome: str | None = self.run.status
+        if outcome is not None:
+            span.set_attribute("hierplan.run.status", outcome)
+        elif root is not None:
+            outcome = root.status
+        if outcome in FAILED_STATUSES:
+            set_failed(span, (root.error if root is not None else None) or str(outcome))
 
 
 class NodeScope(SpanScope):
