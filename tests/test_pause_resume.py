@@ -383,6 +383,11 @@ async def test_a_hand_edited_checkpoint_is_refused_clearly_and_stays_resumable(
         (("invocation", "budget", "budget_euro"), 1, r"budget has what a run does not take"),
         (("invocation", "settings", "max_depth"), "two", r"settings are invalid \(max_depth: "),
         (("results", "1.1"), {"output": None}, r"not a hierplan checkpoint .*first, at results"),
+        (
+            ("workflow_span",),
+            {"trace_id": "not hex", "span_id": "0"},
+            r"not a hierplan checkpoint .*first, at workflow_span.trace_id: String should match",
+        ),
     ]
     for (*parents, key), value, problem in edits:
         data = json.loads(saved)

@@ -30,7 +30,7 @@ from hierplan.budgets.pricing import PriceTable
 from hierplan.errors import ModelError
 from hierplan.hierarchy.events import EventBus, ModelCalled, StepRetried
 from hierplan.hierarchy.gate import Gate
-from hierplan.hierarchy.pause import PauseControl, Restore
+from hierplan.hierarchy.pause import PauseControl, Restore, SpanIds
 from hierplan.hierarchy.plan import DEFAULT_MAX_DEPTH, DEFAULT_MAX_STEPS, Step
 from hierplan.hierarchy.record import CallRecord, NodeKind, NodeRecord, RunStatus
 from hierplan.hierarchy.scheduler import Slots
@@ -183,6 +183,9 @@ class RunContext:
         # Set once the nodes have finished, before the run's scopes close: what an instrument
         # may read as its run scope ends (stays None when the run raises).
         self.status: RunStatus | None = None
+        # The run's workflow span when a tracing instrument recorded it: a checkpoint keeps it,
+        # so that the trace of the resumed run can link to this one.
+        self.workflow_span: SpanIds | None = None
 
     def cancel(self) -> bool:
         """Stop the run from outside: every node task is cancelled, the record says cancelled.

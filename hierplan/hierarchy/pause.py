@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from hierplan.agents.executor import StepResult
 from hierplan.agents.models.provider import one_line
@@ -87,15 +87,27 @@ class PlanState:
     rejections: int = 0
 
 
+class SpanIds(BaseModel):
+    """A span's trace id and span id, in hex as trace backends show them: the paused run's
+    workflow span, which the trace of the resumed run links to."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    trace_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+    span_id: str = Field(pattern=r"^[0-9a-f]{16}$")
+
+
 @dataclass(slots=True)
 class Restore:
-    """A paused run to continue: its record, finished step results and the decisions made."""
+    """A paused run to continue: its record, finished step results and the decisions made.
+    ``workflow_span``: the paused run's workflow span, when it was traced."""
 
     record: RunResult
     results: dict[str, StepResult]
     decisions: dict[str, Decision] = field(default_factory=dict)
     invocation: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    workflow_span: SpanIds | None = None
 
     def decision_for(self, path: str) -> Decision | None:
         """The decision made outside the run for the pending plan of node ``path``."""
@@ -410,7 +422,9 @@ class SavedResult(BaseModel):
 
 
 class Checkpoint(BaseModel):
-    """What ``checkpoint.json`` holds: enough to continue a paused run."""
+    """What ``checkpoint.json`` holds: enough to continue a paused run, and the paused run's
+    workflow span when it was traced (``workflow_span``, absent otherwise and in checkpoints
+    written before it was kept)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -422,6 +436,7 @@ class Checkpoint(BaseModel):
     extra: dict[str, Any] = {}
     results: dict[str, SavedResult]
     record: dict[str, Any]
+    workflow_span: SpanIds | None = None
 
     def restore(self, decisions: Mapping[str, Decision] | None = None) -> Restore:
         """A :class:`Restore` of this checkpoint with ``decisions`` by node path."""
@@ -438,6 +453,7 @@ class Checkpoint(BaseModel):
             decisions=dict(decisions or {}),
             invocation=dict(self.invocation),
             extra=dict(self.extra),
+            workflow_span=self.workflow_span,
         )
 
 
@@ -455,8 +471,10 @@ def write_checkpoint(
     control: PauseControl,
     invocation: Mapping[str, Any],
     extra: Mapping[str, Any] | None = None,
+    workflow_span: SpanIds | None = None,
 ) -> Path:
-    """Save a paused run in ``run_dir``: ``checkpoint.json`` and ``pending/<node>.yaml``."""
+    """Save a paused run in ``run_dir``: ``checkpoint.json`` and ``pending/<node>.yaml``.
+    ``workflow_span``: the run's workflow span, when it was traced."""
     make_directory(run_dir, "the checkpoint's directory")
     pending = pending_versions(result.tree)
     folder = run_dir / PENDING_DIR
@@ -476,9 +494,13 @@ def write_checkpoint(
             for path, r in control.results.items()
         },
         record=result.to_dict(),
+        workflow_span=workflow_span,
     )
     path = run_dir / CHECKPOINT_FILE
-    write_atomic(path, checkpoint.model_dump_json(indent=1))
+    # Without a span the file has no such field: a hierplan that does not know it can resume
+    # an untraced run's checkpoint as before.
+    leave_out = None if workflow_span is not None else {"workflow_span"}
+    write_atomic(path, checkpoint.model_dump_json(indent=1, exclude=leave_out))
     return path
 
 

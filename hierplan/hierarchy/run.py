@@ -371,6 +371,7 @@ def _save_paused(
         ctx.pause,
         _invocation(ctx, prepared, invocation, checkpoint_dir),
         checkpoint_extra,
+        ctx.workflow_span,
     )
 
 

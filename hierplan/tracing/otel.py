@@ -23,7 +23,8 @@ backend that sums a trace's spans counts each call once. Agent, plan and workflo
 rollups computed from the run record when they end: ``gen_ai.aggregated_usage.*`` (tokens and
 cost of every call below) and ``hierplan.*`` (node path, depth, strategy, own and subtree cost,
 planning and execution cost, budget). The workflow span also says how the run ended
-(``hierplan.run.status``, as ``RunResult.status``).
+(``hierplan.run.status``, as ``RunResult.status``); a resumed run's links to the paused run's
+(with ``hierplan.link.reason``), whose ids the checkpoint keeps.
 
 Run events (gate decisions, replans with their diff, retries, budget events...) become span
 events on the span of the node whose path they name; an event for a node whose span is not

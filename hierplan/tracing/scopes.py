@@ -13,12 +13,21 @@ from typing import TYPE_CHECKING
 import anyio
 from opentelemetry import context, trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace import (
+    Link,
+    Span,
+    SpanContext,
+    SpanKind,
+    TraceFlags,
+    format_span_id,
+    format_trace_id,
+)
 from opentelemetry.util.types import AttributeValue
 
 from hierplan.agents.models.base import ToolCall
 from hierplan.hierarchy.context import NodeContext, RunContext
 from hierplan.hierarchy.events import RunEvent
+from hierplan.hierarchy.pause import SpanIds
 from hierplan.hierarchy.record import NodeRecord
 from hierplan.tracing.attributes import (
     FAILED_STATUSES,
@@ -41,6 +50,9 @@ from hierplan.tracing.rollups import (
 
 if TYPE_CHECKING:
     from hierplan.tracing.otel import Tracing
+
+# Why the workflow span of a resumed run links to another span (a link attribute).
+RESUMED_FROM_PAUSE = "resumed from pause"
 
 # Events that are already spans (or their ends): attaching them again would only add noise.
 SPAN_LIKE_EVENTS = frozenset(
@@ -172,8 +184,19 @@ class RunScope(SpanScope):
         if run.planner_model.simulated or run.executor_model.simulated:
             attributes["hierplan.simulated"] = True
         span = self.tracing.tracer.start_span(
-            "invoke_workflow hierplan", parent, SpanKind.INTERNAL, attributes
+            "invoke_workflow hierplan",
+            parent,
+            SpanKind.INTERNAL,
+            attributes,
+            links=_paused_run(run),
         )
+        ids = span.get_span_context()
+        # Only a span that goes to the exporters is worth linking to; with several tracing
+        # instruments, the first one's.
+        if ids.trace_flags.sampled and run.workflow_span is None:
+            run.workflow_span = SpanIds(
+                trace_id=format_trace_id(ids.trace_id), span_id=format_span_id(ids.span_id)
+            )
         self.state = RunTrace(run, span)
         self.tracing.runs[run] = self.state
         # Span events of a trace that is not recorded (no SDK, or sampled out) go nowhere: no
@@ -208,6 +231,21 @@ class RunScope(SpanScope):
             outcome = root.status
         if outcome in FAILED_STATUSES:
             set_failed(span, (root.error if root is not None else None) or str(outcome))
+
+
+def _paused_run(run: RunContext) -> list[Link] | None:
+    """The link of a resumed run's workflow span to the paused run's, when that was traced."""
+    restore = run.pause.restore
+    saved = None if restore is None else restore.workflow_span
+    if saved is None:
+        return None
+    paused = SpanContext(
+        int(saved.trace_id, 16),
+        int(saved.span_id, 16),
+        is_remote=True,  # read from the checkpoint, not started in this process
+        trace_flags=TraceFlags(TraceFlags.SAMPLED),
+    )
+    return [Link(paused, {"hierplan.link.reason": RESUMED_FROM_PAUSE})]
 
 
 class NodeScope(SpanScope):
