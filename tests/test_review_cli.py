@@ -113,6 +113,32 @@ def test_resume_exports_a_trace_of_what_it_runs(paused: Path) -> None:
     assert any(s["name"].startswith("execute_tool") for s in spans)
 
 
+def test_the_resumed_run_s_trace_links_to_the_paused_run_s(source_db: Path, tmp_path: Path) -> None:
+    run_dir = migration_dir(source_db, tmp_path / "mig")
+    before, after = tmp_path / "paused.jsonl", tmp_path / "resumed.jsonl"
+    code, out = start(run_dir, "--trace", f"jsonl={before}")
+    assert code == PAUSED, out
+    code, out = hierplan("resume", run_dir, "--approve", "--trace", f"jsonl={after}")
+    assert code == 0, out
+    (paused,) = [s for s in _lines(before) if s["parent_span_id"] is None]
+    (resumed,) = [s for s in _lines(after) if s["parent_span_id"] is None]
+    assert paused["links"] == []
+    assert resumed["links"] == [
+        {
+            "trace_id": paused["trace_id"],
+            "span_id": paused["span_id"],
+            "attributes": {"hierplan.link.reason": "resumed from pause"},
+        }
+    ]
+    assert resumed["trace_id"] != paused["trace_id"]
+    assert paused["attributes"]["hierplan.run.status"] == "paused"
+    assert resumed["attributes"]["hierplan.run.status"] == "succeeded"
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
 def test_resume_reject_then_approve(paused: Path) -> None:
     reason = "index and verify each group as soon as it is copied"
     code, out = hierplan("resume", paused, "--reject", reason)

@@ -171,6 +171,7 @@ def test_demo_exports_over_otlp_and_to_a_jsonl_file(tmp_path: Path, receiver: Re
         "attributes",
         "events",
         "resource",
+        "links",
     }
     assert all(set(line) == fields for line in lines)
     ids = {line["span_id"] for line in lines}

@@ -102,7 +102,9 @@ class JsonLinesSpanExporter(SpanExporter):
     Each line has ``name``, ``trace_id`` and ``span_id`` (hex), ``parent_span_id`` (hex or
     null), ``kind``, ``start_time`` and ``end_time`` (nanoseconds since the epoch), ``status``
     (``code`` and ``description``), ``attributes``, ``events`` (``name``, ``time``,
-    ``attributes``) and ``resource``. Lines are written whole and flushed per batch.
+    ``attributes``), ``resource`` and ``links`` (``trace_id``, ``span_id``, ``attributes``: a
+    resumed run's workflow span links to the paused run's). Lines are written whole and flushed
+    per batch.
     """
 
     def __init__(self, path: Path) -> None:
@@ -160,6 +162,14 @@ def span_to_dict(span: ReadableSpan) -> dict[str, Any]:
             for e in span.events
         ],
         "resource": _plain(span.resource.attributes),
+        "links": [
+            {
+                "trace_id": f"{link.context.trace_id:032x}",
+                "span_id": f"{link.context.span_id:016x}",
+                "attributes": _plain(link.attributes),
+            }
+            for link in span.links
+        ],
     }
 
 
