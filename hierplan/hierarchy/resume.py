@@ -1,7 +1,8 @@
 """``resume(run_dir, decision) -> RunResult``: continue a run that paused for a review.
 
 A paused run's directory holds ``checkpoint.json`` (the run record, finished step results, how
-the run was started) and ``pending/<node>.yaml`` for each plan waiting for a decision.
+the run was started, the ids of its workflow span when traced: the resumed run's trace links to
+it) and ``pending/<node>.yaml`` for each plan waiting for a decision.
 :func:`resume` applies the decision (approve, edit, reject), rebuilds the run without planning
 or running again what was done, and goes on. The run may pause again at a later gate.
 
