@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -280,9 +281,9 @@ def test_an_invalid_plan_from_the_model_is_replanned_not_a_crash(tmp_path: Path)
     )
 
 
-def _walk(node: dict[str, object]) -> list[dict[str, object]]:
+def _walk(node: dict[str, Any]) -> list[dict[str, Any]]:
     out = [node]
-    for child in node["children"]:  # type: ignore[attr-defined]
+    for child in node["children"]:
         out.extend(_walk(child))
     return out
 
@@ -408,9 +409,11 @@ def test_a_goal_file_takes_as_long_a_goal_as_a_run_does(tmp_path: Path) -> None:
 
 
 def test_every_option_of_every_command_says_what_it_does() -> None:
+    import typer.core
     import typer.main
 
     command = typer.main.get_command(app)
+    assert isinstance(command, typer.core.TyperGroup)
     silent = [
         f"hierplan {name} {param.opts[0]}"
         for name, sub in command.commands.items()

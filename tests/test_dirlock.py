@@ -73,7 +73,7 @@ def test_a_lock_file_replaced_while_it_was_taken_is_taken_again(
         opened.append(fd)
         return fd
 
-    monkeypatch.setattr(dirlock.os, "open", open_then_holder_lets_go)
+    monkeypatch.setattr(os, "open", open_then_holder_lets_go)
     lock = take(tmp_path)
     assert len(opened) == 2 and lock.fd == opened[1]
     assert os.fstat(opened[1]).st_ino == (tmp_path / RUN_LOCK).stat().st_ino

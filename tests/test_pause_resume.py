@@ -84,7 +84,7 @@ async def test_reject_on_resume_sends_the_reason_to_the_planner(tmp_path: Path) 
     prompts: list[str] = []
     calls: list[str] = []
     model = fanout_planner(2, prompts=prompts)
-    common = {
+    common: dict[str, Any] = {
         "model": model,
         "tools": [recording_tool(calls)],
         "approver": PolicyApprover(PauseForReview(), "root"),
@@ -108,7 +108,7 @@ async def test_reject_on_resume_sends_the_reason_to_the_planner(tmp_path: Path) 
 async def test_edit_on_resume_runs_the_edited_plan(tmp_path: Path) -> None:
     calls: list[str] = []
     model = fanout_planner(3)
-    common = {"model": model, "tools": [recording_tool(calls)]}
+    common: dict[str, Any] = {"model": model, "tools": [recording_tool(calls)]}
     await hierplan.run(ROOT_GOAL, approver=PauseForReview(), checkpoint_dir=tmp_path, **common)
     pending = load_plan(tmp_path / PENDING_DIR / "1.yaml")
     edited = pending.model_copy(update={"steps": pending.steps[:1]})
@@ -126,7 +126,7 @@ async def test_edit_on_resume_runs_the_edited_plan(tmp_path: Path) -> None:
 async def test_bad_resume_decisions_change_nothing(tmp_path: Path) -> None:
     calls: list[str] = []
     model = fanout_planner(2)
-    common = {"model": model, "tools": [recording_tool(calls)]}
+    common: dict[str, Any] = {"model": model, "tools": [recording_tool(calls)]}
     await hierplan.run(ROOT_GOAL, approver=PauseForReview(), checkpoint_dir=tmp_path, **common)
     saved = (tmp_path / CHECKPOINT_FILE).read_text()
     cyclic = Plan(
@@ -157,7 +157,7 @@ async def test_bad_resume_decisions_change_nothing(tmp_path: Path) -> None:
 async def test_an_edited_plan_for_another_goal_is_refused(tmp_path: Path) -> None:
     calls: list[str] = []
     model = fanout_planner(2)
-    common = {"model": model, "tools": [recording_tool(calls)]}
+    common: dict[str, Any] = {"model": model, "tools": [recording_tool(calls)]}
     await hierplan.run(ROOT_GOAL, approver=PauseForReview(), checkpoint_dir=tmp_path, **common)
     saved = (tmp_path / CHECKPOINT_FILE).read_text()
     pending = load_plan(tmp_path / PENDING_DIR / "1.yaml")
@@ -174,7 +174,7 @@ async def test_an_edited_plan_for_another_goal_is_refused(tmp_path: Path) -> Non
 async def test_several_pending_subgoals_are_decided_one_node_at_a_time(tmp_path: Path) -> None:
     calls: list[str] = []
     model = fanout_planner(3)
-    common = {
+    common: dict[str, Any] = {
         "model": model,
         "tools": [recording_tool(calls)],
         "approver": PolicyApprover(PauseForReview(), "all"),
@@ -300,7 +300,7 @@ async def test_as_needed_resumes_its_decomposition_without_a_second_attempt(
         return ModelResponse(text=f"did {step.instruction}")
 
     model = FunctionModel(answer)
-    common = {
+    common: dict[str, Any] = {
         "model": model,
         "strategy": "as-needed",
         "approver": PolicyApprover(PauseForReview(), "root"),
@@ -336,7 +336,7 @@ async def test_replans_made_before_a_pause_still_count_after_resume(tmp_path: Pa
     async def first_replan_waits(plan: Plan, ctx: GateContext) -> Approve | Defer:
         return Defer(by="test") if ctx.reason == "replan" and ctx.version == 2 else Approve()
 
-    common = {
+    common: dict[str, Any] = {
         "model": FunctionModel(planner),
         "tools": [broken],
         "approver": CallbackApprover(first_replan_waits),
@@ -375,7 +375,7 @@ async def test_a_hand_edited_checkpoint_is_refused_clearly_and_stays_resumable(
     tmp_path: Path,
 ) -> None:
     calls: list[str] = []
-    common = {"model": fanout_planner(2), "tools": [recording_tool(calls)]}
+    common: dict[str, Any] = {"model": fanout_planner(2), "tools": [recording_tool(calls)]}
     await hierplan.run(ROOT_GOAL, approver=PauseForReview(), checkpoint_dir=tmp_path, **common)
     path = tmp_path / CHECKPOINT_FILE
     saved = path.read_text()
@@ -419,7 +419,7 @@ async def test_a_checkpoint_of_another_format_says_so_whatever_its_fields(
     tmp_path: Path, written_by: str, problem: str
 ) -> None:
     calls: list[str] = []
-    common = {"model": fanout_planner(2), "tools": [recording_tool(calls)]}
+    common: dict[str, Any] = {"model": fanout_planner(2), "tools": [recording_tool(calls)]}
     await hierplan.run(ROOT_GOAL, approver=PauseForReview(), checkpoint_dir=tmp_path, **common)
     path = tmp_path / CHECKPOINT_FILE
     saved = path.read_text()
@@ -443,7 +443,7 @@ async def test_of_two_resumes_started_together_the_second_says_the_first_took_th
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[str] = []
-    common = {"model": fanout_planner(2), "tools": [recording_tool(calls)]}
+    common: dict[str, Any] = {"model": fanout_planner(2), "tools": [recording_tool(calls)]}
     await hierplan.run(ROOT_GOAL, approver=PauseForReview(), checkpoint_dir=tmp_path, **common)
     prepare = resume_module.run_arguments
 
@@ -461,7 +461,7 @@ async def test_of_two_resumes_started_together_the_second_says_the_first_took_th
 @pytest.mark.anyio
 async def test_an_edited_copy_kept_beside_the_pending_plans_is_not_deleted(tmp_path: Path) -> None:
     calls: list[str] = []
-    common = {"model": fanout_planner(2), "tools": [recording_tool(calls)]}
+    common: dict[str, Any] = {"model": fanout_planner(2), "tools": [recording_tool(calls)]}
     await hierplan.run(ROOT_GOAL, approver=PauseForReview(), checkpoint_dir=tmp_path, **common)
     pending = tmp_path / PENDING_DIR
     mine = pending / "1-mine.yaml"
@@ -475,7 +475,7 @@ async def test_an_edited_copy_kept_beside_the_pending_plans_is_not_deleted(tmp_p
 
 @pytest.mark.anyio
 async def test_an_interrupted_resume_says_how_to_go_on(tmp_path: Path) -> None:
-    common = {"model": fanout_planner(2), "tools": [recording_tool([])]}
+    common: dict[str, Any] = {"model": fanout_planner(2), "tools": [recording_tool([])]}
     await hierplan.run(ROOT_GOAL, approver=PauseForReview(), checkpoint_dir=tmp_path, **common)
     (tmp_path / CHECKPOINT_FILE).rename(tmp_path / RESUMING_FILE)  # as a killed resume leaves it
     with pytest.raises(UserInputError, match=f"rename {RESUMING_FILE} to {CHECKPOINT_FILE}"):

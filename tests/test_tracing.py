@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import anyio
 import pytest
@@ -242,11 +242,11 @@ def test_data_migration_trace_has_the_plan_tree(
         parent = span.parent
         assert parent is not None
         expected = workflow if node.depth == 1 else agents[node.path.rpartition(".")[0]]
-        assert parent.span_id == expected.context.span_id  # type: ignore[union-attr]
-        plans = [c for c in index[span.context.span_id] if c.name == "plan planner"]  # type: ignore[union-attr]
+        assert parent.span_id == expected.context.span_id
+        plans = [c for c in index[span.context.span_id] if c.name == "plan planner"]
         assert len(plans) == len(node.plan_versions)
         for plan in plans:
-            (chat,) = index[plan.context.span_id]  # type: ignore[union-attr]
+            (chat,) = index[plan.context.span_id]
             assert chat.name == "chat sim" and chat.kind.name == "CLIENT"
             assert _attr(chat, "hierplan.phase") == "planning"
     replanned = sorted(
@@ -372,7 +372,7 @@ class EventSource(Instrument):
     """Emits a budget-like event per model call, and events for paths without an open span."""
 
     def wrap_model(self, model: Model, node: NodeContext) -> Model:
-        return _Reserving(model, node)  # type: ignore[return-value]
+        return _Reserving(model, node)
 
     def run_scope(self, run: RunContext) -> AbstractAsyncContextManager[None]:
         @asynccontextmanager
@@ -491,7 +491,7 @@ async def test_lists_of_text_in_span_events_are_redacted_and_cut() -> None:
     assert result.status == "succeeded", result.error
     (root,) = [s for s in telemetry.finished() if s.name == "invoke_agent planner"]
     decided = [e.attributes or {} for e in root.events if e.name == "hierplan.plan_decided"]
-    problems = [p for e in decided for p in e.get("hierplan.problems", ())]
+    problems = [p for e in decided for p in cast(Sequence[str], e.get("hierplan.problems", ()))]
     assert len(problems) == 2 and all(isinstance(p, str) for p in problems)
     assert SECRET not in problems[0] and "[REDACTED]" in problems[0]
     assert len(problems[1]) == EVENT_TEXT_LIMIT
@@ -569,7 +569,7 @@ async def test_one_instrument_traces_concurrent_runs_apart() -> None:
     roots = [s for s in spans if s.parent is None]
     assert sorted(_attr(r, "hierplan.run_id") for r in roots) == ["first", "second"]
     for root in roots:
-        trace_spans = [s for s in spans if s.context.trace_id == root.context.trace_id]  # type: ignore[union-attr]
+        trace_spans = [s for s in spans if s.context.trace_id == root.context.trace_id]
         check_cost_invariants(results[_attr(root, "hierplan.run_id")], trace_spans)
 
 

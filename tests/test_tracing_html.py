@@ -299,6 +299,7 @@ def test_the_level_budget_column_shows_the_run_budget_figures_the_terminal_shows
     )
     page = render_html(result)
     table = page[page.index('id="levels"') : page.index("</table>", page.index('id="levels"'))]
+    assert result.budget is not None
     for row in result.budget["levels"]:
         spent = f"spent {row['spent_tokens']:,} tok"
         assert f"allocated {row['allocated_tokens']:,} tok, {spent}" in table

@@ -61,7 +61,7 @@ class Receiver:
         return out
 
     def metric_names(self) -> set[str]:
-        names = set()
+        names: set[str] = set()
         for body in self.bodies.get("/v1/metrics", []):
             request = ExportMetricsServiceRequest()
             request.ParseFromString(body)
