@@ -12,7 +12,7 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from functools import partial
 from pathlib import Path
 from types import MappingProxyType
@@ -30,7 +30,7 @@ from hierplan.batch.cli import register as register_batch_commands
 from hierplan.bench.cli import bench_command
 from hierplan.budgets.budget import MAX_BUDGET_TOKENS
 from hierplan.console import RunConsole
-from hierplan.dirlock import lock_directory
+from hierplan.dirlock import holding_run_directory
 from hierplan.errors import HierplanError, UserInputError
 from hierplan.goals import load_goal_file, settings_from_assignments
 from hierplan.hierarchy.context import STRATEGY_NAMES, RunSettings
@@ -203,28 +203,19 @@ def _fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
-RUN_LOCK = "run.lock"
-"""Held in a run directory by the one process running or resuming the run there."""
-
-
 @contextmanager
 def _holding(run_dir: Path, *, otherwise: str) -> Iterator[None]:
     """Hold ``run_dir``'s lock (:mod:`hierplan.dirlock`) for the body, or refuse: two processes
     writing one run directory would mix their records, checkpoints and scenario files.
-    ``otherwise`` says what the refused command can do instead of waiting."""
-    try:
-        lock = lock_directory(
-            run_dir,
-            RUN_LOCK,
-            what="the run directory",
-            wait=f"wait for it to end (or stop it){otherwise}",
-        )
-    except HierplanError as exc:
-        _fail(str(exc))
-    try:
+    ``otherwise`` says what the refused command can do instead of waiting. The run the body
+    starts there sees that it is held (and does not refuse itself); the body goes on writing
+    the directory (run.json) after the run returns, with the lock still held."""
+    with ExitStack() as held:
+        try:
+            held.enter_context(holding_run_directory(run_dir, otherwise=otherwise))
+        except HierplanError as exc:
+            _fail(str(exc))
         yield
-    finally:
-        lock.release()
 
 
 def _refuse_paused_run(run_dir: Path) -> None:

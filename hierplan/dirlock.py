@@ -10,11 +10,21 @@ included. A lock file a killed process leaves behind locks nothing.
 The holder deletes its lock file as it lets go, so that a finished run leaves its directory as
 it was; a process that opened the file just before it went checks, once it holds the lock, that
 the file it locked is still the one at that path, and opens the new one if not.
+
+:func:`holding` is re-entrant within one flow of control: the command line holds a run
+directory's lock while it calls :func:`hierplan.run` on that directory (and goes on writing
+there after it returns), and a run that takes the lock itself sees that its caller holds it.
+What a flow holds is a :class:`~contextvars.ContextVar`, so it reaches the event loop
+``anyio.run`` starts and the tasks started from the holder, but not a task or thread that was
+not: another run in the same process on that directory is refused, as another process is.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +39,10 @@ except ImportError as exc:  # pragma: no cover - Windows, which hierplan does no
         "hierplan needs a POSIX system (Linux, macOS): it locks its run and batch directories "
         "with fcntl.flock"
     ) from exc
+
+
+RUN_LOCK = "run.lock"
+"""Held in a run directory by the one process running or resuming the run there."""
 
 
 @dataclass(slots=True)
@@ -73,10 +87,12 @@ def lock_directory(folder: Path, name: str, *, what: str, wait: str) -> Director
         except OSError:
             holder = os.read(fd, 32).decode(errors="replace").strip()
             os.close(fd)
-            pid = f" (process {holder})" if holder else ""
+            if holder == str(os.getpid()):
+                who = f"another run in this process (process {holder})"
+            else:
+                who = "another hierplan process" + (f" (process {holder})" if holder else "")
             raise UserInputError(
-                f"{folder} is in use by another hierplan process{pid}, which holds its lock "
-                f"{name}: {wait}"
+                f"{folder} is in use by {who}, which holds its lock {name}: {wait}"
             ) from None
         if _same_file(fd, path):
             break
@@ -93,3 +109,39 @@ def _same_file(fd: int, path: Path) -> bool:
         return False
     mine = os.fstat(fd)
     return (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+_held: ContextVar[tuple[tuple[Path, DirectoryLock], ...]] = ContextVar("hierplan_held_locks")
+"""The locks this flow of control holds through :func:`holding`, by resolved lock file path."""
+
+
+@contextmanager
+def holding(folder: Path, name: str, *, what: str, wait: str) -> Iterator[None]:
+    """Hold the lock ``folder/name`` for the body (see :func:`lock_directory`), and let go of
+    it on any exit, an exception or a cancellation included. Within a body that holds it
+    already (an outer :func:`holding` of this flow), this holds nothing more and lets go of
+    nothing: the outer one still holds it."""
+    key = folder.resolve() / name
+    held = _held.get(())
+    if any(path == key and lock.fd is not None for path, lock in held):
+        yield
+        return
+    lock = lock_directory(folder, name, what=what, wait=wait)
+    token = _held.set((*held, (key, lock)))
+    try:
+        yield
+    finally:
+        _held.reset(token)
+        lock.release()
+
+
+def holding_run_directory(run_dir: Path, *, otherwise: str = "") -> AbstractContextManager[None]:
+    """:func:`holding` on ``run_dir``'s :data:`RUN_LOCK`; ``otherwise`` ends the refusal's
+    message, saying what to do instead of waiting (e.g. ``", or give this run another --out"``).
+    """
+    return holding(
+        run_dir,
+        RUN_LOCK,
+        what="the run directory",
+        wait=f"wait for it to end (or stop it){otherwise}",
+    )

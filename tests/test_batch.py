@@ -418,7 +418,8 @@ def test_a_batch_directory_is_run_by_one_process_at_a_time(tmp_path: Path) -> No
     running = open_journal(out, resume=True)  # as a batch still running holds it
     try:
         # A second process resuming it would run the same pending goals on the same budget.
-        busy = rf"out is in use by another hierplan process \(process {os.getpid()}\)"
+        # (Held here by this test's process, which the message says instead of "another".)
+        busy = rf"out is in use by another run in this process \(process {os.getpid()}\)"
         with pytest.raises(UserInputError, match=busy):
             anyio.run(run_batch, config(goals, out, 1.0, 2, resume=True))
     finally:

@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
+import contextvars
 import os
 import signal
 import subprocess
 import sys
+import threading
+from contextlib import AbstractContextManager
 from pathlib import Path
 
+import anyio
 import pytest
 from typer.testing import CliRunner
 
 from hierplan import dirlock
-from hierplan.cli import RUN_LOCK, app
-from hierplan.dirlock import lock_directory
+from hierplan.cli import app
+from hierplan.dirlock import RUN_LOCK, lock_directory
 from hierplan.errors import UserInputError
 
 HOLD = """
 import sys
 from pathlib import Path
-from hierplan.dirlock import lock_directory
+from hierplan.dirlock import RUN_LOCK, lock_directory
 lock_directory(Path(sys.argv[1]), "run.lock", what="the run directory", wait="wait")
 print("held", flush=True)
 sys.stdin.read()
@@ -97,3 +101,48 @@ def test_a_directory_that_cannot_be_locked_says_why(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     with pytest.raises(UserInputError, match="is a file, not a directory"):
         take(tmp_path / "file" / "run")
+
+
+def hold(folder: Path) -> AbstractContextManager[None]:
+    return dirlock.holding(folder, RUN_LOCK, what="the run directory", wait="wait for it")
+
+
+def test_holding_is_re_entered_in_its_own_flow_only(tmp_path: Path) -> None:
+    async def in_an_event_loop() -> None:
+        with hold(tmp_path):  # the flow's lock reaches the loop anyio.run starts
+            pass
+
+    refused: list[BaseException] = []
+
+    def elsewhere() -> None:
+        try:
+            with hold(tmp_path):
+                pass
+        except UserInputError as exc:
+            refused.append(exc)
+
+    with hold(tmp_path):
+        with hold(tmp_path):
+            pass
+        assert (tmp_path / RUN_LOCK).read_text() == str(os.getpid())  # still held
+        anyio.run(in_an_event_loop)
+        assert (tmp_path / RUN_LOCK).exists()
+        # A thread does not start in this flow: it is refused, as another process would be.
+        thread = threading.Thread(target=elsewhere)
+        thread.start()
+        thread.join()
+        assert [str(e) for e in refused] == [
+            f"{tmp_path} is in use by another run in this process (process {os.getpid()}), "
+            "which holds its lock run.lock: wait for it"
+        ]
+        later = contextvars.copy_context()
+    assert not (tmp_path / RUN_LOCK).exists()
+    # A flow that outlives the holding (a task started under it, still running) takes the
+    # lock again rather than count on one that was let go of.
+    again = hold(tmp_path)
+    later.run(again.__enter__)
+    assert (tmp_path / RUN_LOCK).exists()
+    with pytest.raises(UserInputError, match="another run in this process"):
+        take(tmp_path)
+    later.run(again.__exit__, None, None, None)
+    assert not (tmp_path / RUN_LOCK).exists()

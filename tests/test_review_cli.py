@@ -19,8 +19,8 @@ import hierplan as hierplan_api
 from hierplan.agents.models.base import ModelRequest, ModelResponse
 from hierplan.agents.models.scripted import FunctionModel
 from hierplan.agents.prompts import parse_plan_prompt
-from hierplan.cli import RUN_LOCK, app
-from hierplan.dirlock import lock_directory
+from hierplan.cli import app
+from hierplan.dirlock import RUN_LOCK, lock_directory
 from hierplan.hierarchy.pause import CHECKPOINT_FILE, PENDING_DIR, RESUMING_FILE
 from hierplan.review import PauseForReview
 
@@ -249,7 +249,8 @@ def test_a_run_directory_is_written_by_one_process_at_a_time(paused: Path) -> No
     before = (paused / CHECKPOINT_FILE).read_text()
     held = lock_directory(paused, RUN_LOCK, what="the run directory", wait="wait")
     try:
-        busy = f"{paused} is in use by another hierplan process (process {os.getpid()})"
+        # Held by this (test) process: the message says so rather than "another process".
+        busy = f"{paused} is in use by another run in this process (process {os.getpid()})"
         code, out = hierplan("resume", paused, "--approve")
         assert code == 2 and busy in " ".join(out.split()), out
         code, out = start(paused)  # a new run there would clear the checkpoint
