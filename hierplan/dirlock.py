@@ -1,7 +1,8 @@
 """An exclusive lock on a directory that one hierplan process writes at a time.
 
 ``hierplan run -o DIR``, ``demo``, ``resume DIR`` and ``batch --out DIR`` each hold their
-directory's lock for as long as they run: two processes writing one directory would interleave
+directory's lock for as long as they run, and so do :func:`hierplan.run` with a
+``checkpoint_dir`` and :func:`hierplan.resume`: two writers of one directory would interleave
 or overwrite its records (and a batch would spend what is left of its budget twice). The lock
 is ``flock`` on a file in the directory: taken without waiting (the second process is refused
 at once), and released by the kernel when the process ends however it ends, a ``SIGKILL``

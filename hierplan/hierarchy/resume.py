@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 from pydantic import ValidationError
 
+from hierplan.dirlock import holding_run_directory
 from hierplan.errors import UserInputError, first_problem
 from hierplan.hierarchy.context import RunSettings
 from hierplan.hierarchy.gate import Decision, Edit
@@ -147,36 +148,43 @@ async def resume(
     from the checkpoint. As in :func:`hierplan.run`, plans are approved automatically unless
     an ``approver`` is given: pass the same approver to keep reviewing later plans.
 
+    The resume holds ``run_dir``'s lock (``run.lock``, see :mod:`hierplan.dirlock`) from before
+    it reads the checkpoint until it returns: while another run or resume holds it (in this
+    process or another, ``hierplan resume`` included) this raises
+    :class:`~hierplan.errors.UserInputError` at once and changes nothing.
+
     >>> result = await hierplan.resume(Path("runs/mig"), Approve(by="alice"))  # doctest: +SKIP
     """
-    checkpoint = load_checkpoint(run_dir)
-    restore = checkpoint.restore(decisions_for(checkpoint, decision, node))
-    check_edit_goals(restore.record.tree, restore.decisions)
-    if version is not None:
-        _check_version(restore.record.tree, node, version)
-    kwargs = run_arguments(checkpoint, overrides, run_dir)
-    kwargs.setdefault("checkpoint_extra", checkpoint.extra)
-    kwargs.pop("checkpoint_dir", None)  # a resumed run saves its next pause where it was
-    saved = run_dir / CHECKPOINT_FILE
-    resuming = run_dir / RESUMING_FILE
-    try:
-        # The rename is what claims the checkpoint: of two resumes started together, one wins.
-        saved.replace(resuming)
-    except FileNotFoundError:
-        raise UserInputError(
-            f"another resume of {run_dir} started at the same time and took its checkpoint "
-            "first; this one changed nothing"
-        ) from None
-    try:
-        result = await run(checkpoint_dir=run_dir, restore=restore, **kwargs)
-    except UserInputError:
-        # Raised before anything ran (bad decision, missing tools): the checkpoint stays valid.
-        resuming.replace(saved)
-        raise
-    resuming.unlink()
-    if result.status != "paused":
-        clear_checkpoint(run_dir)
-    return result
+    # Held before the checkpoint is read: a run or resume writing the directory may replace it.
+    with holding_run_directory(run_dir):
+        checkpoint = load_checkpoint(run_dir)
+        restore = checkpoint.restore(decisions_for(checkpoint, decision, node))
+        check_edit_goals(restore.record.tree, restore.decisions)
+        if version is not None:
+            _check_version(restore.record.tree, node, version)
+        kwargs = run_arguments(checkpoint, overrides, run_dir)
+        kwargs.setdefault("checkpoint_extra", checkpoint.extra)
+        kwargs.pop("checkpoint_dir", None)  # a resumed run saves its next pause where it was
+        saved = run_dir / CHECKPOINT_FILE
+        resuming = run_dir / RESUMING_FILE
+        try:
+            # The rename is what claims the checkpoint: of two resumes started together, one wins.
+            saved.replace(resuming)
+        except FileNotFoundError:
+            raise UserInputError(
+                f"another resume of {run_dir} started at the same time and took its checkpoint "
+                "first; this one changed nothing"
+            ) from None
+        try:
+            result = await run(checkpoint_dir=run_dir, restore=restore, **kwargs)
+        except UserInputError:
+            # Raised before anything ran (bad decision, missing tools): the checkpoint stays valid.
+            resuming.replace(saved)
+            raise
+        resuming.unlink()
+        if result.status != "paused":
+            clear_checkpoint(run_dir)
+        return result
 
 
 def resume_sync(run_dir: Path, decision: Decision | None = None, **kwargs: Any) -> RunResult:

@@ -11,7 +11,7 @@ import re
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from contextlib import AsyncExitStack
+from contextlib import AbstractContextManager, AsyncExitStack, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -32,6 +32,7 @@ from hierplan.budgets.instrument import (
     with_price,
 )
 from hierplan.budgets.pricing import PriceTable
+from hierplan.dirlock import holding_run_directory
 from hierplan.errors import ModelAuthError, StepFailed, UserInputError
 from hierplan.hierarchy.context import (
     Instrument,
@@ -198,6 +199,12 @@ async def run(
     :func:`hierplan.resume` (``checkpoint_extra`` is kept with it). ``restore`` is how
     :func:`hierplan.resume` continues a paused run.
 
+    With ``checkpoint_dir`` the run holds that directory's lock (``run.lock``, see
+    :mod:`hierplan.dirlock`) until it returns: a run or resume there meanwhile, in this process
+    or another (``hierplan run``, ``demo``, ``resume``), raises
+    :class:`~hierplan.errors.UserInputError` at once, naming the process that holds it. A caller
+    holding the lock itself (:func:`hierplan.dirlock.holding_run_directory`) may run there.
+
     ``budget_usd`` and ``budget_tokens`` cap the whole run (see :mod:`hierplan.budgets`);
     ``allocation`` (``equal``, ``weighted``, ``on-demand``) splits a planner's budget among its
     plan's steps; ``price_in``/``price_out`` (USD per million tokens) price the run's models.
@@ -224,58 +231,70 @@ async def run(
     )
     if restore is None:  # a checkpoint saves the scenario's own goal beside the scenario
         _refuse_own_goal_for_simulated_scenario(goal, scenario, model, oracle)
-    try:
-        # Provider models first: a missing API key fails before the scenario is set up.
-        models.open_providers(model, executor_model)
-        rid = restore.record.run_id if restore else run_id or uuid.uuid4().hex[:12]
-        prepared = await _prepare(
-            goal,
-            scenario,
-            tools,
-            oracle,
-            workdir,
-            run_settings.seed,
-            rid,
-            reopen=restore is not None,
-        )
-        ctx = _run_context(
-            models.get(model, prepared.oracle),
-            None if executor_model is None else models.get(executor_model, prepared.oracle),
-            prepared,
-            rid,
-            run_settings,
-            pricing,
-            instruments,
-            listeners,
-            gate or Gate(approver),
-            restore,
-        )
-        if restore is not None:
-            policy = getattr(chosen, "policy", None)
-            check_decisions(ctx, restore, flat=bool(policy is not None and policy.flat))
-        elif checkpoint_dir is not None:
-            clear_checkpoint(checkpoint_dir)  # a new run in the same directory
-        result = await _execute(ctx, chosen, prepared)
-    finally:
-        await models.aclose()
-    for instrument in ctx.instruments:
-        if isinstance(instrument, BudgetInstrument):
-            result.budget = instrument.summary(result.tree)
-            break
-    if result.status == "paused":
-        invocation = {
-            "goal": prepared.goal,
-            "scenario": prepared.scenario,
-            "model": model if isinstance(model, str) else None,
-            "executor_model": executor_model if isinstance(executor_model, str) else None,
-            "executor_model_object": not isinstance(executor_model, str | None),
-            "sim_profile": sim_profile,
-            "sim_latency_scale": sim_latency_scale,
-            "model_options": _saved_options(model_options),
-            "budget": budget_options,
-        }
-        _save_paused(ctx, prepared, result, checkpoint_dir, invocation, checkpoint_extra)
-    return result
+    with _holding(checkpoint_dir):
+        try:
+            # Provider models first: a missing API key fails before the scenario is set up.
+            models.open_providers(model, executor_model)
+            rid = restore.record.run_id if restore else run_id or uuid.uuid4().hex[:12]
+            prepared = await _prepare(
+                goal,
+                scenario,
+                tools,
+                oracle,
+                workdir,
+                run_settings.seed,
+                rid,
+                reopen=restore is not None,
+            )
+            ctx = _run_context(
+                models.get(model, prepared.oracle),
+                None if executor_model is None else models.get(executor_model, prepared.oracle),
+                prepared,
+                rid,
+                run_settings,
+                pricing,
+                instruments,
+                listeners,
+                gate or Gate(approver),
+                restore,
+            )
+            if restore is not None:
+                policy = getattr(chosen, "policy", None)
+                check_decisions(ctx, restore, flat=bool(policy is not None and policy.flat))
+            elif checkpoint_dir is not None:
+                clear_checkpoint(checkpoint_dir)  # a new run in the same directory
+            result = await _execute(ctx, chosen, prepared)
+        finally:
+            await models.aclose()
+        for instrument in ctx.instruments:
+            if isinstance(instrument, BudgetInstrument):
+                result.budget = instrument.summary(result.tree)
+                break
+        if result.status == "paused":
+            invocation = {
+                "goal": prepared.goal,
+                "scenario": prepared.scenario,
+                "model": model if isinstance(model, str) else None,
+                "executor_model": executor_model if isinstance(executor_model, str) else None,
+                "executor_model_object": not isinstance(executor_model, str | None),
+                "sim_profile": sim_profile,
+                "sim_latency_scale": sim_latency_scale,
+                "model_options": _saved_options(model_options),
+                "budget": budget_options,
+            }
+            _save_paused(ctx, prepared, result, checkpoint_dir, invocation, checkpoint_extra)
+        return result
+
+
+def _holding(checkpoint_dir: Path | None) -> AbstractContextManager[None]:
+    """Hold the run directory's lock (:mod:`hierplan.dirlock`) while the run sets up its files
+    there, runs and saves its checkpoint, unless the caller holds it already (the command line
+    does, and writes run.json there after); without a ``checkpoint_dir`` there is none."""
+    if checkpoint_dir is None:
+        return nullcontext()
+    return holding_run_directory(
+        checkpoint_dir, otherwise=", or give this run another checkpoint_dir"
+    )
 
 
 def _with_budget(
