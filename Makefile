@@ -23,7 +23,7 @@ $(DEV_STAMP): pyproject.toml | $(BIN)/python
 demo: $(STAMP)
 	$(BIN)/hierplan demo
 
-## test: ruff, mypy --strict on the package and its tests, and pytest (creates .venv if missing)
+## test: ruff, mypy --strict (package, tests, benchmarks, examples), and pytest (creates .venv if missing)
 test: lint typecheck pytest
 
 lint: $(DEV_STAMP)

@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     pairs = run(ledger_pairs, args.pairs)
     calls = run(wrapper_calls, args.calls, args.repeats)
     leaves = run(whole_run, args.leaves, args.repeats)
-    figures = {
+    figures: dict[str, Any] = {
         "machine": machine(),
         "reserve_settle_pairs_per_s": pairs,
         "call_model_us": {k: v * 1e6 for k, v in calls.items()},

@@ -154,7 +154,7 @@ class GcTimer:
 @contextlib.contextmanager
 def _no_explicit_collect() -> Iterator[None]:
     collect = gc.collect
-    gc.collect = lambda *args: 0  # type: ignore[assignment]
+    gc.collect = lambda *args: 0
     try:
         yield
     finally:
@@ -176,7 +176,7 @@ def gc_stats(sizes: list[int], budget: bool) -> list[dict[str, Any]]:
             timer = GcTimer()
             cpu, _ = timer.run(side, *args)
             per_gen = [sum(timer.passes[g]) / n * 1e6 for g in (0, 1, 2)]
-            row = {"n": n, "side": name, "cpu_us": cpu * 1e6, "gc_us": sum(per_gen),
+            row: dict[str, Any] = {"n": n, "side": name, "cpu_us": cpu * 1e6, "gc_us": sum(per_gen),
                    "gen_us": per_gen, "passes": [len(timer.passes[g]) for g in (0, 1, 2)],
                    "full_passes": len(timer.passes[2])}  # fmt: skip
             rows.append(row)

@@ -100,7 +100,7 @@ def requests() -> dict[str, ModelRequest]:
         Message("assistant", "", (first,)),
         Message("tool", '{"table": "orders", "rows": 40000}', tool_call_id="call_1"),
     )
-    plan_prompt = PlanPrompt(goal=PLAN["goal"], depth=2, max_depth=3, max_steps=50)
+    plan_prompt = PlanPrompt(goal=str(PLAN["goal"]), depth=2, max_depth=3, max_steps=50)
     return {
         "executor turn": ModelRequest(turn, tools=TOOLS, max_tokens=1024),
         "planning call": ModelRequest(
@@ -192,18 +192,18 @@ async def overhead(url: str, calls: int) -> list[dict[str, Any]]:
                         times.wall[arm].append(wall)
                         times.cpu[arm].append(cpu)
             own = await own_work(provider, model, client, params, request)
-            wall = {arm: statistics.median(v) for arm, v in times.wall.items()}
-            cpu = {arm: statistics.mean(v) for arm, v in times.cpu.items()}
+            mid = {arm: statistics.median(v) for arm, v in times.wall.items()}
+            mean_cpu = {arm: statistics.mean(v) for arm, v in times.cpu.items()}
             rows.append(
                 {
                     "provider": provider,
                     "call": kind,
-                    "bare SDK ms (median)": round(wall["bare"] * 1000, 3),
-                    "adapter ms (median)": round(wall["adapter"] * 1000, 3),
-                    "wall ratio": round(wall["adapter"] / wall["bare"], 3),
-                    "client CPU ratio": round(cpu["adapter"] / cpu["bare"], 3),
+                    "bare SDK ms (median)": round(mid["bare"] * 1000, 3),
+                    "adapter ms (median)": round(mid["adapter"] * 1000, 3),
+                    "wall ratio": round(mid["adapter"] / mid["bare"], 3),
+                    "client CPU ratio": round(mean_cpu["adapter"] / mean_cpu["bare"], 3),
                     "client CPU us bare/adapter": (
-                        f"{cpu['bare'] * 1e6:.0f}/{cpu['adapter'] * 1e6:.0f}"
+                        f"{mean_cpu['bare'] * 1e6:.0f}/{mean_cpu['adapter'] * 1e6:.0f}"
                     ),
                     "adapter own work us": round(own * 1e6, 1),
                 }
@@ -345,7 +345,7 @@ async def fault_runs(runs: int, rate: float) -> list[dict[str, Any]]:
         done = [r for r in faulted if r["completed"]] or faulted
 
         def extra(key: str, rows: list[dict[str, Any]] = done, base: float = base) -> float:
-            return round(100 * (statistics.mean(r[key] for r in rows) / base - 1), 1)
+            return round(100 * (float(statistics.mean(r[key] for r in rows)) / base - 1), 1)
 
         rows.append(
             {

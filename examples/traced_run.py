@@ -18,7 +18,9 @@ from hierplan.tracing.setup import configure_tracing
 
 def main(targets: list[str]) -> int:
     out = Path("runs/traced")
-    with configure_tracing(targets or ["console"]) as tracing:
+    setup = configure_tracing(targets or ["console"])  # None only without any target
+    assert setup is not None
+    with setup as tracing:
         result = hierplan.run_sync(
             scenario="data_migration",
             sim_latency_scale=0,
