@@ -109,7 +109,7 @@ ProfileOpt = Annotated[
 LatencyOpt = Annotated[
     float, typer.Option("--sim-latency-scale", min=0.0, help="Scale simulated latency (0 = none).")
 ]
-TraceOpt = Annotated[list[str] | None, typer.Option("--trace", help=TRACE_HELP)]
+TraceOpt = Annotated[list[str] | None, typer.Option("--trace", metavar="TARGET", help=TRACE_HELP)]
 TraceContentOpt = Annotated[
     bool,
     typer.Option(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -163,6 +164,13 @@ def test_a_bad_option_is_one_line_that_points_to_help() -> None:
     assert hierplan("--version").stdout.startswith("hierplan ")
     assert "Usage:" in hierplan().stdout
     assert hierplan("view", "--help").returncode == 0
+
+
+def test_help_names_what_a_trace_option_takes_not_its_python_type() -> None:
+    for command in (["run"], ["resume"], ["batch"], ["worker"]):
+        shown = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "200"}).output
+        assert re.search(r"--trace\s+TARGET\b", shown), (command, shown)
+        assert "list[str]" not in shown, command
 
 
 def test_bad_input_exits_2_with_one_line_and_no_traceback(tmp_path: Path) -> None:

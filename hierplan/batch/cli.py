@@ -47,7 +47,7 @@ VisibilityOpt = Annotated[
         help="Seconds before a goal whose worker died is delivered again (> the longest goal).",
     ),
 ]
-TraceOpt = Annotated[list[str] | None, typer.Option("--trace", help=TRACE_HELP)]
+TraceOpt = Annotated[list[str] | None, typer.Option("--trace", metavar="TARGET", help=TRACE_HELP)]
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
