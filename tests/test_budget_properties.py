@@ -22,7 +22,7 @@ import anyio.lowlevel
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from ledger_factories import LEDGERS
+from ledger_factories import LEDGERS, RecordingBudget
 
 import hierplan
 from hierplan.agents.models.base import ModelRequest, ModelResponse, ToolCall, Usage
@@ -40,7 +40,6 @@ from hierplan.budgets.budget import (
     Share,
     usd_to_pico,
 )
-from hierplan.budgets.instrument import BudgetInstrument
 from hierplan.budgets.pricing import Price, PriceTable
 from hierplan.errors import ModelError
 from hierplan.hierarchy.context import RunSettings
@@ -349,7 +348,7 @@ def _check_run(
 ) -> None:
     planner, executor = _models(world)
     pricing = PriceTable({"test:model": Price(1.0, 4.0)})
-    instrument = BudgetInstrument(Budget(tokens, usd), allocation=allocation)
+    instrument = RecordingBudget(Budget(tokens, usd), allocation=allocation)
     settings_ = RunSettings(
         strategy="hierarchical",
         concurrency=concurrency,
@@ -390,7 +389,8 @@ def _check_run(
     assert result.answer_complete == (result.status == "succeeded")
     out = anyio.run(instrument.ledger.outstanding)
     assert (out.reservations, out.tokens, out.pico, out.accounts) == (0, 0, 0, 0)
-    root = instrument.root_balance
+    [run_budget] = instrument.runs
+    root = run_budget.root_balance
     assert root is not None and root.balanced
     assert tokens is None or root.spent_tokens <= tokens
     assert usd is None or root.spent_pico <= usd_to_pico(usd)

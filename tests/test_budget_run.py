@@ -10,9 +10,11 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import anyio
 import pytest
+from ledger_factories import RecordingBudget
 from rich.console import Console
 from typer.testing import CliRunner
 from wire import TEST_KEY, Reply, ScriptBackend, WireServer
@@ -189,8 +191,9 @@ async def test_usd_budget_counts_exactly_in_the_price_table_units() -> None:
     model = _priced(FunctionModel(respond))
     async with budgeted_node(model, Budget(usd=0.01)) as (node, instrument):
         await node.call_model(REQUEST)
-        assert instrument.root is not None
-        balance = await instrument.ledger.balance(instrument.root)
+        run_root = instrument.for_run(node.run).root
+        assert run_root is not None
+        balance = await instrument.ledger.balance(run_root)
     # $1/M input (cached at the same rate: no cached price), $4/M output
     assert balance.spent_pico == usd_to_pico((100 * 1.0 + 50 * 4.0) / 1e6)
     assert node.record.cost_usd == pytest.approx(balance.spent_pico / 1e12, rel=1e-12)
@@ -209,10 +212,11 @@ async def test_usd_budget_charges_cache_writes_at_their_own_rates() -> None:
     model = _priced(FunctionModel(respond))
     async with budgeted_node(model, Budget(usd=0.01)) as (node, instrument):
         node.run.pricing = PriceTable({"test:model": price})
-        instrument.check_prices(node.run.pricing, ["test:model"])
+        instrument.for_run(node.run).check_prices(node.run.pricing, ["test:model"])
         await node.call_model(REQUEST)
-        assert instrument.root is not None
-        balance = await instrument.ledger.balance(instrument.root)
+        run_root = instrument.for_run(node.run).root
+        assert run_root is not None
+        balance = await instrument.ledger.balance(run_root)
     expected = (300 * 1.0 + 100 * 0.1 + 400 * 1.25 + 200 * 2.0 + 50 * 4.0) / 1e6
     assert balance.spent_pico == usd_to_pico(expected)
     assert node.record.cost_usd == pytest.approx(expected, rel=1e-12)
@@ -464,8 +468,12 @@ async def test_a_call_cut_short_counts_at_its_reservation_in_the_budget_and_the_
             tg.cancel_scope.cancel()
         out = await instrument.ledger.outstanding()
         assert (out.reservations, out.tokens) == (0, 0)
-        assert instrument.root is not None
-        assert await instrument.ledger.available(instrument.root) == (10_000 - WORST, None)
+        run_root = instrument.for_run(node.run).root
+        assert run_root is not None
+        assert await instrument.ledger.available(run_root) == (
+            10_000 - WORST,
+            None,
+        )
     assert node.record.budget is not None
     assert node.record.budget["spent_tokens"] == WORST
     settled = [e for e in events if isinstance(e, BudgetSettled)]
@@ -587,8 +595,9 @@ async def test_a_node_cancelled_while_its_account_opens_gives_its_allocation_bac
     ledger = _ReplyLatencyLedger(slow)
     model = _priced(FunctionModel(lambda request: ModelResponse(text="ok")))
     async with budgeted_node(model, Budget(tokens=10_000), ledger=ledger) as (root, instrument):
-        assert instrument.root is not None
-        before = await ledger.available(instrument.root)
+        run_root = instrument.for_run(root.run).root
+        assert run_root is not None
+        before = await ledger.available(run_root)
         child = root.child(1, kind, "child", Step(id="s1", title="s", instruction="do it"))
         scope = instrument.node_scope(child)
         assert scope is not None
@@ -601,7 +610,7 @@ async def test_a_node_cancelled_while_its_account_opens_gives_its_allocation_bac
             tg.start_soon(node_life)
             await ledger.waiting.wait()  # the child's allocation is carved; the reply is due
             tg.cancel_scope.cancel()
-        assert await ledger.available(instrument.root) == before
+        assert await ledger.available(run_root) == before
         assert (await ledger.outstanding()).accounts == 1  # the root's only
 
 
@@ -1026,7 +1035,7 @@ async def test_cancelling_a_run_from_outside_releases_every_reservation() -> Non
         await anyio.sleep_forever()
         raise AssertionError("unreachable")
 
-    instrument = BudgetInstrument(Budget(tokens=1_000_000), allocation="on-demand")
+    instrument = RecordingBudget(Budget(tokens=1_000_000), allocation="on-demand")
     with anyio.move_on_after(5) as timeout:
         async with anyio.create_task_group() as tg:
 
@@ -1046,7 +1055,8 @@ async def test_cancelling_a_run_from_outside_releases_every_reservation() -> Non
     assert not timeout.cancelled_caught
     out = await instrument.ledger.outstanding()
     assert (out.reservations, out.tokens, out.accounts) == (0, 0, 0)
-    assert instrument.root_balance is not None and instrument.root_balance.balanced
+    [run_budget] = instrument.runs
+    assert run_budget.root_balance is not None and run_budget.root_balance.balanced
 
 
 # -- the demo, the record and the CLI ------------------------------------------------------
@@ -1338,3 +1348,103 @@ async def test_without_a_budget_impossible_usage_is_recorded_as_the_nearest_poss
     call = result.tree.children[0].calls[0]
     assert call.flags == ["invalid_usage"] and call.usage == Usage(10, 5, cached_input_tokens=10)
     assert call.cost_usd == pytest.approx((10 * 1.0 + 5 * 4.0) / 1e6)
+
+
+# -- one instrument, many runs ---------------------------------------------------------
+
+
+def _two_step_model(before_planning: anyio.Event | None = None) -> FunctionModel:
+    """A planner of two steps and an executor, every call using 100 in and 50 out; the
+    planning call waits for ``before_planning`` first, when given."""
+
+    async def respond(request: ModelRequest) -> ModelResponse:
+        if request.phase == "planning":
+            if before_planning is not None:
+                await before_planning.wait()
+            steps = [{"id": f"s{i}", "title": "s", "instruction": f"Step {i}"} for i in range(2)]
+            data = {"goal": "Root", "steps": steps}
+            return ModelResponse(text=json.dumps(data), output=data, usage=Usage(100, 50))
+        return ModelResponse(text="done", usage=Usage(100, 50))
+
+    return _priced(FunctionModel(respond))
+
+
+def _own_spend(result: RunResult, price: Price) -> tuple[int, float]:
+    """The tokens and USD of a run's own calls at ``price``."""
+    calls = [call for node in result.nodes() for call in node.calls]
+    assert calls
+    tokens = sum(call.usage.total_tokens for call in calls)
+    usd = sum(
+        call.usage.input_tokens * price.input_per_mtok / 1e6
+        + call.usage.output_tokens * price.output_per_mtok / 1e6
+        for call in calls
+    )
+    return tokens, usd
+
+
+async def test_one_instrument_keeps_concurrent_runs_apart() -> None:
+    # Run A plans only once run B has finished: B's prices must not leak into A's calls.
+    instrument = BudgetInstrument(Budget(tokens=1_000_000, usd=1.0))
+    cheap, dear = Price(1.0, 4.0), Price(2.0, 8.0)
+    b_done = anyio.Event()
+    results: dict[str, RunResult] = {}
+
+    async def run_a() -> None:
+        results["a"] = await hierplan.run(
+            "Root",
+            model=_two_step_model(b_done),
+            strategy="dag",
+            pricing=PriceTable({"test:model": cheap}),
+            instruments=[instrument],
+        )
+
+    async def run_b() -> None:
+        results["b"] = await hierplan.run(
+            "Root",
+            model=_two_step_model(),
+            strategy="dag",
+            pricing=PriceTable({"test:model": dear}),
+            instruments=[instrument],
+        )
+        b_done.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run_a)
+        tg.start_soon(run_b)
+    for name, price in (("a", cheap), ("b", dear)):
+        result = results[name]
+        assert result.status == "succeeded"
+        assert result.budget is not None
+        tokens, usd = _own_spend(result, price)
+        assert result.budget["spent"]["tokens"] == tokens
+        assert result.budget["spent"]["usd"] == pytest.approx(usd, rel=1e-9)
+        assert result.budget["limit"] == {"tokens": 1_000_000, "usd": 1.0}
+        root = result.tree.budget
+        assert root is not None and root["limit_tokens"] == 1_000_000
+    out = await instrument.ledger.outstanding()
+    assert (out.reservations, out.accounts) == (0, 0)
+
+
+async def test_one_instrument_serves_runs_one_after_another() -> None:
+    # The first run's model has no price (USD spend unknown); the second's has one.
+    instrument = RecordingBudget(Budget(tokens=100_000))
+    unpriced = _two_step_model()
+    unpriced.priced_as = "test:unpriced"
+    first = await hierplan.run(
+        "Root", model=unpriced, strategy="dag", pricing=PRICING, instruments=[instrument]
+    )
+    second = await hierplan.run(
+        "Root", model=_two_step_model(), strategy="dag", pricing=PRICING, instruments=[instrument]
+    )
+    assert first.budget is not None and second.budget is not None
+    assert first.budget["usd_tracked"] is False and first.budget["spent"]["usd"] is None
+    tokens, usd = _own_spend(second, Price(1.0, 4.0))
+    assert second.budget["usd_tracked"] is True
+    assert second.budget["spent"] == {"tokens": tokens, "usd": pytest.approx(usd), "pico": ANY}
+    assert first.budget["spent"]["tokens"] == _own_spend(first, Price(0, 0))[0]
+    assert first.budget["limit"] == second.budget["limit"] == {"tokens": 100_000, "usd": None}
+    first_run, second_run = instrument.runs
+    assert first_run is not second_run
+    assert first_run.root_balance is not None and second_run.root_balance is not None
+    assert first_run.root_balance.spent_tokens == first.budget["spent"]["tokens"]
+    assert second_run.root_balance.spent_tokens == tokens

@@ -36,7 +36,7 @@ from hierplan.hierarchy.events import (
 )
 
 if TYPE_CHECKING:
-    from hierplan.budgets.instrument import BudgetInstrument
+    from hierplan.budgets.instrument import RunBudget
 
 
 class _Counts:
@@ -66,7 +66,7 @@ class BudgetedModel:
         "simulated",
     )
 
-    def __init__(self, inner: Model, node: NodeContext, instrument: BudgetInstrument) -> None:
+    def __init__(self, inner: Model, node: NodeContext, instrument: RunBudget) -> None:
         self._inner = inner
         self._base = node.base_model  # inner may be another instrument's wrapper
         self._node = node

@@ -128,9 +128,13 @@ class BudgetInstrument(Instrument):
     (parts in proportion to the planner's per-step estimates), ``on-demand`` (children draw
     from the parent's pool, each capped at ``on_demand_fraction`` of what the parent had left
     when it started). ``min_output_fraction`` is the floor to which ``max_tokens`` may be
-    lowered to fit a call. ``parent`` funds the run's root account from an account of
-    ``ledger`` (a batch's global budget), instead of a fresh root. Use one instrument per run;
-    runs that share a budget share a ledger and a parent account.
+    lowered to fit a call. ``parent`` funds each run's root account from an account of
+    ``ledger`` (a batch's global budget), instead of a fresh root.
+
+    The instrument holds only this configuration: one instrument may serve many runs, at once
+    or one after another, and each run gets its own :class:`RunBudget` (its root account, its
+    spend, its prices) when it starts (:meth:`for_run`). Without ``parent`` each run gets the
+    whole budget; runs that should share one budget share a ledger and a parent account.
 
     >>> instrument = BudgetInstrument(Budget(tokens=50_000, usd=0.05), allocation="weighted")
     """
@@ -161,16 +165,83 @@ class BudgetInstrument(Instrument):
         self.on_demand_fraction = on_demand_fraction
         self.min_output_fraction = min_output_fraction
         self.parent = parent
-        self.pricing = PriceTable()
+        # Keys of this instrument's entries in a node's state (which is the run's own).
+        self.shares_key = object()
+        self.counts_key = object()
+
+    def check_prices(self, pricing: PriceTable, models: list[str]) -> None:
+        """Fail closed before a run: a USD budget needs a price for every model
+        (``priced_as``) of the run; raises :class:`UserInputError` naming the first without."""
+        if self.budget.usd is None:
+            return
+        for priced_as in models:
+            if pricing.lookup(priced_as) is None:
+                raise UserInputError(unknown_price_message(priced_as))
+
+    def for_run(self, run: RunContext) -> RunBudget:
+        """The budget state of ``run``: made the first time (as the run starts), the same
+        object after, and never shared with another run."""
+        found = run.state.get(self)
+        if isinstance(found, RunBudget):
+            return found
+        made = run.state[self] = RunBudget(self, run)
+        return made
+
+    def output_floor(self, max_tokens: int) -> int:
+        """The least ``max_tokens`` a call may be lowered to."""
+        return max(1, min(max_tokens, math.ceil(max_tokens * self.min_output_fraction)))
+
+    # -- the Instrument seam -------------------------------------------------------------
+
+    def run_scope(self, run: RunContext) -> AbstractAsyncContextManager[None] | None:
+        """Give the run its own budget state, and check prices before anything runs (a USD
+        budget fails closed on an unknown price)."""
+        budget = self.for_run(run)
+        budget.check_prices(
+            run.pricing, [run.planner_model.priced_as, run.executor_model.priced_as]
+        )
+        return None
+
+    def wrap_model(self, model: Model, node: NodeContext) -> Model:
+        """The node's model behind a reserve-then-settle wrapper."""
+        return BudgetedModel(model, node, self.for_run(node.run))
+
+    def node_scope(self, node: NodeContext) -> AbstractAsyncContextManager[None] | None:
+        """Open the node's account for its life (a step that only calls a tool needs none)."""
+        step = node.step
+        if node.parent is not None and step is not None and not uses_model(step):
+            return None
+        return _NodeBudget(self.for_run(node.run), node)
+
+    def account(self, node: NodeContext) -> Account:
+        """The account a node's calls are charged to: its own, else its nearest ancestor's."""
+        found: NodeContext | None = node
+        while found is not None:
+            account = found.state.get(self)
+            if isinstance(account, Account):
+                return account
+            found = found.parent
+        raise BudgetExceeded(f"node {node.path} has no budget account (the run has no root)")
+
+
+class RunBudget:
+    """One run's budget under a :class:`BudgetInstrument`: the prices of its models, its root
+    account and final balance, and what a paused run spent before it went on. Made by
+    :meth:`BudgetInstrument.for_run` when the run starts."""
+
+    def __init__(self, instrument: BudgetInstrument, run: RunContext) -> None:
+        self.instrument = instrument
+        self.ledger = instrument.ledger
+        self.counts_key = instrument.counts_key
+        self.pricing = run.pricing
         self.usd_tracked = True
         self.root: Account | None = None
         self.root_balance: Balance | None = None
-        # What a paused run spent before this instrument took over (see carry_over).
-        self.before_tokens = 0
-        self.before_pico = 0
         self._rates: dict[str, Rates] = {}
-        self._shares_key = object()
-        self.counts_key = object()
+        # A resumed run goes on with what the paused part left: both parts share the budget.
+        restore = run.pause.restore
+        spent = restore.record.budget.get("spent") if restore and restore.record.budget else None
+        self.before_tokens, self.before_pico = _spent_before(spent or {})
 
     # -- prices --------------------------------------------------------------------------
 
@@ -189,7 +260,7 @@ class BudgetInstrument(Instrument):
             return found
         price = self.pricing.lookup(priced_as)
         if price is None:
-            if self.budget.usd is not None:
+            if self.instrument.budget.usd is not None:
                 raise UserInputError(unknown_price_message(priced_as))
             # Without a USD budget an unpriced model only means USD spend is not known.
             self.usd_tracked = False
@@ -211,16 +282,10 @@ class BudgetInstrument(Instrument):
         self._rates[priced_as] = rates
         return rates
 
-    def carry_over(self, spent: dict[str, Any]) -> None:
-        """Continue a paused run: what it spent (``RunResult.budget["spent"]``) comes off the
-        budget, so that both parts together stay within it."""
-        self.before_tokens = int(spent.get("tokens") or 0)
-        pico, usd = spent.get("pico"), spent.get("usd")
-        self.before_pico = int(pico) if pico is not None else usd_to_pico(usd or 0.0)
-
     def root_grant(self) -> Fixed:
         """The root's allocation: the budget, less what a paused run spent before."""
-        tokens, pico = self.budget.tokens, self.budget.pico
+        budget = self.instrument.budget
+        tokens, pico = budget.tokens, budget.pico
         return Fixed(
             None if tokens is None else max(0, tokens - self.before_tokens),
             None if pico is None else max(0, pico - self.before_pico),
@@ -228,42 +293,19 @@ class BudgetInstrument(Instrument):
 
     def output_floor(self, max_tokens: int) -> int:
         """The least ``max_tokens`` a call may be lowered to."""
-        return max(1, min(max_tokens, math.ceil(max_tokens * self.min_output_fraction)))
-
-    # -- the Instrument seam -------------------------------------------------------------
-
-    def run_scope(self, run: RunContext) -> AbstractAsyncContextManager[None] | None:
-        """Check prices before anything runs (a USD budget fails closed on an unknown price)."""
-        self.check_prices(run.pricing, [run.planner_model.priced_as, run.executor_model.priced_as])
-        return None
-
-    def wrap_model(self, model: Model, node: NodeContext) -> Model:
-        """The node's model behind a reserve-then-settle wrapper."""
-        return BudgetedModel(model, node, self)
-
-    def node_scope(self, node: NodeContext) -> AbstractAsyncContextManager[None] | None:
-        """Open the node's account for its life (a step that only calls a tool needs none)."""
-        step = node.step
-        if node.parent is not None and step is not None and not uses_model(step):
-            return None
-        return _NodeBudget(self, node)
+        return self.instrument.output_floor(max_tokens)
 
     # -- accounts ------------------------------------------------------------------------
 
     def account(self, node: NodeContext) -> Account:
         """The account a node's calls are charged to: its own, else its nearest ancestor's."""
-        found: NodeContext | None = node
-        while found is not None:
-            account = found.state.get(self)
-            if isinstance(account, Account):
-                return account
-            found = found.parent
-        raise BudgetExceeded(f"node {node.path} has no budget account (the run has no root)")
+        return self.instrument.account(node)
 
     def grant(self, node: NodeContext) -> Grant:
         """How a (non-root) node's account is funded from its parent's."""
-        if self.allocation == "on-demand":
-            return Draw(self.on_demand_fraction)
+        instrument = self.instrument
+        if instrument.allocation == "on-demand":
+            return Draw(instrument.on_demand_fraction)
         assert node.parent is not None
         fraction = self._share(node.parent, node)
         return Share(fraction, fraction)
@@ -277,11 +319,11 @@ class BudgetInstrument(Instrument):
         step = child.step
         if step is None or not versions:
             return 1.0
-        shares: _Shares | None = parent.state.get(self._shares_key)
+        shares: _Shares | None = parent.state.get(self.instrument.shares_key)
         if shares is None or shares.version != len(versions):
             plan = _running_plan(versions)
             shares = _Shares(len(versions), self._unstarted(parent, plan, child))
-            parent.state[self._shares_key] = shares
+            parent.state[self.instrument.shares_key] = shares
         weight = shares.weights.pop(step.id, None)
         if weight is None:  # not a step of the current plan: an even part of what is left
             return 1.0 / (1 + len(shares.weights))
@@ -294,7 +336,7 @@ class BudgetInstrument(Instrument):
     def _unstarted(self, parent: NodeContext, plan: Plan, child: NodeContext) -> dict[str, float]:
         latest = {c.step_id: c for c in parent.record.children if c.step_id is not None}
         out: dict[str, float] = {}
-        for step_id, weight in step_weights(plan, self.allocation).items():
+        for step_id, weight in step_weights(plan, self.instrument.allocation).items():
             record = latest.get(step_id)
             if record is None or record.status == "pending" or record is child.record:
                 out[step_id] = weight
@@ -315,7 +357,7 @@ class BudgetInstrument(Instrument):
         counts = node.state.get(self.counts_key)
         usd = self.usd_tracked
         return {
-            "policy": self.allocation,
+            "policy": self.instrument.allocation,
             "grant": balance.grant,
             "limit_tokens": balance.limit_tokens,
             "allocated_tokens": balance.allocated_tokens,
@@ -374,12 +416,12 @@ class BudgetInstrument(Instrument):
             p: {"tokens": phase_tokens[p], "usd": phase_usd[p] if usd else None}
             for p in phase_tokens
         }
-        root = self.root_balance
+        root, budget = self.root_balance, self.instrument.budget
         spent_t = (root.spent_tokens if root else 0) + self.before_tokens
         spent_p = (root.spent_pico if root else 0) + self.before_pico
         return {
-            "policy": self.allocation,
-            "limit": {"tokens": self.budget.tokens, "usd": self.budget.usd},
+            "policy": self.instrument.allocation,
+            "limit": {"tokens": budget.tokens, "usd": budget.usd},
             # ``pico``: the exact figure, which a resumed run carries over.
             "spent": {
                 "tokens": spent_t,
@@ -393,8 +435,8 @@ class BudgetInstrument(Instrument):
             "refused_calls": refused,
             "lowered_calls": lowered,
             "overrun": {"tokens": over_t, "usd": over_usd if usd else None},
-            "on_demand_fraction": self.on_demand_fraction,
-            "min_output_fraction": self.min_output_fraction,
+            "on_demand_fraction": self.instrument.on_demand_fraction,
+            "min_output_fraction": self.instrument.min_output_fraction,
         }
 
 
@@ -437,6 +479,12 @@ def _continued(prior: dict[str, Any] | None, now: dict[str, Any]) -> dict[str, A
     return merged
 
 
+def _spent_before(spent: dict[str, Any]) -> tuple[int, int]:
+    """Tokens and pico-dollars a paused run spent (``RunResult.budget["spent"]``)."""
+    pico, usd = spent.get("pico"), spent.get("usd")
+    return int(spent.get("tokens") or 0), int(pico) if pico is not None else usd_to_pico(usd or 0.0)
+
+
 def _running_plan(versions: list[PlanVersion]) -> Plan:
     """The plan a planner runs: its latest approved version. Versions after it were not run:
     edits the validators refused (recorded after the plan they were tried on), or proposals
@@ -476,10 +524,10 @@ class _Shares:
 class _NodeBudget(AbstractAsyncContextManager[None]):
     """Opens a node's account when the node starts; closes it (and records it) at the end."""
 
-    __slots__ = ("account", "instrument", "node", "prior")
+    __slots__ = ("account", "node", "prior", "run_budget")
 
-    def __init__(self, instrument: BudgetInstrument, node: NodeContext) -> None:
-        self.instrument = instrument
+    def __init__(self, run_budget: RunBudget, node: NodeContext) -> None:
+        self.run_budget = run_budget
         self.node = node
         self.account: Account | None = None
         # A node that goes on after a pause: what its account showed when the run paused
@@ -487,7 +535,7 @@ class _NodeBudget(AbstractAsyncContextManager[None]):
         self.prior = node.record.budget if node.run.pause.restore is not None else None
 
     async def __aenter__(self) -> None:
-        ledger = self.instrument.ledger
+        ledger = self.run_budget.ledger
         if type(ledger) is LocalLedger:
             # No await: nothing can come between carving the allocation and registering it.
             opened = ledger.open_now(*self._funding())
@@ -509,22 +557,22 @@ class _NodeBudget(AbstractAsyncContextManager[None]):
             self._opened(account, balance)
 
     def _funding(self) -> tuple[str, Account | None, Grant]:
-        instrument = self.instrument
+        budget = self.run_budget
         node = self.node
         if node.parent is None:
-            return node.path, instrument.parent, instrument.root_grant()
-        return node.path, instrument.account(node.parent), instrument.grant(node)
+            return node.path, budget.instrument.parent, budget.root_grant()
+        return node.path, budget.account(node.parent), budget.grant(node)
 
     def _opened(self, account: Account, balance: Balance | None) -> None:
         """Register the open account; a planner sees its budget while it plans (the gate too)."""
-        instrument = self.instrument
+        budget = self.run_budget
         node = self.node
         self.account = account
-        node.state[instrument] = account
+        node.state[budget.instrument] = account
         if node.parent is None:
-            instrument.root = account
+            budget.root = account
         if balance is not None:
-            node.record.budget = _continued(self.prior, instrument.record(balance, node))
+            node.record.budget = _continued(self.prior, budget.record(balance, node))
 
     async def __aexit__(
         self,
@@ -535,12 +583,12 @@ class _NodeBudget(AbstractAsyncContextManager[None]):
         account = self.account
         if account is None:
             return
-        instrument = self.instrument
-        ledger = instrument.ledger
+        budget = self.run_budget
+        ledger = budget.ledger
         if type(ledger) is LocalLedger:
             balance = ledger.close_now(account)
         else:
             balance = await ledger.close(account)
-        self.node.record.budget = _continued(self.prior, instrument.record(balance, self.node))
+        self.node.record.budget = _continued(self.prior, budget.record(balance, self.node))
         if self.node.parent is None:
-            instrument.root_balance = balance
+            budget.root_balance = balance

@@ -186,6 +186,9 @@ class RunContext:
         # The run's workflow span when a tracing instrument recorded it: a checkpoint keeps it,
         # so that the trace of the resumed run can link to this one.
         self.workflow_span: SpanIds | None = None
+        # What each instrument keeps for this run alone (keyed by the instrument), so that
+        # one instrument can serve many runs without mixing them.
+        self.state: dict[object, Any] = {}
 
     def cancel(self) -> bool:
         """Stop the run from outside: every node task is cancelled, the record says cancelled.

@@ -221,7 +221,7 @@ async def run(
         "price_out": price_out,
     }
     pricing, instruments = _with_budget(
-        model, executor_model, model_options, pricing, budget_options, restore, instruments
+        model, executor_model, model_options, pricing, budget_options, instruments
     )
     models = _Models(
         profile=sim_profile,
@@ -268,7 +268,7 @@ async def run(
             await models.aclose()
         for instrument in ctx.instruments:
             if isinstance(instrument, BudgetInstrument):
-                result.budget = instrument.summary(result.tree)
+                result.budget = instrument.for_run(ctx).summary(result.tree)
                 break
         if result.status == "paused":
             invocation = {
@@ -303,7 +303,6 @@ def _with_budget(
     model_options: dict[str, Any] | None,
     pricing: PriceTable | None,
     budget: dict[str, Any],
-    restore: Restore | None,
     instruments: Sequence[Instrument],
 ) -> tuple[PriceTable, Sequence[Instrument]]:
     """The run's price table (with ``price_in``/``price_out``) and its instruments, with a
@@ -335,8 +334,6 @@ def _with_budget(
         )
     if budgeting is None:
         return pricing, instruments
-    if restore is not None and restore.record.budget is not None:
-        budgeting.carry_over(restore.record.budget["spent"])  # both parts share the budget
     return pricing, [*instruments, budgeting]
 
 
