@@ -172,9 +172,12 @@ async def test_max_tokens_is_lowered_to_fit_and_a_call_below_the_floor_is_not_ma
         await node.call_model(REQUEST)  # input + 60 left: max_tokens lowered to 60
         assert seen == [100, 60]
         # 50 left: not even the input plus the floor (a quarter of 100) fits
-        with pytest.raises(BudgetExceeded, match="the call was not made"):
+        with pytest.raises(BudgetExceeded, match="the call was not made") as refused:
             await node.call_model(REQUEST)
         assert model.calls == 2
+    # What to change, named for the command line and for the library both.
+    assert "--budget-tokens / --budget-usd" in str(refused.value)
+    assert "budget_tokens= / budget_usd= in the library" in str(refused.value)
     assert node.record.budget is not None
     assert node.record.budget["lowered"] == 1 and node.record.budget["refused"] == 1
     assert node.record.budget["spent_tokens"] == 2 * (input_tokens + 10)
@@ -1136,6 +1139,8 @@ def test_cli_run_with_a_budget_and_view(tmp_path: Path) -> None:
         (["--budget-usd", "0.01", "--model", "sim:unpriced-model"], "no price is known"),
         (["--budget-usd", "0.01", "--allocation", "greedy"], "unknown allocation"),
         (["--budget-usd", "0.01", "--price-in", "1"], "give both --price-in"),
+        (["--budget-usd", "1e300"], "--budget-usd (budget_usd= in the library): a USD budget"),
+        (["--budget-usd", "1", "--model", "sim:unpriced-model"], "tokens only (--budget-tokens"),
     ],
 )
 def test_cli_refuses_bad_budget_options_before_running(
@@ -1448,3 +1453,21 @@ async def test_one_instrument_serves_runs_one_after_another() -> None:
     assert first_run.root_balance is not None and second_run.root_balance is not None
     assert first_run.root_balance.spent_tokens == first.budget["spent"]["tokens"]
     assert second_run.root_balance.spent_tokens == tokens
+
+
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        ({"budget_usd": float("nan")}, "--budget-usd (budget_usd= in the library): a USD budget"),
+        ({"budget_usd": -1.0}, "--budget-usd (budget_usd= in the library): a USD budget"),
+        ({"budget_tokens": -5}, "--budget-tokens (budget_tokens= in the library): a token budget"),
+        ({"budget_tokens": 1.5}, "--budget-tokens (budget_tokens= in the library): a token"),
+    ],
+)
+async def test_a_bad_run_budget_names_the_option_that_set_it(
+    given: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(UserInputError) as refused:
+        await hierplan.run("Root", model=_two_step_model(), pricing=PRICING, **given)
+    assert named in str(refused.value)
+    assert "must be" in str(refused.value)

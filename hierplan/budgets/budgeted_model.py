@@ -35,6 +35,9 @@ from hierplan.hierarchy.events import (
     BudgetSettled,
 )
 
+# Where a user sets a run's budget, named in the message of a call the budget refused.
+BUDGET_OPTIONS = "--budget-tokens / --budget-usd (budget_tokens= / budget_usd= in the library)"
+
 if TYPE_CHECKING:
     from hierplan.budgets.instrument import RunBudget
 
@@ -270,7 +273,7 @@ class BudgetedModel:
             f"node {self._node.path} is out of budget: its {request.phase} call needs at least "
             f"{self._amount(need_t, need_p)} (max_tokens lowered to {floor:,}) but "
             f"{self._amount(avail_t, avail_p)} remain; the call was not made (give the run a "
-            "larger budget, --budget-tokens / --budget-usd, or this node a larger share)"
+            f"larger budget with {BUDGET_OPTIONS}, or this node a larger share)"
         )
 
     def _counts(self) -> _Counts:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from contextlib import AbstractAsyncContextManager
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import Any
 
 import anyio
@@ -65,8 +65,29 @@ def unknown_price_message(priced_as: str) -> str:
     return (
         f"no price is known for model {priced_as!r}, so a USD budget cannot be enforced: give "
         "its price with --price-in/--price-out (USD per million tokens; price_in=/price_out= "
-        "in the library), or budget in tokens only (--budget-tokens)"
+        "in the library), or budget in tokens only (--budget-tokens; budget_tokens= in the "
+        "library)"
     )
+
+
+# Where a user sets each part of a run's budget, named in the messages about a bad value.
+_BUDGET_OPTION = MappingProxyType(
+    {
+        "tokens": "--budget-tokens (budget_tokens= in the library)",
+        "usd": "--budget-usd (budget_usd= in the library)",
+    }
+)
+
+
+def run_budget(tokens: int | None, usd: float | None) -> Budget:
+    """The :class:`Budget` of ``run(budget_tokens=..., budget_usd=...)``; a bad value raises
+    :class:`UserInputError` naming the option that set it."""
+    for key, given in (("tokens", {"tokens": tokens}), ("usd", {"usd": usd})):
+        try:
+            Budget(**given)
+        except UserInputError as exc:
+            raise UserInputError(f"{_BUDGET_OPTION[key]}: {exc}") from None
+    return Budget(tokens, usd)
 
 
 def priced_as_of(spec: str | Model, priced_as: str | None = None) -> str:
@@ -115,7 +136,7 @@ def prepare_budget(
         )
     if budget_usd is None and budget_tokens is None:
         return None
-    instrument = BudgetInstrument(Budget(budget_tokens, budget_usd), allocation=allocation)
+    instrument = BudgetInstrument(run_budget(budget_tokens, budget_usd), allocation=allocation)
     instrument.check_prices(pricing, models)
     return instrument
 
