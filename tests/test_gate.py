@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextvars
+import threading
+import time
 from typing import Any
 
+import anyio
 import pytest
 
 import hierplan
@@ -186,3 +190,78 @@ async def test_an_edit_replaces_the_plan_and_both_versions_are_kept() -> None:
     assert (first.decision, first.decided_by) == ("edited", "carol")
     assert (second.reason, second.decision, second.plan) == ("edit", "approved", edited)
     assert second.diff is not None and second.diff.added == ("b",)
+
+
+# -- sync review functions run off the event loop ------------------------------------------
+
+
+async def test_a_blocking_sync_reviewer_does_not_hold_up_other_tasks() -> None:
+    ticks: list[float] = []
+    released = threading.Event()
+
+    def blocking_review(plan: Plan, context: GateContext) -> Approve:
+        # Blocks its thread (as input() would) until the other task has run a while.
+        assert released.wait(timeout=5)
+        return Approve(by="slow-human")
+
+    async def ticker() -> None:
+        for _ in range(5):
+            ticks.append(time.monotonic())
+            await anyio.sleep(0.01)
+        released.set()
+
+    outcomes = []
+    async with anyio.create_task_group() as tg:
+
+        async def review() -> None:
+            outcomes.append(await Gate(CallbackApprover(blocking_review)).review(GOOD, ctx()))
+
+        tg.start_soon(review)
+        tg.start_soon(ticker)
+    assert len(ticks) == 5
+    assert outcomes[0].kind == "approved" and outcomes[0].by == "slow-human"
+
+
+async def test_the_timeout_applies_to_a_sync_reviewer() -> None:
+    released = threading.Event()
+
+    def stuck_review(plan: Plan, context: GateContext) -> Approve:
+        released.wait(timeout=5)
+        return Approve()
+
+    approver = CallbackApprover(stuck_review, name="desk", timeout_s=0.05)
+    started = time.monotonic()
+    try:
+        outcome = await Gate(approver).review(GOOD, ctx())
+    finally:
+        released.set()
+    assert time.monotonic() - started < 2
+    assert (outcome.kind, outcome.by) == ("pending", "desk")
+    assert "no decision within 0.05 s" in outcome.note
+
+
+REVIEWER: contextvars.ContextVar[str] = contextvars.ContextVar("REVIEWER", default="nobody")
+
+
+async def test_a_sync_reviewer_sees_the_callers_context_variables() -> None:
+    seen: list[tuple[str, bool]] = []
+
+    def review(plan: Plan, context: GateContext) -> Approve:
+        seen.append((REVIEWER.get(), threading.current_thread() is threading.main_thread()))
+        return Approve(by=REVIEWER.get())
+
+    token = REVIEWER.set("erin")
+    try:
+        outcome = await Gate(CallbackApprover(review)).review(GOOD, ctx())
+    finally:
+        REVIEWER.reset(token)
+    assert seen == [("erin", False)]  # the caller's value, in a thread of its own
+    assert outcome.by == "erin"
+
+
+async def test_a_sync_reviewers_error_reaches_the_caller() -> None:
+    def broken(plan: Plan, context: GateContext) -> Approve:
+        raise RuntimeError("reviewer crashed")
+
+    with pytest.raises(RuntimeError, match="reviewer crashed"):
+        await Gate(CallbackApprover(broken)).review(GOOD, ctx())

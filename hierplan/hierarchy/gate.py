@@ -12,14 +12,19 @@ returns it; every edit the validators refuse is kept for the audit trail.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import inspect
 import re
+import threading
 import time
 from collections.abc import Awaitable, Callable, Container, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
 from pydantic import ValidationError
 
 from hierplan.agents.tools import Toolbox
@@ -31,6 +36,8 @@ from hierplan.hierarchy.plan import (
     Step,
     validate_plan,
 )
+
+T = TypeVar("T")
 
 REF_PATTERN = re.compile(r"\$([A-Za-z0-9_][A-Za-z0-9_.\-]{0,63})")
 
@@ -170,8 +177,11 @@ class CallbackApprover:
     the previous version and the diff after a replan, the node's budget) and returns
     :class:`Approve`, :class:`Edit`, :class:`Reject` or :class:`Defer`. An async function may
     wait as long as a reviewer needs (a chat reply, a ticket): the rest of the run goes on
-    meanwhile, and several sub-goals may wait at once. With ``timeout_s``, a decision that takes
-    longer becomes ``on_timeout`` (by default :class:`Defer`: the run pauses and can be resumed).
+    meanwhile, and several sub-goals may wait at once. A sync function runs in a daemon thread
+    (with the caller's context variables), so that one that blocks (``input()``) does not stop
+    the rest of the run. With ``timeout_s``, a decision that takes longer becomes
+    ``on_timeout`` (by default :class:`Defer`: the run pauses and can be resumed), whether the
+    function is sync or async.
 
     >>> async def review(plan, ctx):
     ...     return Approve(by="ticket-123") if len(plan.steps) < 10 else Reject("too long")
@@ -204,7 +214,13 @@ class CallbackApprover:
         return decision
 
     async def _call(self, plan: Plan, ctx: GateContext) -> Decision:
-        result = self.function(plan, ctx)
+        function = self.function
+        if _is_async(function):
+            result = function(plan, ctx)
+        else:
+            # A sync function may block (input(), a blocking HTTP call): run it off the event
+            # loop, so that the rest of the run goes on and the timeout can end the wait.
+            result = await in_daemon_thread(lambda: function(plan, ctx))
         decision = await result if inspect.isawaitable(result) else result
         if not isinstance(decision, Approve | Edit | Reject | Defer):
             raise TypeError(
@@ -212,6 +228,45 @@ class CallbackApprover:
                 "Edit(plan), Reject(reason) or Defer()"
             )
         return decision
+
+
+def _is_async(function: Callable[..., Any]) -> bool:
+    """Whether calling ``function`` only makes a coroutine (a function, a partial, an object
+    with an ``async def __call__``)."""
+    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
+        getattr(function, "__call__", None)  # noqa: B004 (an object's async __call__)
+    )
+
+
+async def in_daemon_thread(func: Callable[[], T]) -> T:
+    """Run blocking ``func`` in a daemon thread, with the caller's context variables, and wait
+    for it without blocking the event loop.
+
+    Unlike a worker thread of anyio's pool, a daemon thread left waiting (for input, say) does
+    not keep the process alive at exit. Cancelling the wait (a timeout) leaves the thread to
+    finish on its own; its result is dropped.
+    """
+    token = anyio.lowlevel.current_token()
+    context = contextvars.copy_context()
+    done = anyio.Event()
+    box: list[tuple[bool, object]] = []
+
+    def target() -> None:
+        try:
+            box.append((True, context.run(func)))
+        except BaseException as exc:
+            box.append((False, exc))
+        finally:
+            with contextlib.suppress(anyio.RunFinishedError):
+                anyio.from_thread.run_sync(done.set, token=token)
+
+    threading.Thread(target=target, name="hierplan-review", daemon=True).start()
+    await done.wait()
+    ok, value = box[0]
+    if not ok:
+        assert isinstance(value, BaseException)
+        raise value
+    return value  # type: ignore[return-value]
 
 
 Validator = Callable[[Plan, GateContext], list[PlanProblem]]

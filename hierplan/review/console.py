@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
 from types import MappingProxyType
@@ -37,7 +37,15 @@ from rich.text import Text
 
 from hierplan.errors import UserInputError
 from hierplan.hierarchy.datatext import DataTextError, parse_data_text
-from hierplan.hierarchy.gate import Approve, Decision, Defer, Edit, GateContext, Reject
+from hierplan.hierarchy.gate import (
+    Approve,
+    Decision,
+    Defer,
+    Edit,
+    GateContext,
+    Reject,
+    in_daemon_thread,
+)
 from hierplan.hierarchy.plan import Plan, plan_from_data, plan_to_yaml
 from hierplan.review.render import diff_view, plan_review_tree, review_view
 
@@ -372,31 +380,3 @@ def _without_comments(text: str) -> str:
     return "\n".join(
         line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")
     )
-
-
-async def in_daemon_thread(func: Callable[[], T]) -> T:
-    """Run blocking ``func`` in a daemon thread and wait for it without blocking the loop.
-
-    Unlike a worker thread, a daemon thread left waiting for input does not keep the process
-    alive after an interrupt.
-    """
-    token = anyio.lowlevel.current_token()
-    done = anyio.Event()
-    box: list[tuple[bool, object]] = []
-
-    def target() -> None:
-        try:
-            box.append((True, func()))
-        except BaseException as exc:
-            box.append((False, exc))
-        finally:
-            with contextlib.suppress(anyio.RunFinishedError):
-                anyio.from_thread.run_sync(done.set, token=token)
-
-    threading.Thread(target=target, name="hierplan-review", daemon=True).start()
-    await done.wait()
-    ok, value = box[0]
-    if not ok:
-        assert isinstance(value, BaseException)
-        raise value
-    return value  # type: ignore[return-value]
