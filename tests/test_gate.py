@@ -265,3 +265,44 @@ async def test_a_sync_reviewers_error_reaches_the_caller() -> None:
 
     with pytest.raises(RuntimeError, match="reviewer crashed"):
         await Gate(CallbackApprover(broken)).review(GOOD, ctx())
+
+
+# -- refused edits say who made them -------------------------------------------------------
+
+CYCLIC = Plan(goal="g", steps=[s("a", "b"), s("b", "a")])
+
+
+async def test_a_refused_edit_names_the_reviewer_who_made_it() -> None:
+    decisions = iter([Edit(CYCLIC, by="dave"), Edit(GOOD, by="erin")])
+    outcome = await Gate(CallbackApprover(lambda p, c: next(decisions))).review(GOOD, ctx())
+    assert (outcome.kind, outcome.by) == ("edited", "erin")
+    (refused,) = outcome.refused
+    assert refused.by == "dave" and refused.message == "edit by dave refused"
+
+
+async def test_an_edit_the_approver_checked_itself_is_put_down_to_whoever_it_names() -> None:
+    def review(plan: Plan, context: GateContext) -> Approve:
+        assert context.validate(CYCLIC, by="frank")  # named
+        assert context.validate(s_plan("x", "x"))  # unnamed: whoever decides next
+        return Approve(by="grace")
+
+    outcome = await Gate(CallbackApprover(review)).review(GOOD, ctx())
+    assert [(r.by, r.message) for r in outcome.refused] == [
+        ("frank", "edit by frank refused"),
+        ("grace", "edit by grace refused"),
+    ]
+
+
+def s_plan(sid: str, *deps: str) -> Plan:
+    return Plan(goal="g", steps=[s(sid, *deps)])
+
+
+async def test_the_record_of_a_refused_edit_says_who_made_it_not_who_decided_last() -> None:
+    decisions = iter([Edit(CYCLIC, by="dave"), Approve(by="boss")])
+    model = ScriptedModel([plan_response(GOOD)])
+    result = await hierplan.run(
+        "g", model=model, tools=[copy], approver=CallbackApprover(lambda p, c: next(decisions))
+    )
+    assert result.status == "succeeded"
+    refused = [v for v in result.tree.plan_versions if v.decision == "invalid"]
+    assert [(v.decided_by, v.note) for v in refused] == [("validators", "edit by dave refused")]

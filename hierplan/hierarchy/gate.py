@@ -60,11 +60,19 @@ def ref_target(token: str, ids: Container[str]) -> str | None:
 
 @dataclass(slots=True, frozen=True)
 class RefusedEdit:
-    """An edited plan the validators refused, with their findings (kept for the audit trail)."""
+    """An edited plan the validators refused, with their findings and ``by``, the reviewer who
+    made the edit (kept for the audit trail). An edit checked with :meth:`GateContext.validate`
+    without a name is put down to the reviewer whose decision follows it."""
 
     plan: Plan
     problems: tuple[str, ...]
     at: float
+    by: str | None = None
+
+    @property
+    def message(self) -> str:
+        """One line for the audit trail: who made the edit and that it was refused."""
+        return f"edit by {self.by or 'the reviewer'} refused"
 
 
 @dataclass(slots=True, frozen=True)
@@ -101,17 +109,19 @@ class GateContext:
         """Whether this is the root plan of the run."""
         return self.depth == 1
 
-    def validate(self, plan: Plan) -> list[PlanProblem]:
+    def validate(self, plan: Plan, *, by: str | None = None) -> list[PlanProblem]:
         """Every problem the gate's validators find in ``plan`` (an edit, usually).
 
-        A plan with problems is recorded as a refused edit, so that the audit trail shows what
+        A plan with problems is recorded as a refused edit made ``by`` that reviewer (by
+        default, whoever makes the decision that follows), so that the audit trail shows what
         a reviewer tried even when they fix it before deciding.
         """
         problems: list[PlanProblem] = []
         for validator in self.validators:
             problems.extend(validator(plan, self))
         if problems:
-            self.refused.append(RefusedEdit(plan, tuple(str(p) for p in problems), time.time()))
+            found = tuple(str(p) for p in problems)
+            self.refused.append(RefusedEdit(plan, found, time.time(), by))
         return problems
 
 
@@ -416,7 +426,9 @@ class Gate:
             return GateOutcome("invalid", plan, "validators", problems=[str(p) for p in problems])
         for _ in range(self.max_edit_rounds):
             if decision is None:
+                before = len(ctx.refused)
                 decision = await self.approver.review(plan, ctx)
+                _put_down_to(ctx.refused, before, decision.by)
             if isinstance(decision, Approve):
                 return GateOutcome(
                     "approved", plan, decision.by, decision.note, refused=ctx.refused
@@ -434,7 +446,7 @@ class Gate:
             if not edit_problems:
                 return GateOutcome("edited", edited, edit.by, edit.note, refused=ctx.refused)
             if not ctx.refused or ctx.refused[-1].plan != edited:
-                ctx.refused.append(RefusedEdit(edited, tuple(edit_problems), time.time()))
+                ctx.refused.append(RefusedEdit(edited, tuple(edit_problems), time.time(), edit.by))
             ctx = _with_problems(ctx, edit_problems)
         return GateOutcome(
             "rejected",
@@ -443,6 +455,14 @@ class Gate:
             f"no valid edit after {self.max_edit_rounds} rounds: {'; '.join(ctx.problems)}",
             refused=ctx.refused,
         )
+
+
+def _put_down_to(refused: list[RefusedEdit], start: int, by: str) -> None:
+    """Name ``by`` as the author of the edits from ``start`` on that the approver checked
+    itself (:meth:`GateContext.validate`) without saying who made them."""
+    for i in range(start, len(refused)):
+        if refused[i].by is None:
+            refused[i] = replace(refused[i], by=by)
 
 
 def _schema_checked(plan: Plan) -> tuple[Plan, list[str]]:

@@ -285,7 +285,7 @@ def _record_refused(node: NodeContext, plan: Plan, outcome: GateOutcome) -> None
                 "invalid",
                 refused.plan,
                 "validators",
-                f"edit by {outcome.by} refused",
+                refused.message,
                 problems=list(refused.problems),
             ),
         )

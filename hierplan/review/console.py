@@ -325,7 +325,7 @@ class _Session:
             plan = plan_from_data(data, source="the edited plan")
         except UserInputError as exc:
             return None, [str(exc)]
-        return plan, [str(p) for p in self.ctx.validate(plan)]
+        return plan, [str(p) for p in self.ctx.validate(plan, by=self.reviewer.by)]
 
     def _yaml_for_editing(self, plan: Plan) -> str:
         tools = ", ".join(sorted(self.ctx.allowed_tools)) or "none"
