@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -24,7 +25,7 @@ from hierplan import (
 )
 from hierplan.agents.models.scripted import plan_response
 from hierplan.agents.tools import Toolbox
-from hierplan.hierarchy.gate import Gate
+from hierplan.hierarchy.gate import Decision, Gate
 
 pytestmark = pytest.mark.anyio
 
@@ -298,7 +299,7 @@ def s_plan(sid: str, *deps: str) -> Plan:
 
 
 async def test_the_record_of_a_refused_edit_says_who_made_it_not_who_decided_last() -> None:
-    decisions = iter([Edit(CYCLIC, by="dave"), Approve(by="boss")])
+    decisions: Iterator[Decision] = iter([Edit(CYCLIC, by="dave"), Approve(by="boss")])
     model = ScriptedModel([plan_response(GOOD)])
     result = await hierplan.run(
         "g", model=model, tools=[copy], approver=CallbackApprover(lambda p, c: next(decisions))
