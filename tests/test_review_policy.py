@@ -67,9 +67,59 @@ def test_policy_parse_and_text() -> None:
         "usd>0.05",
         "tokens>20000",
     ]
-    for bad in ("", "sometimes", "usd>", "usd>-1", "tokens<5", "budget>3", "usd>abc"):
+    for bad in ("", "sometimes", "usd>", "tokens<5", "budget>3", "usd>abc"):
         with pytest.raises(UserInputError, match="unknown review policy"):
             ReviewPolicy.parse(bad)
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("usd>-1", "the USD amount must not be negative"),  # was "unknown review policy"
+        ("tokens>-5", "the token count must not be negative"),
+        ("usd>nan", "the USD amount must be a finite number"),
+        ("usd>inf", "the USD amount must be a finite number"),
+        ("usd>1e400", "the USD amount must be a finite number"),
+        ("tokens>1e400", "the token count must be a finite number"),
+        ("tokens>1.5", "the token count must be a whole number"),
+    ],
+)
+def test_a_policy_threshold_that_is_no_usable_number_is_refused(text: str, problem: str) -> None:
+    with pytest.raises(UserInputError) as refused:
+        ReviewPolicy.parse(text)
+    message = str(refused.value)
+    assert message.startswith(f"review policy {text!r}: {problem}")
+    assert "; use root, all, usd>AMOUNT or tokens>COUNT" in message
+
+
+def test_a_whole_token_count_in_any_notation_and_a_precise_amount_round_trip() -> None:
+    assert ReviewPolicy.parse("tokens>2e4") == ReviewPolicy("tokens", 20000)
+    precise = ReviewPolicy.parse("usd>0.123456789")
+    assert str(precise) == "usd>0.123456789" and ReviewPolicy.parse(str(precise)) == precise
+
+
+_NUMBERS = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.integers().map(str),
+    st.from_regex(r"\A-?[0-9_]{0,6}(\.[0-9]{0,4})?([eE][+-]?[0-9]{1,4})?\Z"),
+    st.sampled_from(["nan", "inf", "-inf", "1e400", "-0", "$1", "1_000", "0x10", "½"]),
+    st.text(max_size=12),
+)
+
+
+@given(
+    st.sampled_from(["usd", "tokens", "USD ", " Tokens"]), st.sampled_from([">", " > "]), _NUMBERS
+)
+def test_a_threshold_of_any_text_gives_a_policy_or_the_policy_error(
+    unit: str, sep: str, number: str
+) -> None:
+    text = f"{unit}{sep}{number}"
+    try:
+        policy = ReviewPolicy.parse(text)
+    except UserInputError as exc:
+        assert "use root, all, usd>AMOUNT or tokens>COUNT" in str(exc)
+    else:
+        assert ReviewPolicy.parse(str(policy)) == policy
 
 
 @given(st.text(max_size=40))

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -34,7 +35,9 @@ class ReviewPolicy:
 
     @classmethod
     def parse(cls, text: str) -> ReviewPolicy:
-        """``root``, ``all``, ``usd>0.05`` or ``tokens>20000``; a clear error otherwise."""
+        """``root``, ``all``, ``usd>0.05`` or ``tokens>20000``; a clear
+        :class:`UserInputError` otherwise (a USD amount must be finite and not negative, a
+        token count a whole number)."""
         spec = text.strip().lower().replace(" ", "")
         if spec in ("root", "all"):
             return cls(spec)  # type: ignore[arg-type]
@@ -43,9 +46,15 @@ class ReviewPolicy:
             try:
                 value = float(number.lstrip("$"))
             except ValueError:
-                value = -1.0
-            if value >= 0:
-                return cls(unit, value)  # type: ignore[arg-type]
+                pass
+            else:
+                problem = _threshold_problem(unit, value)
+                if problem is None:
+                    return cls(unit, value)  # type: ignore[arg-type]
+                raise UserInputError(
+                    f"review policy {text!r}: {problem}; use {POLICY_HELP} "
+                    "(e.g. usd>0.05, tokens>20000)"
+                )
         raise UserInputError(
             f"unknown review policy {text!r}: use {POLICY_HELP} (e.g. usd>0.05, tokens>20000)"
         )
@@ -53,8 +62,11 @@ class ReviewPolicy:
     def __str__(self) -> str:
         if self.scope in ("root", "all"):
             return self.scope
-        number = f"{self.threshold:g}" if self.scope == "usd" else f"{int(self.threshold)}"
-        return f"{self.scope}>{number}"
+        if self.scope == "tokens":
+            return f"tokens>{int(self.threshold)}"
+        short = f"{self.threshold:g}"
+        # The short form unless it loses digits: the text must parse back to this policy.
+        return f"usd>{short if float(short) == self.threshold else repr(self.threshold)}"
 
     def wants(self, ctx: GateContext) -> bool:
         """Whether the plan in ``ctx`` goes to the reviewer."""
@@ -64,6 +76,19 @@ class ReviewPolicy:
             return False
         value = subgoal_budget(ctx, self.scope)
         return value is None or value > self.threshold
+
+
+def _threshold_problem(unit: str, value: float) -> str | None:
+    """What is wrong with a policy's threshold (``float`` reads ``nan``, ``inf`` and numbers
+    too large as such), or ``None``."""
+    what = "USD amount" if unit == "usd" else "token count"
+    if not math.isfinite(value):
+        return f"the {what} must be a finite number (not nan, inf or too large to read)"
+    if value < 0:
+        return f"the {what} must not be negative"
+    if unit == "tokens" and not value.is_integer():
+        return "the token count must be a whole number"
+    return None
 
 
 def subgoal_budget(ctx: GateContext, unit: Literal["usd", "tokens"]) -> float | None:
