@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -49,6 +50,19 @@ def resolve_refs(args: Mapping[str, Any], inputs: Mapping[str, StepResult]) -> d
     return {key: _resolve(value, inputs) for key, value in args.items()}
 
 
+def uses_refs(value: Any, inputs: Mapping[str, StepResult]) -> bool:
+    """Whether ``value`` (arguments, or one of them) refers to one of ``inputs`` anywhere."""
+    if isinstance(value, str):
+        return "$" in value and any(
+            ref_target(token, inputs) is not None for token in REF_PATTERN.findall(value)
+        )
+    if isinstance(value, list | tuple):
+        return any(uses_refs(item, inputs) for item in value)
+    if isinstance(value, Mapping):
+        return any(uses_refs(item, inputs) for item in value.values())
+    return False
+
+
 def _resolve(value: Any, inputs: Mapping[str, StepResult]) -> Any:
     if isinstance(value, str):
         if "$" not in value:
@@ -76,23 +90,30 @@ def _ref_text(token: str, inputs: Mapping[str, StepResult]) -> str:
 
 
 async def call_tool(
-    node: NodeContext, target: Tool, arguments: Mapping[str, Any], call_id: str
+    node: NodeContext,
+    target: Tool,
+    arguments: Mapping[str, Any],
+    call_id: str,
+    *,
+    references: bool = False,
 ) -> Any:
-    """Call a tool inside every instrument's tool scope and report a :class:`ToolCalled` event."""
+    """Call a tool inside every instrument's tool scope and report a :class:`ToolCalled` event
+    (``references``: the arguments hold outputs of earlier steps, see :meth:`Tool.call`)."""
+    call = partial(_call, target, arguments, references=references)
     run = node.run
     started = time.perf_counter()
     error: str | None = None
     try:
         scopes = _tool_scopes(node, target, arguments, call_id) if run.instruments else []
         if not scopes:
-            return await _call(target, arguments)
+            return await call()
         if len(scopes) == 1:  # the common case (tracing, say) without an exit stack's cost
             async with scopes[0]:
-                return await _call(target, arguments)
+                return await call()
         async with AsyncExitStack() as stack:
             for scope in scopes:
                 await stack.enter_async_context(scope)
-            return await _call(target, arguments)
+            return await call()
     except HierplanError as exc:
         error = str(exc)
         raise
@@ -123,9 +144,9 @@ def _tool_scopes(
     return [scope for scope in scopes if scope is not None]
 
 
-async def _call(target: Tool, arguments: Mapping[str, Any]) -> Any:
+async def _call(target: Tool, arguments: Mapping[str, Any], *, references: bool) -> Any:
     try:
-        return await target.call(arguments)
+        return await target.call(arguments, references=references)
     except HierplanError:
         raise
     # A tool's own bug or failure becomes a step failure; so does a sys.exit() in its code (an
@@ -182,7 +203,10 @@ class ToolExecutor:
     ) -> StepResult:
         """Call the tool; raise :class:`ToolError` subclasses on failure."""
         target = node.run.toolbox.get(tool_name, node.allowed_tools)
-        output = await call_tool(node, target, resolve_refs(args, inputs), f"{node.path}:1")
+        resolved = resolve_refs(args, inputs)
+        output = await call_tool(
+            node, target, resolved, f"{node.path}:1", references=uses_refs(args, inputs)
+        )
         return StepResult(output, result_text(output))
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
@@ -33,7 +34,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic_core import to_jsonable_python
 
 from hierplan.agents.models.base import ToolSpec
+from hierplan.agents.schema_check import schema_problems
 from hierplan.errors import (
+    MAX_LISTED_PROBLEMS,
     DuplicateToolError,
     ToolArgsError,
     ToolError,
@@ -86,16 +89,45 @@ class Tool(ABC):
         self.spec = ToolSpec(name, description, self.parameters)
 
     def validate(self, arguments: Mapping[str, Any]) -> Mapping[str, Any]:
-        """Check ``arguments`` and return them in the form :meth:`invoke` takes."""
+        """Check ``arguments`` against :attr:`parameters` and return them in the form
+        :meth:`invoke` takes; raise :class:`ToolArgsError` naming each bad argument."""
+        self._check_schema(arguments)
         return arguments
+
+    def _check_schema(self, arguments: Mapping[str, Any]) -> None:
+        """Raise :class:`ToolArgsError` unless ``arguments`` is an object the schema allows."""
+        if not isinstance(arguments, Mapping):
+            raise ToolArgsError(
+                f"tool {self.name!r} takes an object of arguments, got {type(arguments).__name__}"
+            )
+        problems = schema_problems(self.parameters, dict(arguments), limit=sys.maxsize)
+        if problems:
+            # At most ten: the message goes back to the model, and a list of thousands of bad
+            # items would cost its tokens on every later turn.
+            listed = "; ".join(problems[:MAX_LISTED_PROBLEMS])
+            if len(problems) > MAX_LISTED_PROBLEMS:
+                listed += f"; and {len(problems) - MAX_LISTED_PROBLEMS} more"
+            raise ToolArgsError(f"invalid arguments for tool {self.name!r}: {listed}")
 
     @abstractmethod
     async def invoke(self, arguments: Mapping[str, Any]) -> Any:
         """Run the tool on validated arguments."""
 
-    async def call(self, arguments: Mapping[str, Any]) -> Any:
-        """Validate ``arguments``, then run the tool under its timeout."""
-        valid = self.validate(arguments)
+    def validate_references(self, arguments: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Like :meth:`validate`, for arguments that hold the outputs of earlier steps a plan
+        referred to (``$id``): those are a step's result, not a model's typing, so a tool that
+        can convert them (a ``@tool`` function's "42" to an int) does. By default, what
+        :meth:`validate` does when a subclass defines it, else only the check for an object."""
+        if type(self).validate is not Tool.validate:
+            return self.validate(arguments)
+        if not isinstance(arguments, Mapping):
+            self._check_schema(arguments)  # raises, saying what the tool takes
+        return arguments
+
+    async def call(self, arguments: Mapping[str, Any], *, references: bool = False) -> Any:
+        """Validate ``arguments``, then run the tool under its timeout. ``references``: the
+        arguments hold outputs of earlier steps (see :meth:`validate_references`)."""
+        valid = self.validate_references(arguments) if references else self.validate(arguments)
         # move_on_after, not fail_after: a TimeoutError the tool raises itself (a client's own
         # timeout, say) is its failure with its own message, not this deadline running out.
         with anyio.move_on_after(self.timeout_s):
@@ -130,11 +162,21 @@ class FunctionTool(Tool):
         )
 
     def validate(self, arguments: Mapping[str, Any]) -> Mapping[str, Any]:
-        """Validate through the signature's pydantic model; errors name each bad field."""
+        """Check against the schema the model sees, then validate through the signature's
+        pydantic model (which makes dates, enums and models of their JSON); errors name each
+        bad field."""
+        # pydantic alone would take "1" or true for an integer, which the schema forbids.
+        self._check_schema(arguments)
+        return self._convert(arguments)
+
+    def validate_references(self, arguments: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Validate through the signature's pydantic model alone, which converts what it can
+        (a step's text "42" to an int parameter)."""
         if not isinstance(arguments, Mapping):
-            raise ToolArgsError(
-                f"tool {self.name!r} takes an object of arguments, got {type(arguments).__name__}"
-            )
+            self._check_schema(arguments)  # raises, saying what the tool takes
+        return self._convert(arguments)
+
+    def _convert(self, arguments: Mapping[str, Any]) -> Mapping[str, Any]:
         try:
             model = self.args_model.model_validate(dict(arguments))
         except ValidationError as exc:
