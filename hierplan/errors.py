@@ -15,7 +15,7 @@ The hierarchy::
     ├── ModelError                a model call failed (provider errors are wrapped in it)
     │   ├── ModelAuthError        the provider refused the credentials (401/403): the run stops
     │   └── UnexpectedModelCall   a ScriptedModel was called past its script
-    └── ToolError                 a tool failed
+    └── ToolError                 a tool failed (retried unless raised with retryable=False)
         ├── ToolArgsError         a tool was called with invalid arguments (not retried)
         ├── ToolTimeoutError      a tool ran past its timeout (retried)
         ├── ToolNotAllowedError   a tool outside the node's allowlist was requested
@@ -156,9 +156,25 @@ class UnexpectedModelCall(ModelError):
 
 
 class ToolError(HierplanError):
-    """A tool failed. ``retryable`` says whether running it again may help."""
+    """A tool failed. ``retryable`` says whether running it again may help.
+
+    A tool raises it to say which: ``ToolError("rate limited", retryable=True)`` for a
+    transient failure, which a plan's tool step retries (up to ``max_retries``);
+    ``ToolError("no such table", retryable=False)`` for one that would only fail again, which
+    fails the step at once (its planner may replan). Left out, it is the class's own: retried
+    for a plain ``ToolError``, as for any other exception a tool raises.
+    """
 
     retryable: bool = True
+
+    def __init__(self, message: str = "", *, retryable: bool | None = None) -> None:
+        super().__init__(message)
+        if retryable is not None:
+            self.retryable = retryable
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Pickled (a step's failure crossing to a worker process) with the flag it was given.
+        return (_tool_error, (type(self), str(self), self.retryable))
 
 
 class ToolArgsError(ToolError):
@@ -187,3 +203,8 @@ class ToolServerGone(ToolError):
     """
 
     retryable = False
+
+
+def _tool_error(cls: type[ToolError], message: str, retryable: bool) -> ToolError:
+    """Rebuild a pickled :class:`ToolError` (see ``ToolError.__reduce__``)."""
+    return cls(message, retryable=retryable)

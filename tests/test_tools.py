@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import pickle
 import threading
 import time
 from collections.abc import Callable
@@ -366,3 +367,39 @@ def test_invalid_arguments_name_at_most_ten_problems() -> None:
     # the message goes back to the model: ten findings and a count, not five hundred
     assert message.count("expected integer, got string 'x'") == 10
     assert message.endswith("; and 490 more")
+
+
+@pytest.mark.parametrize(("retryable", "attempts"), [(True, 3), (False, 1), (None, 3)])
+async def test_a_tool_says_whether_its_failure_is_worth_a_retry(
+    retryable: bool | None, attempts: int
+) -> None:
+    calls: list[int] = []
+
+    @tool
+    def fetch() -> str:
+        """Fetch a page."""
+        calls.append(1)
+        if retryable is None:
+            raise ToolError("down")  # the class's own: retried
+        raise ToolError("down", retryable=retryable)
+
+    step = {"id": "a", "title": "A", "instruction": "fetch", "tool": "fetch", "args": {}}
+    model = ScriptedModel([plan_response({"goal": "g", "steps": [step]})])
+    settings = hierplan.RunSettings(max_retries=2, retry_backoff_s=0, max_replans=0)
+    result = await hierplan.run(
+        "g", model=model, tools=[fetch], strategy="plan-execute", settings=settings
+    )
+    assert result.status == "failed" and "down" in (result.error or "")
+    assert len(calls) == attempts
+    assert [n.attempts for n in result.tree.walk() if n.tool == "fetch"] == [attempts]
+
+
+def test_a_tool_error_keeps_its_retryable_flag_through_pickling() -> None:
+    for error in (ToolError("x", retryable=False), ToolTimeoutError("t"), ToolArgsError("a")):
+        copy = pickle.loads(pickle.dumps(error))
+        assert (type(copy), str(copy), copy.retryable) == (
+            type(error),
+            str(error),
+            error.retryable,
+        )
+    assert pickle.loads(pickle.dumps(ToolError("x", retryable=False))).retryable is False
