@@ -157,7 +157,7 @@ async def test_a_steps_text_referred_to_is_converted_as_before() -> None:
         """Double a number."""
         return 2 * n
 
-    steps = [
+    steps: list[dict[str, Any]] = [
         {"id": "a", "title": "A", "instruction": "count"},
         {"id": "b", "title": "B", "instruction": "double", "tool": "double"},
     ]

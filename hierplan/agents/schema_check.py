@@ -19,7 +19,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
 
 from pydantic_core import to_jsonable_python
 
@@ -90,8 +90,11 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _resolve(schema: Mapping[str, Any], root: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """Follow a local ``$ref`` ("#/$defs/Name"); ``None`` for one that leads nowhere."""
+def _resolve(
+    schema: Mapping[str, Any], root: Mapping[str, Any]
+) -> Mapping[str, Any] | Literal[False] | None:
+    """Follow a local ``$ref`` ("#/$defs/Name"); ``False`` for one to the schema ``false``,
+    ``None`` for one that leads nowhere."""
     ref = schema.get("$ref")
     seen = 0
     while isinstance(ref, str):
@@ -103,6 +106,8 @@ def _resolve(schema: Mapping[str, Any], root: Mapping[str, Any]) -> Mapping[str,
             if not isinstance(target, Mapping) or part not in target:
                 return None
             target = target[part]
+        if isinstance(target, bool):  # the schema true or false
+            return {} if target else False
         if not isinstance(target, Mapping):
             return None
         # Keywords beside "$ref" apply as well (2020-12); pydantic puts a default there.
@@ -123,6 +128,9 @@ def _check(
     resolved = _resolve(schema, root) if "$ref" in schema else schema
     if resolved is None:
         return  # a reference this cannot follow: the tool's own validation judges
+    if resolved is False:
+        out.append(f"{_where(path)}: no value is allowed here")
+        return
     schema = resolved
     if not _check_type(schema, value, path, out):
         return  # the other keywords would only repeat it
@@ -270,7 +278,7 @@ def _check_string(schema: Mapping[str, Any], value: str, path: str, out: list[st
 def _check_number(schema: Mapping[str, Any], value: float, path: str, out: list[str]) -> None:
     if math.isnan(value):
         return  # compares with nothing, as in JSON Schema validators
-    bounds = (
+    bounds: tuple[tuple[str, Callable[[float], bool], str], ...] = (
         ("minimum", lambda b: value >= b, "at least"),
         ("maximum", lambda b: value <= b, "at most"),
         ("exclusiveMinimum", lambda b: value > b, "more than"),
