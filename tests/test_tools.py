@@ -201,7 +201,7 @@ def test_two_tools_of_one_name_are_bad_input_before_the_run_starts() -> None:
     import hierplan
     from hierplan import ScriptedModel
 
-    renamed = tool(name="scale")(lambda values: values)
+    renamed = tool(name="scale", description="Echo.")(lambda values: values)
     # An empty script: a model call would raise UnexpectedModelCall, not UserInputError.
     model = ScriptedModel([])
     with pytest.raises(hierplan.UserInputError, match="two tools are named 'scale'"):
@@ -403,3 +403,44 @@ def test_a_tool_error_keeps_its_retryable_flag_through_pickling() -> None:
             error.retryable,
         )
     assert pickle.loads(pickle.dumps(ToolError("x", retryable=False))).retryable is False
+
+
+class Opaque:
+    """A class pydantic has no schema for."""
+
+
+def _annotated(annotation: Any) -> Callable[..., None]:
+    def fetch(url: str, handle: Any) -> None:
+        """Fetch a page."""
+
+    fetch.__annotations__ = {"url": str, "handle": annotation}
+    return fetch
+
+
+@pytest.mark.parametrize(
+    ("annotation", "shown"),
+    [(Opaque, "Opaque"), (threading.Lock, "allocate_lock"), (Callable[[int], int], "Callable")],
+)
+def test_a_parameter_type_without_a_schema_is_refused_when_the_tool_is_made(
+    annotation: Any, shown: str
+) -> None:
+    with pytest.raises(TypeError) as caught:
+        tool(_annotated(annotation))
+    message = str(caught.value)
+    assert message.startswith("tool 'fetch': parameter 'handle' is annotated ")
+    assert shown in message and "use str, int, float, bool" in message
+
+
+def test_a_tool_without_a_description_is_warned_about_where_it_is_made() -> None:
+    def bare(a: int) -> int:
+        return a
+
+    with pytest.warns(
+        UserWarning, match="tool 'bare' has no description: give its function a"
+    ) as w:
+        tool(bare)
+    assert w[0].filename == __file__
+    with pytest.warns(UserWarning, match="tool 'other' has no description") as w:
+        tool(name="other")(bare)
+    assert w[0].filename == __file__
+    assert tool(description="Pass a number on.")(bare).description == "Pass a number on."

@@ -21,6 +21,7 @@ import inspect
 import json
 import re
 import sys
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
@@ -30,7 +31,15 @@ from typing import Annotated, Any, overload
 
 import anyio
 import anyio.to_thread
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PydanticUserError,
+    TypeAdapter,
+    ValidationError,
+    create_model,
+)
 from pydantic_core import to_jsonable_python
 
 from hierplan.agents.models.base import ToolSpec
@@ -153,13 +162,22 @@ class FunctionTool(Tool):
         self.is_async = inspect.iscoroutinefunction(function)
         chosen = _tool_name(function, name)
         self.args_model, self._fields, self._positional = _args_model(function, chosen)
-        doc = _doc(function)
-        super().__init__(
-            chosen,
-            description if description is not None else doc.split("\n\n")[0].strip(),
-            self.args_model.model_json_schema(),
-            timeout_s=timeout_s,
-        )
+        try:
+            schema = self.args_model.model_json_schema()
+        except PydanticUserError:  # a type with a pydantic schema but no JSON one
+            _refuse_unschemable(function, chosen)
+            raise
+        if description is None:
+            description = _doc(function).split("\n\n")[0].strip()
+            if not description:
+                # The description is all a model knows of when to call the tool.
+                warnings.warn(
+                    f"tool {chosen!r} has no description: give its function a docstring, or "
+                    "pass tool(description=...), so that a model knows what it does",
+                    UserWarning,
+                    stacklevel=_caller_level(),
+                )
+        super().__init__(chosen, description, schema, timeout_s=timeout_s)
 
     def validate(self, arguments: Mapping[str, Any]) -> Mapping[str, Any]:
         """Check against the schema the model sees, then validate through the signature's
@@ -286,13 +304,51 @@ def _args_model(
             annotation = Annotated[annotation, Field(alias=param.name)]
         fields[field] = (annotation, default)
         names[field] = param.name
-    model: type[BaseModel] = create_model(
-        f"{name}_args",
-        __config__=ConfigDict(extra="forbid"),
-        **fields,
-    )
+    try:
+        model: type[BaseModel] = create_model(
+            f"{name}_args",
+            __config__=ConfigDict(extra="forbid"),
+            **fields,
+        )
+    except PydanticUserError:  # a type pydantic cannot validate
+        _refuse_unschemable(function, name)
+        raise
     positional = tuple(p.name for p in params if p.kind is p.POSITIONAL_ONLY)
     return model, names, positional
+
+
+SUPPORTED_TYPES = (
+    "str, int, float, bool, None, list, tuple, set, dict, Literal, an Enum, datetime, date, "
+    "Decimal, UUID, a pydantic model, a dataclass or a TypedDict, and unions of them"
+)
+
+
+def _refuse_unschemable(function: Callable[..., Any], name: str) -> None:
+    """Raise a :class:`TypeError` naming the first parameter of ``function`` whose type has no
+    JSON schema (which a model would need to call the tool); return if none is found."""
+    for param in inspect.signature(function, eval_str=True).parameters.values():
+        if param.annotation is inspect.Parameter.empty:
+            continue
+        try:
+            TypeAdapter(param.annotation).json_schema()
+        except PydanticUserError:
+            hint = param.annotation
+            shown = hint.__qualname__ if isinstance(hint, type) else repr(hint)
+            raise TypeError(
+                f"tool {name!r}: parameter {param.name!r} is annotated {shown}, "
+                f"a type a model cannot be told how to give; use {SUPPORTED_TYPES}"
+            ) from None
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside this module: where ``@tool`` was used,
+    whether bare, with options or called."""
+    frame = inspect.currentframe()
+    level = 1
+    while frame is not None and frame.f_globals.get("__name__") == __name__:
+        frame = frame.f_back
+        level += 1
+    return level - 1
 
 
 @overload
