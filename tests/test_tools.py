@@ -7,7 +7,7 @@ import math
 import pickle
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import date
 from functools import partial
 from typing import Annotated, Any
@@ -444,3 +444,40 @@ def test_a_tool_without_a_description_is_warned_about_where_it_is_made() -> None
         tool(name="other")(bare)
     assert w[0].filename == __file__
     assert tool(description="Pass a number on.")(bare).description == "Pass a number on."
+
+
+async def test_a_generator_tool_returns_the_list_of_what_it_yields() -> None:
+    @tool
+    def countdown(n: int) -> Iterator[int]:
+        """Count down to 1."""
+        thread.append(threading.get_ident())
+        yield from range(n, 0, -1)
+
+    @tool
+    async def pages(n: int) -> AsyncIterator[str]:
+        """Fetch n pages."""
+        for i in range(n):
+            await anyio.lowlevel.checkpoint()
+            yield f"page {i}"
+
+    thread: list[int] = []
+    assert await countdown.call({"n": 3}) == [3, 2, 1]
+    assert thread != [threading.get_ident()]  # run to its end in a worker thread
+    assert await pages.call({"n": 2}) == ["page 0", "page 1"]
+    assert result_text(await pages.call({"n": 1})) == '["page 0"]'
+
+
+async def test_a_generator_tool_that_fails_midway_fails_the_step() -> None:
+    @tool
+    def partly(n: int) -> Iterator[int]:
+        """Yield, then fail."""
+        yield n
+        raise RuntimeError("source went away")
+
+    step = {"id": "a", "title": "A", "instruction": "go", "tool": "partly", "args": {"n": 1}}
+    model = ScriptedModel([plan_response({"goal": "g", "steps": [step]})])
+    settings = hierplan.RunSettings(max_retries=0, max_replans=0)
+    result = await hierplan.run(
+        "g", model=model, tools=[partly], strategy="plan-execute", settings=settings
+    )
+    assert result.status == "failed" and "RuntimeError: source went away" in (result.error or "")

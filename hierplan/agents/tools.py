@@ -2,7 +2,8 @@
 
 ``@tool`` turns a function into a :class:`Tool`: its signature becomes a pydantic model, whose JSON
 schema is what models see; arguments are validated before the function runs; sync functions run
-in a worker thread so they never block the event loop; every call has a timeout.
+in a worker thread so they never block the event loop; every call has a timeout. A generator
+(sync or async) returns the list of what it yields.
 
 >>> @tool
 ... def add(a: int, b: int) -> int:
@@ -213,7 +214,7 @@ class FunctionTool(Tool):
 
     async def invoke(self, arguments: Mapping[str, Any]) -> Any:
         """Await an async function; run a sync one in a worker thread (and await what it
-        returns if that is awaitable)."""
+        returns if that is awaitable). A generator's result is the list of what it yields."""
         kwargs = dict(arguments)
         args: list[Any] = []
         for param in self._positional:  # in order, up to the first one left to its default
@@ -223,8 +224,10 @@ class FunctionTool(Tool):
         if self.is_async:
             result: Any = await self.function(*args, **kwargs)
             return result
+        if inspect.isasyncgenfunction(self.function):
+            return [item async for item in self.function(*args, **kwargs)]
         result = await anyio.to_thread.run_sync(
-            partial(self.function, *args, **kwargs),
+            partial(_collected, self.function, *args, **kwargs),
             abandon_on_cancel=True,
             limiter=_tool_threads.get(),
         )
@@ -232,7 +235,18 @@ class FunctionTool(Tool):
         # returns a coroutine: its result is what the tool returns, not the coroutine.
         if inspect.isawaitable(result):
             result = await result
+        if inspect.isasyncgen(result):  # an async generator function: what it yields
+            result = [item async for item in result]
         return result
+
+
+def _collected(function: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """Call ``function``; a generator it returns is run to its end, in this same worker
+    thread, and its items are the result: a generator object is no answer for a model."""
+    result = function(*args, **kwargs)
+    if inspect.isgenerator(result):
+        return list(result)
+    return result
 
 
 @contextmanager
