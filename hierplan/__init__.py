@@ -24,6 +24,12 @@ from hierplan.agents.models import (
     Usage,
     resolve_model,
 )
+from hierplan.agents.models.scripted import (
+    ResponseFunction,
+    plan_response,
+    text_response,
+    tool_response,
+)
 from hierplan.agents.planner import LLMPlanner
 from hierplan.agents.tools import Tool, Toolset, tool
 from hierplan.budgets.budget import Budget, Ledger, LocalLedger
@@ -36,8 +42,12 @@ from hierplan.errors import (
     ModelError,
     PlanValidationError,
     StepFailed,
+    ToolArgsError,
     ToolError,
+    ToolNotAllowedError,
     ToolServerGone,
+    ToolTimeoutError,
+    UnexpectedModelCall,
     UserInputError,
 )
 from hierplan.hierarchy.context import Instrument, NodeContext, RunContext, RunSettings
@@ -47,6 +57,7 @@ from hierplan.hierarchy.events import (
     BudgetOverrun,
     BudgetReserved,
     BudgetSettled,
+    Listener,
     ModelCalled,
     NodeFinished,
     NodeStarted,
@@ -62,13 +73,16 @@ from hierplan.hierarchy.events import (
 )
 from hierplan.hierarchy.gate import (
     Approve,
+    Approver,
     AutoApprove,
     CallbackApprover,
+    Decision,
     Defer,
     Edit,
     Gate,
     GateContext,
     Reject,
+    ReviewFunction,
 )
 from hierplan.hierarchy.handle import EventStream, RunHandle, start
 from hierplan.hierarchy.plan import Plan, Step, critical_path, topological_order, validate_plan
@@ -108,6 +122,7 @@ __all__ = [
     "STRATEGIES",
     "AnyEvent",
     "Approve",
+    "Approver",
     "AutoApprove",
     "Budget",
     "BudgetExceeded",
@@ -118,6 +133,7 @@ __all__ = [
     "BudgetSettled",
     "CallbackApprover",
     "ConsoleReviewer",
+    "Decision",
     "Defer",
     "Edit",
     "EventStream",
@@ -129,6 +145,7 @@ __all__ = [
     "LLMExecutor",
     "LLMPlanner",
     "Ledger",
+    "Listener",
     "LocalLedger",
     "MCPServer",
     "MCPServerStdio",
@@ -155,6 +172,8 @@ __all__ = [
     "PriceTable",
     "Reject",
     "Replanned",
+    "ResponseFunction",
+    "ReviewFunction",
     "ReviewPolicy",
     "RunContext",
     "RunEvent",
@@ -170,25 +189,32 @@ __all__ = [
     "StepResult",
     "StepRetried",
     "Tool",
+    "ToolArgsError",
     "ToolCall",
     "ToolCalled",
     "ToolError",
     "ToolExecutor",
+    "ToolNotAllowedError",
     "ToolServerGone",
+    "ToolTimeoutError",
     "Toolset",
     "Tracing",
+    "UnexpectedModelCall",
     "Usage",
     "UserInputError",
     "__version__",
     "critical_path",
     "parse_event",
+    "plan_response",
     "resolve_model",
     "resume",
     "resume_sync",
     "run",
     "run_sync",
     "start",
+    "text_response",
     "tool",
+    "tool_response",
     "topological_order",
     "validate_plan",
 ]

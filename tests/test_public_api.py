@@ -18,6 +18,7 @@ EXPECTED = {
     "RunEvent", "AnyEvent", "parse_event", "RunStarted", "NodeStarted", "NodeFinished",
     "PlanProposed", "PlanDecided", "Replanned", "StepRetried", "ToolCalled", "ModelCalled",
     "RunFinished", "BudgetReserved", "BudgetSettled", "BudgetExhausted", "BudgetOverrun",
+    "Listener",
     # budgets
     "Budget", "BudgetInstrument", "Ledger", "LocalLedger",
     # reviewing plans, pausing and resuming
@@ -25,16 +26,19 @@ EXPECTED = {
     "resume_sync",
     # plans and the gate
     "Plan", "Step", "validate_plan", "topological_order", "critical_path", "Gate",
-    "GateContext", "AutoApprove", "CallbackApprover", "Approve", "Edit", "Reject",
+    "GateContext", "AutoApprove", "CallbackApprover", "Approve", "Edit", "Reject", "Approver",
+    "Decision", "ReviewFunction",
     # models, agents, tools
     "Model", "ModelRequest", "ModelResponse", "ToolCall", "Usage", "resolve_model",
     "ScriptedModel", "FunctionModel", "SimulatedModel", "NoiseProfile", "LLMPlanner",
+    "ResponseFunction", "plan_response", "text_response", "tool_response",
     "LLMExecutor", "ToolExecutor", "StepResult", "Tool", "Toolset", "tool",
     "MCPServer", "MCPServerStdio", "MCPServerStreamableHTTP", "MCPTool",
     # prices and errors
     "Price", "PriceTable", "HierplanError", "UserInputError", "PlanValidationError",
     "StepFailed", "BudgetExceeded", "ToolError", "ToolServerGone", "ModelError",
-    "ModelAuthError",
+    "ModelAuthError", "ToolArgsError", "ToolNotAllowedError", "ToolTimeoutError",
+    "UnexpectedModelCall",
     "__version__",
 }  # fmt: skip
 

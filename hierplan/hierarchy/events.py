@@ -238,6 +238,7 @@ def parse_event(data: str | bytes | dict[str, Any]) -> RunEvent:
 
 
 Listener = Callable[[RunEvent], None]
+"""A function a run calls with each of its events (``listeners=``), on the event loop's thread."""
 
 
 class EventBus:

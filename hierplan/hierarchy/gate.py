@@ -159,6 +159,7 @@ class Defer:
 
 
 Decision = Approve | Edit | Reject | Defer
+"""What an approver returns for a plan: approve, edit, reject or defer it."""
 
 
 class Approver(Protocol):
@@ -178,6 +179,7 @@ class AutoApprove:
 
 
 ReviewFunction = Callable[[Plan, GateContext], Decision | Awaitable[Decision]]
+"""The function a :class:`CallbackApprover` calls on each valid plan (sync or async)."""
 
 
 class CallbackApprover:

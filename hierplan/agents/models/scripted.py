@@ -21,6 +21,7 @@ from hierplan.errors import UnexpectedModelCall
 
 ScriptItem = ModelResponse | BaseException | Callable[[ModelRequest], ModelResponse]
 ResponseFunction = Callable[[ModelRequest], ModelResponse | Awaitable[ModelResponse]]
+"""The function a :class:`FunctionModel` answers each request with (sync or async)."""
 
 
 def estimated_usage(request: ModelRequest, response: ModelResponse) -> Usage:
