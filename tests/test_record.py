@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rich.console import Console
 
 import hierplan
 from hierplan import RunResult, ScriptedModel, tool
@@ -19,6 +21,8 @@ from hierplan.agents.models.scripted import plan_response
 from hierplan.errors import UserInputError
 from hierplan.goals import goal_from_data, load_goal_file
 from hierplan.hierarchy.events import ModelCalled, RunEvent, RunFinished
+from hierplan.tracing.html import render_html
+from hierplan.tracing.report import node_tree
 
 pytestmark = pytest.mark.anyio
 
@@ -234,3 +238,73 @@ def test_any_set_assignments_give_valid_settings_or_a_message(texts: list[str]) 
         # what --set accepts, a run takes (model_validate raises otherwise)
         taken = hierplan.RunSettings.model_validate(values).model_dump(include=set(values))
         assert taken == values
+
+
+async def test_each_tool_call_is_recorded_on_its_node_clipped(tmp_path: Path) -> None:
+    @tool
+    def shout(text: str) -> str:
+        """Shout a text back."""
+        if text == "fail":
+            raise ValueError("will not shout that")
+        return text.upper() * 200  # 400 characters: more than a record keeps
+
+    steps = [
+        {"id": "a", "title": "A", "instruction": "a", "tool": "shout", "args": {"text": "hi"}},
+        {"id": "b", "title": "B", "instruction": "b", "tool": "shout", "args": {"text": "fail"}},
+    ]
+    model = ScriptedModel([plan_response({"goal": "g", "steps": steps})])
+    settings = hierplan.RunSettings(max_retries=0, max_replans=0)
+    result = await hierplan.run(
+        "g", model=model, tools=[shout], strategy="plan-execute", settings=settings
+    )
+    by_step = {n.step_id: n.tool_calls for n in result.tree.walk() if n.step_id}
+    [ok] = by_step["a"]
+    assert (ok.tool, ok.arguments, ok.error) == ("shout", '{"text": "hi"}', None)
+    assert ok.result == "HI" * 150 + "... [100 more]"
+    assert ok.duration_s >= 0 and ok.started_at > 0
+    [failed] = by_step["b"]
+    assert failed.result is None
+    assert failed.error == "tool 'shout' failed: ValueError: will not shout that"
+    loaded = RunResult.load(result.write(tmp_path / "run.json"))
+    assert loaded.tree == result.tree
+
+    page = render_html(result)
+    assert '<table class="tool-calls">' in page and "will not shout that" in page
+    console = Console(record=True, width=200)
+    console.print(node_tree(result.tree))
+    text = console.export_text()
+    assert 'shout({"text": "hi"}) -> HIHI' in text
+    assert 'shout({"text": "fail"}) -> tool \'shout\' failed: ValueError' in text
+
+
+def test_a_run_json_from_before_tool_calls_were_recorded_loads(tmp_path: Path) -> None:
+    result = hierplan.run_sync(
+        "g",
+        model=ScriptedModel(
+            [
+                plan_response(
+                    {
+                        "goal": "g",
+                        "steps": [
+                            {
+                                "id": "a",
+                                "title": "A",
+                                "instruction": "a",
+                                "tool": "noop",
+                                "args": {},
+                            }
+                        ],
+                    }
+                )
+            ]
+        ),
+        tools=[noop],
+    )
+    data = result.to_dict()
+    for node in [data["tree"], *data["tree"]["children"]]:
+        del node["tool_calls"]
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(data))
+    loaded = RunResult.load(path)
+    assert all(n.tool_calls == [] for n in loaded.tree.walk())
+    assert loaded.tree.children[0].status == "succeeded"

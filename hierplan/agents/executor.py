@@ -26,6 +26,7 @@ from hierplan.agents.tools import Tool, result_text
 from hierplan.errors import HierplanError, StepFailed, ToolError
 from hierplan.hierarchy.events import ToolCalled
 from hierplan.hierarchy.gate import REF_PATTERN, ref_target
+from hierplan.hierarchy.record import TOOL_TEXT_LIMIT, ToolCallRecord
 
 if TYPE_CHECKING:
     from hierplan.hierarchy.context import NodeContext
@@ -98,22 +99,16 @@ async def call_tool(
     references: bool = False,
 ) -> Any:
     """Call a tool inside every instrument's tool scope and report a :class:`ToolCalled` event
-    (``references``: the arguments hold outputs of earlier steps, see :meth:`Tool.call`)."""
-    call = partial(_call, target, arguments, references=references)
+    (``references``: the arguments hold outputs of earlier steps, see :meth:`Tool.call`), and
+    record it on the node."""
     run = node.run
+    started_at = time.time()
     started = time.perf_counter()
     error: str | None = None
+    output: Any = None
     try:
-        scopes = _tool_scopes(node, target, arguments, call_id) if run.instruments else []
-        if not scopes:
-            return await call()
-        if len(scopes) == 1:  # the common case (tracing, say) without an exit stack's cost
-            async with scopes[0]:
-                return await call()
-        async with AsyncExitStack() as stack:
-            for scope in scopes:
-                await stack.enter_async_context(scope)
-            return await call()
+        output = await _scoped_call(node, target, arguments, call_id, references)
+        return output
     except HierplanError as exc:
         error = str(exc)
         raise
@@ -122,6 +117,17 @@ async def call_tool(
         error = "cancelled before it finished"
         raise
     finally:
+        duration = time.perf_counter() - started
+        node.record.tool_calls.append(
+            ToolCallRecord(
+                tool=target.name,
+                arguments=result_text(arguments, limit=TOOL_TEXT_LIMIT),
+                result=None if error is not None else result_text(output, limit=TOOL_TEXT_LIMIT),
+                error=error,
+                started_at=started_at,
+                duration_s=duration,
+            )
+        )
         if run.bus.wants("tool_called"):
             run.bus.emit(
                 ToolCalled(
@@ -130,10 +136,27 @@ async def call_tool(
                     tool=target.name,
                     call_id=call_id,
                     ok=error is None,
-                    duration_s=time.perf_counter() - started,
+                    duration_s=duration,
                     error=error,
                 )
             )
+
+
+async def _scoped_call(
+    node: NodeContext, target: Tool, arguments: Mapping[str, Any], call_id: str, references: bool
+) -> Any:
+    """The call, inside every instrument's tool scope."""
+    call = partial(_call, target, arguments, references=references)
+    scopes = _tool_scopes(node, target, arguments, call_id) if node.run.instruments else []
+    if not scopes:
+        return await call()
+    if len(scopes) == 1:  # the common case (tracing, say) without an exit stack's cost
+        async with scopes[0]:
+            return await call()
+    async with AsyncExitStack() as stack:
+        for scope in scopes:
+            await stack.enter_async_context(scope)
+        return await call()
 
 
 def _tool_scopes(

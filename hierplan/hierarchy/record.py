@@ -65,6 +65,25 @@ class CallRecord:
 
 
 @dataclass(slots=True)
+class ToolCallRecord:
+    """One tool call of a node: the tool, its arguments and its result as text clipped to
+    :data:`TOOL_TEXT_LIMIT` characters, the error it failed with (``None`` when it succeeded),
+    when it started (a Unix time) and how long it took."""
+
+    tool: str
+    arguments: str
+    result: str | None
+    error: str | None
+    started_at: float
+    duration_s: float
+
+
+# Enough of a tool call's arguments and result to see what it did; a record of thousands of
+# calls must not hold every page a tool fetched.
+TOOL_TEXT_LIMIT = 300
+
+
+@dataclass(slots=True)
 class DecisionRecord:
     """One decision on a plan version, for the audit trail: what, who or what decided, when.
 
@@ -118,7 +137,8 @@ class NodeRecord:
     a planner proposed, with the gate's decisions; ``children`` are the nodes of its steps.
     ``started_at`` and ``finished_at`` are Unix times, ``attempts`` how many times the step
     was tried, ``budget`` its figures under a run budget (``None`` without one) and ``flags``
-    marks such as ``overrun``.
+    marks such as ``overrun``. ``tool_calls`` holds each tool call it made, in the order they
+    finished (:class:`ToolCallRecord`).
     """
 
     path: str
@@ -143,6 +163,8 @@ class NodeRecord:
     error: str | None = None
     budget: dict[str, Any] | None = None
     flags: list[str] = field(default_factory=list)
+    # Last, and empty by default: a run.json written before tool calls were recorded loads.
+    tool_calls: list[ToolCallRecord] = field(default_factory=list)
 
     def add_call(self, call: CallRecord) -> None:
         """Record a call and add its usage and cost to this node's totals."""

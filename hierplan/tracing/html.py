@@ -225,6 +225,26 @@ def _calls_table(node: NodeRecord) -> str:
     return f'<table class="calls">{head}{rows}</table>'
 
 
+def _tool_calls_table(node: NodeRecord) -> str:
+    if not node.tool_calls:
+        return ""
+    head = (
+        "<tr><th>#</th><th>tool</th><th>arguments</th><th>result or error</th>"
+        '<th class="num">seconds</th></tr>'
+    )
+    rows = "".join(
+        f'<tr><td>{i}</td><td class="mono">{e(c.tool)}</td><td class="mono">{e(c.arguments)}</td>'
+        + (
+            f'<td class="mono">{e(c.result or "")}</td>'
+            if c.error is None
+            else f'<td class="err">{e(c.error)}</td>'
+        )
+        + f'<td class="num">{c.duration_s:.3f}</td></tr>'
+        for i, c in enumerate(node.tool_calls, 1)
+    )
+    return f'<table class="tool-calls">{head}{rows}</table>'
+
+
 def _plan_table(plan: Plan, previous: Plan | None) -> str:
     before = previous.step_map() if previous is not None else {}
     after = plan.step_map()
@@ -301,7 +321,10 @@ def _node_body(node: NodeRecord) -> str:
         facts.append(f'<div class="err"><b>error</b>: {e(node.error)}</div>')
     if node.output:
         facts.append(f"<details><summary>output</summary><pre>{e(node.output)}</pre></details>")
-    return f'<div class="body">{"".join(facts)}{_calls_table(node)}{_plan_versions(node)}</div>'
+    return (
+        f'<div class="body">{"".join(facts)}{_calls_table(node)}{_tool_calls_table(node)}'
+        f"{_plan_versions(node)}</div>"
+    )
 
 
 def _tree(root: NodeRecord) -> str:

@@ -133,7 +133,26 @@ def _node_label(node: NodeRecord, budgeted: bool = False) -> Text:
         label.append(f"  plan v{len(node.plan_versions)}", style="yellow")
     if node.error and node.status != "succeeded":
         label.append(f"\n{short(node.error, 110)}", style="red")
+    _tool_call_lines(label, node)
     return label
+
+
+# The tool calls a node's line lists; a loop of a hundred calls is summed up by its count.
+MAX_TOOL_CALL_LINES = 5
+
+
+def _tool_call_lines(label: Text, node: NodeRecord) -> None:
+    """A line per tool call under the node's: ``tool(arguments) -> result`` or ``-> error``."""
+    for call in node.tool_calls[:MAX_TOOL_CALL_LINES]:
+        label.append(f"\n  {plain(call.tool)}({short(call.arguments, 50)})", style="blue")
+        if call.error is None:
+            label.append(f" -> {short(call.result or '', 50)}")
+        else:
+            label.append(f" -> {short(call.error, 60)}", style="red")
+        label.append(f"  {call.duration_s:.2f} s", style="dim")
+    hidden = len(node.tool_calls) - MAX_TOOL_CALL_LINES
+    if hidden > 0:
+        label.append(f"\n  … {hidden} more tool call(s)", style="dim")
 
 
 def node_tree(root: NodeRecord, *, max_children: int = 40) -> Tree:
