@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -316,3 +317,61 @@ async def test_a_run_that_raises_still_ends_its_events_with_run_finished() -> No
     assert isinstance(last, RunFinished) and last.status == "error"
     assert last.error == "ModelAuthError: openai:gpt-5-mini: HTTP 401: key refused"
     assert [e.type for e in events].count("run_finished") == 1
+
+
+def test_a_listener_that_raises_is_logged_and_the_others_still_get_every_event(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    bus = EventBus("r")
+    seen: list[str] = []
+
+    def broken_display(event: RunEvent) -> None:
+        raise ValueError(f"cannot draw {event.path}")
+
+    bus.subscribe(broken_display)
+    bus.subscribe(lambda e: seen.append(e.path))
+    with caplog.at_level(logging.ERROR, logger="hierplan"):
+        for path in ("1", "1.1"):
+            bus.emit(NodeStarted(path=path, kind="planner", goal="g"))
+    assert seen == ["1", "1.1"]
+    records = [r for r in caplog.records if r.name == "hierplan"]
+    assert len(records) == 2
+    assert "broken_display raised on a node_started event" in records[0].getMessage()
+    assert records[0].exc_info is not None and "cannot draw 1" in str(records[0].exc_info[1])
+
+
+def test_a_listener_raising_keyboard_interrupt_still_stops_the_emit() -> None:
+    bus = EventBus("r")
+    seen: list[str] = []
+
+    def interrupted(event: RunEvent) -> None:
+        raise KeyboardInterrupt
+
+    bus.subscribe(interrupted)
+    bus.subscribe(lambda e: seen.append(e.path))
+    with pytest.raises(KeyboardInterrupt):
+        bus.emit(NodeStarted(path="1", kind="planner", goal="g"))
+    assert seen == []
+
+
+@pytest.mark.anyio
+async def test_a_run_goes_on_and_succeeds_past_a_listener_that_raises_on_every_event(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def broken(event: RunEvent) -> None:
+        raise RuntimeError("display bug")
+
+    events: list[RunEvent] = []
+    with caplog.at_level(logging.ERROR, logger="hierplan"):
+        result = await hierplan.run(
+            goal_for(GROUPS),
+            oracle=CapitalsOracle(),
+            tools=local_tools(),
+            sim_profile="ideal",
+            sim_latency_scale=0,
+            listeners=[broken, events.append],
+        )
+    assert result.status == "succeeded", result.error
+    check_events(events, result)
+    logged = [r for r in caplog.records if r.name == "hierplan" and r.exc_text]
+    assert len(logged) == len(events) and all("display bug" in r.exc_text for r in logged)

@@ -18,11 +18,15 @@ children, and :class:`NodeFinished`; last :class:`RunFinished`.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+# Named, not __name__: users configure the package's one logger.
+_log = logging.getLogger("hierplan")
 
 
 class RunEvent(BaseModel):
@@ -284,7 +288,29 @@ class EventBus:
         self._ignored_by_all = frozenset.intersection(*ignored) if ignored else frozenset()
 
     def emit(self, event: RunEvent) -> None:
-        """Send ``event`` to every listener that does not ignore its type."""
+        """Send ``event`` to every listener that does not ignore its type.
+
+        A listener that raises an :class:`Exception` is logged (on the ``hierplan`` logger,
+        with its traceback) and the other listeners and the run go on: a bug in a progress
+        display must not fail a run that may have cost money. ``KeyboardInterrupt`` and
+        cancellation still propagate.
+        """
         for listener, ignore in self._listeners:
             if event.type not in ignore:
-                listener(event)
+                try:
+                    listener(event)
+                except Exception:
+                    _log.exception(
+                        "event listener %s raised on a %s event; the run goes on",
+                        _listener_name(listener),
+                        event.type,
+                    )
+
+
+def _listener_name(listener: Listener) -> str:
+    """A listener's name for a log line: its qualified name, else its ``repr``."""
+    name = getattr(listener, "__qualname__", None)
+    if isinstance(name, str):
+        module = getattr(listener, "__module__", None)
+        return f"{module}.{name}" if isinstance(module, str) else name
+    return repr(listener)
