@@ -7,16 +7,21 @@ import pytest
 import hierplan
 from hierplan import FunctionModel, ModelRequest, ModelResponse, ScriptedModel
 from hierplan.agents.models import resolve_model
-from hierplan.agents.models.base import Message, parse_model_string
+from hierplan.agents.models.base import Message, Model, parse_model_string
 from hierplan.agents.models.simulated import PROFILES, NoiseProfile, SimulatedModel, perturb_plan
 from hierplan.agents.models.tokens import estimate_request_tokens, estimate_text_tokens
 from hierplan.agents.prompts import PlanPrompt, render_plan_prompt
+from hierplan.agents.tools import Toolbox
+from hierplan.budgets.pricing import PriceTable
 from hierplan.errors import (
+    ModelError,
     ModelNotAvailableError,
     SimulatorCoverageError,
     UnexpectedModelCall,
     UserInputError,
 )
+from hierplan.hierarchy.context import NodeContext, RunContext, RunSettings
+from hierplan.hierarchy.record import NodeRecord
 from hierplan.scenarios.data_migration.oracle import ROOT_GOAL, MigrationOracle
 
 pytestmark = pytest.mark.anyio
@@ -173,3 +178,61 @@ def test_the_function_models_docstring_shows_a_run_that_works() -> None:
         runner.run(test)
     outcome = runner.summarize(verbose=False)
     assert outcome.attempted > 0 and outcome.failed == 0, outcome
+
+
+def _node(model: Model) -> NodeContext:
+    """A one-node run context calling ``model``, retrying at once."""
+    ctx = RunContext(
+        run_id="t",
+        settings=RunSettings(model_retries=2, retry_backoff_s=0),
+        toolbox=Toolbox(),
+        planner_model=model,
+        executor_model=model,
+        pricing=PriceTable({}),
+    )
+    return NodeContext(ctx, NodeRecord("1", "executor", "g", 1), allowed_tools=frozenset())
+
+
+async def test_a_model_raising_a_plain_exception_fails_the_call_with_a_model_error() -> None:
+    def broken(request: ModelRequest) -> ModelResponse:
+        raise ValueError("no answer for this")
+
+    model = FunctionModel(broken, name="mine")
+    node = _node(model)
+    with pytest.raises(
+        ModelError, match=r"model 'mine' raised ValueError: no answer for this"
+    ) as e:
+        await node.call_model(REQ)
+    assert isinstance(e.value.__cause__, ValueError)
+    assert not e.value.retryable
+    assert model.calls == 1  # not retried: the same request would raise again
+    assert [(c.ok, c.flags) for c in node.record.calls] == [(False, ["failed"])]
+
+
+async def test_a_model_raising_oserror_is_retried_as_a_transient_failure() -> None:
+    outcomes: list[ModelResponse | Exception] = [
+        ConnectionResetError("reset by peer"),
+        TimeoutError("timed out"),
+        ModelResponse(text="ok"),
+    ]
+    model = ScriptedModel(outcomes)
+    node = _node(model)
+    assert (await node.call_model(REQ)).text == "ok"
+    model.assert_complete()
+    assert [c.ok for c in node.record.calls] == [False, False, True]
+
+    always = FunctionModel(lambda r: (_ for _ in ()).throw(OSError("network is unreachable")))
+    node = _node(always)
+    with pytest.raises(ModelError, match="raised OSError: network is unreachable") as e:
+        await node.call_model(REQ)
+    assert e.value.retryable and isinstance(e.value.__cause__, OSError)
+    assert always.calls == 3  # the first attempt and model_retries=2
+
+
+async def test_a_run_whose_model_raises_ends_failed_with_the_models_message() -> None:
+    def broken(request: ModelRequest) -> ModelResponse:
+        raise KeyError("plan")
+
+    result = await hierplan.run("greet", model=FunctionModel(broken), strategy="dag")
+    assert result.status == "failed"
+    assert result.error is not None and "model 'function' raised KeyError" in result.error

@@ -27,7 +27,7 @@ from hierplan.agents.models.tokens import counted_usage, failed_usage, worst_cas
 from hierplan.agents.planner import LLMPlanner
 from hierplan.agents.tools import Toolbox
 from hierplan.budgets.pricing import PriceTable
-from hierplan.errors import ModelError
+from hierplan.errors import HierplanError, ModelError
 from hierplan.hierarchy.events import EventBus, ModelCalled, StepRetried
 from hierplan.hierarchy.gate import Gate
 from hierplan.hierarchy.pause import PauseControl, Restore, SpanIds
@@ -311,7 +311,7 @@ class NodeContext:
             started = time.time()
             t0 = time.perf_counter()
             try:
-                response = await self.model.request(request)
+                response = await self._request(request)
             except anyio.get_cancelled_exc_class():
                 self._cut_short(request, started, t0, attempt)
                 raise
@@ -361,6 +361,23 @@ class NodeContext:
                 model_name=response.model,
             )
             return response
+
+    async def _request(self, request: ModelRequest) -> ModelResponse:
+        """One attempt of the model call. An exception the model raises that is not one of
+        hierplan's (a user's function raising ``ValueError``, a connection's ``OSError``)
+        becomes a :class:`ModelError` naming the model, so that the retry loop, the record
+        and the planner's fallback treat it as any failed call rather than let it end the run
+        with a traceback; an ``OSError`` is as transient as a provider's server error."""
+        try:
+            return await self.model.request(request)
+        except HierplanError:
+            raise
+        except Exception as exc:
+            name = self.base_model.name
+            raise ModelError(
+                f"model {name!r} raised {type(exc).__name__}: {exc}",
+                retryable=isinstance(exc, OSError),
+            ) from exc
 
     def _cut_short(self, request: ModelRequest, started: float, t0: float, attempt: int) -> None:
         """Record a call cut short (cancelled, a deadline): the provider may have billed it, so
