@@ -142,3 +142,21 @@ async def test_run_id_is_known_before_the_run_and_used_by_it() -> None:
     assert result.run_id == "abc" and {e.run_id for e in events} == {"abc"}
     assert result.status == "failed"
     check_events(events, result)
+
+
+@pytest.mark.anyio
+async def test_a_handle_used_before_its_block_says_how_to_use_it() -> None:
+    handle = capitals()
+    # Without the check result() waited for ever: the deadline turns that into a failure.
+    with (
+        anyio.fail_after(5),
+        pytest.raises(RuntimeError, match=r"RunHandle.result\(\) was called before the run"),
+    ):
+        await handle.result()
+    with pytest.raises(RuntimeError, match=r"async with hierplan.start\(...\) as handle"):
+        handle.events()
+    assert handle.status == "starting" and handle.event_count == 0
+    async with handle:  # the refusals left the handle usable
+        result = await handle.result()
+    assert result.status == "succeeded"
+    assert [e async for e in handle.events()][-1].type == "run_finished"

@@ -108,6 +108,7 @@ class RunHandle:
     def events(self, since: int = 0) -> EventStream:
         """Every event of the run from position ``since`` on, waiting for new ones until the
         run ends. Each call gives an independent iterator."""
+        self._require_entered("events")
         if since < 0:
             raise ValueError(f"since must be 0 or more, not {since}")
         return EventStream(self, since)
@@ -133,6 +134,7 @@ class RunHandle:
 
     async def result(self) -> RunResult:
         """Wait for the run to end and return its record (re-raises an error the run raised)."""
+        self._require_entered("result")
         await self._done_event().wait()
         if self._error is not None:
             self._error_seen = True
@@ -151,6 +153,15 @@ class RunHandle:
         if self._outer is not None:
             self._outer.cancel()
         return True
+
+    def _require_entered(self, method: str) -> None:
+        """Refuse a use of a handle whose run has not started: it would wait for ever."""
+        if self._task_group is None:
+            raise RuntimeError(
+                f"RunHandle.{method}() was called before the run started: a handle runs "
+                f"only inside its block, as in `async with hierplan.start(...) as handle:`; "
+                f"call handle.{method}() inside the block (or after it)"
+            )
 
     # -- lifecycle ------------------------------------------------------------------------
     async def __aenter__(self) -> RunHandle:
