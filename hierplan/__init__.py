@@ -87,8 +87,8 @@ from hierplan.hierarchy.gate import (
 from hierplan.hierarchy.handle import EventStream, RunHandle, start
 from hierplan.hierarchy.plan import Plan, Step, critical_path, topological_order, validate_plan
 from hierplan.hierarchy.record import NodeRecord, RunResult
-from hierplan.hierarchy.resume import resume, resume_sync
-from hierplan.hierarchy.run import run, run_sync
+from hierplan.hierarchy.resume import ResumeOptions, resume, resume_sync
+from hierplan.hierarchy.run import RunOptions, run, run_sync
 from hierplan.hierarchy.strategies import STRATEGIES
 from hierplan.review import ConsoleReviewer, PauseForReview, PolicyApprover, ReviewPolicy
 from hierplan.tracing.otel import Tracing
@@ -173,12 +173,14 @@ __all__ = [
     "Reject",
     "Replanned",
     "ResponseFunction",
+    "ResumeOptions",
     "ReviewFunction",
     "ReviewPolicy",
     "RunContext",
     "RunEvent",
     "RunFinished",
     "RunHandle",
+    "RunOptions",
     "RunResult",
     "RunSettings",
     "RunStarted",

@@ -13,6 +13,7 @@ import hierplan
 EXPECTED = {
     # running
     "run", "run_sync", "start", "RunHandle", "EventStream", "RunSettings", "RunResult",
+    "RunOptions", "ResumeOptions",
     "NodeRecord", "STRATEGIES", "Instrument", "RunContext", "NodeContext", "Tracing",
     # events
     "RunEvent", "AnyEvent", "parse_event", "RunStarted", "NodeStarted", "NodeFinished",

@@ -29,7 +29,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
@@ -37,7 +37,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from hierplan.hierarchy.context import Instrument, RunContext
 from hierplan.hierarchy.events import RunEvent, RunFinished
 from hierplan.hierarchy.record import NodeRecord, RunResult
-from hierplan.hierarchy.run import run
+from hierplan.hierarchy.run import RUN_OPTIONS, RunOptions, refuse_unknown_options, run
 
 
 class EventStream:
@@ -306,7 +306,7 @@ class RunHandle:
         )
 
 
-def start(goal: str | None = None, **options: Any) -> RunHandle:
+def start(goal: str | None = None, **options: Unpack[RunOptions]) -> RunHandle:
     """Start a run and get a handle on it; takes the same arguments as :func:`hierplan.run`.
 
     >>> async with hierplan.start(scenario="data_migration") as handle:  # doctest: +SKIP
@@ -317,6 +317,8 @@ def start(goal: str | None = None, **options: Any) -> RunHandle:
 
     Entering the context starts the run and returns once it has started (bad input raises
     there, as :func:`hierplan.run` would). See :mod:`hierplan.hierarchy.handle` for how events
-    are buffered and how cancellation works.
+    are buffered and how cancellation works. A keyword :func:`hierplan.run` does not take
+    raises :class:`TypeError` here, at once.
     """
+    refuse_unknown_options("start", options, RUN_OPTIONS)
     return RunHandle(goal, dict(options))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import anyio
 from pydantic import ValidationError
@@ -34,7 +34,7 @@ from hierplan.hierarchy.pause import (
     pending_versions,
 )
 from hierplan.hierarchy.record import NodeRecord, RunResult
-from hierplan.hierarchy.run import run
+from hierplan.hierarchy.run import ResumableRunOptions, refuse_unknown_options, run
 
 
 def decisions_for(
@@ -128,13 +128,24 @@ def _saved_budget(saved: Any) -> dict[str, Any]:
     return dict(saved)
 
 
+class ResumeOptions(ResumableRunOptions, total=False):
+    """The keyword options of :func:`hierplan.resume` and :func:`hierplan.resume_sync`:
+    ``node`` and ``version`` (see :func:`hierplan.resume`), and the :func:`hierplan.run`
+    options a resumed run takes. ``run_id``, ``checkpoint_dir`` and ``restore`` are not among
+    them: the checkpoint decides those. A misspelt option raises :class:`TypeError` naming the
+    nearest one, before the checkpoint is touched."""
+
+    node: str | None
+    version: int | None
+
+
+RESUME_OPTIONS: frozenset[str] = ResumeOptions.__optional_keys__
+
+
 async def resume(
     run_dir: Path,
     decision: Decision | None = None,
-    *,
-    node: str | None = None,
-    version: int | None = None,
-    **overrides: Any,
+    **options: Unpack[ResumeOptions],
 ) -> RunResult:
     """Continue the paused run in ``run_dir`` with ``decision`` on its pending plan(s).
 
@@ -143,10 +154,12 @@ async def resume(
     plan, or to node ``node``'s only. ``version``: decide only if the plan waiting is that
     version (the one in ``pending/<node>.yaml`` the decision was made on): a run resumed by
     someone else and paused again waits on a newer one. With no decision the pending plans go
-    to the approver again. ``overrides`` are :func:`hierplan.run` arguments that cannot be saved (an
-    ``approver``, ``tools``, model objects, ``listeners``, ``instruments``); the rest comes
-    from the checkpoint. As in :func:`hierplan.run`, plans are approved automatically unless
-    an ``approver`` is given: pass the same approver to keep reviewing later plans.
+    to the approver again. The other ``options`` (:class:`~hierplan.ResumeOptions`) are
+    :func:`hierplan.run` arguments that cannot be saved (an ``approver``, ``tools``, model
+    objects, ``listeners``, ``instruments``); the rest comes from the checkpoint. An option
+    resume does not take raises :class:`TypeError` before ``run_dir`` is touched. As in
+    :func:`hierplan.run`, plans are approved automatically unless an ``approver`` is given:
+    pass the same approver to keep reviewing later plans.
 
     The resume holds ``run_dir``'s lock (``run.lock``, see :mod:`hierplan.dirlock`) from before
     it reads the checkpoint until it returns: while another run or resume holds it (in this
@@ -155,6 +168,11 @@ async def resume(
 
     >>> result = await hierplan.resume(Path("runs/mig"), Approve(by="alice"))  # doctest: +SKIP
     """
+    # Before the lock is taken: a misspelt option must leave the directory as it was.
+    refuse_unknown_options("resume", options, RESUME_OPTIONS)
+    node = options.get("node")
+    version = options.get("version")
+    overrides = {k: v for k, v in options.items() if k not in ("node", "version")}
     # Held before the checkpoint is read: a run or resume writing the directory may replace it.
     with holding_run_directory(run_dir):
         checkpoint = load_checkpoint(run_dir)
@@ -164,7 +182,6 @@ async def resume(
             _check_version(restore.record.tree, node, version)
         kwargs = run_arguments(checkpoint, overrides, run_dir)
         kwargs.setdefault("checkpoint_extra", checkpoint.extra)
-        kwargs.pop("checkpoint_dir", None)  # a resumed run saves its next pause where it was
         saved = run_dir / CHECKPOINT_FILE
         resuming = run_dir / RESUMING_FILE
         try:
@@ -187,6 +204,9 @@ async def resume(
         return result
 
 
-def resume_sync(run_dir: Path, decision: Decision | None = None, **kwargs: Any) -> RunResult:
+def resume_sync(
+    run_dir: Path, decision: Decision | None = None, **kwargs: Unpack[ResumeOptions]
+) -> RunResult:
     """:func:`resume` for sync callers (starts its own event loop)."""
+    refuse_unknown_options("resume_sync", kwargs, RESUME_OPTIONS)
     return anyio.run(partial(resume, run_dir, decision, **kwargs))

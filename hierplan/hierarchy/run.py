@@ -7,6 +7,7 @@ event loop.
 
 from __future__ import annotations
 
+import difflib
 import re
 import time
 import uuid
@@ -15,7 +16,7 @@ from contextlib import AbstractContextManager, AsyncExitStack, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import anyio
 import anyio.to_thread
@@ -53,6 +54,69 @@ from hierplan.hierarchy.plan import MAX_GOAL_CHARS
 from hierplan.hierarchy.record import NodeRecord, RunResult, RunStatus, make_directory
 from hierplan.hierarchy.strategies import Strategy, get_strategy
 from hierplan.scenarios import Scenario, ScenarioEnv, get_scenario
+
+
+class ResumableRunOptions(TypedDict, total=False):
+    """The keyword options of :func:`run` that a resumed run takes too (see
+    :class:`RunOptions`, where each is described, and :class:`~hierplan.ResumeOptions`)."""
+
+    scenario: str | Scenario | None
+    strategy: str | None
+    model: str | Model
+    executor_model: str | Model | None
+    tools: Iterable[Tool | Toolset]
+    settings: RunSettings | None
+    max_depth: int | None
+    concurrency: int | None
+    seed: int | None
+    approver: Approver | None
+    gate: Gate | None
+    instruments: Sequence[Instrument]
+    listeners: Sequence[Listener]
+    oracle: Oracle | None
+    sim_profile: NoiseProfile | str
+    sim_latency_scale: float
+    pricing: PriceTable | None
+    workdir: Path | None
+    model_options: dict[str, Any] | None
+    checkpoint_extra: Mapping[str, Any] | None
+    budget_usd: float | None
+    budget_tokens: int | None
+    allocation: str
+    price_in: float | None
+    price_out: float | None
+
+
+class RunOptions(ResumableRunOptions, total=False):
+    """The keyword options of :func:`hierplan.run`, for the functions that pass them on
+    (:func:`hierplan.run_sync`, :func:`hierplan.start`): a type checker then catches a
+    misspelt one, and at run time it raises :class:`TypeError` naming the nearest option.
+    :func:`hierplan.run` describes each.
+
+    >>> options: hierplan.RunOptions = {"strategy": "dag", "budget_usd": 0.5}  # doctest: +SKIP
+    >>> hierplan.run_sync("greet the user", **options)  # doctest: +SKIP
+    """
+
+    run_id: str | None
+    checkpoint_dir: Path | None
+    restore: Restore | None
+
+
+RUN_OPTIONS: frozenset[str] = RunOptions.__optional_keys__
+
+
+def refuse_unknown_options(function: str, given: Iterable[str], known: frozenset[str]) -> None:
+    """Raise :class:`TypeError` for a keyword of ``given`` that ``function`` does not take,
+    suggesting the nearest one it does take. Called before anything runs: a misspelt option
+    is found at the call, not when the run starts (or, for a resume, after the checkpoint has
+    been claimed)."""
+    for name in given:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = (
+                f"did you mean {close[0]!r}?" if close else f"it takes {', '.join(sorted(known))}"
+            )
+            raise TypeError(f"{function}() got an unexpected keyword argument {name!r}: {hint}")
 
 
 @dataclass(slots=True)
@@ -622,6 +686,7 @@ def _run_status(root: NodeRecord) -> RunStatus:
     return "partial" if leaves_done else "failed"
 
 
-def run_sync(goal: str | None = None, **kwargs: Any) -> RunResult:
+def run_sync(goal: str | None = None, **kwargs: Unpack[RunOptions]) -> RunResult:
     """:func:`run` for sync callers (starts its own event loop)."""
+    refuse_unknown_options("run_sync", kwargs, RUN_OPTIONS)
     return anyio.run(partial(run, goal, **kwargs))

@@ -1,0 +1,74 @@
+"""Typed run options: the functions that pass :func:`hierplan.run`'s options on refuse a
+misspelt one at the call, naming the nearest, before anything runs or is touched on disk."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+from review_support import ROOT_GOAL, fanout_planner, recording_tool
+
+import hierplan
+from hierplan import Approve, PauseForReview
+from hierplan.hierarchy.pause import CHECKPOINT_FILE
+
+# What resume decides from the checkpoint, not its caller.
+DECIDED_BY_THE_CHECKPOINT = {"run_id", "checkpoint_dir", "restore"}
+
+
+def _keyword_options(function: object) -> set[str]:
+    parameters = inspect.signature(function).parameters.values()  # type: ignore[arg-type]
+    return {p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
+def test_the_typed_options_are_exactly_runs_keyword_options() -> None:
+    run_options = _keyword_options(hierplan.run)
+    assert hierplan.RunOptions.__optional_keys__ == run_options
+    resumed = (run_options - DECIDED_BY_THE_CHECKPOINT) | {"node", "version"}
+    assert hierplan.ResumeOptions.__optional_keys__ == resumed
+
+
+def test_run_sync_refuses_a_misspelt_option_naming_the_nearest() -> None:
+    with pytest.raises(TypeError, match=r"run_sync\(\) .* 'stratgy': did you mean 'strategy'\?"):
+        hierplan.run_sync("greet", stratgy="dag")  # type: ignore[call-arg]
+
+
+def test_start_refuses_a_misspelt_option_at_the_call() -> None:
+    with pytest.raises(TypeError, match=r"start\(\) .* 'budget_usdd': did you mean 'budget_usd'"):
+        hierplan.start("greet", budget_usdd=0.5)  # type: ignore[call-arg]
+
+
+def test_an_option_near_none_lists_what_is_taken() -> None:
+    with pytest.raises(TypeError, match=r"'zzz': it takes allocation, approver, budget_tokens"):
+        hierplan.run_sync("greet", zzz=1)  # type: ignore[call-arg]
+
+
+@pytest.mark.anyio
+async def test_resume_refuses_a_misspelt_option_before_touching_the_run_directory(
+    tmp_path: Path,
+) -> None:
+    calls: list[str] = []
+    model = fanout_planner(2)
+    tools = [recording_tool(calls)]
+    paused = await hierplan.run(
+        ROOT_GOAL, model=model, tools=tools, approver=PauseForReview(), checkpoint_dir=tmp_path
+    )
+    assert paused.status == "paused"
+
+    def snapshot() -> dict[str, bytes]:
+        found = tmp_path.rglob("*")
+        return {str(p.relative_to(tmp_path)): p.read_bytes() for p in found if p.is_file()}
+
+    before = snapshot()
+    with pytest.raises(TypeError, match=r"resume\(\) .* 'tool': did you mean 'tools'\?"):
+        await hierplan.resume(tmp_path, Approve(), model=model, tool=tools)  # type: ignore[call-arg]
+    # run_id is run's, not resume's: the checkpoint says which run goes on
+    with pytest.raises(TypeError, match=r"'run_id': it takes allocation"):
+        await hierplan.resume(tmp_path, Approve(), model=model, tools=tools, run_id="x")  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"resume_sync\(\) .* 'nod': did you mean 'node'\?"):
+        hierplan.resume_sync(tmp_path, Approve(), nod="1")  # type: ignore[call-arg]
+    assert snapshot() == before and (tmp_path / CHECKPOINT_FILE).exists()
+
+    resumed = await hierplan.resume(tmp_path, Approve(), model=model, tools=tools)
+    assert resumed.status == "succeeded", resumed.error
