@@ -33,7 +33,7 @@ from hierplan.console import RunConsole
 from hierplan.dirlock import holding_run_directory
 from hierplan.errors import HierplanError, UserInputError
 from hierplan.goals import load_goal_file, settings_from_assignments
-from hierplan.hierarchy.context import STRATEGY_NAMES, RunSettings
+from hierplan.hierarchy.context import MAX_RETRIES, STRATEGY_NAMES, RunSettings
 from hierplan.hierarchy.handle import start as start_run
 from hierplan.hierarchy.pause import CHECKPOINT_FILE, load_checkpoint
 from hierplan.hierarchy.plan import DEFAULT_MAX_DEPTH, DEFAULT_MAX_STEPS, load_plan, validate_plan
@@ -149,7 +149,9 @@ TimeoutOpt = Annotated[
 ]
 ModelRetriesOpt = Annotated[
     int | None,
-    typer.Option("--model-retries", min=0, help="Retries of a failed model call (3)."),
+    typer.Option(
+        "--model-retries", min=0, max=MAX_RETRIES, help="Retries of a failed model call (3)."
+    ),
 ]
 SetOpt = Annotated[
     list[str] | None,

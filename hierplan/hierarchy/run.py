@@ -207,7 +207,10 @@ def _settings(settings: RunSettings | None, overrides: dict[str, Any]) -> RunSet
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
         )
-        raise UserInputError(f"invalid run settings: {problems}") from None
+        raise UserInputError(
+            f"invalid run settings: {problems}; give each a value in its range "
+            "(hierplan.RunSettings describes them; on the command line: --set NAME=VALUE)"
+        ) from None
 
 
 async def run(
