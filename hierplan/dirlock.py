@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hierplan.errors import UserInputError
-from hierplan.hierarchy.record import make_directory
+from hierplan.hierarchy.record import StrPath, make_directory
 
 try:
     import fcntl
@@ -136,12 +136,13 @@ def holding(folder: Path, name: str, *, what: str, wait: str) -> Iterator[None]:
         lock.release()
 
 
-def holding_run_directory(run_dir: Path, *, otherwise: str = "") -> AbstractContextManager[None]:
-    """:func:`holding` on ``run_dir``'s :data:`RUN_LOCK`; ``otherwise`` ends the refusal's
-    message, saying what to do instead of waiting (e.g. ``", or give this run another --out"``).
+def holding_run_directory(run_dir: StrPath, *, otherwise: str = "") -> AbstractContextManager[None]:
+    """:func:`holding` on ``run_dir``'s :data:`RUN_LOCK` (a ``str`` or a ``Path``);
+    ``otherwise`` ends the refusal's message, saying what to do instead of waiting (e.g.
+    ``", or give this run another --out"``).
     """
     return holding(
-        run_dir,
+        Path(run_dir),
         RUN_LOCK,
         what="the run directory",
         wait=f"wait for it to end (or stop it){otherwise}",

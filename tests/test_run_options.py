@@ -72,3 +72,29 @@ async def test_resume_refuses_a_misspelt_option_before_touching_the_run_director
 
     resumed = await hierplan.resume(tmp_path, Approve(), model=model, tools=tools)
     assert resumed.status == "succeeded", resumed.error
+
+
+@pytest.mark.anyio
+async def test_every_path_argument_takes_a_str(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # relative str paths, as a user types them
+    result = await hierplan.run(
+        scenario="data_migration", workdir="work/mig", sim_latency_scale=0, seed=1
+    )
+    assert result.status == "succeeded", result.error
+    assert (tmp_path / "work" / "mig").is_dir()
+    written = result.write("records/run.json")
+    assert written == Path("records/run.json")
+    assert hierplan.RunResult.load("records/run.json").run_id == result.run_id
+
+    calls: list[str] = []
+    model = fanout_planner(2)
+    tools = [recording_tool(calls)]
+    paused = await hierplan.run(
+        ROOT_GOAL, model=model, tools=tools, approver=PauseForReview(), checkpoint_dir="paused"
+    )
+    assert paused.status == "paused" and (tmp_path / "paused" / CHECKPOINT_FILE).exists()
+    resumed = await hierplan.resume("paused", Approve(), model=model, tools=tools)
+    assert resumed.status == "succeeded", resumed.error
+    assert len(calls) == 2

@@ -14,13 +14,16 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 from pydantic import TypeAdapter, ValidationError
 
 from hierplan.agents.models.base import Phase, Usage
 from hierplan.errors import UserInputError, first_problem
 from hierplan.hierarchy.plan import Plan, PlanDiff
+
+StrPath: TypeAlias = str | os.PathLike[str]
+"""A path as the public API takes it: a :class:`~pathlib.Path`, or a ``str``."""
 
 RECORD_FORMAT = 1
 
@@ -362,15 +365,17 @@ class RunResult:
         """The record as indented JSON text."""
         return json.dumps(self.to_dict(), indent=1)
 
-    def write(self, path: Path) -> Path:
-        """Write ``run.json`` atomically (a reader never sees half a file)."""
+    def write(self, path: StrPath) -> Path:
+        """Write ``run.json`` atomically (a reader never sees half a file); returns the path."""
+        path = Path(path)
         make_directory(path.parent, "the run record's directory")
         write_atomic(path, self.to_json())
         return path
 
     @classmethod
-    def load(cls, path: Path) -> RunResult:
+    def load(cls, path: StrPath) -> RunResult:
         """Read a ``run.json``; a missing or malformed file raises :class:`UserInputError`."""
+        path = Path(path)
         try:
             # utf-8-sig: a byte-order mark that an editor put in front is not JSON
             text = path.read_text(encoding="utf-8-sig")

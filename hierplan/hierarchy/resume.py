@@ -33,7 +33,7 @@ from hierplan.hierarchy.pause import (
     load_checkpoint,
     pending_versions,
 )
-from hierplan.hierarchy.record import NodeRecord, RunResult
+from hierplan.hierarchy.record import NodeRecord, RunResult, StrPath
 from hierplan.hierarchy.run import ResumableRunOptions, refuse_unknown_options, run
 
 
@@ -143,7 +143,7 @@ RESUME_OPTIONS: frozenset[str] = ResumeOptions.__optional_keys__
 
 
 async def resume(
-    run_dir: Path,
+    run_dir: StrPath,
     decision: Decision | None = None,
     **options: Unpack[ResumeOptions],
 ) -> RunResult:
@@ -170,6 +170,7 @@ async def resume(
     """
     # Before the lock is taken: a misspelt option must leave the directory as it was.
     refuse_unknown_options("resume", options, RESUME_OPTIONS)
+    run_dir = Path(run_dir)
     node = options.get("node")
     version = options.get("version")
     overrides = {k: v for k, v in options.items() if k not in ("node", "version")}
@@ -205,7 +206,7 @@ async def resume(
 
 
 def resume_sync(
-    run_dir: Path, decision: Decision | None = None, **kwargs: Unpack[ResumeOptions]
+    run_dir: StrPath, decision: Decision | None = None, **kwargs: Unpack[ResumeOptions]
 ) -> RunResult:
     """:func:`resume` for sync callers (starts its own event loop)."""
     refuse_unknown_options("resume_sync", kwargs, RESUME_OPTIONS)

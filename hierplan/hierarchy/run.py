@@ -51,7 +51,13 @@ from hierplan.hierarchy.pause import (
     write_checkpoint,
 )
 from hierplan.hierarchy.plan import MAX_GOAL_CHARS
-from hierplan.hierarchy.record import NodeRecord, RunResult, RunStatus, make_directory
+from hierplan.hierarchy.record import (
+    NodeRecord,
+    RunResult,
+    RunStatus,
+    StrPath,
+    make_directory,
+)
 from hierplan.hierarchy.strategies import Strategy, get_strategy
 from hierplan.scenarios import Scenario, ScenarioEnv, get_scenario
 
@@ -77,7 +83,7 @@ class ResumableRunOptions(TypedDict, total=False):
     sim_profile: NoiseProfile | str
     sim_latency_scale: float
     pricing: PriceTable | None
-    workdir: Path | None
+    workdir: StrPath | None
     model_options: dict[str, Any] | None
     checkpoint_extra: Mapping[str, Any] | None
     budget_usd: float | None
@@ -98,7 +104,7 @@ class RunOptions(ResumableRunOptions, total=False):
     """
 
     run_id: str | None
-    checkpoint_dir: Path | None
+    checkpoint_dir: StrPath | None
     restore: Restore | None
 
 
@@ -233,10 +239,10 @@ async def run(
     sim_profile: NoiseProfile | str = "typical",
     sim_latency_scale: float = 1.0,
     pricing: PriceTable | None = None,
-    workdir: Path | None = None,
+    workdir: StrPath | None = None,
     run_id: str | None = None,
     model_options: dict[str, Any] | None = None,
-    checkpoint_dir: Path | None = None,
+    checkpoint_dir: StrPath | None = None,
     checkpoint_extra: Mapping[str, Any] | None = None,
     restore: Restore | None = None,
     budget_usd: float | None = None,
@@ -277,6 +283,9 @@ async def run(
     plan's steps; ``price_in``/``price_out`` (USD per million tokens) price the run's models.
     A run stopped by its budget ends ``partial``; ``RunResult.not_done()`` says what is left.
     """
+    # A str is a path as well as a Path is: every use below wants a Path.
+    workdir = None if workdir is None else Path(workdir)
+    checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
     given = {"strategy": strategy, "max_depth": max_depth, "concurrency": concurrency}
     run_settings = _settings(settings, {**given, "seed": seed})
     chosen = get_strategy(run_settings.strategy)
