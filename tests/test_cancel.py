@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -27,7 +28,7 @@ TERMINAL = {"succeeded", "partial", "failed", "cancelled", "rejected", "budget_e
 SLOW_IDEAL = NoiseProfile(name="slow-ideal", latency_median_s=0.01)
 
 
-def _start(delay_s: float, latency: float = 0.0, **options: object) -> hierplan.RunHandle:
+def _start(delay_s: float, latency: float = 0.0, **options: Any) -> hierplan.RunHandle:
     """A capitals run; tools take ``delay_s``, model calls ``latency`` x 10 ms."""
     return hierplan.start(
         goal_for(GROUPS),

@@ -374,4 +374,4 @@ async def test_a_run_goes_on_and_succeeds_past_a_listener_that_raises_on_every_e
     assert result.status == "succeeded", result.error
     check_events(events, result)
     logged = [r for r in caplog.records if r.name == "hierplan" and r.exc_text]
-    assert len(logged) == len(events) and all("display bug" in r.exc_text for r in logged)
+    assert len(logged) == len(events) and all("display bug" in (r.exc_text or "") for r in logged)
