@@ -2,7 +2,8 @@
 
 Exit status: 0 when the run succeeded (and its verification, if any, passed); 1 when it failed,
 was partial or rejected; 2 for bad input, always with a one-line reason and no traceback; 3 when
-the run paused for a plan review (continue it with ``hierplan resume``); 130 when interrupted.
+the run paused for a plan review (continue it with ``hierplan resume``); 130 when interrupted
+(Ctrl-C), 143 when stopped by SIGTERM (both leave the run's record, as a shell reports them).
 """
 
 from __future__ import annotations
@@ -233,18 +234,40 @@ def _refuse_paused_run(run_dir: Path) -> None:
     )
 
 
-def _exit_code(result: RunResult) -> int:
-    if result.status == "cancelled":  # only Ctrl-C cancels a run started here
-        return EXIT_INTERRUPTED
+Start = Callable[..., Awaitable[RunResult]]
+EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process that SIGTERM ended
+# The signals that stop a run the way Ctrl-C does: a service manager or `kill` sends SIGTERM.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class StopSignal:
+    """Which signal stopped a command's run, if one did: Ctrl-C (SIGINT) or SIGTERM."""
+
+    __slots__ = ("signum",)
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def exit_code(self) -> int:
+        """130 after Ctrl-C, 143 after SIGTERM."""
+        return EXIT_TERMINATED if self.signum == signal.SIGTERM else EXIT_INTERRUPTED
+
+    def reason(self) -> str:
+        """What stopped the run, in words: ``interrupted (Ctrl-C)`` or ``stopped by SIGTERM``."""
+        return "stopped by SIGTERM" if self.signum == signal.SIGTERM else "interrupted (Ctrl-C)"
+
+
+def _exit_code(result: RunResult, stop: StopSignal) -> int:
+    if result.status == "cancelled":  # only a stop signal cancels a run started here
+        return stop.exit_code()
     verified = result.verification is None or bool(result.verification.get("ok"))
     return 0 if result.status == "succeeded" and verified else 1
 
 
-Start = Callable[..., Awaitable[RunResult]]
-EXIT_INTERRUPTED = 130
-
-
-def _finish(console: Console, result: RunResult, out: Path, started: float) -> NoReturn:
+def _finish(
+    console: Console, result: RunResult, out: Path, started: float, stop: StopSignal
+) -> NoReturn:
     try:
         path: Path | None = result.write(out / "run.json")
     except (OSError, HierplanError) as exc:
@@ -266,22 +289,31 @@ def _finish(console: Console, result: RunResult, out: Path, started: float) -> N
     if result.status == "paused":
         print_paused(console, result, out)
         raise typer.Exit(EXIT_PAUSED)
-    raise typer.Exit(_exit_code(result))
+    if result.status == "cancelled" and stop.signum is not None:
+        console.print(f"{stop.reason()}: the run was cancelled", highlight=False)
+    raise typer.Exit(_exit_code(result, stop))
 
 
-async def run_until_interrupted(**options: Any) -> RunResult:
-    """:func:`hierplan.run`, which the first Ctrl-C cancels: the run ends ``cancelled`` with
-    its record (what finished, what was running). A second Ctrl-C stops at once."""
+def _stop_requested(signum: int) -> bool:
+    """Whether ``signum`` asks the run to stop: a Ctrl-C typed in the plan editor does not."""
+    return signum != signal.SIGINT or not editor_open()
+
+
+async def run_until_interrupted(*, stop: StopSignal | None = None, **options: Any) -> RunResult:
+    """:func:`hierplan.run`, which the first Ctrl-C or SIGTERM cancels: the run ends
+    ``cancelled`` with its record (what finished, what was running), and ``stop`` says which
+    signal it was. A second Ctrl-C stops at once."""
+    stop = stop or StopSignal()
     async with start_run(**options) as handle:
 
         async def cancel_on_interrupt() -> None:
             # Leaving the receiver gives SIGINT back to Python: the next one interrupts.
-            with anyio.open_signal_receiver(signal.SIGINT) as signals:
-                async for _ in signals:
-                    if editor_open():
-                        continue  # the plan editor's Ctrl-C, not a request to stop
-                    handle.cancel()
-                    return
+            with anyio.open_signal_receiver(*STOP_SIGNALS) as signals:
+                async for signum in signals:
+                    if _stop_requested(signum):
+                        stop.signum = signum
+                        handle.cancel()
+                        return
 
         failure: Exception | None = None
         async with anyio.create_task_group() as watch:
@@ -296,9 +328,13 @@ async def run_until_interrupted(**options: Any) -> RunResult:
     return result
 
 
-async def resume_until_interrupted(run_dir: Path, decision: Any, **options: Any) -> RunResult:
-    """:func:`hierplan.resume`, which a Ctrl-C interrupts (``KeyboardInterrupt``, leaving the
-    checkpoint for an interrupted resume), unless it was typed in a plan editor."""
+async def resume_until_interrupted(
+    run_dir: Path, decision: Any, *, stop: StopSignal | None = None, **options: Any
+) -> RunResult:
+    """:func:`hierplan.resume`, which a Ctrl-C or SIGTERM interrupts (``KeyboardInterrupt``,
+    leaving the checkpoint for an interrupted resume; ``stop`` says which signal it was),
+    unless it was a Ctrl-C typed in a plan editor."""
+    stop = stop or StopSignal()
     interrupted = False
     failure: Exception | None = None
     result: RunResult | None = None
@@ -306,9 +342,10 @@ async def resume_until_interrupted(run_dir: Path, decision: Any, **options: Any)
 
         async def interrupt() -> None:
             nonlocal interrupted
-            with anyio.open_signal_receiver(signal.SIGINT) as signals:
-                async for _ in signals:
-                    if not editor_open():
+            with anyio.open_signal_receiver(*STOP_SIGNALS) as signals:
+                async for signum in signals:
+                    if _stop_requested(signum):
+                        stop.signum = signum
                         interrupted = True
                         watch.cancel_scope.cancel()
                         return
@@ -348,6 +385,7 @@ def _execute(
     **kwargs: Any,
 ) -> NoReturn:
     started = time.monotonic()
+    stop = StopSignal()
     try:
         tracing = configure_tracing(trace, capture_content=trace_content or None)
     except HierplanError as exc:
@@ -357,15 +395,17 @@ def _execute(
     try:
         with export_problems_in_one_line():
             try:
-                result = anyio.run(lambda: _run_with_console(console, setup=setup, **kwargs))
+                result = anyio.run(
+                    lambda: _run_with_console(console, setup=setup, stop=stop, **kwargs)
+                )
             finally:
                 if tracing is not None:
                     tracing.shutdown()
     except HierplanError as exc:
         _fail(str(exc))
     except KeyboardInterrupt:
-        _fail("interrupted", EXIT_INTERRUPTED)
-    _finish(console, result, out, started)
+        _fail(stop.reason(), stop.exit_code())
+    _finish(console, result, out, started, stop)
 
 
 @app.command("run")

@@ -367,26 +367,61 @@ def test_the_simulator_is_labelled_whatever_the_case_of_its_name(tmp_path: Path)
     assert "plan for node 1 [SIMULATED]" in proc.stdout
 
 
-def test_ctrl_c_cancels_the_run_and_keeps_its_record(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    args = [sys.executable, "-m", "hierplan", "run", "--scenario", "data_migration", "--yes"]
+def _signal_mid_run(
+    args: list[str], started: Path, sig: signal.Signals, cwd: Path
+) -> tuple[int, str, str]:
+    """Run ``hierplan ARGS``, send ``sig`` once ``started`` exists and a second has passed."""
     proc = subprocess.Popen(
-        [*args, "-o", str(out)],
-        cwd=tmp_path,
+        [sys.executable, "-m", "hierplan", *args],
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     deadline = time.monotonic() + 60
-    while not (out / "source.db").exists() and time.monotonic() < deadline:
+    while not started.exists() and time.monotonic() < deadline:
         time.sleep(0.1)  # the run has started once its scenario is set up
     time.sleep(1.0)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130, stderr
+    return proc.returncode, stdout, stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "sig", "code", "reason"),
+    [
+        (
+            ["run", "--scenario", "data_migration", "--yes"],
+            signal.SIGINT,
+            130,
+            "interrupted (Ctrl-C)",
+        ),
+        (
+            ["run", "--scenario", "data_migration", "--yes"],
+            signal.SIGTERM,
+            143,
+            "stopped by SIGTERM",
+        ),
+        (["demo", "--sim-latency-scale", "1"], signal.SIGTERM, 143, "stopped by SIGTERM"),
+    ],
+)
+def test_ctrl_c_or_sigterm_cancels_the_run_and_keeps_its_record(
+    tmp_path: Path, command: list[str], sig: signal.Signals, code: int, reason: str
+) -> None:
+    from hierplan.dirlock import RUN_LOCK, holding_run_directory
+
+    out = tmp_path / "out"
+    returncode, stdout, stderr = _signal_mid_run(
+        [*command, "-o", str(out)], out / "source.db", sig, tmp_path
+    )
+    assert returncode == code, stderr
     assert "Traceback" not in stdout + stderr
+    assert f"{reason}: the run was cancelled" in stdout
     record = json.loads((out / "run.json").read_text())
     assert record["status"] == "cancelled"
+    assert not (out / RUN_LOCK).exists()
+    with holding_run_directory(out):  # nothing holds the directory any more
+        pass
 
 
 def test_a_goal_file_with_a_blank_goal_or_an_empty_scenario_is_refused(tmp_path: Path) -> None:

@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import sqlite3
+import subprocess
+import sys
+import time
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -432,3 +436,30 @@ def test_a_new_run_in_a_paused_runs_directory_is_refused_and_the_pause_kept(
     code, out = hierplan("resume", paused, "--approve")
     assert code == 0, out
     assert record(paused)["status"] == "succeeded"
+
+
+@pytest.mark.parametrize(
+    ("sig", "code", "reason"),
+    [(signal.SIGINT, 130, "interrupted (Ctrl-C)"), (signal.SIGTERM, 143, "stopped by SIGTERM")],
+)
+def test_a_resume_stopped_by_ctrl_c_or_sigterm_says_which(
+    tmp_path: Path, source_db: Path, sig: signal.Signals, code: int, reason: str
+) -> None:
+    run_dir = migration_dir(source_db, tmp_path / "mig")
+    assert start(run_dir, "--sim-latency-scale", "1")[0] == PAUSED  # a resumed run that takes time
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hierplan", "resume", str(run_dir), "--approve"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not (run_dir / RESUMING_FILE).exists() and time.monotonic() < deadline:
+        time.sleep(0.1)  # the resume has claimed the checkpoint
+    time.sleep(1.0)
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == code, stderr
+    assert "Traceback" not in stdout + stderr
+    assert reason in stdout + stderr
+    assert not (run_dir / RUN_LOCK).exists()
