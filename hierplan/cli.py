@@ -136,6 +136,13 @@ ConcurrencyOpt = Annotated[
 RunOutOpt = Annotated[
     Path | None, typer.Option("--out", "-o", help="Run directory (default runs/<time>).")
 ]
+OverwriteOpt = Annotated[
+    bool,
+    typer.Option(
+        "--overwrite",
+        help="Replace an earlier run's record and scenario files in --out (refused otherwise).",
+    ),
+]
 BaseUrlOpt = Annotated[
     str | None,
     typer.Option(
@@ -256,6 +263,21 @@ class StopSignal:
     def reason(self) -> str:
         """What stopped the run, in words: ``interrupted (Ctrl-C)`` or ``stopped by SIGTERM``."""
         return "stopped by SIGTERM" if self.signum == signal.SIGTERM else "interrupted (Ctrl-C)"
+
+
+def _refuse_earlier_run(run_dir: Path, scenario: str | None) -> None:
+    """Refuse a run in a directory that holds an earlier run's record, or files its scenario's
+    setup would delete: they would be lost without a word."""
+    earlier = [run_dir / "run.json"] if (run_dir / "run.json").is_file() else []
+    found = scenarios().get(scenario) if scenario is not None else None
+    if found is not None:  # an unknown one is refused by the run, saying which are known
+        earlier += found.replaced_files(run_dir)
+    if earlier:
+        names = ", ".join(path.name for path in earlier)
+        _fail(
+            f"{run_dir} holds an earlier run ({names}) that this run would replace: give "
+            "--overwrite to replace it, or give this run another --out"
+        )
 
 
 def _exit_code(result: RunResult, stop: StopSignal) -> int:
@@ -420,6 +442,7 @@ def run_command(
     concurrency: ConcurrencyOpt = 8,
     seed: SeedOpt = 0,
     out: RunOutOpt = None,
+    overwrite: OverwriteOpt = False,
     yes: YesOpt = False,
     review: ReviewOpt = False,
     pause_for_review: PauseOpt = False,
@@ -464,6 +487,8 @@ def run_command(
     run_dir = out or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     with _holding(run_dir, otherwise=", or give this run another --out"):
         _refuse_paused_run(run_dir)
+        if not overwrite:
+            _refuse_earlier_run(run_dir, scenario)
         _execute(
             console,
             run_dir,

@@ -557,3 +557,29 @@ def test_set_gives_any_run_setting_without_a_flag_of_its_own(tmp_path: Path) -> 
     assert result.output.strip() == (
         "error: --set max_retries: Input should be greater than or equal to 0"
     )
+
+
+def test_a_run_does_not_replace_an_earlier_run_unless_told_to(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = ["run", "--scenario", "data_migration", "--yes", "--out", str(out), *FAST]
+    assert runner.invoke(app, args).exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    refused = runner.invoke(app, args)
+    assert refused.exit_code == 2
+    assert " ".join(refused.output.split()) == (
+        f"error: {out} holds an earlier run (run.json, target.db) that this run would replace: "
+        "give --overwrite to replace it, or give this run another --out"
+    )
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    # A scenario's files without a record are an earlier run's too; the sample source is not.
+    (out / "run.json").unlink()
+    (out / "source.db").write_text("my own database")
+    refused = runner.invoke(app, args)
+    assert refused.exit_code == 2 and "(target.db, source.db)" in refused.output
+    assert (out / "source.db").read_text() == "my own database"
+    again = runner.invoke(app, [*args, "--overwrite"])
+    assert again.exit_code == 0, again.output
+    assert json.loads((out / "run.json").read_text())["status"] == "succeeded"
+    # The demo replaces its own output, as it always has.
+    demo = ["demo", "--out", str(out), *FAST]
+    assert runner.invoke(app, demo).exit_code == 0

@@ -57,3 +57,8 @@ class Scenario(ABC):
     def reopen(self, workdir: Path, *, seed: int = 0) -> ScenarioEnv:
         """The world a paused run left in ``workdir``, as it is (for ``hierplan resume``)."""
         raise UserInputError(f"scenario {self.name!r} cannot continue a paused run")
+
+    def replaced_files(self, workdir: Path, *, seed: int = 0) -> list[Path]:
+        """The files in ``workdir`` that :meth:`setup` would delete or replace (an earlier
+        run's), so that ``hierplan run`` can refuse to lose them unless told to."""
+        return []

@@ -13,7 +13,7 @@ from contextlib import closing
 from pathlib import Path
 
 from hierplan.scenarios.base import Scenario, ScenarioEnv, Verification
-from hierplan.scenarios.data_migration.database import build_source
+from hierplan.scenarios.data_migration.database import build_source, is_built
 from hierplan.scenarios.data_migration.oracle import ROOT_GOAL, MigrationOracle
 from hierplan.scenarios.data_migration.tools import Databases, make_tools, verify
 
@@ -30,6 +30,15 @@ class DataMigration(Scenario):
         for suffix in ("", "-wal", "-shm"):
             Path(f"{target}{suffix}").unlink(missing_ok=True)
         return self.reopen(workdir, seed=seed)
+
+    def replaced_files(self, workdir: Path, *, seed: int = 0) -> list[Path]:
+        """The target database (setup starts from an empty one) and a source database that is
+        not the sample one (setup builds it again); the sample source is reused as it is."""
+        source, target = workdir / "source.db", workdir / "target.db"
+        replaced = [target] if target.exists() else []
+        if source.exists() and not is_built(source):
+            replaced.append(source)
+        return replaced
 
     def reopen(self, workdir: Path, *, seed: int = 0) -> ScenarioEnv:
         """The source and the target as they are: what a paused run has migrated stays."""

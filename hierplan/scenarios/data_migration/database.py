@@ -201,17 +201,22 @@ def _rows(table: str, g: _Gen) -> Iterator[tuple[Any, ...]]:
         yield make(i)
 
 
+def is_built(path: Path, *, seed: int = 0) -> bool:
+    """Whether ``path`` holds the sample database :func:`build_source` builds with ``seed``."""
+    marker = f"{DATABASE_VERSION}:{seed}"
+    try:
+        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+            found = conn.execute("SELECT value FROM _meta WHERE key='build'").fetchone()
+    except sqlite3.Error:
+        return False
+    return bool(found and found[0] == marker)
+
+
 def build_source(path: Path, *, seed: int = 0) -> Path:
     """Create the sample database at ``path`` (atomically); reuse it if already built."""
-    marker = f"{DATABASE_VERSION}:{seed}"
     if path.exists():
-        try:
-            with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
-                found = conn.execute("SELECT value FROM _meta WHERE key='build'").fetchone()
-            if found and found[0] == marker:
-                return path
-        except sqlite3.Error:
-            pass
+        if is_built(path, seed=seed):
+            return path
         path.unlink()
     tmp = path.with_name(path.name + ".tmp")
     tmp.unlink(missing_ok=True)
@@ -230,7 +235,7 @@ def build_source(path: Path, *, seed: int = 0) -> Path:
                     f"CREATE INDEX {quote(name)} ON {quote(table)} ({', '.join(map(quote, cols))})"
                 )
         conn.execute("CREATE TABLE _meta (key TEXT PRIMARY KEY, value TEXT)")
-        conn.execute("INSERT INTO _meta VALUES ('build', ?)", (marker,))
+        conn.execute("INSERT INTO _meta VALUES ('build', ?)", (f"{DATABASE_VERSION}:{seed}",))
         conn.commit()
     finally:
         conn.close()
