@@ -34,11 +34,18 @@ from hierplan.console import RunConsole
 from hierplan.dirlock import holding_run_directory
 from hierplan.errors import HierplanError, UserInputError
 from hierplan.goals import load_goal_file, settings_from_assignments
-from hierplan.hierarchy.context import MAX_RETRIES, STRATEGY_NAMES, RunSettings
+from hierplan.hierarchy.context import (
+    MAX_RETRIES,
+    STRATEGY_NAMES,
+    Instrument,
+    RunContext,
+    RunSettings,
+)
 from hierplan.hierarchy.handle import start as start_run
-from hierplan.hierarchy.pause import CHECKPOINT_FILE, load_checkpoint
+from hierplan.hierarchy.pause import CHECKPOINT_FILE, RESUMING_FILE, load_checkpoint
 from hierplan.hierarchy.plan import DEFAULT_MAX_DEPTH, DEFAULT_MAX_STEPS, load_plan, validate_plan
 from hierplan.hierarchy.record import RunResult
+from hierplan.hierarchy.resume import drop_used_checkpoint
 from hierplan.hierarchy.resume import resume as resume_run
 from hierplan.review.console import editor_open, reviewer_name
 from hierplan.review.options import (
@@ -288,8 +295,23 @@ def _exit_code(result: RunResult, stop: StopSignal) -> int:
 
 
 def _finish(
-    console: Console, result: RunResult, out: Path, started: float, stop: StopSignal
+    console: Console,
+    result: RunResult,
+    out: Path,
+    started: float,
+    stop: StopSignal,
+    resumed: bool = False,
 ) -> NoReturn:
+    """Save and show the run's record, and exit with its status. After a resume (``resumed``)
+    the checkpoint it used is dropped once the record is saved, unless the run was cancelled:
+    kept, it lets the user go on from the pause anyway."""
+    # What hierplan resume says about a checkpoint left by a resume that did not finish.
+    kept = (
+        f"; the checkpoint it resumed from is kept ({RESUMING_FILE}): hierplan resume "
+        f"{shlex.quote(str(out))} says how to go on"
+        if resumed
+        else ""
+    )
     try:
         path: Path | None = result.write(out / "run.json")
     except (OSError, HierplanError) as exc:
@@ -306,13 +328,15 @@ def _finish(
         stats.append(f"rows migrated per second {details['rows_per_second']:,}")
     console.print("  ".join(stats), style="dim", highlight=False)
     if path is None:
-        _fail(f"the run record could not be written to {out / 'run.json'}: {unsaved}", 1)
+        _fail(f"the run record could not be written to {out / 'run.json'}: {unsaved}{kept}", 1)
     console.print(f"run record: {path}", highlight=False)
+    if resumed and result.status != "cancelled":
+        drop_used_checkpoint(out, result)
     if result.status == "paused":
         print_paused(console, result, out)
         raise typer.Exit(EXIT_PAUSED)
     if result.status == "cancelled" and stop.signum is not None:
-        console.print(f"{stop.reason()}: the run was cancelled", highlight=False)
+        console.print(f"{stop.reason()}: the run was cancelled{kept}", highlight=False)
     raise typer.Exit(_exit_code(result, stop))
 
 
@@ -350,13 +374,29 @@ async def run_until_interrupted(*, stop: StopSignal | None = None, **options: An
     return result
 
 
+class _RunKept(Instrument):
+    """Keeps the run's context once it starts, so that a signal can cancel it the way
+    :meth:`hierplan.RunHandle.cancel` does: the run ends ``cancelled``, with its record."""
+
+    def __init__(self) -> None:
+        self.run: RunContext | None = None
+
+    def run_scope(self, run: RunContext) -> None:
+        """Keep ``run`` (no scope around it)."""
+        self.run = run
+
+
 async def resume_until_interrupted(
     run_dir: Path, decision: Any, *, stop: StopSignal | None = None, **options: Any
 ) -> RunResult:
-    """:func:`hierplan.resume`, which a Ctrl-C or SIGTERM interrupts (``KeyboardInterrupt``,
-    leaving the checkpoint for an interrupted resume; ``stop`` says which signal it was),
-    unless it was a Ctrl-C typed in a plan editor."""
+    """:func:`hierplan.resume`, which a Ctrl-C or SIGTERM stops (``stop`` says which), unless
+    it was a Ctrl-C typed in a plan editor. Once the resumed run has started it ends
+    ``cancelled`` with its record, as a run does; before that, ``KeyboardInterrupt`` is raised
+    and the run is still paused. The checkpoint resumed from is left for the caller to drop
+    once the record is saved (:func:`~hierplan.hierarchy.resume.drop_used_checkpoint`)."""
     stop = stop or StopSignal()
+    kept = _RunKept()
+    options["instruments"] = [*(options.get("instruments") or ()), kept]
     interrupted = False
     failure: Exception | None = None
     result: RunResult | None = None
@@ -368,13 +408,16 @@ async def resume_until_interrupted(
                 async for signum in signals:
                     if _stop_requested(signum):
                         stop.signum = signum
-                        interrupted = True
-                        watch.cancel_scope.cancel()
+                        if kept.run is not None:
+                            kept.run.cancel()
+                        else:  # nothing ran yet: the resume puts the checkpoint back
+                            interrupted = True
+                            watch.cancel_scope.cancel()
                         return
 
         watch.start_soon(interrupt)
         try:
-            result = await resume_run(run_dir, decision, **options)
+            result = await resume_run(run_dir, decision, drop_checkpoint=False, **options)
         except Exception as exc:  # re-raised as it is, not wrapped by the task group
             failure = exc
         watch.cancel_scope.cancel()
@@ -404,6 +447,7 @@ def _execute(
     setup: ReviewSetup,
     trace: list[str] | None = None,
     trace_content: bool = False,
+    resumed: bool = False,
     **kwargs: Any,
 ) -> NoReturn:
     started = time.monotonic()
@@ -426,8 +470,9 @@ def _execute(
     except HierplanError as exc:
         _fail(str(exc))
     except KeyboardInterrupt:
-        _fail(stop.reason(), stop.exit_code())
-    _finish(console, result, out, started, stop)
+        before = " before the resumed run started: nothing ran, it is still paused"
+        _fail(stop.reason() + (before if resumed else ""), stop.exit_code())
+    _finish(console, result, out, started, stop, resumed)
 
 
 @app.command("run")
@@ -715,6 +760,7 @@ def resume_command(
             checkpoint_extra=setup.saved(),
             trace=trace,
             trace_content=trace_content,
+            resumed=True,
         )
 
 

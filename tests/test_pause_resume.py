@@ -519,3 +519,22 @@ async def test_each_nodes_budget_counts_what_it_spent_before_and_after_pauses(
     assert result.budget is not None and straight.budget is not None
     levels = [(lv["depth"], lv["spent_tokens"]) for lv in result.budget["levels"]]
     assert levels == [(lv["depth"], lv["spent_tokens"]) for lv in straight.budget["levels"]]
+
+
+@pytest.mark.anyio
+async def test_a_resume_stopped_before_its_run_starts_leaves_the_run_paused(
+    tmp_path: Path, source_db: Path
+) -> None:
+    paused_dir = migration_dir(source_db, tmp_path / "paused")
+    paused = await hierplan.run(
+        approver=PauseForReview(), checkpoint_dir=paused_dir, **run_kwargs(workdir=paused_dir)
+    )
+    assert paused.status == "paused"
+    before = (paused_dir / CHECKPOINT_FILE).read_text()
+    with anyio.CancelScope() as scope:
+        scope.cancel()  # the caller's deadline, an interrupt: reached while the scenario reopens
+        await hierplan.resume(paused_dir, Approve(by="alice"))
+    assert (paused_dir / CHECKPOINT_FILE).read_text() == before
+    assert not (paused_dir / RESUMING_FILE).exists()
+    done = await hierplan.resume(paused_dir, Approve(by="alice"))
+    assert done.status == "succeeded", done.error

@@ -461,5 +461,34 @@ def test_a_resume_stopped_by_ctrl_c_or_sigterm_says_which(
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == code, stderr
     assert "Traceback" not in stdout + stderr
-    assert reason in stdout + stderr
     assert not (run_dir / RUN_LOCK).exists()
+    # The record says what happened since the pause, and the checkpoint stays for going on anyway.
+    kept = f"the checkpoint it resumed from is kept ({RESUMING_FILE})"
+    assert f"{reason}: the run was cancelled; {kept}" in " ".join(stdout.split())
+    assert record(run_dir)["status"] == "cancelled"
+    assert (run_dir / RESUMING_FILE).exists() and not (run_dir / CHECKPOINT_FILE).exists()
+    code, out = hierplan("resume", run_dir, "--approve")
+    assert code == 2 and f"rename {RESUMING_FILE} to {CHECKPOINT_FILE}" in " ".join(out.split())
+
+
+def test_a_resume_whose_record_cannot_be_saved_keeps_its_checkpoint(paused: Path) -> None:
+    (paused / "run.json").unlink()
+    (paused / "run.json").mkdir()  # where the record should go
+    code, out = hierplan("resume", paused, "--approve")
+    assert code == 1 and "Traceback" not in out
+    line = " ".join(out.split())
+    assert f"error: the run record could not be written to {paused / 'run.json'}" in line
+    assert f"the checkpoint it resumed from is kept ({RESUMING_FILE})" in line
+    assert (paused / RESUMING_FILE).exists()
+
+
+def test_a_resume_whose_files_are_damaged_says_so_and_stays_paused(paused: Path) -> None:
+    before = (paused / CHECKPOINT_FILE).read_text()
+    (paused / "target.db").write_bytes(b"not a database" * 100)
+    code, out = hierplan("resume", paused, "--approve")
+    assert code == 2 and "Traceback" not in out, out
+    line = " ".join(out.split())
+    assert f"error: the paused run in {paused} could not be set up again (" in line
+    assert "were its files changed or damaged since it paused?" in line
+    assert (paused / CHECKPOINT_FILE).read_text() == before
+    assert not (paused / RESUMING_FILE).exists()

@@ -7,8 +7,8 @@ it) and ``pending/<node>.yaml`` for each plan waiting for a decision.
 or running again what was done, and goes on. The run may pause again at a later gate.
 
 A checkpoint is used once: while a resume runs it is renamed ``checkpoint.resuming.json``; the
-resumed run writes a new checkpoint if it pauses again. If the resume stops on bad input before
-anything ran, the checkpoint is put back.
+resumed run writes a new checkpoint if it pauses again. If the resume stops before the run
+started (bad input, files that cannot be opened again, an interrupt), the checkpoint is put back.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from typing import Any, Unpack
 import anyio
 from pydantic import ValidationError
 
+from hierplan.agents.models.provider import one_line
 from hierplan.dirlock import holding_run_directory
-from hierplan.errors import UserInputError, first_problem
-from hierplan.hierarchy.context import RunSettings
+from hierplan.errors import HierplanError, UserInputError, first_problem
+from hierplan.hierarchy.context import Instrument, RunContext, RunSettings
 from hierplan.hierarchy.gate import Decision, Edit
 from hierplan.hierarchy.pause import (
     CHECKPOINT_FILE,
@@ -130,13 +131,15 @@ def _saved_budget(saved: Any) -> dict[str, Any]:
 
 class ResumeOptions(ResumableRunOptions, total=False):
     """The keyword options of :func:`hierplan.resume` and :func:`hierplan.resume_sync`:
-    ``node`` and ``version`` (see :func:`hierplan.resume`), and the :func:`hierplan.run`
+    ``node``, ``version`` and ``drop_checkpoint`` (see :func:`hierplan.resume`), and the
+    :func:`hierplan.run`
     options a resumed run takes. ``run_id``, ``checkpoint_dir`` and ``restore`` are not among
     them: the checkpoint decides those. A misspelt option raises :class:`TypeError` naming the
     nearest one, before the checkpoint is touched."""
 
     node: str | None
     version: int | None
+    drop_checkpoint: bool
 
 
 RESUME_OPTIONS: frozenset[str] = ResumeOptions.__optional_keys__
@@ -166,6 +169,11 @@ async def resume(
     process or another, ``hierplan resume`` included) this raises
     :class:`~hierplan.errors.UserInputError` at once and changes nothing.
 
+    When the run ends without pausing again, the checkpoint it resumed from is deleted, unless
+    ``drop_checkpoint`` is ``False``: then it stays as ``checkpoint.resuming.json`` until the
+    caller has saved the run's record and calls :func:`drop_used_checkpoint` (a record that
+    cannot be saved does not lose the run).
+
     >>> result = await hierplan.resume(Path("runs/mig"), Approve(by="alice"))  # doctest: +SKIP
     """
     # Before the lock is taken: a misspelt option must leave the directory as it was.
@@ -173,7 +181,10 @@ async def resume(
     run_dir = Path(run_dir)
     node = options.get("node")
     version = options.get("version")
-    overrides = {k: v for k, v in options.items() if k not in ("node", "version")}
+    drop_checkpoint = options.get("drop_checkpoint", True)
+    overrides = {
+        k: v for k, v in options.items() if k not in ("node", "version", "drop_checkpoint")
+    }
     # Held before the checkpoint is read: a run or resume writing the directory may replace it.
     with holding_run_directory(run_dir):
         checkpoint = load_checkpoint(run_dir)
@@ -193,16 +204,43 @@ async def resume(
                 f"another resume of {run_dir} started at the same time and took its checkpoint "
                 "first; this one changed nothing"
             ) from None
+        started = _Started()
+        kwargs["instruments"] = [*(kwargs.get("instruments") or ()), started]
         try:
             result = await run(checkpoint_dir=run_dir, restore=restore, **kwargs)
-        except UserInputError:
-            # Raised before anything ran (bad decision, missing tools): the checkpoint stays valid.
-            resuming.replace(saved)
+        except BaseException as exc:
+            if started.started and not isinstance(exc, UserInputError):
+                raise  # steps may have run: the checkpoint is not valid as it was
+            resuming.replace(saved)  # nothing ran: the checkpoint is as good as before
+            if isinstance(exc, Exception) and not isinstance(exc, HierplanError):
+                raise UserInputError(
+                    f"the paused run in {run_dir} could not be set up again "
+                    f"({type(exc).__name__}: {one_line(str(exc))}); were its files changed "
+                    "or damaged since it paused? Nothing ran and the run is still paused"
+                ) from exc
             raise
-        resuming.unlink()
-        if result.status != "paused":
-            clear_checkpoint(run_dir)
+        if result.status == "paused" or drop_checkpoint:
+            drop_used_checkpoint(run_dir, result)
         return result
+
+
+class _Started(Instrument):
+    """Notes that the run has started: before that, nothing ran and the checkpoint still holds."""
+
+    def __init__(self) -> None:
+        self.started = False
+
+    def run_scope(self, run: RunContext) -> None:
+        """Note the start of the run (no scope around it)."""
+        self.started = True
+
+
+def drop_used_checkpoint(run_dir: Path, result: RunResult) -> None:
+    """Delete the checkpoint a resume in ``run_dir`` used, now that it ended with ``result``
+    (and the caller saved its record): all of the paused run, unless it paused again."""
+    (run_dir / RESUMING_FILE).unlink(missing_ok=True)
+    if result.status != "paused":
+        clear_checkpoint(run_dir)
 
 
 def resume_sync(
