@@ -796,6 +796,7 @@ def view_command(
         result = RunResult.load(record)
         with _unshowable(record):
             if html is not None:
+                _refuse_to_replace(html)
                 path = write_html(result, html)
             else:
                 shown = render_run(result)
@@ -807,6 +808,22 @@ def view_command(
         Console().print(f"HTML report: {path}", highlight=False, markup=False, soft_wrap=True)
         return
     Console().print(shown)
+
+
+def _refuse_to_replace(html: Path) -> None:
+    """Refuse to write a report over a file that is not an HTML page (a run.json, say): only
+    an earlier report is replaced."""
+    if not html.exists():
+        return
+    if html.is_file():
+        with html.open("rb") as page:
+            start = page.read(512).lstrip(b"\xef\xbb\xbf \t\r\n").lower()
+        if start.startswith((b"<!doctype html", b"<html")):
+            return
+    raise UserInputError(
+        f"{html} exists and is not an HTML report, so --html will not replace it: give "
+        "--html a new file name (an earlier report is replaced)"
+    )
 
 
 @contextmanager

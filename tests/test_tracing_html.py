@@ -306,3 +306,27 @@ def test_the_level_budget_column_shows_the_run_budget_figures_the_terminal_shows
     assert "limit_tokens" not in table and "released" not in table
     assert html.escape(ALLOCATED_NOTE) in page
     assert ALLOCATED_NOTE in " ".join(_terminal_text(result).split())  # wrapped to the table
+
+
+def test_view_html_replaces_an_earlier_report_but_no_other_file(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from hierplan.cli import app
+
+    run_json = sample_run().write(tmp_path / "run.json")
+    record = run_json.read_bytes()
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    for target in (run_json, notes, tmp_path):
+        done = CliRunner().invoke(app, ["view", str(run_json), "--html", str(target)])
+        assert done.exit_code == 2
+        assert " ".join(done.output.split()) == (
+            f"error: {target} exists and is not an HTML report, so --html will not replace it: "
+            "give --html a new file name (an earlier report is replaced)"
+        )
+    assert run_json.read_bytes() == record and notes.read_text() == "mine"
+    report = tmp_path / "report.html"
+    for _ in range(2):  # written, then replaced
+        done = CliRunner().invoke(app, ["view", str(run_json), "--html", str(report)])
+        assert done.exit_code == 0, done.output
+    assert report.read_text().startswith("<!DOCTYPE html>")
