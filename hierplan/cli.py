@@ -76,6 +76,9 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    # Click's plain help: rich's boxed table drops the metavar of flags into a "<bool>" column
+    # and, at 80 columns, cuts option help short with an ellipsis.
+    rich_markup_mode=None,
 )
 
 

@@ -173,6 +173,38 @@ def test_help_names_what_a_trace_option_takes_not_its_python_type() -> None:
         assert "list[str]" not in shown, command
 
 
+def test_help_at_80_columns_shows_every_option_whole_with_what_it_takes() -> None:
+    import typer.core
+    import typer.main
+
+    group = typer.main.get_command(app)
+    assert isinstance(group, typer.core.TyperGroup)
+    for name, command in group.commands.items():
+        shown = CliRunner().invoke(app, [name, "--help"], env={"COLUMNS": "80"}).output
+        lines = shown.splitlines()
+        assert all(len(line) <= 80 for line in lines), (name, shown)
+        assert "<bool>" not in shown and "…" not in shown, (name, shown)
+        for param in command.params:
+            if not isinstance(param, typer.core.TyperOption):
+                continue
+            # Each option's line starts with its names, then what it takes (a flag takes nothing).
+            names = ", ".join(sorted(param.opts, key=len))
+            if param.secondary_opts:
+                names += " / " + ", ".join(param.secondary_opts)
+            takes = param.metavar or param.display_type(click_context(command))
+            metavar = "" if param.is_flag else f" {takes}"
+            listed = [line.strip() for line in lines if line.strip().startswith(names)]
+            assert any(
+                line == f"{names}{metavar}" or line.startswith(f"{names}{metavar}  ")
+                for line in listed
+            ), (name, param.opts, shown)
+
+
+def click_context(command: Any) -> Any:
+    """A context of ``command``, as its help is shown in."""
+    return command.make_context(command.name, ["--help"], resilient_parsing=True)
+
+
 def test_bad_input_exits_2_with_one_line_and_no_traceback(tmp_path: Path) -> None:
     broken = tmp_path / "goal.yaml"
     broken.write_text("goal: [unclosed\n")
