@@ -238,16 +238,17 @@ def _holding(run_dir: Path, *, otherwise: str) -> Iterator[None]:
         yield
 
 
-def _refuse_paused_run(run_dir: Path) -> None:
+def _refuse_paused_run(run_dir: Path, *, start_over: str = "") -> None:
     """Refuse a new run in a directory that holds a paused one: the new run would drop the
-    paused run's checkpoint and the decisions waiting in its pending/ folder."""
+    paused run's checkpoint and the decisions waiting in its pending/ folder. ``start_over``
+    ends the way to start over there (e.g. the flag that lets the new run replace the old)."""
     if not (run_dir / CHECKPOINT_FILE).exists():
         return
     where = shlex.quote(str(run_dir))
     _fail(
         f"{run_dir} holds a paused run waiting for a decision: continue it with hierplan resume "
         f"{where} (its pending/ folder says how), or give this run another --out; to start over "
-        f"in {run_dir}, delete {run_dir / CHECKPOINT_FILE} first"
+        f"in {run_dir}, delete {run_dir / CHECKPOINT_FILE} first{start_over}"
     )
 
 
@@ -534,7 +535,7 @@ def run_command(
         _fail(str(exc))
     run_dir = out or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     with _holding(run_dir, otherwise=", or give this run another --out"):
-        _refuse_paused_run(run_dir)
+        _refuse_paused_run(run_dir, start_over=" and give --overwrite")
         if not overwrite:
             _refuse_earlier_run(run_dir, scenario)
         _execute(

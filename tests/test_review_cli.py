@@ -360,9 +360,18 @@ def test_a_new_run_in_the_directory_forgets_the_paused_one_once_its_checkpoint_i
     """Starting over in a paused run's directory, as the refusal says (see the test below):
     the new run clears what is left of the paused one (its pending plans)."""
     (paused / CHECKPOINT_FILE).unlink()
-    code, out = hierplan(
-        "run", "--scenario", "data_migration", "--yes", "-o", paused, "--sim-latency-scale", "0"
-    )
+    args = [
+        "run",
+        "--scenario",
+        "data_migration",
+        "--yes",
+        "-o",
+        paused,
+        *["--sim-latency-scale", "0"],
+    ]
+    code, out = hierplan(*args)
+    assert code == 2 and "give --overwrite to replace it" in out  # the paused run's record
+    code, out = hierplan(*args, "--overwrite")
     assert code == 0, out
     assert not (paused / CHECKPOINT_FILE).exists() and not (paused / PENDING_DIR).exists()
     code, out = hierplan("resume", paused, "--approve")
@@ -430,6 +439,8 @@ def test_a_new_run_in_a_paused_runs_directory_is_refused_and_the_pause_kept(
     assert code == 2, out
     assert f"{paused} holds a paused run waiting for a decision" in " ".join(out.split())
     assert f"hierplan resume {shlex.quote(str(paused))}" in out
+    if command == "run":  # the paused run's record is replaced only when told to
+        assert "first and give --overwrite" in " ".join(out.split())
     # nothing of the paused run is lost: it still resumes
     assert (paused / PENDING_DIR / "1.yaml").read_text() == pending
     assert record(paused)["status"] == "paused"
