@@ -8,6 +8,7 @@ the run paused for a plan review (continue it with ``hierplan resume``); 130 whe
 
 from __future__ import annotations
 
+import math
 import shlex
 import signal
 import sys
@@ -189,9 +190,19 @@ SETTING_FLAGS: Mapping[str, str] = MappingProxyType(
         "model_retries": "--model-retries",
     }
 )
+
+
+def _usd_amount(value: float | None) -> float | None:
+    """A ``--budget-usd`` as given, refused unless it is a number of USD, 0 or more: a range
+    check alone lets ``nan`` by, or refuses it saying it is below 0."""
+    if value is not None and not (math.isfinite(value) and value >= 0):
+        raise typer.BadParameter(f"give a number of USD, 0 or more (e.g. 0.5), not {value:g}")
+    return value
+
+
 BudgetUsdOpt = Annotated[
     float | None,
-    typer.Option("--budget-usd", min=0.0, help="Cap the run's cost in USD (exact)."),
+    typer.Option("--budget-usd", callback=_usd_amount, help="Cap the run's cost in USD (exact)."),
 ]
 BudgetTokensOpt = Annotated[
     int | None,
@@ -739,6 +750,11 @@ def resume_command(
         decision = resume_decision(approve, reject, plan_file, who, review=review)
     except HierplanError as exc:
         _fail(str(exc))
+    if run_dir.exists() and not run_dir.is_dir():
+        _fail(
+            f"{run_dir} is a file: hierplan resume takes the paused run's directory (the --out "
+            f"it ran with), e.g. {shlex.quote(str(run_dir.parent))}"
+        )
     # Held before the checkpoint is read: a run or resume writing the directory may replace it.
     with _holding(run_dir, otherwise=""):
         try:

@@ -615,3 +615,24 @@ def test_a_run_does_not_replace_an_earlier_run_unless_told_to(tmp_path: Path) ->
     # The demo replaces its own output, as it always has.
     demo = ["demo", "--out", str(out), *FAST]
     assert runner.invoke(app, demo).exit_code == 0
+
+
+def test_resume_of_a_file_and_a_usd_budget_that_is_no_amount_are_refused_clearly(
+    tmp_path: Path,
+) -> None:
+    record = tmp_path / "mig" / "run.json"
+    record.parent.mkdir()
+    record.write_text("{}")
+    proc = hierplan("resume", str(record), "--approve", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip() == (
+        f"error: {record} is a file: hierplan resume takes the paused run's directory (the "
+        f"--out it ran with), e.g. {record.parent}"
+    )
+    args = ["run", "--scenario", "data_migration", "--yes", "-o", str(tmp_path / "out")]
+    for amount in ("nan", "-1", "inf"):
+        refused = runner.invoke(app, [*args, f"--budget-usd={amount}"])
+        assert refused.exit_code == 2
+        shown = " ".join(refused.output.split())
+        assert f"give a number of USD, 0 or more (e.g. 0.5), not {amount}" in shown, shown
+    assert not (tmp_path / "out").exists()

@@ -330,3 +330,25 @@ def test_view_html_replaces_an_earlier_report_but_no_other_file(tmp_path: Path) 
         done = CliRunner().invoke(app, ["view", str(run_json), "--html", str(report)])
         assert done.exit_code == 0, done.output
     assert report.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_the_status_line_says_when_a_succeeded_run_failed_its_verification(
+    tmp_path: Path,
+) -> None:
+    from typer.testing import CliRunner
+
+    from hierplan.cli import app
+
+    result = sample_run()
+    result.status = "succeeded"
+    shown: dict[bool, str] = {}
+    for ok in (True, False):
+        result.verification = {"ok": ok, "summary": "3/4 tables match the source"}
+        run_json = result.write(tmp_path / f"{ok}.json")
+        done = CliRunner().invoke(app, ["view", str(run_json)], env={"COLUMNS": "200"})
+        assert done.exit_code == 0, done.output
+        shown[ok] = next(line for line in done.output.splitlines() if line.startswith("status: "))
+    assert shown == {
+        True: "status: succeeded",
+        False: "status: succeeded · verification failed (exit 1)",
+    }

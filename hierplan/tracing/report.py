@@ -270,6 +270,9 @@ def summary_lines(result: RunResult) -> Text:
     text = Text()
     text.append("status: ", style="bold")
     text.append(result.status, style=STATUS_STYLE.get(result.status, ""))
+    if result.status == "succeeded" and not (result.verification or {"ok": True}).get("ok"):
+        # The run did what it planned, but the result is wrong: hierplan run exits 1.
+        text.append(" · verification failed (exit 1)", style="red")
     if not result.answer_complete:
         text.append(" (answer incomplete)", style="yellow")
     model = plain(result.model) + (" [SIMULATED]" if result.simulated else "")
