@@ -360,15 +360,8 @@ def test_a_new_run_in_the_directory_forgets_the_paused_one_once_its_checkpoint_i
     """Starting over in a paused run's directory, as the refusal says (see the test below):
     the new run clears what is left of the paused one (its pending plans)."""
     (paused / CHECKPOINT_FILE).unlink()
-    args = [
-        "run",
-        "--scenario",
-        "data_migration",
-        "--yes",
-        "-o",
-        paused,
-        *["--sim-latency-scale", "0"],
-    ]
+    args: list[str | Path] = ["run", "--scenario", "data_migration", "--yes", "-o", paused]
+    args += ["--sim-latency-scale", "0"]
     code, out = hierplan(*args)
     assert code == 2 and "give --overwrite to replace it" in out  # the paused run's record
     code, out = hierplan(*args, "--overwrite")
