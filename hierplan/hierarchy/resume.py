@@ -13,6 +13,7 @@ started (bad input, files that cannot be opened again, an interrupt), the checkp
 
 from __future__ import annotations
 
+import sqlite3
 from functools import partial
 from pathlib import Path
 from typing import Any, Unpack
@@ -22,7 +23,7 @@ from pydantic import ValidationError
 
 from hierplan.agents.models.provider import one_line
 from hierplan.dirlock import holding_run_directory
-from hierplan.errors import HierplanError, UserInputError, first_problem
+from hierplan.errors import UserInputError, first_problem
 from hierplan.hierarchy.context import Instrument, RunContext, RunSettings
 from hierplan.hierarchy.gate import Decision, Edit
 from hierplan.hierarchy.pause import (
@@ -212,7 +213,7 @@ async def resume(
             if started.started and not isinstance(exc, UserInputError):
                 raise  # steps may have run: the checkpoint is not valid as it was
             resuming.replace(saved)  # nothing ran: the checkpoint is as good as before
-            if isinstance(exc, Exception) and not isinstance(exc, HierplanError):
+            if isinstance(exc, OSError | sqlite3.Error):  # a scenario's files, reopened
                 raise UserInputError(
                     f"the paused run in {run_dir} could not be set up again "
                     f"({type(exc).__name__}: {one_line(str(exc))}); were its files changed "
