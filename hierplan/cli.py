@@ -935,7 +935,9 @@ def main() -> None:
     except _USAGE_ERROR as exc:
         error: Any = exc
         if type(exc).__name__ == "NoArgsIsHelpError":
-            error.show()  # the help, as asked for by giving nothing
+            # The help, as asked for by giving nothing: on stdout, as --help prints it (click's
+            # plain formatter would print it to stderr, as an error).
+            typer.echo(error.ctx.get_help())
             sys.exit(error.exit_code)
         where = error.ctx.command_path if error.ctx is not None else "hierplan"
         message = " ".join(error.format_message().split())
