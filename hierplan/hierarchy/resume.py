@@ -133,10 +133,9 @@ def _saved_budget(saved: Any) -> dict[str, Any]:
 class ResumeOptions(ResumableRunOptions, total=False):
     """The keyword options of :func:`hierplan.resume` and :func:`hierplan.resume_sync`:
     ``node``, ``version`` and ``drop_checkpoint`` (see :func:`hierplan.resume`), and the
-    :func:`hierplan.run`
-    options a resumed run takes. ``run_id``, ``checkpoint_dir`` and ``restore`` are not among
-    them: the checkpoint decides those. A misspelt option raises :class:`TypeError` naming the
-    nearest one, before the checkpoint is touched."""
+    :func:`hierplan.run` options a resumed run takes. ``run_id``, ``checkpoint_dir`` and
+    ``restore`` are not among them: the checkpoint decides those. A misspelt option raises
+    :class:`TypeError` naming the nearest one, before the checkpoint is touched."""
 
     node: str | None
     version: int | None
