@@ -25,7 +25,7 @@ def _keyword_options(function: object) -> set[str]:
 def test_the_typed_options_are_exactly_runs_keyword_options() -> None:
     run_options = _keyword_options(hierplan.run)
     assert hierplan.RunOptions.__optional_keys__ == run_options
-    resumed = (run_options - DECIDED_BY_THE_CHECKPOINT) | {"node", "version"}
+    resumed = (run_options - DECIDED_BY_THE_CHECKPOINT) | {"node", "version", "drop_checkpoint"}
     assert hierplan.ResumeOptions.__optional_keys__ == resumed
 
 
