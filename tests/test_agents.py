@@ -18,6 +18,7 @@ from hierplan import (
     ModelRequest,
     ModelResponse,
     Plan,
+    RunSettings,
     ScriptedModel,
     Step,
     ToolCall,
@@ -131,6 +132,38 @@ async def test_an_invalid_plan_gets_one_repair_attempt() -> None:
     repair = model.requests[1].messages[-1].content
     assert repair.startswith("REPAIR: that plan was invalid: the plan is not valid JSON")
     assert [c.purpose for c in result.tree.calls] == ["plan", "plan-repair"]
+
+
+@pytest.mark.parametrize(
+    "cut",
+    [
+        ModelResponse(text='{"goal": "g", "steps": [{"id": "a", "ti', finish_reason="length"),
+        ModelResponse(text='{"goal": "g", "steps": [', finish_reason="max_tokens"),
+        ModelResponse(text='{"goal": "g"', flags=["truncated"]),
+    ],
+)
+async def test_a_plan_cut_at_max_tokens_fails_at_once_naming_the_setting(
+    cut: ModelResponse,
+) -> None:
+    # No repair prompt: asked with the same limit, the model would be cut at the same place.
+    model = ScriptedModel([cut])
+    limits = RunSettings(planner_max_tokens=300)
+    result = await hierplan.run("g", model=model, strategy="dag", settings=limits)
+    model.assert_complete()
+    assert result.status == "failed"
+    error = result.error or ""
+    assert "plan for node 1 was cut at the token limit (planner_max_tokens=300)" in error
+    assert "--set planner_max_tokens=N" in error
+    assert [c.purpose for c in result.tree.calls] == ["plan"]
+
+
+async def test_a_cut_reply_that_still_holds_a_whole_plan_is_used() -> None:
+    # Only the words after the plan were cut: the plan itself is complete.
+    cut = ModelResponse(text=json.dumps(GOOD) + " I hope th", finish_reason="length")
+    model = ScriptedModel([cut, text_response("ok")])
+    result = await hierplan.run("g", model=model, strategy="dag")
+    model.assert_complete()
+    assert result.status == "succeeded"
 
 
 def test_repair_attempts_cannot_be_negative() -> None:

@@ -2,8 +2,10 @@
 
 The planner asks its node's model for a plan as structured output (the Plan JSON schema). Output
 that does not parse or does not match the schema gets one repair attempt with the errors in the
-prompt; if that fails too, :class:`PlanParseError` says what was wrong. Semantic problems
-(cycles, unknown tools) are the gate's job; the node sends them back here as ``feedback``.
+prompt; if that fails too, :class:`PlanParseError` says what was wrong. A plan cut at the
+max-tokens limit gets no repair (it would be cut again): the error names the limit to raise.
+Semantic problems (cycles, unknown tools) are the gate's job; the node sends them back here as
+``feedback``.
 """
 
 from __future__ import annotations
@@ -61,6 +63,17 @@ def no_plan_reason(response: ModelResponse) -> str | None:
     if "content_filter" in response.flags or response.finish_reason == "content_filter":
         return "the provider's content filter stopped the plan"
     return None
+
+
+# The finish reasons that say a reply stopped at its max-tokens limit: OpenAI's and most
+# OpenAI-compatible servers' "length", Anthropic's "max_tokens" (its adapter maps it to "length",
+# a model of another provider may not).
+CUT_FINISH_REASONS = frozenset({"length", "max_tokens"})
+
+
+def was_cut(response: ModelResponse) -> bool:
+    """Whether the reply stopped at its max-tokens limit rather than where the model ended it."""
+    return "truncated" in response.flags or response.finish_reason in CUT_FINISH_REASONS
 
 
 class LLMPlanner:
@@ -138,6 +151,15 @@ class LLMPlanner:
             try:
                 return parse_plan_output(response)
             except PlanParseError as exc:
+                if was_cut(response):
+                    # A repair, asked with the same max_tokens, would be cut at the same place
+                    # and paid in full: the node fails now, naming the limit to raise.
+                    raise PlanParseError(
+                        f"the model's plan for node {node.path} was cut at the token limit "
+                        f"(planner_max_tokens={request.max_tokens}) before it was "
+                        "complete: raise it with --set planner_max_tokens=N "
+                        "(RunSettings.planner_max_tokens), or the node's budget if it lowered it"
+                    ) from None
                 if attempt == self.repair_attempts:
                     raise PlanParseError(
                         f"the model's plan for node {node.path} was invalid after "
