@@ -5,7 +5,8 @@
 - :func:`~hierplan.hierarchy.planning.obtain_plan` (in :mod:`hierplan.hierarchy.planning`):
   plan (or replan), then the gate; invalid or rejected plans go back to the planner.
 - :func:`execute_plan`: run an approved plan's DAG; on a step's permanent failure, replan the rest
-  (keeping finished steps) or finish partial.
+  (keeping finished steps) or finish partial (also when a step ran out of budget and the replan
+  left the same work to do).
 - :func:`run_planner_node` and :func:`run_as_needed_node`: planner nodes for the hierarchical and
   ADaPT-style strategies.
 
@@ -360,7 +361,9 @@ async def run_child(
 async def execute_plan(
     node: NodeContext, plan: Plan, policy: PlanPolicy, inputs: Mapping[str, StepResult]
 ) -> StepResult:
-    """Run ``plan`` to the end, replanning on failure as the policy allows."""
+    """Run ``plan`` to the end, replanning on failure as the policy allows. A step that ran
+    out of budget, answered by a revised plan with the same work left, ends the node: running
+    it again would only spend the rest of the budget on the same failure."""
     settings = node.run.settings
     children = _Children(node)
     done: dict[str, StepResult] = {}
@@ -416,6 +419,9 @@ async def execute_plan(
             failure, budget = _failures(outcome)
             why = f"{failure}; replanning failed: {exc}"
             return _give_up(node, plan, outcome.results, why, budget=budget)
+        if budget and _same_work_left(plan, new_plan, done):
+            children.retire(outcome.not_started, "not run: the revised plan changed nothing")
+            return _give_up(node, plan, done, _unchanged_after_budget(failure), budget=True)
         done = _carry_over(plan, new_plan, done)
         plan = new_plan
 
@@ -441,6 +447,7 @@ async def _interleaved(
             return _succeed(node, plan, done)
         step = plan.step(ready[0])
         failure: str | None = None
+        out_of_budget = False
         try:
             done[step.id] = await run_child(
                 children.by_step[step.id], step, {d: done[d] for d in step.depends_on}, policy
@@ -448,11 +455,12 @@ async def _interleaved(
         except StepFailed as exc:
             failures += 1
             failure = f"step {step.id!r} failed: {exc}"
+            out_of_budget = exc.status == "budget_exhausted"
             if failures > settings.max_replans:
                 children.retire(
                     [s.id for s in plan.steps if s.id not in done], "not run: the node gave up"
                 )
-                return _give_up(node, plan, done, failure, budget=exc.status == "budget_exhausted")
+                return _give_up(node, plan, done, failure, budget=out_of_budget)
         if failure is None and all(s.id in done for s in plan.steps):
             return _succeed(node, plan, done)
         try:
@@ -472,6 +480,12 @@ async def _interleaved(
             )
             why = f"{failure}; replanning failed: {exc}" if failure else f"replanning failed: {exc}"
             return _give_up(node, plan, done, why)
+        if failure is not None and out_of_budget and _same_work_left(plan, new_plan, done):
+            children.retire(
+                [s.id for s in plan.steps if s.id not in done],
+                "not run: the revised plan changed nothing",
+            )
+            return _give_up(node, plan, done, _unchanged_after_budget(failure), budget=True)
         done = _carry_over(plan, new_plan, done)
         plan = new_plan
         children.sync(plan, done, len(node.record.plan_versions), policy)
@@ -483,6 +497,24 @@ def _failures(outcome: DagOutcome) -> tuple[str, bool]:
     """What failed in ``outcome``, as one line, and whether a step ran out of budget."""
     failure = "; ".join(f"step {k!r} failed: {v}" for k, v in outcome.failed.items())
     return failure, any(f.status == "budget_exhausted" for f in outcome.failed.values())
+
+
+def _same_work_left(old: Plan, new: Plan, done: Mapping[str, StepResult]) -> bool:
+    """Whether ``new`` leaves to do exactly what ``old`` left: the same steps, doing the same
+    work (a new title or estimate changes nothing that runs)."""
+    left = {s.id: s for s in old.steps if s.id not in done}
+    kept = _carry_over(old, new, done)
+    to_do = {s.id: s for s in new.steps if s.id not in kept}
+    return left.keys() == to_do.keys() and all(left[i].same_work(to_do[i]) for i in left)
+
+
+def _unchanged_after_budget(failure: str) -> str:
+    """Why a node stops when its planner answered a step that ran out of budget with the
+    same work again: it would run out again, and each replan spends more of what is left."""
+    return (
+        f"{failure}; the revised plan left the same work to do, which would run out of budget "
+        "again: raise the budget (--budget-tokens / --budget-usd)"
+    )
 
 
 def _carry_over(old: Plan, new: Plan, done: Mapping[str, StepResult]) -> dict[str, StepResult]:
