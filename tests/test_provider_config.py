@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from liveservice import free_port
 from typer.testing import CliRunner
 from wire import MODELS, PROVIDERS, TEST_KEY, OracleBackend, Reply, ScriptBackend, WireServer
 
@@ -222,6 +223,56 @@ async def test_without_a_base_url_no_request_leaves_the_machine(provider: str) -
     with pytest.raises(ModelError, match="connection failed"):
         await model.request(ModelRequest((Message("user", "hi"),)))
     await model.aclose()  # type: ignore[attr-defined]
+
+
+BASE_URL_VARIABLES = {"openai": "OPENAI_BASE_URL", "anthropic": "ANTHROPIC_BASE_URL"}
+
+
+def _closed_port_url(provider: str) -> str:
+    """A base URL on loopback where nothing listens: connecting is refused at once."""
+    port = free_port()  # bound, then released: free, and nothing listens on it
+    return f"http://127.0.0.1:{port}" + ("/v1" if provider == "openai" else "")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("given_by", ["option", "environment"])
+async def test_a_connection_that_cannot_be_made_names_the_url_and_what_to_check(
+    provider: str, given_by: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = _closed_port_url(provider)
+    options: dict[str, Any] = {"api_key": "k", "timeout_s": 5}
+    if given_by == "option":
+        options["base_url"] = url
+    else:
+        monkeypatch.setenv(BASE_URL_VARIABLES[provider], url)
+    model = resolve_model(MODELS[provider], **options)
+    try:
+        with pytest.raises(ModelError) as caught:
+            await model.request(ModelRequest((Message("user", "hi"),)))
+    finally:
+        await model.aclose()  # type: ignore[attr-defined]
+    message = str(caught.value)
+    assert f"{MODELS[provider]}: connection failed to {url}" in message
+    assert f"check --base-url (or {BASE_URL_VARIABLES[provider]})" in message
+    assert "the network reaches it" in message and VARIABLES[provider] in message
+    assert caught.value.retryable
+
+
+def test_the_cli_names_the_url_it_could_not_connect_to(tmp_path: Path) -> None:
+    url = _closed_port_url("openai")
+    result = runner.invoke(
+        app,
+        [
+            *("run", GOAL, "--model", MODELS["openai"], "--base-url", url),
+            *("--model-retries", "0", "-y", "-o", str(tmp_path / "run")),
+        ],
+        env={"OPENAI_API_KEY": TEST_KEY, "COLUMNS": "200"},
+    )
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    flat = " ".join(result.output.split())
+    assert f"connection failed to {url}" in flat and "check --base-url" in flat
 
 
 def test_the_cli_stops_on_a_refused_key_with_the_providers_message(tmp_path: Path) -> None:

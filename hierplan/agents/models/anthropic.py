@@ -57,7 +57,6 @@ from hierplan.agents.models.provider import (
     ProviderModel,
     ToolNames,
     body_message,
-    connection_error,
     context_full_error,
     loads_json,
     malformed_error,
@@ -70,6 +69,7 @@ from hierplan.agents.models.provider import (
 from hierplan.agents.models.tokens import anthropic_tool_prompt_tokens
 
 API_KEY_VARIABLE = "ANTHROPIC_API_KEY"
+BASE_URL_VARIABLE = "ANTHROPIC_BASE_URL"
 TOOL_NAME_LIMIT = 128
 """The longest tool name the API takes."""
 ALWAYS_THINKING = ("claude-fable", "claude-mythos")
@@ -115,6 +115,7 @@ class AnthropicModel(ProviderModel[anthropic.AsyncAnthropic]):
 
     provider_name = "anthropic"
     key_variable = API_KEY_VARIABLE
+    base_url_variable = BASE_URL_VARIABLE
 
     def __init__(
         self,
@@ -149,14 +150,14 @@ class AnthropicModel(ProviderModel[anthropic.AsyncAnthropic]):
         except anthropic.APITimeoutError as exc:
             raise timeout_error(self._name, self.timeout_s, after_sending=sent(exc)) from None
         except anthropic.APIConnectionError as exc:
-            raise connection_error(self._name, exc) from None
+            raise self._connection_error(exc) from None
         except httpx2.TimeoutException:
             # A stream that stopped mid-way: the SDK does not wrap errors while it is read.
             raise timeout_error(self._name, self.timeout_s, reply.usage()) from None
         except httpx2.TransportError as exc:
             # Reading the stream is not wrapped by the SDK: a connection cut mid-stream
             # surfaces as the HTTP library's own error.
-            raise connection_error(self._name, exc, usage=reply.usage()) from None
+            raise self._connection_error(exc, reply.usage()) from None
         except anthropic.APIStatusError as exc:
             raise self._status_error(exc, reply) from None
         except (json.JSONDecodeError, ValueError) as exc:

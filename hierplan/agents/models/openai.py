@@ -47,7 +47,6 @@ from hierplan.agents.models.provider import (
     ProviderModel,
     ToolNames,
     body_message,
-    connection_error,
     loads_json,
     malformed_error,
     sent,
@@ -83,6 +82,7 @@ class OpenAIModel(ProviderModel[openai.AsyncOpenAI]):
 
     provider_name = "openai"
     key_variable = API_KEY_VARIABLE
+    base_url_variable = BASE_URL_VARIABLE
 
     def __init__(
         self,
@@ -126,7 +126,7 @@ class OpenAIModel(ProviderModel[openai.AsyncOpenAI]):
         except openai.APITimeoutError as exc:
             raise timeout_error(self._name, self.timeout_s, after_sending=sent(exc)) from None
         except openai.APIConnectionError as exc:
-            raise connection_error(self._name, exc) from None
+            raise self._connection_error(exc) from None
         except openai.APIStatusError as exc:
             raise self._status_error(exc) from None
         except (openai.APIResponseValidationError, json.JSONDecodeError, ValueError) as exc:

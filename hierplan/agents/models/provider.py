@@ -40,6 +40,9 @@ RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 
 
 class _Closable(Protocol):
+    @property
+    def base_url(self) -> Any: ...
+
     async def close(self) -> None: ...
 
 
@@ -49,13 +52,15 @@ ClientT = TypeVar("ClientT", bound=_Closable)
 class ProviderModel(Generic[ClientT]):
     """The part of a provider adapter that is the same for every provider.
 
-    A subclass names its ``provider_name`` and ``key_variable``, calls :meth:`_setup` first in
+    A subclass names its ``provider_name``, ``key_variable`` and ``base_url_variable``, calls
+    :meth:`_setup` first in
     its ``__init__`` (names, the timeout and the API key, checked before any work), then builds
     its SDK client as ``_client`` from the key :meth:`_setup` returns.
     """
 
     provider_name: ClassVar[str]
     key_variable: ClassVar[str]
+    base_url_variable: ClassVar[str]
     model_name: str
     timeout_s: float
     _client: ClientT
@@ -93,6 +98,20 @@ class ProviderModel(Generic[ClientT]):
     async def aclose(self) -> None:
         """Close the SDK client and its connections."""
         await self._client.close()
+
+    def _connection_error(self, exc: BaseException, usage: Usage | None = None) -> ModelError:
+        """:func:`connection_error` naming the URL the client tried (the SDK's own, which
+        holds what ``base_url`` or the environment gave it) and what to check."""
+        return connection_error(
+            self._name,
+            exc,
+            usage,
+            url=str(self._client.base_url),
+            hint=(
+                f"check --base-url (or {self.base_url_variable}), that the server runs and the "
+                f"network reaches it, and that {self.key_variable} holds that server's key"
+            ),
+        )
 
 
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_-]")
@@ -334,14 +353,24 @@ def timeout_error(
     )
 
 
-def connection_error(model: str, exc: BaseException, usage: Usage | None = None) -> ModelError:
+def connection_error(
+    model: str,
+    exc: BaseException,
+    usage: Usage | None = None,
+    *,
+    url: str | None = None,
+    hint: str | None = None,
+) -> ModelError:
     """A retryable error for a connection that failed or broke off (``usage``: what the
     provider reported before the break, if anything; without it, a connection lost after the
-    request went out counts at the attempt's worst case)."""
+    request went out counts at the attempt's worst case). ``url`` is where the connection went
+    and ``hint`` what to check, which the message shows when given."""
     cause = exc.__cause__ or exc.__context__ or exc
     detail = f"{type(cause).__name__}: {cause}".rstrip(": ")
+    where = f" to {url}" if url else ""
+    advice = f"; {hint}" if hint else ""
     return ModelError(
-        f"{model}: connection failed ({detail})",
+        f"{model}: connection failed{where} ({detail}){advice}",
         retryable=True,
         usage=usage,
         unknown_usage=usage is None and sent(exc),
