@@ -1138,6 +1138,29 @@ def test_a_goals_minimum_on_anthropic_holds_its_tool_use_system_prompt() -> None
     assert minimum("anthropic:claude-3-5-haiku") == minimum("openai:gpt-5-mini") + 264
 
 
+def test_a_goals_minimum_counts_the_tool_specs_its_planning_prompt_lists() -> None:
+    # The root's first planning call lists every tool of the run with its schema: a suite
+    # task's minimum is that call's input, as the run sends it, plus the floor of its output.
+    import hierplan
+    from hierplan.agents.models.scripted import ScriptedModel
+    from hierplan.agents.models.tokens import estimate_request_tokens
+    from hierplan.batch.budget import goal_minimum
+    from hierplan.budgets.pricing import PriceTable
+    from hierplan.errors import UnexpectedModelCall
+
+    (goal,) = parse_goals(json.dumps({"suite": "game24", "task": 0}))
+    run_settings = RunSettings()
+    tokens, _ = goal_minimum(goal, "sim", PriceTable(), run_settings)
+    suite = get_suite("game24")
+    env = suite.environment(suite.generate(1, 0)[0], latency_scale=0)
+    assert env.tools and goal.spec.known_tools() == tuple(t.spec for t in env.tools)
+    model = ScriptedModel([])  # records the first request, then stops the run
+    with pytest.raises(UnexpectedModelCall):
+        hierplan.run_sync(env.goal, model=model, tools=env.tools)
+    (first,) = model.requests
+    assert tokens == estimate_request_tokens(first) + run_settings.planner_max_tokens // 4
+
+
 def test_batch_set_gives_every_goal_a_run_setting_that_a_line_overrides(tmp_path: Path) -> None:
     goals = tmp_path / "goals.jsonl"
     goals.write_text(

@@ -106,9 +106,10 @@ def goal_minimum(
     """The least a goal must be granted to start: its root's first planning call with
     ``max_tokens`` lowered to the budget's floor, in tokens and pico-dollars.
 
-    The input is estimated from the goal's text (a scenario's text is not known before it is
-    set up, so only the prompt's own text counts there; a suite task's is), priced as the
-    goal's model. A model
+    The input is estimated from the goal's text and the specs of its tools, which the
+    planning prompt lists (a scenario's text and tools are not known before it is set up, so
+    only the prompt's own text counts there; a suite task's are), priced as the goal's model. A
+    model
     without a price gives 0 pico-dollars (a USD budget refuses it before anything starts).
     """
     floor = max(1, math.ceil(settings.planner_max_tokens * DEFAULT_MIN_OUTPUT_FRACTION))
@@ -119,7 +120,7 @@ def goal_minimum(
         max_steps=DEFAULT_MAX_STEPS,
     )
     request = ModelRequest(
-        messages=render_plan_prompt(prompt, ()),
+        messages=render_plan_prompt(prompt, goal.spec.known_tools()),
         output_schema=OutputSchema(PLAN_OUTPUT_NAME, planner.PLAN_SCHEMA),
         max_tokens=floor,
         phase="planning",

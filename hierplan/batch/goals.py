@@ -46,7 +46,7 @@ from pydantic import (
     model_validator,
 )
 
-from hierplan.agents.models.base import parse_model_string
+from hierplan.agents.models.base import ToolSpec, parse_model_string
 from hierplan.agents.models.provider import RepeatedKeyError, json_problem, loads_json
 from hierplan.bench.base import BenchTask
 from hierplan.bench.suites import get_suite
@@ -139,6 +139,14 @@ class GoalLine(BaseModel):
             return suite_task(self.suite, self.task).goal
         return self.goal or ""
 
+    def known_tools(self) -> tuple[ToolSpec, ...]:
+        """The specs of the tools the goal's run has, where they are known before it starts
+        (a suite task's), else ``()`` (free text runs without tools; a scenario's come from
+        setting it up)."""
+        if self.suite is not None and self.task is not None:
+            return _suite_tool_specs(self.suite, self.task)
+        return ()
+
     def label(self) -> str:
         """A short description for displays."""
         if self.scenario is not None:
@@ -194,6 +202,13 @@ def goal_seed(batch_seed: int, goal_id: str) -> int:
 @lru_cache(maxsize=16)
 def _suite_tasks(suite: str, task_seed: int, count: int) -> tuple[BenchTask, ...]:
     return tuple(get_suite(suite).generate(count, task_seed))
+
+
+@lru_cache(maxsize=64)
+def _suite_tool_specs(suite: str, task: str | int) -> tuple[ToolSpec, ...]:
+    # A suite's environment is in memory and cheap to build; its tools are what the run gets.
+    env = get_suite(suite).environment(suite_task(suite, task), latency_scale=0)
+    return tuple(t.spec for t in env.tools)
 
 
 def suite_task(suite: str, task: str | int) -> BenchTask:
