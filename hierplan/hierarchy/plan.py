@@ -356,15 +356,32 @@ def plan_from_data(data: Any, *, source: str = "plan") -> Plan:
         ) from None
 
 
+# The largest plan or goal file read: far above any plan a run can hold (MAX_GOAL_CHARS per
+# text), and a bound on what /dev/zero, a pipe or a wrong file given by mistake can make us read.
+MAX_TEXT_FILE_BYTES = 16 * 1024 * 1024
+
+
 def read_text_file(path: Path, what: str) -> str:
     """A file's text (without the byte-order mark some editors put in front), or a
-    :class:`UserInputError` saying why ``what`` cannot be read."""
+    :class:`UserInputError` saying why ``what`` cannot be read: also when it holds more than
+    :data:`MAX_TEXT_FILE_BYTES` (read no further, so a device that never ends is refused too)."""
+    limit = MAX_TEXT_FILE_BYTES
     try:
-        return path.read_text(encoding="utf-8-sig")
+        with path.open("rb") as stream:
+            data = stream.read(limit + 1)
     except OSError as exc:
         raise UserInputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise UserInputError(
+            f"{what} {path} is larger than {limit:,} bytes, far more than a plan or a goal "
+            "needs: check that it is the file you meant"
+        )
+    try:
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise UserInputError(f"{what} {path} is not UTF-8 text") from None
+    # Line ends as a file opened as text reads them (a goal's text keeps no \r).
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def parse_yaml_or_json(text: str, path: Path, what: str) -> Any:
