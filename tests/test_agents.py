@@ -96,19 +96,47 @@ json_values = st.recursive(
 )
 
 
+def _with_a_repeated_key(value: Any) -> tuple[str, str] | None:
+    """``value`` as JSON with the first key of its first non-empty object (in document order)
+    written once more in front, and that key; ``None`` when it holds no such object. Built from
+    the value, not found in the text: ``{"`` in the text may be inside a string (``["{", "a"]``)."""
+    repeated: list[str] = []
+
+    def dump(item: Any) -> str:
+        if isinstance(item, dict) and item:
+            first = not repeated
+            if first:
+                repeated.append(next(iter(item)))
+            members = [f"{json.dumps(k)}: {dump(v)}" for k, v in item.items()]
+            if first:
+                members.insert(0, f"{json.dumps(repeated[0])}: 0")
+            return "{" + ", ".join(members) + "}"
+        if isinstance(item, list):
+            return "[" + ", ".join(dump(v) for v in item) + "]"
+        return json.dumps(item)
+
+    text = dump(value)
+    return (text, repeated[0]) if repeated else None
+
+
 @settings(max_examples=200)
 @given(json_values)
 def test_loads_json_reads_what_json_writes_and_refuses_a_repeated_key(value: Any) -> None:
-    text = json.dumps(value)
-    assert loads_json(text) == value
+    assert loads_json(json.dumps(value)) == value
     # The same document with one object's first key written again: refused, naming the key.
-    start = text.find('{"')
-    if start >= 0:
-        key, _ = json.JSONDecoder().raw_decode(text, start + 1)  # that object's first key
-        doubled = text[: start + 1] + f"{json.dumps(key)}: 0, " + text[start + 1 :]
+    doubled = _with_a_repeated_key(value)
+    if doubled is not None:
+        text, key = doubled
         with pytest.raises(RepeatedKeyError) as caught:
-            loads_json(doubled)
+            loads_json(text)
         assert caught.value.keys == [key]
+
+
+def test_a_brace_and_quote_inside_a_string_is_not_taken_for_an_object() -> None:
+    # The example that made the property test fail when it searched the text for '{"'.
+    assert _with_a_repeated_key(["{", "a"]) is None
+    assert loads_json(json.dumps(["{", "a"])) == ["{", "a"]
+    assert _with_a_repeated_key({"x": {"{": 1}}) == ('{"x": 0, "x": {"{": 1}}', "x")
 
 
 @settings(max_examples=200)
