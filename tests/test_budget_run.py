@@ -869,7 +869,7 @@ async def test_a_replan_that_leaves_the_same_work_after_a_budget_failure_ends_th
     # the node stops after that one replan, rather than replanning the same work until
     # max_replans. (``replan`` also replans once after the step before it, as it always does.)
     goal = "Migrate a large table"
-    steps = [
+    steps: list[dict[str, Any]] = [
         {"id": "small", "title": "a", "instruction": "Copy table a", "tool": "lookup"},
         {"id": "huge", "title": "b", "instruction": "Copy table b " + "b" * 8_000},
         {"id": "check", "title": "c", "instruction": "Check table b", "depends_on": ["huge"]},
