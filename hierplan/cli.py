@@ -26,11 +26,13 @@ import typer
 from rich.console import Console
 
 from hierplan import __version__
+from hierplan.agents.models.base import parse_model_string
 from hierplan.agents.models.provider import one_line
 from hierplan.agents.models.simulated import PROFILES
 from hierplan.batch.cli import register as register_batch_commands
 from hierplan.bench.cli import bench_command
 from hierplan.budgets.budget import MAX_BUDGET_TOKENS
+from hierplan.budgets.pricing import PriceTable
 from hierplan.console import RunConsole
 from hierplan.dirlock import holding_run_directory
 from hierplan.errors import HierplanError, UserInputError
@@ -232,6 +234,23 @@ PriceOutOpt = Annotated[
 def _fail(message: str, code: int = 2) -> NoReturn:
     Console(stderr=True).print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def _unpriced_simulation(model: str, priced: bool) -> str | None:
+    """A warning when ``model`` is a simulated model priced as one the price table does not
+    know (``sim:my-model`` without ``--price-in``/``--price-out``): its calls have no cost, where
+    the user likely meant a real model's. ``None`` when there is nothing to say."""
+    parsed = parse_model_string(model)
+    if parsed.provider != "sim" or not parsed.name or priced:
+        return None
+    table = PriceTable()
+    if table.lookup(parsed.name) is not None:
+        return None
+    return (
+        f"{model} is simulated as {parsed.name!r}, which has no known price, so its calls have "
+        f"no cost; give --price-in/--price-out, or simulate a priced model: "
+        + ", ".join(f"sim:{name}" for name in table.models())
+    )
 
 
 @contextmanager
@@ -534,6 +553,7 @@ def run_command(
         _check_choices(str(options.get("strategy", strategy)), sim_profile)
         model = str(options.pop("model", model))
         model_options = _model_options(model, base_url, timeout)
+        unpriced = _unpriced_simulation(model, price_in is not None or price_out is not None)
         settings = _run_settings(options, strategy, max_depth, concurrency, seed, model_retries)
         setup = review_setup(
             yes=yes,
@@ -544,6 +564,10 @@ def run_command(
         )
     except HierplanError as exc:
         _fail(str(exc))
+    if unpriced is not None:
+        Console(stderr=True).print(
+            f"warning: {unpriced}", markup=False, highlight=False, soft_wrap=True
+        )
     run_dir = out or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     with _holding(run_dir, otherwise=", or give this run another --out"):
         _refuse_paused_run(run_dir, start_over=" and give --overwrite")
@@ -904,6 +928,19 @@ def validate_command(
         for p in problems:
             console.print(f"problem: {p}", style="red", markup=False, highlight=False)
         raise typer.Exit(1)
+    named = sorted(
+        {s.tool for s in plan.steps if s.tool} | {t for s in plan.steps for t in s.tools or ()}
+    )
+    if allowed is None and named:
+        # Without --tools there is nothing to check the names against: a typo would pass.
+        console.print(
+            f"plan is valid, but its tools were not checked ({', '.join(named)}): give the "
+            "tools a run has with --tools a,b to check them",
+            style="yellow",
+            markup=False,
+            highlight=False,
+        )
+        return
     console.print("plan is valid", style="green")
 
 

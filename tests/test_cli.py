@@ -339,6 +339,58 @@ def test_validate_command(tmp_path: Path) -> None:
     assert bad.exit_code == 1 and "uses tool 'copy'" in bad.output
 
 
+def test_validate_without_tools_says_the_plans_tools_were_not_checked(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(
+        "goal: g\nsteps:\n  - {id: a, title: A, instruction: do a, tool: cpoy}\n"
+        "  - {id: b, title: B, instruction: do b, depends_on: [a], tools: [zip, copy]}\n"
+    )
+    result = runner.invoke(app, ["validate", str(plan)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "plan is valid, but its tools were not checked (copy, cpoy, zip)" in text
+    assert "--tools a,b" in text
+    # a plan that names no tool has nothing left unchecked
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("goal: g\nsteps:\n  - {id: a, title: A, instruction: do a}\n")
+    shown = runner.invoke(app, ["validate", str(plain)]).output
+    assert "plan is valid" in shown and "not checked" not in shown
+
+
+@pytest.mark.parametrize("command", [["validate"], ["run", "--goal-file"]])
+def test_a_plan_or_goal_file_too_large_or_without_end_is_refused_not_read_forever(
+    command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hierplan.hierarchy import plan as plan_module
+
+    result = runner.invoke(app, [*command, "/dev/zero"], env={"COLUMNS": "300"})
+    assert result.exit_code == 2, result.output
+    limit = f"{plan_module.MAX_TEXT_FILE_BYTES:,}"
+    assert f"file /dev/zero is larger than {limit} bytes" in " ".join(result.output.split())
+    big = tmp_path / "big.yaml"
+    big.write_text("goal: g\nsteps: []\n# " + "x" * 2_000)
+    monkeypatch.setattr(plan_module, "MAX_TEXT_FILE_BYTES", 1_000)
+    result = runner.invoke(app, [*command, str(big)], env={"COLUMNS": "300"})
+    assert result.exit_code == 2, result.output
+    message = " ".join(result.output.split())
+    assert f"file {big} is larger than 1,000 bytes" in message
+    assert "check that it is the file you meant" in message and "Traceback" not in message
+
+
+def test_a_simulated_model_of_no_known_price_is_warned_about(tmp_path: Path) -> None:
+    # A free-text goal: the simulator refuses it at once, after the warning was given.
+    args = ["run", "Greet the user", "-y", "--sim-latency-scale", "0"]
+    result = runner.invoke(app, [*args, "--model", "sim:unknown-model", "-o", str(tmp_path / "a")])
+    text = " ".join(result.output.split())
+    said = "warning: sim:unknown-model is simulated as 'unknown-model', which has no known price"
+    assert said in text, text
+    assert "--price-in/--price-out" in text and "sim:openai:gpt-5-mini" in text
+    prices = ["--price-in", "1", "--price-out", "2"]
+    for priced in (["--model", "sim:openai:gpt-5-mini"], ["--model", "sim:x", *prices]):
+        quiet = runner.invoke(app, [*args, *priced, "-o", str(tmp_path / priced[1])])
+        assert "no known price" not in quiet.output and "Traceback" not in quiet.output
+
+
 def test_scenarios_command() -> None:
     result = runner.invoke(app, ["scenarios"])
     assert result.exit_code == 0 and "data_migration" in result.output
