@@ -19,7 +19,6 @@ from functools import partial
 from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, NoReturn, cast
-from urllib.parse import urlsplit
 
 import anyio
 import typer
@@ -50,6 +49,15 @@ from hierplan.hierarchy.plan import DEFAULT_MAX_DEPTH, DEFAULT_MAX_STEPS, load_p
 from hierplan.hierarchy.record import RunResult
 from hierplan.hierarchy.resume import drop_used_checkpoint
 from hierplan.hierarchy.resume import resume as resume_run
+from hierplan.model_flags import (
+    SIMULATOR_ONLY,
+    BaseUrlOpt,
+    PriceInOpt,
+    PriceOutOpt,
+    TimeoutOpt,
+    is_simulated,
+    provider_options,
+)
 from hierplan.review.console import editor_open, reviewer_name
 from hierplan.review.options import (
     EXIT_PAUSED,
@@ -156,18 +164,6 @@ OverwriteOpt = Annotated[
         help="Replace an earlier run's record and scenario files in --out (refused otherwise).",
     ),
 ]
-BaseUrlOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--base-url",
-        help="API base URL: an OpenAI-compatible server (vLLM, Ollama, llama.cpp, LiteLLM) "
-        "for openai:<model>, or a gateway for anthropic:<model>.",
-    ),
-]
-TimeoutOpt = Annotated[
-    float | None,
-    typer.Option("--timeout", min=0.001, help="Seconds one model call may wait (120)."),
-]
 ModelRetriesOpt = Annotated[
     int | None,
     typer.Option(
@@ -220,14 +216,6 @@ AllocationOpt = Annotated[
     typer.Option(
         "--allocation", help="Split a budget among sub-goals: equal, weighted or on-demand."
     ),
-]
-PriceInOpt = Annotated[
-    float | None,
-    typer.Option("--price-in", min=0.0, help="USD per 1M input tokens of the model."),
-]
-PriceOutOpt = Annotated[
-    float | None,
-    typer.Option("--price-out", min=0.0, help="USD per 1M output tokens of the model."),
 ]
 
 
@@ -639,21 +627,9 @@ def _run_settings(
 
 def _model_options(model: str, base_url: str | None, timeout: float | None) -> dict[str, Any]:
     """Provider options from ``--base-url`` and ``--timeout`` (only for provider models)."""
-    options: dict[str, Any] = {}
-    if base_url is not None:
-        parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise UserInputError(
-                f"--base-url {base_url!r} is not a URL: give one like http://localhost:8000/v1"
-            )
-        options["base_url"] = base_url
-    if timeout is not None:
-        options["timeout_s"] = timeout
-    if options and model.strip().lower().startswith("sim"):
-        raise UserInputError(
-            "--base-url and --timeout apply to real models (--model openai:<model> or "
-            "anthropic:<model>), not to the simulator"
-        )
+    options = provider_options(base_url, timeout)
+    if options and is_simulated(model):
+        raise UserInputError(SIMULATOR_ONLY)
     return options
 
 

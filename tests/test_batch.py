@@ -631,12 +631,17 @@ def test_an_unpriced_goal_model_under_a_usd_budget_says_what_a_batch_can_do(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "goals.jsonl"
-    path.write_text('{"scenario": "data_migration", "model": "sim:my-model"}\n')
+    path.write_text('{"suite": "game24", "task": 0, "model": "sim:my-model"}\n')
     batch = BatchConfig(path, tmp_path / "out", BatchBudget(None, 10**12, 1), RunOptions())
-    with pytest.raises(
-        UserInputError, match=r"budget the batch in tokens only \(--budget-tokens\)"
-    ):
+    # A batch takes --price-in/--price-out as a run does: the message names them.
+    with pytest.raises(UserInputError, match=r"line 1: no price is known for model 'my-model'"):
         anyio.run(run_batch, batch)
+    with pytest.raises(UserInputError, match=r"give its price with --price-in/--price-out"):
+        anyio.run(run_batch, batch)
+    priced = RunOptions(sim_latency_scale=0, price_in=1.0, price_out=2.0)
+    batch = BatchConfig(path, tmp_path / "out", BatchBudget(None, 10**12, 1), priced)
+    summary = anyio.run(run_batch, batch)
+    assert summary["counts"]["succeeded"] == 1 and summary["spent_usd"] > 0
 
 
 def test_the_batch_panel_without_a_terminal_ends_its_lines(tmp_path: Path) -> None:
@@ -1185,3 +1190,59 @@ def test_batch_set_gives_every_goal_a_run_setting_that_a_line_overrides(tmp_path
     assert same.exit_code == 0, same.output
     refused = CliRunner().invoke(app, [*start, "--set", "seed=3"])
     assert refused.output.strip() == "error: --set seed: use --seed"
+
+
+def test_a_batch_takes_the_model_flags_of_run_and_keeps_them_for_its_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--base-url, --timeout, --price-in and --price-out: an unpriced model on a local
+    OpenAI-compatible server, under a USD budget, priced by the flags."""
+    from wire import TEST_KEY, OracleBackend, WireServer
+
+    monkeypatch.setenv("OPENAI_API_KEY", TEST_KEY)
+    goals = tmp_path / "goals.jsonl"
+    goals.write_text('{"suite": "game24", "task": 0}\n{"suite": "game24", "task": 1}\n')
+    out = tmp_path / "out"
+    with WireServer(OracleBackend(get_suite("game24").oracle())) as server:
+        url = server.base_url("openai")
+        start = ["batch", str(goals), "--out", str(out), "--model", "openai:local-model"]
+        start += ["--budget-usd", "1", "--sim-latency-scale", "0"]
+        flags = ["--base-url", url, "--timeout", "5", "--price-in", "1", "--price-out", "2"]
+        unpriced = CliRunner().invoke(app, [*start, "--base-url", url])
+        assert unpriced.exit_code == 2 and "--price-in/--price-out" in unpriced.output
+        assert not out.exists()
+        first = CliRunner().invoke(app, [*start, *flags])
+        hits = server.count()
+    assert first.exit_code == 0, first.output
+    assert hits > 0  # every call went to the server named by --base-url
+    journal = open_journal(out, resume=True)
+    options = journal.meta()["options"]
+    journal.close()
+    assert (options["base_url"], options["timeout"]) == (url, 5.0)
+    assert (options["price_in"], options["price_out"]) == (1.0, 2.0)
+    for goal in ("line-1", "line-2"):
+        record = RunResult.load(out / "goals" / goal / "run.json")
+        calls = [call for node in record.nodes() for call in node.calls]
+        expected = sum(c.usage.input_tokens * 1 + c.usage.output_tokens * 2 for c in calls)
+        assert record.totals()["cost_usd"] == pytest.approx(expected / 1e6)
+    changed = CliRunner().invoke(app, [*start, "--resume", "--price-in", "3", "--timeout", "9"])
+    assert changed.exit_code == 2
+    assert f"cannot resume {out} with --timeout, --price-in" in " ".join(changed.output.split())
+    same = CliRunner().invoke(app, [*start, "--resume"])  # the journal's flags, unrepeated
+    assert same.exit_code == 0, same.output
+
+
+def test_batch_model_flags_are_checked_before_anything_is_written(tmp_path: Path) -> None:
+    goals = tmp_path / "goals.jsonl"
+    goals.write_text('{"suite": "game24", "task": 0}\n')
+    out = tmp_path / "out"
+    start = ["batch", str(goals), "--out", str(out)]
+    for flags, expected in (
+        (["--base-url", "localhost:8000"], "--base-url 'localhost:8000' is not a URL"),
+        (["--timeout", "5"], "apply to real models"),
+        (["--price-in", "1"], "give both --price-in and --price-out"),
+    ):
+        result = CliRunner().invoke(app, [*start, *flags])
+        assert result.exit_code == 2, result.output
+        assert expected in " ".join(result.output.split()) and "Traceback" not in result.output
+        assert not out.exists()

@@ -56,6 +56,7 @@ from hierplan.budgets.budget import (
 from hierplan.budgets.instrument import (
     DEFAULT_MIN_OUTPUT_FRACTION,
     priced_as_of,
+    unknown_price_message,
 )
 from hierplan.budgets.pricing import PriceTable
 from hierplan.errors import BudgetExceeded, UserInputError
@@ -158,12 +159,7 @@ def check_prices(
         parse_model_string(model)
         priced = priced_as_of(model)
         if pricing.lookup(priced) is None:
-            # Not unknown_price_message: a batch takes no --price-in/--price-out.
-            raise UserInputError(
-                f"line {goal.line}: no price is known for model {priced!r}, so a USD budget "
-                "cannot be enforced: budget the batch in tokens only (--budget-tokens), or give "
-                "the goal a model the price table knows"
-            )
+            raise UserInputError(f"line {goal.line}: {unknown_price_message(priced)}")
 
 
 # The variable each provider's API key is read from.

@@ -43,7 +43,6 @@ from hierplan.batch.budget import GoalLedger, goal_cap, goal_minimum, grant_goal
 from hierplan.batch.goals import BatchGoal
 from hierplan.batch.runner import GoalOutcome, RunOptions, inner_budget, run_goal
 from hierplan.budgets.budget import Fixed, LedgerError
-from hierplan.budgets.pricing import PriceTable
 from hierplan.budgets.redis_ledger import RedisAccount, RedisLedger, connect
 from hierplan.errors import UserInputError
 from hierplan.hierarchy.context import Instrument
@@ -277,7 +276,7 @@ async def _run_claimed(
     options = RunOptions.from_dict(payload["options"])
     budget = _budget(payload)
     cap = goal_cap(goal, budget)
-    minimum = goal_minimum(goal, options.model, PriceTable(), options.settings(goal))
+    minimum = goal_minimum(goal, options.model, options.pricing([goal]), options.settings(goal))
     decision, account, grant = await grant_goal(ledger, root, goal.id, cap, minimum)
     if decision == "wait":
         return "wait"

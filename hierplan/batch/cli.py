@@ -28,6 +28,13 @@ from hierplan.budgets.redis_ledger import check_reachable
 from hierplan.errors import HierplanError, UserInputError
 from hierplan.goals import settings_from_assignments
 from hierplan.hierarchy.context import STRATEGY_NAMES
+from hierplan.model_flags import (
+    BaseUrlOpt,
+    PriceInOpt,
+    PriceOutOpt,
+    TimeoutOpt,
+    check_base_url,
+)
 from hierplan.tracing.setup import (
     TRACE_HELP,
     TraceSetup,
@@ -161,6 +168,10 @@ def batch_command(
     visibility_timeout: VisibilityOpt = 3600.0,
     trace: TraceOpt = None,
     set_: SetOpt = None,
+    base_url: BaseUrlOpt = None,
+    timeout: TimeoutOpt = None,
+    price_in: PriceInOpt = None,
+    price_out: PriceOutOpt = None,
 ) -> None:
     """Run many goals under one global budget, journaled in DIR (resumable with --resume).
 
@@ -187,6 +198,10 @@ def batch_command(
             sim_profile=sim_profile,
             sim_latency_scale=sim_latency_scale,
             run_settings=settings_from_assignments(set_ or [], flags=SETTING_FLAGS),
+            base_url=None if base_url is None else check_base_url(base_url),
+            timeout=timeout,
+            price_in=price_in,
+            price_out=price_out,
         )
         config = BatchConfig(
             goals_path=goals,

@@ -38,6 +38,7 @@ from hierplan.errors import UserInputError
 from hierplan.hierarchy.context import Instrument
 from hierplan.hierarchy.record import write_atomic
 from hierplan.hierarchy.run import run
+from hierplan.model_flags import SIMULATOR_ONLY, is_simulated
 
 Backend = Literal["local", "celery"]
 SUMMARY = "summary.json"
@@ -225,7 +226,9 @@ def prepare(config: BatchConfig, pricing: PriceTable | None = None) -> Batch:
         return _reopen(config, pricing or PriceTable())
     goals = load_goals(config.goals_path, default_model=config.options.model)
     _check_amounts(config.budget, goals.goals)
-    check_prices(goals.goals, config.options.model, pricing or PriceTable(), _usd(config))
+    _check_model_flags(goals.goals, config.options)
+    pricing = config.options.pricing(goals.goals, pricing)
+    check_prices(goals.goals, config.options.model, pricing, _usd(config))
     # hierplan.run resolves the goals' provider models here (Celery workers read their keys
     # from their own environment; another run function brings its own models).
     if config.backend == "local" and config.run_fn is run:
@@ -245,7 +248,7 @@ def prepare(config: BatchConfig, pricing: PriceTable | None = None) -> Batch:
         },
         "options": config.options.to_dict(),
     }
-    _check_caps(goals.goals, config, pricing or PriceTable())
+    _check_caps(goals.goals, config, pricing)
     journal = open_journal(config.out, resume=False)
     journal.create(meta, goals.goals)
     return Batch(config, goals, journal, meta)
@@ -276,17 +279,27 @@ def _reopen(config: BatchConfig, pricing: PriceTable) -> Batch:
                 "budget and options it was started with (kept in its journal); leave them out, "
                 "or start a new batch with another --out"
             )
-        model = RunOptions.from_dict(meta["options"]).model
+        options = RunOptions.from_dict(meta["options"])
+        model = options.model
         goals = load_goals(config.goals_path, default_model=model)
         budget = meta["budget"]
         usd = budget["pico"] is not None or budget["goal_pico"] is not None
-        check_prices(goals.goals, model, pricing, usd)
+        check_prices(goals.goals, model, options.pricing(goals.goals, pricing), usd)
         if config.backend == "local" and config.run_fn is run:
             check_keys(goals.goals, model)
     except BaseException:
         journal.close()
         raise
     return Batch(config, goals, journal, meta)
+
+
+def _check_model_flags(goals: Sequence[BatchGoal], options: RunOptions) -> None:
+    """``--base-url`` and ``--timeout`` need a goal on a provider model to apply to."""
+    given = options.base_url is not None or options.timeout is not None
+    if given and all(is_simulated(goal.spec.model or options.model) for goal in goals):
+        raise UserInputError(
+            f"{SIMULATOR_ONLY}: no goal of the batch runs on one (give --model, or a goal's model)"
+        )
 
 
 def _usd(config: BatchConfig) -> bool:
@@ -346,7 +359,7 @@ async def run_local(batch: Batch) -> None:
     journal = batch.journal
     budget = batch.budget
     options = batch.options
-    pricing = PriceTable()
+    pricing = options.pricing(batch.goals.goals)
     spent_t, spent_p = journal.spent()
     ledger = LocalLedger()
     root = ledger.open_now(

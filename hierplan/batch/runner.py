@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import traceback
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,11 +13,13 @@ from hierplan.batch.goals import BatchGoal, goal_seed, suite_task
 from hierplan.bench.base import TaskEnv
 from hierplan.bench.suites import get_suite
 from hierplan.budgets.budget import Budget, pico_to_usd
-from hierplan.budgets.instrument import BudgetInstrument
+from hierplan.budgets.instrument import BudgetInstrument, priced_as_of, with_price
+from hierplan.budgets.pricing import PriceTable
 from hierplan.errors import HierplanError
 from hierplan.hierarchy.context import Instrument, RunSettings
 from hierplan.hierarchy.record import RunResult
 from hierplan.hierarchy.run import run
+from hierplan.model_flags import is_simulated, provider_options
 
 RunFunction = Callable[..., Awaitable[RunResult]]
 
@@ -34,6 +36,14 @@ class RunOptions:
     sim_latency_scale: float = 1.0
     run_settings: dict[str, Any] = field(default_factory=dict)
     """Other run settings of every goal (``--set``), checked; a goal's line overrides them."""
+    base_url: str | None = None
+    """The API base URL of the goals' provider models (``--base-url``)."""
+    timeout: float | None = None
+    """Seconds one model call of a provider model may wait (``--timeout``)."""
+    price_in: float | None = None
+    """USD per million input tokens of the goals' models (``--price-in``)."""
+    price_out: float | None = None
+    """USD per million output tokens of the goals' models (``--price-out``)."""
 
     def to_dict(self) -> dict[str, Any]:
         """As plain data (for the journal and the Celery message)."""
@@ -43,6 +53,30 @@ class RunOptions:
     def from_dict(cls, data: dict[str, Any]) -> RunOptions:
         """The options :meth:`to_dict` wrote."""
         return cls(**data)
+
+    def model_options(self, model: str) -> dict[str, Any]:
+        """The model options of a goal on ``model``: ``--base-url`` and ``--timeout`` reach
+        provider models only (a goal on the simulator in a batch of provider goals keeps its
+        simulator)."""
+        if is_simulated(model):
+            return {}
+        return provider_options(self.base_url, self.timeout)
+
+    def run_extras(self, model: str) -> dict[str, Any]:
+        """The arguments of :func:`hierplan.run` these flags add for a goal on ``model``: only
+        those given, so a run function that wraps ``run`` sees none it did not ask for."""
+        extras: dict[str, Any] = {}
+        if model_options := self.model_options(model):
+            extras["model_options"] = model_options
+        if self.price_in is not None or self.price_out is not None:
+            extras |= {"price_in": self.price_in, "price_out": self.price_out}
+        return extras
+
+    def pricing(self, goals: Iterable[BatchGoal], base: PriceTable | None = None) -> PriceTable:
+        """``base`` (the built-in prices by default) with ``--price-in``/``--price-out`` set
+        for the model of each of ``goals``, as a run sets them for its models."""
+        models = [priced_as_of(goal.spec.model or self.model) for goal in goals]
+        return with_price(base or PriceTable(), self.price_in, self.price_out, models)
 
     def settings(self, goal: BatchGoal) -> RunSettings:
         """The goal's run settings: its own, else these defaults. A goal without a seed of
@@ -103,6 +137,7 @@ async def run_goal(
                 suite_task(spec.suite, spec.task), latency_scale=options.sim_latency_scale
             )
             extra = {"tools": task_env.tools, "oracle": suite.oracle()}
+        extra |= options.run_extras(spec.model or options.model)
         result = await run_fn(
             task_env.goal if task_env is not None else spec.goal,
             scenario=spec.scenario,
