@@ -38,6 +38,7 @@ from hierplan.errors import HierplanError, UserInputError
 from hierplan.goals import load_goal_file, settings_from_assignments
 from hierplan.hierarchy.context import (
     MAX_RETRIES,
+    MAX_SEED,
     STRATEGY_NAMES,
     Instrument,
     RunContext,
@@ -123,7 +124,10 @@ StrategyOpt = Annotated[
     str, typer.Option("--strategy", "-s", help=f"One of: {', '.join(STRATEGY_NAMES)}.")
 ]
 SeedOpt = Annotated[
-    int, typer.Option("--seed", help="Seed of the simulator (runs are reproducible).")
+    int,
+    typer.Option(
+        "--seed", min=0, max=MAX_SEED, help="Seed of the simulator (runs are reproducible)."
+    ),
 ]
 ProfileOpt = Annotated[
     str, typer.Option("--sim-profile", help=f"Simulator noise: {', '.join(PROFILES)}.")

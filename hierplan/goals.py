@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from hierplan.errors import UserInputError, field_problems
-from hierplan.hierarchy.context import RunSettings, StrategyName
+from hierplan.hierarchy.context import MAX_SEED, RunSettings, StrategyName
 from hierplan.hierarchy.datatext import DataTextError, parse_data_text
 from hierplan.hierarchy.plan import MAX_GOAL_CHARS, parse_yaml_or_json, read_text_file
 
@@ -38,7 +38,9 @@ MORE_SETTINGS = tuple(name for name in RunSettings.model_fields if name not in _
 class GoalSpec(BaseModel):
     """One goal and its optional per-goal settings."""
 
-    model_config = ConfigDict(extra="forbid")
+    # Strict: a goal file comes from anywhere; "seed": true or "seed": "3" is refused, not
+    # read as 1 or 3 (as a batch's goal lines are).
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     # The run's own limit, so that a goal that runs given on the command line runs from a file.
     goal: str | None = Field(default=None, min_length=1, max_length=MAX_GOAL_CHARS)
@@ -47,7 +49,7 @@ class GoalSpec(BaseModel):
     model: str | None = None
     max_depth: int | None = Field(default=None, ge=1, le=10)
     concurrency: int | None = Field(default=None, ge=1)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     # Set by goal_from_data: the other run settings the file gives, already checked.
     _more: dict[str, Any] = PrivateAttr(default_factory=dict)
 
@@ -67,20 +69,38 @@ class GoalSpec(BaseModel):
         return given | self._more
 
 
+GOAL_FILE_KEYS = (*GoalSpec.model_fields, *MORE_SETTINGS)
+"""Every key a goal file may have: the goal's own, then the other run settings."""
+
+
+def unknown_keys_problem(data: Mapping[Any, Any], allowed: Sequence[str]) -> str | None:
+    """The keys of ``data`` not among ``allowed``, and the allowed ones, as one problem (a
+    misspelt key is fixed by seeing the right spelling); ``None`` when every key is known."""
+    unknown = [repr(key) for key in data if key not in allowed]
+    if not unknown:
+        return None
+    noun = "keys" if len(unknown) > 1 else "key"
+    return f"unknown {noun} {', '.join(unknown)}: the keys allowed are {', '.join(allowed)}"
+
+
 def goal_from_data(data: Any, *, source: str) -> GoalSpec:
     """Validate parsed data as a :class:`GoalSpec` and any other run settings it gives as
     :class:`RunSettings` fields; errors name each bad field."""
     more: dict[str, Any] = {}
+    problems: list[str] = []
     if isinstance(data, dict):
+        unknown = unknown_keys_problem(data, GOAL_FILE_KEYS)
+        if unknown is not None:
+            problems.append(unknown)
+            data = {k: v for k, v in data.items() if k in GOAL_FILE_KEYS}
         more = {k: v for k, v in data.items() if k in MORE_SETTINGS}
         data = {k: v for k, v in data.items() if k not in more}
-    problems: list[str] = []
     try:
         spec = GoalSpec.model_validate(data)
     except ValidationError as exc:
         problems.append(field_problems(exc, "goal"))
     try:
-        checked = RunSettings.checked(more)
+        checked = RunSettings.checked(more, strict=True)
     except ValidationError as exc:
         problems.append(field_problems(exc, "goal"))
     if problems:  # both parts' problems at once: nothing runs until the whole file is valid

@@ -131,7 +131,9 @@ def test_a_default_id_taken_by_another_line_says_so() -> None:
 def test_free_text_goals_need_a_real_model_and_known_fields() -> None:
     with pytest.raises(UserInputError, match="line 1: a free-text goal needs a real model"):
         parse_goals('{"goal": "write a poem"}')
-    with pytest.raises(UserInputError, match="line 2: colour: Extra inputs"):
+    with pytest.raises(
+        UserInputError, match="line 2: unknown key 'colour': the keys allowed are id, goal"
+    ):
         parse_goals('{"scenario": "data_migration"}\n{"scenario": "data_migration", "colour": 1}')
     with pytest.raises(UserInputError, match="no goals"):
         parse_goals("\n\n")
@@ -200,6 +202,63 @@ def test_any_goals_file_parses_or_fails_with_line_numbers(lines: list[str]) -> N
         # What a line accepts, a run takes, and a worker reads back from the journal.
         assert BatchGoal.from_json(goal.to_json()) == goal
         RunOptions().settings(goal)
+
+
+seed_values = st.one_of(
+    st.booleans(),
+    st.integers(min_value=-(2**40), max_value=2**40),
+    st.integers().map(str),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.none(),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=seed_values, key=st.text(min_size=1, max_size=12), value=json_values)
+def test_a_goal_line_takes_its_seed_uncoerced_and_names_the_keys_allowed(
+    seed: Any, key: str, value: Any
+) -> None:
+    """A seed is taken only as a JSON integer within the range --seed takes (never a boolean,
+    a string or a float read as one); a key not allowed is refused, listing those allowed."""
+    from hierplan.batch.goals import LINE_KEYS
+    from hierplan.hierarchy.context import MAX_SEED
+
+    line = {"suite": "game24", "task": 0, "seed": seed}
+    try:
+        (goal,) = parse_goals(json.dumps(line))
+    except UserInputError as exc:
+        assert "line 1: seed: " in str(exc)
+        assert not (type(seed) is int and 0 <= seed <= MAX_SEED)
+    else:
+        assert goal.spec.seed == seed and (seed is None or type(seed) is int)
+        assert seed is None or 0 <= seed <= MAX_SEED
+        if seed is not None:
+            assert RunOptions().settings(goal).seed == seed
+    try:
+        parse_goals(json.dumps({"suite": "game24", "task": 0, key: value}))
+    except UserInputError as exc:
+        if key not in LINE_KEYS and key != "settings":
+            assert f"unknown key {key!r}: the keys allowed are {', '.join(LINE_KEYS)}" in str(exc)
+    else:
+        assert key in LINE_KEYS
+
+
+def test_the_seed_takes_the_same_range_on_the_command_line_as_in_goal_lines(
+    tmp_path: Path,
+) -> None:
+    from hierplan.hierarchy.context import MAX_SEED
+
+    goals = tmp_path / "goals.jsonl"
+    goals.write_text(f'{{"suite": "game24", "task": 0, "seed": {MAX_SEED + 1}}}\n')
+    out = tmp_path / "out"
+    refused = CliRunner().invoke(app, ["batch", str(goals), "--out", str(out)])
+    assert refused.exit_code == 2 and f"less than or equal to {MAX_SEED}" in refused.output
+    for seed in (str(MAX_SEED + 1), "-1"):
+        for command in (["batch", str(goals), "--out", str(out)], ["run", "--scenario", "x"]):
+            result = CliRunner().invoke(app, [*command, "--seed", seed])
+            assert result.exit_code == 2 and "--seed" in result.output, result.output
+            assert str(0 if seed == "-1" else MAX_SEED) in result.output, result.output
+    assert not out.exists()
 
 
 def test_a_line_sets_any_run_setting_checked_strictly_and_carried_to_the_run() -> None:

@@ -16,6 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hierplan.cli import app
+from hierplan.goals import GOAL_FILE_KEYS
 
 runner = CliRunner()
 FAST = ["--sim-latency-scale", "0"]
@@ -232,7 +233,7 @@ def test_bad_input_exits_2_with_one_line_and_no_traceback(tmp_path: Path) -> Non
         (["run", "--goal-file", str(broken), "--yes"], "not valid YAML/JSON"),
         (
             ["run", "--goal-file", str(wrong_field), "--yes"],
-            "stratgy: Extra inputs are not permitted",
+            "unknown key 'stratgy': the keys allowed are goal, scenario, strategy,",
         ),
         (
             ["run", "--scenario", "nope", "--yes"],
@@ -601,10 +602,11 @@ def test_a_goal_file_sets_any_run_setting_checked_as_run_settings_checks_it(
     spec.write_text("scenario: data_migration\nmax_depth: 0\nexecutor_max_tokens: 2\nbogus: 1\n")
     result = runner.invoke(app, ["run", "--goal-file", str(spec), "-y", "-o", str(out), *FAST])
     assert result.exit_code == 2
+    # An unknown key lists the keys allowed (it said only "Extra inputs are not permitted").
     assert result.output.strip() == (
-        f"error: goal file {spec} is not a valid goal: max_depth: Input should be greater than "
-        "or equal to 1; bogus: Extra inputs are not permitted; executor_max_tokens: Input "
-        "should be greater than or equal to 16"
+        f"error: goal file {spec} is not a valid goal: unknown key 'bogus': the keys allowed are "
+        f"{', '.join(GOAL_FILE_KEYS)}; max_depth: Input should be greater than or equal to 1; "
+        "executor_max_tokens: Input should be greater than or equal to 16"
     )
 
 

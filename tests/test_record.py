@@ -113,6 +113,30 @@ fields = st.sampled_from(
 )
 
 
+def test_a_goal_file_takes_values_of_their_own_type_and_names_the_keys_allowed(
+    tmp_path: Path,
+) -> None:
+    from hierplan.goals import GOAL_FILE_KEYS
+
+    for text, problem in (
+        ("scenario: data_migration\nseed: true\n", "seed: Input should be a valid integer"),
+        ('{"scenario": "data_migration", "seed": "3"}', "seed: Input should be a valid integer"),
+        ("scenario: data_migration\nseed: -1\n", "seed: Input should be greater than"),
+        ("scenario: data_migration\nseed: 2147483648\n", "seed: Input should be less than"),
+        ("scenario: data_migration\nmax_depth: '2'\n", "max_depth: Input should be a valid"),
+        ("scenario: data_migration\nexecutor_max_tokens: '4096'\n", "executor_max_tokens:"),
+        ("scenario: data_migration\nsed: 3\n", f"unknown key 'sed': the keys allowed are "
+         f"{', '.join(GOAL_FILE_KEYS)}"),
+    ):  # fmt: skip
+        spec = tmp_path / "goal.yaml"
+        spec.write_text(text)
+        with pytest.raises(UserInputError) as caught:
+            load_goal_file(spec)
+        assert f"goal file {spec} is not a valid goal: {problem}" in str(caught.value)
+    spec.write_text("scenario: data_migration\nseed: 2147483647\nstep_timeout_s: 30\n")
+    assert load_goal_file(spec).overrides() == {"seed": 2147483647, "step_timeout_s": 30.0}
+
+
 @settings(max_examples=300)
 @given(st.one_of(values, st.dictionaries(fields, values, max_size=5)))
 def test_untrusted_goal_data_is_accepted_or_rejected_with_a_message(data: Any) -> None:
@@ -124,6 +148,10 @@ def test_untrusted_goal_data_is_accepted_or_rejected_with_a_message(data: Any) -
         assert spec.goal is not None or spec.scenario is not None
         # What a goal file accepts, a run takes (model_validate raises otherwise).
         settings = {k: v for k, v in spec.overrides().items() if k != "model"}
+        # Values are taken as their own type: no boolean or text read as a number.
+        for key, given_value in data.items():
+            if key in settings and key not in ("step_timeout_s", "retry_backoff_s"):
+                assert type(settings[key]) is type(given_value)
         taken = hierplan.RunSettings.model_validate(settings).model_dump(include=set(settings))
         assert taken == settings
 

@@ -27,7 +27,7 @@ from hierplan.budgets.budget import ALLOCATIONS, MAX_BUDGET_TOKENS, Budget, usd_
 from hierplan.budgets.redis_ledger import check_reachable
 from hierplan.errors import HierplanError, UserInputError
 from hierplan.goals import settings_from_assignments
-from hierplan.hierarchy.context import STRATEGY_NAMES
+from hierplan.hierarchy.context import MAX_SEED, STRATEGY_NAMES
 from hierplan.model_flags import (
     BaseUrlOpt,
     PriceInOpt,
@@ -121,6 +121,8 @@ SeedOpt = Annotated[
     int,
     typer.Option(
         "--seed",
+        min=0,
+        max=MAX_SEED,
         help="The batch's simulator seed: a goal without a seed of its own gets one derived "
         "from it and the goal's id.",
     ),

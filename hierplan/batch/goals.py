@@ -52,7 +52,8 @@ from hierplan.bench.base import BenchTask
 from hierplan.bench.suites import get_suite
 from hierplan.budgets.budget import ALLOCATIONS, MAX_BUDGET_TOKENS, MAX_BUDGET_USD
 from hierplan.errors import HierplanError, UserInputError
-from hierplan.hierarchy.context import RunSettings, StrategyName
+from hierplan.goals import unknown_keys_problem
+from hierplan.hierarchy.context import MAX_SEED, RunSettings, StrategyName
 from hierplan.hierarchy.plan import MAX_GOAL_CHARS
 from hierplan.scenarios import get_scenario
 
@@ -83,7 +84,7 @@ class GoalLine(BaseModel):
     model: str | None = Field(default=None, min_length=1, max_length=200)
     max_depth: int | None = Field(default=None, ge=1, le=10)
     concurrency: int | None = Field(default=None, ge=1, le=1024)
-    seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     allocation: str | None = None
     budget_usd: float | None = Field(default=None, ge=0, le=MAX_BUDGET_USD, allow_inf_nan=False)
     budget_tokens: int | None = Field(default=None, ge=0, le=MAX_BUDGET_TOKENS)
@@ -239,6 +240,10 @@ MORE_SETTINGS = tuple(
 )
 
 
+# Every key a line may have: its own, then the other run settings.
+LINE_KEYS = (*(k for k in GoalLine.model_fields if k != "settings"), *MORE_SETTINGS)
+
+
 def _problems(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
@@ -253,8 +258,12 @@ def _line_spec(data: dict[str, Any]) -> tuple[GoalLine | None, str]:
     ``None`` and every problem of the line's own keys and of its run settings."""
     if "settings" in data:
         return None, "'settings' is not a key of a line: write each run setting as a key"
-    more = {k: v for k, v in data.items() if k in MORE_SETTINGS}
     problems: list[str] = []
+    unknown = unknown_keys_problem(data, LINE_KEYS)
+    if unknown is not None:
+        problems.append(unknown)
+        data = {k: v for k, v in data.items() if k in LINE_KEYS}
+    more = {k: v for k, v in data.items() if k in MORE_SETTINGS}
     try:
         spec = GoalLine.model_validate({k: v for k, v in data.items() if k not in more})
     except ValidationError as exc:

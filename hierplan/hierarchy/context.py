@@ -56,6 +56,9 @@ MAX_TURNS = 1_000
 """The most model turns of an executor step or a ReAct run."""
 MAX_OUTPUT_TOKENS = 1_000_000
 """The largest ``planner_max_tokens``/``executor_max_tokens``: more than any model writes."""
+MAX_SEED = 2**31 - 1
+"""The largest simulator seed: the same range on the command line, in goal files and goal lines
+(a goal's seed derived from the batch's is 31 bits, so any goal's seed fits)."""
 
 
 class RunSettings(BaseModel):
@@ -134,7 +137,9 @@ class RunSettings(BaseModel):
         allow_inf_nan=False,
         description="Longest wait before a model retry; a provider asking for more fails the call.",
     )
-    seed: int = Field(0, description="Seed of the simulator: the same seed, the same run.")
+    seed: int = Field(
+        0, ge=0, le=MAX_SEED, description="Seed of the simulator: the same seed, the same run."
+    )
 
     @classmethod
     def checked(cls, values: Mapping[str, Any], *, strict: bool = False) -> dict[str, Any]:
