@@ -1305,3 +1305,66 @@ def test_batch_model_flags_are_checked_before_anything_is_written(tmp_path: Path
         assert result.exit_code == 2, result.output
         assert expected in " ".join(result.output.split()) and "Traceback" not in result.output
         assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def finished_batch(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A finished two-goal batch: its goals file and its directory (copy it to damage it)."""
+    where = tmp_path_factory.mktemp("finished")
+    goals = where / "goals.jsonl"
+    goals.write_text('{"suite": "game24", "task": 0}\n{"suite": "game24", "task": 1}\n')
+    out = where / "out"
+    result = CliRunner().invoke(
+        app, ["batch", str(goals), "--out", str(out), "--sim-latency-scale", "0"]
+    )
+    assert result.exit_code == 0, result.output
+    return goals, out
+
+
+def _damage_sql(statement: str) -> Any:
+    def damage(path: Path) -> None:
+        import sqlite3
+
+        db = sqlite3.connect(path)
+        db.execute(statement)
+        db.commit()
+        db.close()
+
+    return damage
+
+
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [
+        (lambda p: p.write_bytes(b"not a database, just text\n" * 100), "file is not a database"),
+        (lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]), "malformed"),
+        (lambda p: p.write_bytes(b""), "it is empty"),
+        (_damage_sql("DELETE FROM goals WHERE position = 1"), "it holds 1 goal(s) where"),
+        (_damage_sql("DELETE FROM goals WHERE position = 0"), "goal row 1 ('line-2') is out"),
+        (_damage_sql("DELETE FROM goals"), "it holds no goals"),
+        (_damage_sql("DELETE FROM meta WHERE key = 'options'"), "it lacks the batch's options"),
+        (_damage_sql("UPDATE meta SET value = '{\"tok' WHERE key = 'budget'"), "'budget' is not"),
+        (_damage_sql("UPDATE meta SET value = '{\"x\": 1}' WHERE key = 'options'"), "options"),
+        (_damage_sql("UPDATE goals SET state = 'bogus' WHERE position = 1"), "no known state"),
+        (_damage_sql("UPDATE goals SET goal = '{\"id\"' WHERE position = 1"), "goal row 2"),
+        (_damage_sql("DROP TABLE goals"), "no such table: goals"),
+    ],
+)
+def test_a_damaged_batch_journal_is_refused_naming_the_file_and_what_is_wrong(
+    finished_batch: tuple[Path, Path], tmp_path: Path, damage: Any, problem: str
+) -> None:
+    """Never a traceback, and never a false "all done" from a journal that lost its goals;
+    the damaged journal is left as it was."""
+    goals, finished = finished_batch
+    out = tmp_path / "out"
+    shutil.copytree(finished, out)
+    journal = out / "journal.sqlite"
+    damage(journal)
+    before = journal.read_bytes()
+    result = CliRunner().invoke(app, ["batch", str(goals), "--out", str(out), "--resume"])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert text.startswith(f"error: the batch journal {journal} is damaged ("), text
+    assert problem in text and "Traceback" not in text
+    assert "with another --out" in text
+    assert journal.read_bytes() == before

@@ -30,7 +30,7 @@ from hierplan.batch.budget import (
 )
 from hierplan.batch.display import BatchDisplay, Tally
 from hierplan.batch.goals import BatchGoal, GoalsFile, goals_digest, load_goals
-from hierplan.batch.journal import FINAL_STATES, Journal, open_journal
+from hierplan.batch.journal import FINAL_STATES, Journal, damaged_journal, open_journal
 from hierplan.batch.runner import GoalOutcome, RunFunction, RunOptions, inner_budget, run_goal
 from hierplan.budgets.budget import PICO_PER_USD, Fixed, LocalLedger, pico_to_usd
 from hierplan.budgets.pricing import PriceTable
@@ -279,9 +279,10 @@ def _reopen(config: BatchConfig, pricing: PriceTable) -> Batch:
                 "budget and options it was started with (kept in its journal); leave them out, "
                 "or start a new batch with another --out"
             )
-        options = RunOptions.from_dict(meta["options"])
+        options = _journal_options(journal, meta)
         model = options.model
         goals = load_goals(config.goals_path, default_model=model)
+        _check_journal_goals(journal, goals, config.goals_path)
         budget = meta["budget"]
         usd = budget["pico"] is not None or budget["goal_pico"] is not None
         check_prices(goals.goals, model, options.pricing(goals.goals, pricing), usd)
@@ -291,6 +292,28 @@ def _reopen(config: BatchConfig, pricing: PriceTable) -> Batch:
         journal.close()
         raise
     return Batch(config, goals, journal, meta)
+
+
+def _journal_options(journal: Journal, meta: dict[str, Any]) -> RunOptions:
+    """The goals' defaults the journal holds, or the error for a journal holding others."""
+    try:
+        return RunOptions.from_dict(meta["options"])
+    except TypeError:
+        raise damaged_journal(journal.path, "its options are not ones a batch writes") from None
+
+
+def _check_journal_goals(journal: Journal, goals: GoalsFile, goals_path: Path) -> None:
+    """The journal holds a row for each goal of the goals file (whose digest it matched): a
+    journal that lost rows would otherwise resume as a batch with nothing left to do."""
+    ids = [row.id for row in journal.rows()]
+    expected = [goal.id for goal in goals.goals]
+    if ids != expected:
+        problem = (
+            f"it holds {len(ids)} goal(s) where {goals_path} has {len(expected)}"
+            if len(ids) != len(expected)
+            else f"its goals are not those of {goals_path}"
+        )
+        raise damaged_journal(journal.path, problem)
 
 
 def _check_model_flags(goals: Sequence[BatchGoal], options: RunOptions) -> None:

@@ -33,6 +33,21 @@ LOCK = "batch.lock"
 """Held (:mod:`hierplan.dirlock`) by the one process that runs the batch; it holds that
 process's id."""
 FINAL_STATES = ("succeeded", "failed", "skipped")
+STATES = ("pending", "running", *FINAL_STATES)
+META_KEYS = ("goals_path", "goals_digest", "backend", "namespace", "budget", "options")
+"""The settings every batch's journal holds."""
+_BUDGET_KEYS = ("tokens", "pico", "concurrency", "goal_tokens", "goal_pico")
+
+
+def damaged_journal(path: Path, problem: str) -> UserInputError:
+    """The error for a batch journal that cannot be trusted: which file, what is wrong, and
+    what to do (the batch cannot go on from it; its goals' records stay where they are)."""
+    return UserInputError(
+        f"the batch journal {path} is damaged ({problem}): the batch cannot be resumed from it; "
+        f"run the goals file again with another --out (run records already written stay in "
+        f"{path.parent / 'goals'})"
+    )
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -94,14 +109,17 @@ class GoalRow:
 class Journal:
     """The journal of one batch directory. Use it from one thread (the batch's event loop)."""
 
-    def __init__(self, path: Path, lock: DirectoryLock | None = None) -> None:
+    def __init__(
+        self, path: Path, lock: DirectoryLock | None = None, *, create: bool = True
+    ) -> None:
         self.path = path
         self._lock = lock
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute("PRAGMA busy_timeout=5000")
-        self.db.executescript(_SCHEMA)
+        if create:  # a journal being resumed is read as it is: nothing is added to a damaged one
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.executescript(_SCHEMA)
+        self.db.execute("PRAGMA synchronous=NORMAL")
 
     @classmethod
     def exists(cls, out: Path) -> bool:
@@ -126,6 +144,53 @@ class Journal:
             self.db.execute("ROLLBACK")
             raise
         self.db.execute("COMMIT")
+
+    def check(self) -> None:
+        """Refuse a damaged journal (:class:`UserInputError` naming the file and what is wrong
+        in it) before a resume trusts it: a journal missing its goals would read as a batch
+        with nothing left to do. SQLite itself drops a transaction a crash cut short (the
+        journal's contract: each change whole or not at all), so whatever is wrong here is
+        damage, not a torn last write."""
+        try:
+            problems = [str(r[0]) for r in self.db.execute("PRAGMA quick_check(3)")]
+            if problems != ["ok"]:
+                raise damaged_journal(self.path, "; ".join(problems))
+            self._check_meta()
+            self._check_goals()
+        except sqlite3.DatabaseError as exc:
+            raise damaged_journal(self.path, str(exc)) from None
+
+    def _check_meta(self) -> None:
+        meta: dict[str, Any] = {}
+        for key, value in self.db.execute("SELECT key, value FROM meta"):
+            try:
+                meta[key] = json.loads(value)
+            except (TypeError, ValueError):
+                raise damaged_journal(self.path, f"its setting {key!r} is not JSON") from None
+        missing = [key for key in META_KEYS if key not in meta]
+        if missing:
+            raise damaged_journal(self.path, f"it lacks the batch's {', '.join(missing)}")
+        budget = meta["budget"]
+        if not isinstance(budget, dict) or set(budget) != set(_BUDGET_KEYS):
+            raise damaged_journal(self.path, "its budget is not one a batch writes")
+        if not isinstance(meta["options"], dict):
+            raise damaged_journal(self.path, "its options are not one a batch writes")
+
+    def _check_goals(self) -> None:
+        cursor = self.db.execute("SELECT position, id, goal, state FROM goals ORDER BY position")
+        count = 0
+        for count, (position, goal_id, goal, state) in enumerate(cursor, 1):
+            where = f"goal row {count} ({goal_id!r})"
+            if position != count - 1:
+                raise damaged_journal(self.path, f"{where} is out of place (rows are missing)")
+            try:
+                BatchGoal.from_json(goal)
+            except (TypeError, ValueError, KeyError):
+                raise damaged_journal(self.path, f"{where} holds no goal a batch writes") from None
+            if state not in STATES:
+                raise damaged_journal(self.path, f"{where} is in no known state ({state!r})")
+        if count == 0:
+            raise damaged_journal(self.path, "it holds no goals")
 
     # -- the batch -----------------------------------------------------------------------
 
@@ -275,14 +340,18 @@ def open_journal(out: Path, *, resume: bool) -> Journal:
         lock = lock_batch(out)
         journal: Journal | None = None
         try:
-            journal = Journal(path, lock)
-            journal.meta()
-        except sqlite3.DatabaseError as exc:
+            if path.stat().st_size == 0:
+                raise damaged_journal(path, "it is empty")
+            journal = Journal(path, lock, create=False)
+            journal.check()
+        except (sqlite3.DatabaseError, UserInputError, OSError) as exc:
             if journal is not None:
                 journal.close()
             else:
                 lock.release()
-            raise UserInputError(f"cannot read the batch journal {path}: {exc}") from None
+            if isinstance(exc, UserInputError):
+                raise
+            raise damaged_journal(path, str(exc)) from None
         return journal
     if path.exists():
         raise UserInputError(
