@@ -1,12 +1,14 @@
 """An exclusive lock on a directory that one hierplan process writes at a time.
 
 ``hierplan run -o DIR``, ``demo``, ``resume DIR`` and ``batch --out DIR`` each hold their
-directory's lock for as long as they run, and so do :func:`hierplan.run` with a
-``checkpoint_dir`` and :func:`hierplan.resume`: two writers of one directory would interleave
-or overwrite its records (and a batch would spend what is left of its budget twice). The lock
-is ``flock`` on a file in the directory: taken without waiting (the second process is refused
-at once), and released by the kernel when the process ends however it ends, a ``SIGKILL``
-included. A lock file a killed process leaves behind locks nothing.
+directory's lock for as long as they run (``run.lock``, or ``batch.lock`` for a batch; each
+refuses a directory whose other lock is held, so a run and a batch never write one at once),
+and so do :func:`hierplan.run` with a ``checkpoint_dir`` and :func:`hierplan.resume`: two
+writers of one directory would interleave or overwrite its records (and a batch would spend
+what is left of its budget twice). The lock is ``flock`` on a file in the directory: taken
+without waiting (the second process is refused at once), and released by the kernel when the
+process ends however it ends, a ``SIGKILL`` included. A lock file a killed process leaves
+behind locks nothing.
 
 The holder deletes its lock file as it lets go, so that a finished run leaves its directory as
 it was; a process that opened the file just before it went checks, once it holds the lock, that
@@ -23,11 +25,12 @@ not: another run in the same process on that directory is refused, as another pr
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 from hierplan.errors import UserInputError
 from hierplan.hierarchy.record import StrPath, make_directory
@@ -44,6 +47,13 @@ except ImportError as exc:  # pragma: no cover - Windows, which hierplan does no
 
 RUN_LOCK = "run.lock"
 """Held in a run directory by the one process running or resuming the run there."""
+BATCH_LOCK = "batch.lock"
+"""Held in a batch directory by the one process running the batch there."""
+# A run and a batch write files of the same names (run.json, goals/...) and neither expects the
+# other's: each refuses a directory the other holds, as it refuses one its own kind holds.
+_EXCLUDES: Mapping[str, tuple[str, str]] = MappingProxyType(
+    {RUN_LOCK: (BATCH_LOCK, "a batch"), BATCH_LOCK: (RUN_LOCK, "a run")}
+)
 
 
 @dataclass(slots=True)
@@ -86,21 +96,51 @@ def lock_directory(folder: Path, name: str, *, what: str, wait: str) -> Director
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            holder = os.read(fd, 32).decode(errors="replace").strip()
-            os.close(fd)
-            if holder == str(os.getpid()):
-                who = f"another run in this process (process {holder})"
-            else:
-                who = "another hierplan process" + (f" (process {holder})" if holder else "")
+            holder = _holder(fd)
             raise UserInputError(
-                f"{folder} is in use by {who}, which holds its lock {name}: {wait}"
+                f"{folder} is in use by {holder}, which holds its lock {name}: {wait}"
             ) from None
         if _same_file(fd, path):
             break
         os.close(fd)  # its holder deleted it as it let go: lock the file there now
     os.ftruncate(fd, 0)
     os.write(fd, str(os.getpid()).encode())
-    return DirectoryLock(path, fd, created)
+    lock = DirectoryLock(path, fd, created)
+    if name in _EXCLUDES:
+        # Checked while holding its own lock: of a run and a batch starting at once, the one
+        # that looks second sees the other's lock (both may be refused, never both let in).
+        other, kind = _EXCLUDES[name]
+        holder = _probe(folder / other)
+        if holder is not None:
+            lock.release()
+            raise UserInputError(
+                f"{folder} is in use by {holder}, which holds its lock {other} ({kind} writes "
+                f"there): {wait}"
+            )
+    return lock
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock open as ``fd`` (which this closes), by the id it wrote there."""
+    holder = os.read(fd, 32).decode(errors="replace").strip()
+    os.close(fd)
+    if holder == str(os.getpid()):
+        return f"another run in this process (process {holder})"
+    return "another hierplan process" + (f" (process {holder})" if holder else "")
+
+
+def _probe(path: Path) -> str | None:
+    """Who holds the lock file ``path`` now, or ``None`` if no one does (or there is none)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # no such lock: no one holds it
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return _holder(fd)
+    os.close(fd)  # closing lets go of the shared lock taken to look
+    return None
 
 
 def _same_file(fd: int, path: Path) -> bool:

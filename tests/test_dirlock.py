@@ -146,3 +146,65 @@ def test_holding_is_re_entered_in_its_own_flow_only(tmp_path: Path) -> None:
         take(tmp_path)
     later.run(again.__exit__, None, None, None)
     assert not (tmp_path / RUN_LOCK).exists()
+
+
+HOLD_NAMED = """
+import sys
+from pathlib import Path
+from hierplan.dirlock import lock_directory
+lock_directory(Path(sys.argv[1]), sys.argv[2], what="the directory", wait="wait")
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.parametrize(
+    ("held", "command", "kind"),
+    [
+        ("run.lock", ["batch", "{goals}", "--out", "{dir}"], "a run"),
+        ("batch.lock", ["run", "--scenario", "data_migration", "-y", "--out", "{dir}"], "a batch"),
+        ("batch.lock", ["demo", "--out", "{dir}"], "a batch"),
+    ],
+)
+def test_a_run_and_a_batch_refuse_a_directory_the_other_holds(
+    tmp_path: Path, held: str, command: list[str], kind: str
+) -> None:
+    folder = tmp_path / "shared"
+    goals = tmp_path / "goals.jsonl"
+    goals.write_text('{"suite": "game24", "task": 0}\n')
+    args = [a.format(goals=goals, dir=folder) for a in command]
+    with subprocess.Popen(
+        [sys.executable, "-c", HOLD_NAMED, str(folder), held],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as holder:
+        try:
+            assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+            before = sorted(p.name for p in folder.iterdir())
+            result = CliRunner().invoke(app, [*args, "--sim-latency-scale", "0"])
+            text = " ".join(result.output.split())
+            assert result.exit_code == 2, result.output
+            assert text.startswith(
+                f"error: {folder} is in use by another hierplan process (process {holder.pid}), "
+                f"which holds its lock {held} ({kind} writes there): wait for it to end"
+            ), text
+            assert sorted(p.name for p in folder.iterdir()) == before  # nothing written
+        finally:
+            holder.send_signal(signal.SIGKILL)
+            holder.wait()
+    # Once the holder is gone (its lock file left behind), the directory is free again.
+    result = CliRunner().invoke(app, [*args, "--sim-latency-scale", "0"])
+    assert "is in use" not in result.output
+
+
+def test_the_other_lock_is_looked_at_in_this_process_too(tmp_path: Path) -> None:
+    lock = take(tmp_path)
+    try:
+        with pytest.raises(UserInputError, match=r"holds its lock run.lock \(a run writes there\)"):
+            lock_directory(tmp_path, "batch.lock", what="the batch directory", wait="wait")
+        assert not (tmp_path / "batch.lock").exists()  # the refused lock let go of its file
+    finally:
+        lock.release()
+    batch = lock_directory(tmp_path, "batch.lock", what="the batch directory", wait="wait")
+    batch.release()

@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from hierplan.batch.goals import BatchGoal
-from hierplan.dirlock import DirectoryLock, lock_directory
+from hierplan.dirlock import BATCH_LOCK, DirectoryLock, lock_directory
 from hierplan.errors import UserInputError
 
 JOURNAL = "journal.sqlite"
-LOCK = "batch.lock"
+LOCK = BATCH_LOCK
 """Held (:mod:`hierplan.dirlock`) by the one process that runs the batch; it holds that
 process's id."""
 FINAL_STATES = ("succeeded", "failed", "skipped")
