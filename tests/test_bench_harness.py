@@ -465,3 +465,59 @@ def test_a_missing_api_key_is_the_only_line_shown(
     assert result.stdout == ""  # no progress bar for a benchmark that never started
     assert result.stderr.startswith("error: openai:gpt-5-mini needs an API key")
     assert len(result.stderr.splitlines()) == 1, result.stderr
+
+
+def test_a_resume_with_other_settings_names_each_one_that_differs(tmp_path: Path) -> None:
+    out = tmp_path / "d"
+    common = ["--suite", "game24", "--strategies", "react", "--tasks", "1", "--seeds", "1",
+              "--no-plot", "--out", str(out)]  # fmt: skip
+    assert bench(*common, "--sim-latency-scale", "0").exit_code == 0
+    changed = ["--sim-latency-scale", "0.5", "--task-seed", "3", "--max-depth", "2"]
+    changed += ["--set", "max_retries=1", "--sim-profile", "weak"]
+    other = bench(*common, "--resume", *changed)
+    assert other.exit_code == 2
+    text = " ".join(other.stderr.split())
+    assert text.startswith(f"error: cannot resume {out}: it was made with other settings (")
+    for named in (
+        "--sim-latency-scale: 0.0 then, 0.5 now",
+        "--task-seed: 0 then, 3 now",
+        "--max-depth: not given then, 2 now",
+        '--set: not given then, {"max_retries": 1} now',
+        '--sim-profile name: "typical" then, "weak" now',
+    ):
+        assert named in text, text
+    assert "--model" not in text  # the same as recorded: not named
+    assert text.endswith("use the same ones or another --out")
+
+
+def _wide_summary() -> Any:
+    root = Path(__file__).resolve().parent.parent
+    records = load_results(root / "benchmarks" / "strategies" / "typical" / "results.jsonl")
+    return summarize(records, "react")
+
+
+def test_bench_tables_fit_an_80_column_terminal_and_keep_every_column_when_piped() -> None:
+    import io
+
+    from rich.console import Console
+
+    from hierplan.bench.report import TERMINAL_COLUMNS, print_tables
+
+    summary = _wide_summary()
+    # One line per row of every table: a row wrapped onto more lines would add lines.
+    rows = len(summary.cells) + len({(r.suite, r.strategy) for r in summary.paired})
+    terminal = io.StringIO()
+    print_tables(summary, Console(file=terminal, width=80, force_terminal=True, color_system=None))
+    lines = terminal.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert "…" not in terminal.getvalue()  # nothing cut short
+    assert sum(line.startswith("│") for line in lines) == rows
+    assert "not shown at this width: calls, tools, replans, depth" in " ".join(lines)
+    piped = io.StringIO()
+    print_tables(summary, Console(file=piped, width=80))
+    text = piped.getvalue()
+    assert max(len(line) for line in text.splitlines()) > 80  # full width, not squeezed to 80
+    assert "…" not in text and "not shown" not in text
+    headers = next(line for line in text.splitlines() if "success [95% CI]" in line)
+    assert all(header in headers for _, header, _ in TERMINAL_COLUMNS)
+    assert sum(line.startswith("│") for line in text.splitlines()) == rows

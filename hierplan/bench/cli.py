@@ -34,7 +34,7 @@ from hierplan.bench.report import (
     errored_runs,
     markdown,
     plot_cost_success,
-    rich_tables,
+    print_tables,
     summarize,
     unpriced_runs,
     write_csv,
@@ -252,8 +252,7 @@ def _report(
 ) -> None:
     """Print the tables and write summary.md, the CSV files and the plot."""
     summary = summarize(records, baseline)
-    for table in rich_tables(summary):
-        console.print(table)
+    print_tables(summary, console)
     write_atomic(where / "summary.md", markdown(summary, command))
     write_csv(summary, where / "summary.csv", where / "paired.csv")
     written = [RESULTS, "summary.md", "summary.csv", "paired.csv"]

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -345,14 +346,57 @@ def _prepare_out(config: BenchConfig, out: Path, resume: bool) -> list[dict[str,
         before = json.loads(manifest.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         raise UserInputError(f"cannot resume: {manifest} is missing or unreadable") from None
-    if before != json.loads(json.dumps(config.identity())):
+    now = json.loads(json.dumps(config.identity()))
+    if before != now:
+        differences = "; ".join(identity_differences(before, now))
         raise UserInputError(
-            f"cannot resume {out}: it was made with other settings (model, profile, latency "
-            "scale, task seed, depth or --set); use the same ones or another --out"
+            f"cannot resume {out}: it was made with other settings ({differences}); use the "
+            "same ones or another --out"
         )
     records = load_results(results)
     _end_with_a_whole_line(results)
     return records
+
+
+# The flag that sets each part of a benchmark's identity (see BenchConfig.identity).
+IDENTITY_FLAGS: Mapping[str, str] = MappingProxyType(
+    {
+        "model": "--model",
+        "profile": "--sim-profile",
+        "latency_scale": "--sim-latency-scale",
+        "task_seed": "--task-seed",
+        "max_depth": "--max-depth",
+        "base_url": "--base-url",
+        "run_settings": "--set",
+    }
+)
+
+
+def identity_differences(before: Any, now: dict[str, Any]) -> list[str]:
+    """Each setting in which ``now`` differs from the recorded identity ``before``, named by
+    its flag (and, within the simulator's profile or ``--set``, by its field), with the value
+    recorded and the value given."""
+    if not isinstance(before, dict):
+        return [f"{MANIFEST} holds no settings"]
+    found: list[str] = []
+    for key in dict.fromkeys([*before, *now]):
+        was, given = before.get(key), now.get(key)
+        if was == given:
+            continue
+        flag = IDENTITY_FLAGS.get(key, key)
+        if isinstance(was, dict) and isinstance(given, dict):
+            for field_name in dict.fromkeys([*was, *given]):
+                if was.get(field_name) != given.get(field_name):
+                    recorded, asked = _shown(was.get(field_name)), _shown(given.get(field_name))
+                    found.append(f"{flag} {field_name}: {recorded} then, {asked} now")
+        else:
+            found.append(f"{flag}: {_shown(was)} then, {_shown(given)} now")
+    return found
+
+
+def _shown(value: Any) -> str:
+    """A recorded value as it reads in a message (``not given`` for none)."""
+    return "not given" if value is None or value == {} else json.dumps(value)
 
 
 def _end_with_a_whole_line(results: Path) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
 from rich.table import Table
 
 from hierplan.bench.harness import suites_of
@@ -272,26 +273,74 @@ TERMINAL_COLUMNS: tuple[tuple[str, str, bool], ...] = (
 )
 
 
-def rich_tables(summary: Summary) -> list[Table]:
-    """One compact table per suite, then its paired differences (Markdown has every column)."""
+def rich_tables(summary: Summary, width: int | None = None) -> list[Table]:
+    """One compact table per suite, then its paired differences (Markdown has every column).
+
+    ``width``: a terminal's width, which each table fits by leaving out its last columns (its
+    caption names them); ``None`` keeps every column, however wide the table is."""
     tables = []
     for suite in dict.fromkeys(c.suite for c in summary.cells):
-        table = Table(title=f"{suite}: {summary.label()}", title_justify="left")
-        table.add_column("strategy")
-        table.add_column("runs", justify="right")
-        for _, header, _ in TERMINAL_COLUMNS:
-            table.add_column(header, justify="right")
-        for cell in (c for c in summary.cells if c.suite == suite):
-            table.add_row(
-                cell.strategy,
-                str(cell.runs),
-                *(show(cell.estimates[m], m, interval=i) for m, _, i in TERMINAL_COLUMNS),
-            )
+        shown = len(TERMINAL_COLUMNS)
+        table = _suite_table(summary, suite, shown)
+        while width is not None and shown > 1 and natural_width(table) > width:
+            shown -= 1
+            table = _suite_table(summary, suite, shown)
         tables.append(table)
         rows = [r for r in summary.paired if r.suite == suite]
         if rows:
             tables.append(_paired_table(suite, rows, summary))
     return tables
+
+
+def _suite_table(summary: Summary, suite: str, shown: int) -> Table:
+    """``suite``'s table with the first ``shown`` of :data:`TERMINAL_COLUMNS`; no cell wraps
+    (a figure cut in two reads as two figures)."""
+    columns, left_out = TERMINAL_COLUMNS[:shown], TERMINAL_COLUMNS[shown:]
+    caption = None
+    if left_out:
+        names = ", ".join(header for _, header, _ in left_out)
+        caption = f"not shown at this width: {names} (summary.md has every column)"
+    table = Table(
+        title=f"{suite}: {summary.label()}",
+        title_justify="left",
+        caption=caption,
+        caption_justify="left",
+    )
+    table.add_column("strategy", no_wrap=True)
+    table.add_column("runs", justify="right", no_wrap=True)
+    for _, header, _ in columns:
+        table.add_column(header, justify="right", no_wrap=True)
+    for cell in (c for c in summary.cells if c.suite == suite):
+        table.add_row(
+            cell.strategy,
+            str(cell.runs),
+            *(show(cell.estimates[m], m, interval=i) for m, _, i in columns),
+        )
+    return table
+
+
+def natural_width(table: Table) -> int:
+    """The columns ``table`` takes when nothing in it is squeezed."""
+    return Console(width=_UNLIMITED).measure(table).maximum
+
+
+_UNLIMITED = 10_000
+
+
+def print_tables(summary: Summary, console: Console) -> None:
+    """Print :func:`rich_tables`: on a terminal each fits its width; piped (to a file, a pager,
+    a CI log) each keeps every column at full width, nothing cut or wrapped."""
+    if console.is_terminal:
+        for table in rich_tables(summary, console.width):
+            console.print(table)
+        return
+    width = console.width
+    for table in rich_tables(summary):
+        console.width = max(width, natural_width(table))
+        try:
+            console.print(table)
+        finally:
+            console.width = width
 
 
 def _paired_table(suite: str, rows: Sequence[PairedRow], summary: Summary) -> Table:
