@@ -110,12 +110,12 @@ def lock_directory(folder: Path, name: str, *, what: str, wait: str) -> Director
         # Checked while holding its own lock: of a run and a batch starting at once, the one
         # that looks second sees the other's lock (both may be refused, never both let in).
         other, kind = _EXCLUDES[name]
-        holder = _probe(folder / other)
-        if holder is not None:
+        other_holder = _probe(folder / other)
+        if other_holder is not None:
             lock.release()
             raise UserInputError(
-                f"{folder} is in use by {holder}, which holds its lock {other} ({kind} writes "
-                f"there): {wait}"
+                f"{folder} is in use by {other_holder}, which holds its lock {other} ({kind} "
+                f"writes there): {wait}"
             )
     return lock
 
