@@ -494,7 +494,11 @@ async def test_a_timeout_the_model_raises_is_not_the_step_deadline(
     )
     leaf = result.tree.children[0]
     assert leaf.status == "failed"
-    assert leaf.error == "TimeoutError: the model server did not answer within 2 s"
+    # The model's own timeout fails the call (as a ModelError naming the model), not the step's
+    # deadline: the message is the model's, not "step timed out".
+    assert leaf.error == (
+        "model 'function' raised TimeoutError: the model server did not answer within 2 s"
+    )
 
 
 async def test_a_tool_calling_sys_exit_fails_its_step_not_the_run() -> None:
