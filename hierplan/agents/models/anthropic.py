@@ -148,9 +148,13 @@ class AnthropicModel(ProviderModel[anthropic.AsyncAnthropic]):
                 async for event in stream:
                     reply.add(event)
         except anthropic.APITimeoutError as exc:
-            raise timeout_error(self._name, self.timeout_s, after_sending=sent(exc)) from None
+            # Newer SDKs also wrap a timeout while the stream is read: what the reply reported
+            # before it stopped still counts (none before message_start).
+            raise timeout_error(
+                self._name, self.timeout_s, reply.usage(), after_sending=sent(exc)
+            ) from None
         except anthropic.APIConnectionError as exc:
-            raise self._connection_error(exc) from None
+            raise self._connection_error(exc, reply.usage()) from None
         except httpx2.TimeoutException:
             # A stream that stopped mid-way: the SDK does not wrap errors while it is read.
             raise timeout_error(self._name, self.timeout_s, reply.usage()) from None
