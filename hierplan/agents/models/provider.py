@@ -101,17 +101,15 @@ class ProviderModel(Generic[ClientT]):
 
     def _connection_error(self, exc: BaseException, usage: Usage | None = None) -> ModelError:
         """:func:`connection_error` naming the URL the client tried (the SDK's own, which
-        holds what ``base_url`` or the environment gave it) and what to check."""
-        return connection_error(
-            self._name,
-            exc,
-            usage,
-            url=str(self._client.base_url),
-            hint=(
-                f"check --base-url (or {self.base_url_variable}), that the server runs and the "
-                f"network reaches it, and that {self.key_variable} holds that server's key"
-            ),
+        holds what ``base_url`` or the environment gave it) and, when no connection was made,
+        what to check (a connection cut after the request went out says nothing of the URL)."""
+        hint = (
+            None
+            if sent(exc)
+            else f"check --base-url (or {self.base_url_variable}), that the server runs and the "
+            f"network reaches it, and that {self.key_variable} holds that server's key"
         )
+        return connection_error(self._name, exc, usage, url=str(self._client.base_url), hint=hint)
 
 
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_-]")
