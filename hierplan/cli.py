@@ -458,7 +458,7 @@ async def resume_until_interrupted(
 async def _run_with_console(
     console: Console, *, setup: ReviewSetup, start: Start = run_until_interrupted, **kwargs: Any
 ) -> RunResult:
-    simulated = str(kwargs.get("model", "sim")).strip().lower().startswith("sim")
+    simulated = is_simulated(str(kwargs.get("model", "sim")))
     display = RunConsole(console, simulated=simulated, show_root_plan=setup.mode != "console")
     try:
         approver = setup.approver(console, display)
