@@ -352,81 +352,88 @@ class NodeContext:
         return NodeContext(self.run, record, parent=self, step=step, allowed_tools=allowed)
 
     async def call_model(self, request: ModelRequest) -> ModelResponse:
-        """Call this node's model, retrying retryable errors, and record every attempt."""
-        settings = self.run.settings
+        """Call this node's model, retrying retryable errors, and record every attempt.
+
+        An exception the model raises that is not one of hierplan's (a user's function raising
+        ``ValueError``, a connection's ``OSError``) becomes a :class:`ModelError` naming the
+        model, so that the retry loop, the record and the planner's fallback treat it as any
+        failed call rather than let it end the run with a traceback; an ``OSError`` is as
+        transient as a provider's server error. (Caught here rather than in a wrapper
+        coroutine: every leaf waiting on its model would hold one more frame.)
+        """
         attempt = 0
         while True:
             attempt += 1
             started = time.time()
             t0 = time.perf_counter()
             try:
-                response = await self._request(request)
+                response = await self.model.request(request)
             except anyio.get_cancelled_exc_class():
                 self._cut_short(request, started, t0, attempt)
                 raise
             except ModelError as exc:
-                used, flag = failed_usage(exc, request, model=self.base_model)
+                error = exc
+            except HierplanError:
+                raise
+            except Exception as exc:
+                error = ModelError(
+                    f"model {self.base_model.name!r} raised {type(exc).__name__}: {exc}",
+                    retryable=isinstance(exc, OSError),
+                )
+                error.__cause__ = exc
+            else:
                 self._record(
                     request,
-                    used or Usage(),
+                    # Budget or not, the record shows what the call may have cost (a budget
+                    # wrapper has already set the reply's usage the same way).
+                    counted_usage(response, request, model=self.base_model),
                     started,
                     t0,
                     attempt,
-                    ok=False,
-                    flags=None if flag is None else [flag],
+                    ok=True,
+                    flags=response.flags,
+                    model_name=response.model,
                 )
-                if not exc.retryable or attempt > settings.model_retries:
-                    raise
-                delay = _retry_delay(settings, attempt, exc)
-                if delay is None:
-                    raise ModelError(
-                        f"{exc} (the provider asked to wait {exc.retry_after:g} s, more than "
-                        f"model_retry_max_delay_s={settings.model_retry_max_delay_s:g})",
-                        usage=exc.usage,
-                        unknown_usage=exc.unknown_usage,
-                    ) from exc
-                if self.run.bus.active:
-                    self.run.bus.emit(
-                        StepRetried(
-                            run_id=self.run.run_id,
-                            path=self.path,
-                            attempt=attempt,
-                            error=str(exc),
-                            delay_s=delay,
-                        )
-                    )
-                await anyio.sleep(delay)
-                continue
-            self._record(
-                request,
-                # Budget or not, the record shows what the call may have cost (a budget
-                # wrapper has already set the reply's usage the same way).
-                counted_usage(response, request, model=self.base_model),
-                started,
-                t0,
-                attempt,
-                ok=True,
-                flags=response.flags,
-                model_name=response.model,
-            )
-            return response
+                return response
+            await anyio.sleep(self._failed_attempt(request, error, started, t0, attempt))
 
-    async def _request(self, request: ModelRequest) -> ModelResponse:
-        """One attempt of the model call. An exception the model raises that is not one of
-        hierplan's (a user's function raising ``ValueError``, a connection's ``OSError``)
-        becomes a :class:`ModelError` naming the model, so that the retry loop, the record
-        and the planner's fallback treat it as any failed call rather than let it end the run
-        with a traceback; an ``OSError`` is as transient as a provider's server error."""
-        try:
-            return await self.model.request(request)
-        except HierplanError:
-            raise
-        except Exception as exc:
-            name = self.base_model.name
+    def _failed_attempt(
+        self, request: ModelRequest, exc: ModelError, started: float, t0: float, attempt: int
+    ) -> float:
+        """Record a failed attempt and return the delay before the next one; raises ``exc``
+        (or why it may not be retried) when there is to be no next one."""
+        settings = self.run.settings
+        used, flag = failed_usage(exc, request, model=self.base_model)
+        self._record(
+            request,
+            used or Usage(),
+            started,
+            t0,
+            attempt,
+            ok=False,
+            flags=None if flag is None else [flag],
+        )
+        if not exc.retryable or attempt > settings.model_retries:
+            raise exc
+        delay = _retry_delay(settings, attempt, exc)
+        if delay is None:
             raise ModelError(
-                f"model {name!r} raised {type(exc).__name__}: {exc}",
-                retryable=isinstance(exc, OSError),
+                f"{exc} (the provider asked to wait {exc.retry_after:g} s, more than "
+                f"model_retry_max_delay_s={settings.model_retry_max_delay_s:g})",
+                usage=exc.usage,
+                unknown_usage=exc.unknown_usage,
             ) from exc
+        if self.run.bus.active:
+            self.run.bus.emit(
+                StepRetried(
+                    run_id=self.run.run_id,
+                    path=self.path,
+                    attempt=attempt,
+                    error=str(exc),
+                    delay_s=delay,
+                )
+            )
+        return delay
 
     def _cut_short(self, request: ModelRequest, started: float, t0: float, attempt: int) -> None:
         """Record a call cut short (cancelled, a deadline): the provider may have billed it, so
