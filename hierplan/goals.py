@@ -127,7 +127,8 @@ def settings_from_assignments(
     assignments: Sequence[str], *, flags: Mapping[str, str]
 ) -> dict[str, Any]:
     """Run settings from ``KEY=VALUE`` texts (``--set executor_max_tokens=4096``), each VALUE
-    read as a YAML scalar (``null`` for none) and checked as :class:`RunSettings` checks it.
+    read as a YAML scalar (``null`` for none) and checked as :class:`RunSettings` checks it,
+    without conversions (``true`` is no count, ``'3'`` no number), as a goal file's are.
 
     ``flags`` maps the settings that have a flag of their own to it: giving one of those here
     is refused, so that a setting has one place on a command line. Every problem is reported
@@ -154,7 +155,7 @@ def settings_from_assignments(
                 problems.append(f"--set {key}: {exc}")
     if not problems:
         try:
-            values = RunSettings.checked(values)
+            values = RunSettings.checked(values, strict=True)
         except ValidationError as exc:
             problems.extend(f"--set {err['loc'][0]}: {err['msg']}" for err in exc.errors())
     if problems:

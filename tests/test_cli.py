@@ -643,6 +643,14 @@ def test_set_gives_any_run_setting_without_a_flag_of_its_own(tmp_path: Path) -> 
     assert result.output.strip() == (
         "error: --set max_retries: Input should be greater than or equal to 0"
     )
+    # No value of another type is converted: true is no count, a quoted number no number.
+    loose = ["--set", "max_retries=true", "--set", "retry_backoff_s='0.5'"]
+    result = runner.invoke(app, ["run", "--scenario", "data_migration", "-y", *FAST, *loose])
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        "error: --set max_retries: Input should be a valid integer; "
+        "--set retry_backoff_s: Input should be a valid number"
+    )
 
 
 def test_a_run_does_not_replace_an_earlier_run_unless_told_to(tmp_path: Path) -> None:
