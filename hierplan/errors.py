@@ -61,6 +61,12 @@ def first_problem(exc: ValidationError, whole: str = "top level") -> str:
     return f"{where}: {first['msg']}"
 
 
+def is_positive_seconds(value: object) -> bool:
+    """Whether ``value`` is a number of seconds a deadline can be: more than 0, ``math.inf``
+    for none; ``not > 0`` also refuses NaN, which would end every wait at once."""
+    return not isinstance(value, bool) and isinstance(value, int | float) and value > 0
+
+
 class HierplanError(Exception):
     """Base class of every exception hierplan raises on purpose."""
 

@@ -307,3 +307,15 @@ async def test_the_record_of_a_refused_edit_says_who_made_it_not_who_decided_las
     assert result.status == "succeeded"
     refused = [v for v in result.tree.plan_versions if v.decision == "invalid"]
     assert [(v.decided_by, v.note) for v in refused] == [("validators", "edit by dave refused")]
+
+
+@pytest.mark.parametrize("timeout_s", [0, -1.0, float("nan"), True, "5"])
+def test_a_callback_approver_refuses_a_timeout_that_is_no_deadline(timeout_s: Any) -> None:
+    with pytest.raises(hierplan.UserInputError) as refused:
+        CallbackApprover(lambda plan, context: Approve(), name="desk", timeout_s=timeout_s)
+    assert str(refused.value) == (
+        "CallbackApprover 'desk': timeout_s must be None or a number of seconds more than 0, "
+        f"not {timeout_s!r}"
+    )
+    # No deadline at all is None, or math.inf.
+    CallbackApprover(lambda plan, context: Approve(), timeout_s=float("inf"))

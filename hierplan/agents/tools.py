@@ -54,6 +54,7 @@ from hierplan.errors import (
     ToolTimeoutError,
     UserInputError,
     field_problems,
+    is_positive_seconds,
 )
 
 DEFAULT_TOOL_TIMEOUT_S = 60.0
@@ -82,12 +83,7 @@ class Tool(ABC):
         *,
         timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
     ) -> None:
-        # `not > 0` also refuses NaN, which would time every call out at once.
-        if (
-            isinstance(timeout_s, bool)
-            or not isinstance(timeout_s, int | float)
-            or not timeout_s > 0
-        ):
+        if not is_positive_seconds(timeout_s):
             raise UserInputError(
                 f"tool {name!r}: timeout_s must be a number of seconds more than 0 "
                 f"(math.inf for no deadline), not {timeout_s!r}"

@@ -28,7 +28,7 @@ import anyio.lowlevel
 from pydantic import ValidationError
 
 from hierplan.agents.tools import Toolbox
-from hierplan.errors import ToolArgsError, field_problems
+from hierplan.errors import ToolArgsError, UserInputError, field_problems, is_positive_seconds
 from hierplan.hierarchy.plan import (
     Plan,
     PlanDiff,
@@ -208,6 +208,11 @@ class CallbackApprover:
         timeout_s: float | None = None,
         on_timeout: Decision | None = None,
     ) -> None:
+        if timeout_s is not None and not is_positive_seconds(timeout_s):
+            raise UserInputError(
+                f"CallbackApprover {name!r}: timeout_s must be None or a number of seconds "
+                f"more than 0, not {timeout_s!r}"
+            )
         self.function = function
         self.name = name
         self.timeout_s = timeout_s
