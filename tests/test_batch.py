@@ -1368,3 +1368,20 @@ def test_a_damaged_batch_journal_is_refused_naming_the_file_and_what_is_wrong(
     assert problem in text and "Traceback" not in text
     assert "with another --out" in text
     assert journal.read_bytes() == before
+
+
+def test_a_goal_out_of_budget_names_where_a_batch_sets_a_goals_budget(tmp_path: Path) -> None:
+    goals = tmp_path / "goals.jsonl"
+    goals.write_text('{"scenario": "data_migration", "budget_usd": 0.01, "id": "small"}\n')
+    out = tmp_path / "out"
+    args = ["batch", str(goals), "--out", str(out), "--budget-usd", "1", "--sim-latency-scale", "0"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1, result.output
+    (row,) = Journal(out / "journal.sqlite").rows()
+    assert row.state == "failed" and "is out of budget" in (row.reason or "")
+    # Not a run's --budget-usd, which a batch's goal does not take.
+    assert "give the run a larger budget with the goal's budget_tokens / budget_usd, or " in (
+        row.reason or ""
+    )
+    assert "--goal-budget-tokens / --goal-budget-usd" in (row.reason or "")
+    assert "in the library" not in (row.reason or "")

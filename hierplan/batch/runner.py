@@ -105,6 +105,13 @@ class GoalOutcome:
     record: str | None
 
 
+GOAL_BUDGET_OPTIONS = (
+    "the goal's budget_tokens / budget_usd, or --goal-budget-tokens / --goal-budget-usd "
+    "(within the batch's --budget-tokens / --budget-usd)"
+)
+"""Where a batch's user sets a goal's budget, named when a goal's call is refused."""
+
+
 def inner_budget(grant: Amounts, cap: Amounts) -> Budget:
     """The run's own budget: its grant where the batch is limited, else its own cap."""
     tokens = grant[0] if grant[0] is not None else cap[0]
@@ -126,7 +133,10 @@ async def run_goal(
     :func:`hierplan.run` unless a test or an embedding application wraps it."""
     spec = goal.spec
     budgeting = BudgetInstrument(
-        budget, allocation=spec.allocation or options.allocation, ledger=ledger
+        budget,
+        allocation=spec.allocation or options.allocation,
+        ledger=ledger,
+        budget_options=GOAL_BUDGET_OPTIONS,
     )
     task_env: TaskEnv | None = None
     extra: dict[str, Any] = {}

@@ -269,11 +269,12 @@ class BudgetedModel:
         need_p = input_pico + floor * rate_out
         self._counts().refused += 1
         self._exhausted(request, need_t, need_p, avail_t, avail_p)
+        options = self._instrument.instrument.budget_options
         raise BudgetExceeded(
             f"node {self._node.path} is out of budget: its {request.phase} call needs at least "
             f"{self._amount(need_t, need_p)} (max_tokens lowered to {floor:,}) but "
             f"{self._amount(avail_t, avail_p)} remain; the call was not made (give the run a "
-            f"larger budget with {BUDGET_OPTIONS}, or this node a larger share)"
+            f"larger budget with {options}, or this node a larger share)"
         )
 
     def _counts(self) -> _Counts:

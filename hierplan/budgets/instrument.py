@@ -41,7 +41,7 @@ from hierplan.budgets.budget import (
     usd_to_pico,
     uses_model,
 )
-from hierplan.budgets.budgeted_model import BudgetedModel
+from hierplan.budgets.budgeted_model import BUDGET_OPTIONS, BudgetedModel
 from hierplan.budgets.pricing import (
     DEFAULT_SIMULATED_PRICED_AS,
     Price,
@@ -150,7 +150,8 @@ class BudgetInstrument(Instrument):
     from the parent's pool, each capped at ``on_demand_fraction`` of what the parent had left
     when it started). ``min_output_fraction`` is the floor to which ``max_tokens`` may be
     lowered to fit a call. ``parent`` funds each run's root account from an account of
-    ``ledger`` (a batch's global budget), instead of a fresh root.
+    ``ledger`` (a batch's global budget), instead of a fresh root. ``budget_options`` is where
+    a user sets this budget, named in the message of a call the budget refused.
 
     The instrument holds only this configuration: one instrument may serve many runs, at once
     or one after another, and each run gets its own :class:`RunBudget` (its root account, its
@@ -169,6 +170,7 @@ class BudgetInstrument(Instrument):
         on_demand_fraction: float = DEFAULT_ON_DEMAND_FRACTION,
         min_output_fraction: float = DEFAULT_MIN_OUTPUT_FRACTION,
         parent: Account | None = None,
+        budget_options: str = BUDGET_OPTIONS,
     ) -> None:
         if allocation not in ALLOCATIONS:
             raise UserInputError(
@@ -186,6 +188,7 @@ class BudgetInstrument(Instrument):
         self.on_demand_fraction = on_demand_fraction
         self.min_output_fraction = min_output_fraction
         self.parent = parent
+        self.budget_options = budget_options
         # Keys of this instrument's entries in a node's state (which is the run's own).
         self.shares_key = object()
         self.counts_key = object()

@@ -513,7 +513,7 @@ def _unchanged_after_budget(failure: str) -> str:
     same work again: it would run out again, and each replan spends more of what is left."""
     return (
         f"{failure}; the revised plan left the same work to do, which would run out of budget "
-        "again: raise the budget (--budget-tokens / --budget-usd)"
+        "again: give it a larger budget"
     )
 
 
