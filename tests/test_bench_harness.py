@@ -236,6 +236,16 @@ def test_bad_arguments_exit_2_with_one_line(tmp_path: Path, args: list[str], mes
     assert not out.exists()
 
 
+def test_bench_takes_the_model_flags_as_run_does(tmp_path: Path) -> None:
+    out = tmp_path / "never"
+    result = bench("-m", "openai:gpt-5-mini", "--timeout", "0", "--out", str(out))
+    assert result.exit_code == 2
+    assert "Invalid value for '--timeout': Input should be greater than or equal to 0.001" in (
+        result.stderr
+    )
+    assert not out.exists()
+
+
 def test_check_config_rejects_zero_tasks() -> None:
     with pytest.raises(UserInputError, match="at least 1"):
         check_config(BenchConfig(suites=("game24",), strategies=("react",), tasks=0))

@@ -44,6 +44,7 @@ from hierplan.errors import HierplanError, UserInputError
 from hierplan.goals import settings_from_assignments
 from hierplan.hierarchy.context import STRATEGY_NAMES
 from hierplan.hierarchy.record import write_atomic
+from hierplan.model_flags import BaseUrlOpt, TimeoutOpt
 
 # CLI flag -> NoiseProfile field, for the explicit simulator parameters.
 NOISE_FLAGS: Mapping[str, str] = MappingProxyType(
@@ -107,12 +108,6 @@ ModelOpt = Annotated[
     typer.Option(
         "--model", "-m", help="sim, sim:<priced-as model>, openai:<model> or anthropic:<model>."
     ),
-]
-BaseUrlOpt = Annotated[
-    str | None, typer.Option("--base-url", help="API base URL of a real model's server.")
-]
-TimeoutOpt = Annotated[
-    float | None, typer.Option("--timeout", help="Seconds one real model call may take.")
 ]
 ConcurrencyOpt = Annotated[int, typer.Option("--concurrency", "-c", help="Runs at once.")]
 OutOpt = Annotated[

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
-from urllib.parse import urlsplit
 
 import anyio
 from pydantic import ValidationError
@@ -36,6 +35,7 @@ from hierplan.errors import HierplanError, ModelAuthError, UserInputError
 from hierplan.hierarchy.context import STRATEGY_NAMES, Instrument, NodeContext, RunSettings
 from hierplan.hierarchy.record import RunResult, make_directory, write_atomic
 from hierplan.hierarchy.run import run
+from hierplan.model_flags import SIMULATOR_ONLY, check_base_url
 
 RESULTS = "results.jsonl"
 MANIFEST = "bench.json"
@@ -137,17 +137,9 @@ def check_config(config: BenchConfig) -> None:
     if config.base_url is not None:
         # As for hierplan run: otherwise every call of every run fails to connect, and the
         # benchmark reports them as the model's failures.
-        parts = urlsplit(config.base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise UserInputError(
-                f"--base-url {config.base_url!r} is not a URL: give one like "
-                "http://localhost:8000/v1"
-            )
+        check_base_url(config.base_url)
     if config.simulated and config.provider_options():
-        raise UserInputError(
-            "--base-url and --timeout apply to real models (--model openai:<model> or "
-            "anthropic:<model>), not to the simulator"
-        )
+        raise UserInputError(SIMULATOR_ONLY)
 
 
 @dataclass(slots=True, frozen=True)
