@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from hierplan.cli import app
-from hierplan.goals import GOAL_FILE_KEYS
+from hierplan.cli import SETTING_FLAGS, app
+from hierplan.goals import GOAL_FILE_KEYS, settings_from_assignments
 
 runner = CliRunner()
 FAST = ["--sim-latency-scale", "0"]
@@ -651,6 +651,12 @@ def test_set_gives_any_run_setting_without_a_flag_of_its_own(tmp_path: Path) -> 
         "error: --set max_retries: Input should be a valid integer; "
         "--set retry_backoff_s: Input should be a valid number"
     )
+    # A number with an exponent is a number, as in JSON (YAML 1.1 would read "1e3" as text).
+    exponents = ["step_timeout_s=1e3", "retry_backoff_s=5e-1"]
+    assert settings_from_assignments(exponents, flags=SETTING_FLAGS) == {
+        "step_timeout_s": 1000.0,
+        "retry_backoff_s": 0.5,
+    }
 
 
 def test_a_run_does_not_replace_an_earlier_run_unless_told_to(tmp_path: Path) -> None:

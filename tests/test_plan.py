@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from hierplan.errors import UserInputError
+from hierplan.hierarchy.datatext import parse_data_text
 from hierplan.hierarchy.plan import (
     Plan,
     Step,
@@ -244,6 +245,25 @@ def test_an_unquoted_date_in_a_plan_file_is_the_text_written(tmp_path: Path) -> 
     assert plan.step("a").args == {"day": "2024-05-01"}
     path.write_text(plan_to_yaml(plan))
     assert load_plan(path) == plan
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("1e3", 1000.0), ("-1E-3", -0.001), ("1.5e3", 1500.0), (".5e3", 500.0), ("2e+2", 200.0)],
+)
+def test_a_number_with_an_exponent_is_a_number_as_in_json(text: str, value: float) -> None:
+    # YAML 1.1 reads "1e3" as text: a setting `step_timeout_s: 1e3` would be no number.
+    assert parse_data_text(text) == value
+    assert parse_data_text(f"x: {text}") == {"x": value}
+    assert parse_data_text("[1e3x, e3, 1e, '1e3']") == ["1e3x", "e3", "1e", "1e3"]
+
+
+@given(st.integers(-(10**6), 10**6), st.integers(-300, 300), st.booleans())
+def test_any_json_number_with_an_exponent_reads_as_json_reads_it(
+    mantissa: int, exponent: int, point: bool
+) -> None:
+    text = f"{mantissa}{'.5' if point else ''}e{exponent}"
+    assert parse_data_text(text) == json.loads(text)
 
 
 def test_yaml_anchors_and_merge_keys_still_work(tmp_path: Path) -> None:

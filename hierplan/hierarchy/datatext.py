@@ -8,6 +8,7 @@ are refused, with their line; unquoted dates stay text, as in JSON.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from typing import Any
 
@@ -86,6 +87,14 @@ _StrictLoader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
+# YAML 1.1 (PyYAML's) reads a number whose exponent has no sign ("1e3", "1.5e3") as text, where
+# JSON and YAML 1.2 read a number: a setting written `step_timeout_s: 1e3` would be refused as no
+# number. The float constructor takes it as Python's float() does.
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+.0123456789"),
+)
 
 
 def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
