@@ -148,7 +148,13 @@ async def test_bad_resume_decisions_change_nothing(tmp_path: Path) -> None:
         await hierplan.resume(tmp_path, Approve(), node="1.4", **common)
     with pytest.raises(UserInputError, match="pass the same tools"):
         await hierplan.resume(tmp_path, Approve(), model=model)
+    # A decision of another type is refused before the checkpoint is touched.
+    with pytest.raises(TypeError, match=r"Approve\(\), Edit\(plan\), Reject\(reason\).*'approve'"):
+        await hierplan.resume(tmp_path, "approve", **common)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"Edit needs a Plan, not str"):
+        await hierplan.resume(tmp_path, Edit("not a plan"), **common)  # type: ignore[arg-type]
     assert (tmp_path / CHECKPOINT_FILE).read_text() == saved
+    assert not (tmp_path / RESUMING_FILE).exists()
     assert calls == []
     assert model.calls == 1
 

@@ -25,7 +25,7 @@ from hierplan.agents.models.provider import one_line
 from hierplan.dirlock import holding_run_directory
 from hierplan.errors import UserInputError, first_problem
 from hierplan.hierarchy.context import Instrument, RunContext, RunSettings
-from hierplan.hierarchy.gate import Decision, Edit
+from hierplan.hierarchy.gate import Approve, Decision, Defer, Edit, Reject
 from hierplan.hierarchy.pause import (
     CHECKPOINT_FILE,
     RESUMING_FILE,
@@ -35,6 +35,7 @@ from hierplan.hierarchy.pause import (
     load_checkpoint,
     pending_versions,
 )
+from hierplan.hierarchy.plan import Plan
 from hierplan.hierarchy.record import NodeRecord, RunResult, StrPath
 from hierplan.hierarchy.run import ResumableRunOptions, refuse_unknown_options, run
 
@@ -58,6 +59,21 @@ def decisions_for(
             "plan is for (--node PATH)"
         )
     return dict.fromkeys(pending, decision)
+
+
+def _check_decision(decision: object) -> None:
+    """Refuse a decision of another type (``"approve"``, an ``Edit`` of plain data) before the
+    run directory is touched: it would fail only once the resumed run had started."""
+    if decision is not None and not isinstance(decision, Approve | Edit | Reject | Defer):
+        raise TypeError(
+            "resume takes Approve(), Edit(plan), Reject(reason) or Defer() as its decision, or "
+            f"None to ask the approver again, not {decision!r}"
+        )
+    if isinstance(decision, Edit) and not isinstance(decision.plan, Plan):
+        raise TypeError(
+            f"Edit needs a Plan, not {type(decision.plan).__name__}: Edit(Plan(...)), or "
+            "Edit(hierplan.load_plan(path)) for a plan file"
+        )
 
 
 def _check_version(tree: NodeRecord, node: str | None, version: int) -> None:
@@ -178,6 +194,7 @@ async def resume(
     """
     # Before the lock is taken: a misspelt option must leave the directory as it was.
     refuse_unknown_options("resume", options, RESUME_OPTIONS)
+    _check_decision(decision)
     run_dir = Path(run_dir)
     node = options.get("node")
     version = options.get("version")
