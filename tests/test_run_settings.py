@@ -71,6 +71,14 @@ def test_a_python_override_says_how_to_set_it() -> None:
         hierplan.run_sync("g", settings=saved, max_depth=99)
 
 
+def test_settings_of_another_type_are_refused_saying_what_to_give() -> None:
+    with pytest.raises(TypeError, match=r"settings must be a hierplan.RunSettings, not dict"):
+        hierplan.run_sync(scenario="data_migration", settings={"seed": 1})  # type: ignore[arg-type]
+    for scale in ("fast", True, None):
+        with pytest.raises(UserInputError, match=r"latency scale must be a finite number >= 0"):
+            hierplan.run_sync(scenario="data_migration", sim_latency_scale=scale)  # type: ignore[arg-type]
+
+
 def test_the_command_line_refuses_an_infinite_delay_on_one_line() -> None:
     result = CliRunner().invoke(
         app, ["run", "--scenario", "data_migration", "-y", "--set", "retry_backoff_s=.inf"]

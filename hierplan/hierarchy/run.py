@@ -24,7 +24,12 @@ from pydantic import ValidationError
 
 from hierplan.agents.models import resolve_model
 from hierplan.agents.models.base import Model, close_model, parse_model_string
-from hierplan.agents.models.simulated import COVERAGE_HINT, NoiseProfile, Oracle
+from hierplan.agents.models.simulated import (
+    COVERAGE_HINT,
+    NoiseProfile,
+    Oracle,
+    check_latency_scale,
+)
 from hierplan.agents.tools import Tool, Toolbox, Toolset, tool_threads
 from hierplan.budgets.instrument import (
     BudgetInstrument,
@@ -201,6 +206,11 @@ async def _prepare(
 
 
 def _settings(settings: RunSettings | None, overrides: dict[str, Any]) -> RunSettings:
+    if settings is not None and not isinstance(settings, RunSettings):
+        raise TypeError(
+            f"settings must be a hierplan.RunSettings, not {type(settings).__name__}: "
+            "e.g. settings=hierplan.RunSettings(seed=1)"
+        )
     base = settings or RunSettings()
     given = {k: v for k, v in overrides.items() if v is not None}
     if "strategy" in given:
@@ -288,6 +298,7 @@ async def run(
     checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
     given = {"strategy": strategy, "max_depth": max_depth, "concurrency": concurrency}
     run_settings = _settings(settings, {**given, "seed": seed})
+    check_latency_scale(sim_latency_scale)  # before a scenario's files are made
     chosen = get_strategy(run_settings.strategy)
     budget_options = {
         "budget_usd": budget_usd,

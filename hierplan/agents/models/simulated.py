@@ -223,6 +223,20 @@ _FILLER = (
 )
 
 
+def check_latency_scale(latency_scale: object) -> None:
+    """Refuse a simulated latency scale that is not a finite number >= 0: ``inf`` would wait
+    for ever on every call, ``nan`` would silently mean no latency."""
+    if (
+        isinstance(latency_scale, bool)
+        or not isinstance(latency_scale, int | float)
+        or not math.isfinite(latency_scale)
+        or latency_scale < 0
+    ):
+        raise UserInputError(
+            f"the simulated latency scale must be a finite number >= 0, not {latency_scale!r}"
+        )
+
+
 class SimulatedModel:
     """The offline stand-in for an LLM (see the module docstring)."""
 
@@ -235,11 +249,7 @@ class SimulatedModel:
         priced_as: str = DEFAULT_SIMULATED_PRICED_AS,
         latency_scale: float = 1.0,
     ) -> None:
-        if not math.isfinite(latency_scale) or latency_scale < 0:
-            # inf would wait forever on every call; nan would silently mean no latency
-            raise UserInputError(
-                f"the simulated latency scale must be a finite number >= 0, not {latency_scale}"
-            )
+        check_latency_scale(latency_scale)
         self.oracle = oracle
         self.profile = get_profile(profile) if isinstance(profile, str) else profile
         self.seed = seed
