@@ -47,7 +47,7 @@ from hierplan.hierarchy.context import (
 from hierplan.hierarchy.handle import start as start_run
 from hierplan.hierarchy.pause import CHECKPOINT_FILE, RESUMING_FILE, load_checkpoint
 from hierplan.hierarchy.plan import DEFAULT_MAX_DEPTH, DEFAULT_MAX_STEPS, load_plan, validate_plan
-from hierplan.hierarchy.record import RunResult
+from hierplan.hierarchy.record import RunResult, new_directory
 from hierplan.hierarchy.resume import drop_used_checkpoint
 from hierplan.hierarchy.resume import resume as resume_run
 from hierplan.model_flags import (
@@ -560,7 +560,10 @@ def run_command(
         Console(stderr=True).print(
             f"warning: {unpriced}", markup=False, highlight=False, soft_wrap=True
         )
-    run_dir = out or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    try:
+        run_dir = out or new_directory(Path("runs"), time.strftime("%Y%m%d-%H%M%S"), "the run")
+    except HierplanError as exc:
+        _fail(str(exc))
     with _holding(run_dir, otherwise=", or give this run another --out"):
         _refuse_paused_run(run_dir, start_over=" and give --overwrite")
         if not overwrite:

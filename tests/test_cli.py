@@ -704,3 +704,21 @@ def test_resume_of_a_file_and_a_usd_budget_that_is_no_amount_are_refused_clearly
         shown = " ".join(refused.output.split())
         assert f"give a number of USD, 0 or more (e.g. 0.5), not {amount}" in shown, shown
     assert not (tmp_path / "out").exists()
+
+
+def test_runs_started_in_the_same_second_get_a_directory_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    strftime = time.strftime
+
+    def same_second(form: str, *when: Any) -> str:
+        return "20261204-120000" if form == "%Y%m%d-%H%M%S" else strftime(form, *when)
+
+    monkeypatch.setattr(time, "strftime", same_second)
+    for _ in range(2):
+        result = runner.invoke(app, ["run", "--scenario", "data_migration", "--yes", *FAST])
+        assert result.exit_code == 0, result.output
+    runs = sorted(p.name for p in (tmp_path / "runs").iterdir() if p.name != "scenarios")
+    assert runs == ["20261204-120000", "20261204-120000-2"]
+    assert all((tmp_path / "runs" / name / "run.json").is_file() for name in runs)

@@ -6,6 +6,7 @@ import dataclasses
 import inspect
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from hierplan.agents.models.scripted import plan_response
 from hierplan.errors import UserInputError
 from hierplan.goals import goal_from_data, load_goal_file
 from hierplan.hierarchy.events import ModelCalled, RunEvent, RunFinished
+from hierplan.hierarchy.record import new_directory
 from hierplan.tracing.html import render_html
 from hierplan.tracing.report import node_tree
 
@@ -336,3 +338,20 @@ def test_a_run_json_from_before_tool_calls_were_recorded_loads(tmp_path: Path) -
     loaded = RunResult.load(path)
     assert all(n.tool_calls == [] for n in loaded.tree.walk())
     assert loaded.tree.children[0].status == "succeeded"
+
+
+def test_a_new_directory_never_takes_one_that_exists_even_when_asked_at_once(
+    tmp_path: Path,
+) -> None:
+    assert new_directory(tmp_path / "runs", "20261204-120000", "the run").name == "20261204-120000"
+    assert new_directory(tmp_path / "runs", "20261204-120000", "the run").name == (
+        "20261204-120000-2"
+    )
+    # Many threads asking for the same name at the same moment each get their own directory.
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        made = list(pool.map(lambda _: new_directory(tmp_path / "t", "x", "the run"), range(32)))
+    assert len(set(made)) == 32
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == sorted(p.name for p in made)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UserInputError, match=r"cannot create the run .*file is a file"):
+        new_directory(tmp_path / "file", "x", "the run")

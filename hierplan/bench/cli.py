@@ -43,7 +43,7 @@ from hierplan.bench.suites import SUITE_NAMES
 from hierplan.errors import HierplanError, UserInputError
 from hierplan.goals import settings_from_assignments
 from hierplan.hierarchy.context import STRATEGY_NAMES
-from hierplan.hierarchy.record import write_atomic
+from hierplan.hierarchy.record import new_directory, write_atomic
 from hierplan.model_flags import BaseUrlOpt, TimeoutOpt
 
 # CLI flag -> NoiseProfile field, for the explicit simulator parameters.
@@ -215,7 +215,12 @@ def bench_command(
             )
     except HierplanError as exc:
         _fail(str(exc))
-    where = out or Path("runs") / time.strftime("bench-%Y%m%d-%H%M%S")
+    try:
+        where = out or new_directory(
+            Path("runs"), time.strftime("bench-%Y%m%d-%H%M%S"), "the benchmark"
+        )
+    except HierplanError as exc:
+        _fail(str(exc))
     records = _run(console, config, where, resume)
     command = _command(config, where, baseline, sim_profile, overrides)
     if baseline not in config.strategies:

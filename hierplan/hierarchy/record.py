@@ -7,6 +7,7 @@ per phase when asked. ``RunResult.load`` reads a ``run.json`` back, validated by
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -456,6 +457,24 @@ def make_directory(path: Path, what: str) -> None:
         blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
         reason = f"{blocker} is a file, not a directory" if blocker else exc.strerror or str(exc)
         raise UserInputError(f"cannot create {what} {path}: {reason}") from None
+
+
+def new_directory(parent: Path, stem: str, what: str) -> Path:
+    """Create and return a directory of ``parent`` named ``stem`` that did not exist, or
+    ``stem-2``, ``stem-3``, ... when it did: two commands started in the same second each get
+    their own default output directory (``runs/<time>``) instead of one refusing the other.
+    Making the directory is what claims the name, so two processes cannot both take it."""
+    make_directory(parent, what)
+    for n in itertools.count(1):
+        path = parent / (stem if n == 1 else f"{stem}-{n}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise UserInputError(f"cannot create {what} {path}: {exc.strerror or exc}") from None
+        return path
+    raise AssertionError("unreachable")  # itertools.count never ends
 
 
 def write_atomic(path: Path, text: str) -> None:
