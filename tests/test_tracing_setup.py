@@ -99,6 +99,16 @@ def test_trace_targets_parse_and_bad_ones_say_what_to_write() -> None:
     assert configure_tracing(None) is None and configure_tracing([]) is None
 
 
+def test_a_trace_target_given_twice_is_refused_before_any_file_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    for twice in (["jsonl=t.jsonl", f"jsonl={tmp_path}/t.jsonl"], ["console", "console"]):
+        with pytest.raises(UserInputError, match=r"--trace \S+ is given twice: give each"):
+            configure_tracing(twice)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_cli_rejects_a_bad_trace_target_in_one_line(tmp_path: Path) -> None:
     done = subprocess.run(
         [*HIERPLAN, "demo", "--trace", "zipkin", "-o", str(tmp_path / "demo")],

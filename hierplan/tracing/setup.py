@@ -270,6 +270,20 @@ def _check_batch_settings() -> None:
     probe.shutdown()  # type: ignore[no-untyped-call]  # the SDK leaves it unannotated
 
 
+def _refuse_repeated(targets: Sequence[TraceTarget]) -> None:
+    """Refuse a target given twice (the same file by any spelling of its path): each copy
+    would get every span, and a trace file would hold each span twice."""
+    seen: set[tuple[str, str | None]] = set()
+    for target in targets:
+        value = target.value
+        if target.kind == "jsonl" and value:
+            value = str(Path(value).expanduser().resolve())
+        if (target.kind, value) in seen:
+            shown = target.kind if target.value is None else f"{target.kind}={target.value}"
+            raise UserInputError(f"--trace {shown} is given twice: give each target once")
+        seen.add((target.kind, value))
+
+
 def configure_tracing(
     specs: Sequence[str] | None,
     *,
@@ -283,6 +297,7 @@ def configure_tracing(
     targets = [parse_trace_target(s) for s in specs or ()]
     if not targets:
         return None
+    _refuse_repeated(targets)
     _check_batch_settings()
     resource = _resource()
     span_exporters: list[SpanExporter] = []
