@@ -290,12 +290,14 @@ def test_amounts_near_a_dollar_are_shown_as_a_dollar_is() -> None:
     assert shown == ["$0.9999", "$1.00", "$1.00", "$-0.5000", "$-3.50"]
 
 
-def test_the_level_budget_column_shows_the_run_budget_figures_the_terminal_shows() -> None:
+def test_the_level_budget_column_shows_the_run_budget_figures_the_terminal_shows(
+    tmp_path: Path,
+) -> None:
     # Not a sum of every figure of the nodes (limits and releases included, which gave depth 2
     # more than the run's limit): the record's per-level allocated and spent, with a note on
     # why a level's allocations may add up to more than the run's limit.
     result = hierplan.run_sync(
-        scenario="data_migration", sim_latency_scale=0, budget_tokens=50_000_000
+        scenario="data_migration", sim_latency_scale=0, budget_tokens=50_000_000, workdir=tmp_path
     )
     page = render_html(result)
     table = page[page.index('id="levels"') : page.index("</table>", page.index('id="levels"'))]
