@@ -345,8 +345,10 @@ def _finish(
         path, unsaved = None, str(exc) if isinstance(exc, HierplanError) else exc.strerror
     console.print()
     print_run(result, console)
+    # After a resume, the time of this command only: run.json and the HTML report count the
+    # whole run, from its first start (the pause included).
     stats = [
-        f"wall time {time.monotonic() - started:.1f} s",
+        f"wall time{' of this resume' if resumed else ''} {time.monotonic() - started:.1f} s",
         f"peak leaves running at once {result.stats.get('peak_concurrent_leaves', 0)}",
     ]
     details = (result.verification or {}).get("details", {})

@@ -90,6 +90,7 @@ def paused(tmp_path: Path, source_db: Path) -> Path:
 def test_resume_approve(paused: Path) -> None:
     code, out = hierplan("resume", paused, "--approve", "--by", "alice (TICKET-42)")
     assert code == 0, out
+    assert "wall time of this resume " in out  # not the run's, which counts the pause too
     data = record(paused)
     assert data["status"] == "succeeded" and data["verification"]["ok"]
     root = data["tree"]["plan_versions"]
