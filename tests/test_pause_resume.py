@@ -527,6 +527,65 @@ async def test_each_nodes_budget_counts_what_it_spent_before_and_after_pauses(
     assert levels == [(lv["depth"], lv["spent_tokens"]) for lv in straight.budget["levels"]]
 
 
+def _unbalanced(run: hierplan.RunResult) -> list[tuple[str, str, float, float, float]]:
+    """Every node's figures where its allocation is not what it spent plus what it released."""
+    out: list[tuple[str, str, float, float, float]] = []
+    for n in run.nodes():
+        b = n.budget
+        if b is None:
+            continue
+        for unit, tolerance in (("tokens", 0.0), ("usd", 1e-12)):
+            allocated, spent = b[f"allocated_{unit}"], b[f"spent_{unit}"]
+            released = b[f"released_{unit}"]
+            if abs(allocated - spent - released) > tolerance:
+                out.append((n.path, unit, allocated, spent, released))
+    return out
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("review_policy", "allocation"),
+    [(None, "equal"), ("all", "equal")],
+    ids=["one-resume", "a-resume-per-sub-plan"],
+)
+async def test_each_nodes_allocation_is_what_it_spent_and_released_over_all_resumes(
+    tmp_path: Path, source_db: Path, review_policy: str | None, allocation: str
+) -> None:
+    budget: dict[str, Any] = {"budget_usd": 0.03, "budget_tokens": 200_000}
+    straight_dir = migration_dir(source_db, tmp_path / "straight")
+    straight = await hierplan.run(
+        allocation=allocation, **budget, **run_kwargs(workdir=straight_dir)
+    )
+    assert straight.status == "succeeded" and _unbalanced(straight) == []
+    paused_dir = migration_dir(source_db, tmp_path / "paused")
+    approver = (
+        PauseForReview()
+        if review_policy is None
+        else PolicyApprover(PauseForReview(), review_policy)
+    )
+    result = await hierplan.run(
+        approver=approver,
+        checkpoint_dir=paused_dir,
+        allocation=allocation,
+        **budget,
+        **run_kwargs(workdir=paused_dir),
+    )
+    # One pause: the resumed run approves the later plans; else each sub-plan pauses it.
+    again = None if review_policy is None else approver
+    resumes = 0
+    while result.status == "paused":
+        resumes += 1
+        result = await hierplan.resume(paused_dir, Approve(by="alice"), approver=again)
+    assert result.status == "succeeded", result.error
+    assert resumes == 1 if review_policy is None else resumes >= 3
+    # What went back at a pause was taken again by the resumed part: counted once, a node's
+    # figures add up as in a run that never paused, for every node, in tokens and in USD.
+    assert _unbalanced(result) == []
+    nodes = [n for n in result.nodes() if n.budget is not None]
+    assert len(nodes) == len([n for n in straight.nodes() if n.budget is not None])
+    assert all(n.budget is not None and n.budget["overrun_tokens"] == 0 for n in nodes)
+
+
 @pytest.mark.anyio
 async def test_a_resume_stopped_before_its_run_starts_leaves_the_run_paused(
     tmp_path: Path, source_db: Path

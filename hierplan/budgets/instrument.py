@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from contextlib import AbstractAsyncContextManager
+from decimal import Decimal
 from types import MappingProxyType, TracebackType
 from typing import Any
 
@@ -465,13 +466,11 @@ class RunBudget:
 
 
 # Figures of a node's budget record that add up over the parts of a paused run, and those
-# that stay as the node was first given them.
+# that stay as the node was first given them. ``released`` is neither: see ``_released``.
 _ADDED = (
     "spent_tokens",
-    "released_tokens",
     "overrun_tokens",
     "spent_usd",
-    "released_usd",
     "overrun_usd",
     "planning_tokens",
     "planning_usd",
@@ -482,6 +481,11 @@ _ADDED = (
 )
 _FIRST = ("policy", "grant", "limit_tokens", "allocated_tokens", "limit_usd", "allocated_usd")
 _MOST = ("peak_reserved_tokens", "peak_reserved_usd")
+# Per dimension: the allocation, the release, and whether the figures are USD.
+_RELEASES = (
+    ("allocated_tokens", "released_tokens", False),
+    ("allocated_usd", "released_usd", True),
+)
 
 
 def _continued(prior: dict[str, Any] | None, now: dict[str, Any]) -> dict[str, Any]:
@@ -500,7 +504,31 @@ def _continued(prior: dict[str, Any] | None, now: dict[str, Any]) -> dict[str, A
     for key in _MOST:
         values = [v for v in (prior.get(key), now.get(key)) if v is not None]
         merged[key] = max(values) if values else None
+    for allocated, released, usd in _RELEASES:
+        merged[released] = _released(prior, now, allocated, released, usd)
     return merged
+
+
+def _released(
+    prior: dict[str, Any], now: dict[str, Any], allocated: str, released: str, usd: bool
+) -> int | float | None:
+    """What a node gave back over the parts of a paused run, so that its first allocation is
+    what it spent plus this. At the pause its account gave back what it had not spent, and this
+    part's account took its allocation back out of that pool: adding both releases would count
+    the unspent part once per pause. Never below 0, as a ledger's release (a node that spent
+    more than it was first given released nothing)."""
+    before, after, taken = prior.get(released), now.get(released), now.get(allocated)
+    if before is None and after is None:
+        return None  # an unlimited dimension
+    net = _exact(before, usd) + _exact(after, usd) - _exact(taken, usd)
+    return max(0, net) / PICO_PER_USD if usd else max(0, net)
+
+
+def _exact(figure: int | float | None, usd: bool) -> int:
+    """A record's figure as an integer (USD as pico-dollars), to add and subtract exactly."""
+    if figure is None:
+        return 0
+    return round(Decimal(repr(float(figure))) * PICO_PER_USD) if usd else int(figure)
 
 
 def _spent_before(spent: dict[str, Any]) -> tuple[int, int]:
