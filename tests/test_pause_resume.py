@@ -545,8 +545,8 @@ def _unbalanced(run: hierplan.RunResult) -> list[tuple[str, str, float, float, f
 @pytest.mark.anyio
 @pytest.mark.parametrize(
     ("review_policy", "allocation"),
-    [(None, "equal"), ("all", "equal")],
-    ids=["one-resume", "a-resume-per-sub-plan"],
+    [(None, "equal"), ("all", "equal"), ("all", "on-demand")],
+    ids=["one-resume", "a-resume-per-sub-plan", "a-resume-per-sub-plan-on-demand"],
 )
 async def test_each_nodes_allocation_is_what_it_spent_and_released_over_all_resumes(
     tmp_path: Path, source_db: Path, review_policy: str | None, allocation: str

@@ -491,7 +491,8 @@ _RELEASES = (
 def _continued(prior: dict[str, Any] | None, now: dict[str, Any]) -> dict[str, Any]:
     """A node's budget record over the parts of a paused run: ``prior`` from before the pause
     (``None`` for a node that starts in this part), ``now`` from this part. The limit and
-    allocation are those it was first given (this part's account gets what was left)."""
+    allocation are those it was first given (this part's account gets what was left), but for
+    an on-demand node, whose allocation is what it drew."""
     if not prior:
         return now
     merged = dict(now)
@@ -504,8 +505,15 @@ def _continued(prior: dict[str, Any] | None, now: dict[str, Any]) -> dict[str, A
     for key in _MOST:
         values = [v for v in (prior.get(key), now.get(key)) if v is not None]
         merged[key] = max(values) if values else None
+    draws = now.get("grant") == "draw"
     for allocated, released, usd in _RELEASES:
-        merged[released] = _released(prior, now, allocated, released, usd)
+        if draws:
+            # An on-demand node's allocation is what it drew, and its release what it gave
+            # back of that, call by call: both add up over the parts, as its spend does.
+            merged[allocated] = _summed(prior.get(allocated), now.get(allocated), usd)
+            merged[released] = _summed(prior.get(released), now.get(released), usd)
+        else:
+            merged[released] = _released(prior, now, allocated, released, usd)
     return merged
 
 
@@ -522,6 +530,14 @@ def _released(
         return None  # an unlimited dimension
     net = _exact(before, usd) + _exact(after, usd) - _exact(taken, usd)
     return max(0, net) / PICO_PER_USD if usd else max(0, net)
+
+
+def _summed(before: int | float | None, after: int | float | None, usd: bool) -> int | float | None:
+    """Two parts' figures added (``None``: an unlimited dimension)."""
+    if before is None and after is None:
+        return None
+    total = _exact(before, usd) + _exact(after, usd)
+    return total / PICO_PER_USD if usd else total
 
 
 def _exact(figure: int | float | None, usd: bool) -> int:
