@@ -900,7 +900,8 @@ def validate_command(
         ),
     ] = DEFAULT_MAX_DEPTH,
 ) -> None:
-    """Check a plan file: schema, ids, dependencies, cycles, size, depth and tools."""
+    """Check a plan file: schema, ids, dependencies, $id references, cycles, size, depth and
+    tools."""
     console = Console()
     try:
         plan = load_plan(plan_file)

@@ -556,7 +556,7 @@ async def test_a_list_argument_of_references_gets_the_dependency_outputs() -> No
 
 
 def test_the_gate_sees_references_inside_list_arguments() -> None:
-    from hierplan.hierarchy.gate import step_refs
+    from hierplan.hierarchy.plan import step_refs
 
     step = Step(
         id="j", title="J", instruction="j", tool="join", args={"parts": ["$a", {"k": "$b."}]}

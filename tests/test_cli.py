@@ -358,6 +358,20 @@ def test_validate_without_tools_says_the_plans_tools_were_not_checked(tmp_path: 
     assert "plan is valid" in shown and "not checked" not in shown
 
 
+def test_validate_refuses_a_reference_to_a_step_it_does_not_depend_on(tmp_path: Path) -> None:
+    # The run's gate refuses this plan: validate must not call it valid.
+    plan = tmp_path / "p9.yaml"
+    plan.write_text(
+        "goal: g\nsteps:\n"
+        "- {id: x, title: x, instruction: x, tool: add, args: {a: 1, b: 2}}\n"
+        '- {id: t, title: t, instruction: t, tool: add, args: {a: "$x", b: 1}}\n'
+    )
+    result = runner.invoke(app, ["validate", str(plan), "--tools", "add"])
+    assert result.exit_code == 1, result.output
+    assert "problem: step 't' uses $x but does not depend on 'x'" in result.output
+    assert "plan is valid" not in result.output
+
+
 @pytest.mark.parametrize("command", [["validate"], ["run", "--goal-file"]])
 def test_a_plan_or_goal_file_too_large_or_without_end_is_refused_not_read_forever(
     command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch

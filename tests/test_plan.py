@@ -76,6 +76,38 @@ def test_messages_say_what_is_wrong() -> None:
     assert any("'drop'" in m and "allowed: copy" in m for m in messages)
 
 
+def test_a_reference_to_a_step_it_does_not_depend_on_is_a_problem() -> None:
+    # What the run's gate refuses, a plan checked on its own (hierplan validate) refuses too.
+    plan = Plan(
+        goal="g",
+        steps=[
+            step("x", tool="add", args={"a": 1, "b": 2}),
+            step("t", tool="add", args={"a": "$x", "b": 1}),
+            step("u", "x", tool="add", args={"a": ["$x"], "b": {"c": "total $100, $t."}}),
+            step("v", tool="add", args={"a": "$v"}),
+        ],
+    )
+    problems = validate_plan(plan, tools=["add"])
+    assert [(p.code, p.step, str(p)) for p in problems] == [
+        ("bad_reference", "t", "step 't' uses $x but does not depend on 'x'"),
+        ("bad_reference", "u", "step 'u' uses $t but does not depend on 't'"),
+        (
+            "bad_reference",
+            "v",
+            "step 'v' uses $v, its own result, which does not exist before it runs: refer to "
+            "a step it depends on",
+        ),
+    ]
+    fixed = Plan(
+        goal="g",
+        steps=[
+            step("x", tool="add", args={"a": 1, "b": 2}),
+            step("t", "x", tool="add", args={"a": "$x", "b": 1}),
+        ],
+    )
+    assert validate_plan(fixed, tools=["add"]) == []
+
+
 def test_empty_plan_and_tool_allowlist_on_steps() -> None:
     assert codes(Plan(goal="g", steps=[])) == ["empty"]
     plan = Plan(goal="g", steps=[step("a", kind="subgoal", tools=["ls", "nope"])])

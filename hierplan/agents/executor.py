@@ -25,7 +25,7 @@ from hierplan.agents.prompts import FAILED_PREFIX, StepPrompt, render_step_promp
 from hierplan.agents.tools import Tool, result_text
 from hierplan.errors import HierplanError, StepFailed, ToolError
 from hierplan.hierarchy.events import ToolCalled
-from hierplan.hierarchy.gate import REF_PATTERN, ref_target
+from hierplan.hierarchy.plan import REF_PATTERN, ref_target
 from hierplan.hierarchy.record import TOOL_TEXT_LIMIT, ToolCallRecord
 
 if TYPE_CHECKING:

@@ -1,13 +1,14 @@
 """The validation gate every plan and replan passes before any of its steps runs.
 
-First the validators (structure: ids, dependencies, cycles, size, depth; tools allowed for this
-node; tool arguments against each tool's schema), then the approver. The approver's decision is
-one of :class:`Approve`, :class:`Edit` (a replacement plan, validated again), :class:`Reject`
-(the reason goes back to the planner) or :class:`Defer` (no decision now: the run pauses and keeps
-the plan for a decision from outside, see :func:`hierplan.resume`). :class:`AutoApprove` approves
-everything; :class:`CallbackApprover` asks a function (sync or async), for platforms that review
-elsewhere. An approver may check an edit itself with :meth:`GateContext.validate` before it
-returns it; every edit the validators refuse is kept for the audit trail.
+First the validators (structure: ids, dependencies, cycles, size, depth, ``$id`` references; tools
+allowed for this node; tool arguments against each tool's schema), then the approver. The approver's
+decision is one of :class:`Approve`, :class:`Edit` (a replacement plan, validated again),
+:class:`Reject` (the reason goes back to the planner) or :class:`Defer` (no decision now: the run
+pauses and keeps the plan for a decision from outside, see :func:`hierplan.resume`).
+:class:`AutoApprove` approves everything; :class:`CallbackApprover` asks a function (sync or async),
+for platforms that review elsewhere. An approver may check an edit itself with
+:meth:`GateContext.validate` before it returns it; every edit the validators refuse is kept for the
+audit trail.
 """
 
 from __future__ import annotations
@@ -15,10 +16,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import inspect
-import re
 import threading
 import time
-from collections.abc import Awaitable, Callable, Container, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -34,28 +34,11 @@ from hierplan.hierarchy.plan import (
     PlanDiff,
     PlanProblem,
     Step,
+    step_refs,
     validate_plan,
 )
 
 T = TypeVar("T")
-
-REF_PATTERN = re.compile(r"\$([A-Za-z0-9_][A-Za-z0-9_.\-]{0,63})")
-
-
-def ref_target(token: str, ids: Container[str]) -> str | None:
-    """The step id that ``$token`` (a :data:`REF_PATTERN` match) refers to, or ``None``.
-
-    Only a step id of the plan is a reference: ``$100`` in "the total is $100" is text. A
-    trailing ``.`` or ``-`` may be punctuation after the reference ("see $draft."), so it is
-    dropped when the token with it is not an id.
-    """
-    while token:
-        if token in ids:
-            return token
-        if token[-1] not in ".-":
-            return None
-        token = token[:-1]
-    return None
 
 
 @dataclass(slots=True, frozen=True)
@@ -290,7 +273,8 @@ Validator = Callable[[Plan, GateContext], list[PlanProblem]]
 
 
 def structure_validator(plan: Plan, ctx: GateContext) -> list[PlanProblem]:
-    """Ids, dependencies, cycles, size, depth, and tools allowed for this node."""
+    """Ids, dependencies, cycles, size, depth, tools allowed for this node, and ``$id``
+    references to steps it does not depend on."""
     return validate_plan(
         plan,
         tools=ctx.allowed_tools,
@@ -301,33 +285,15 @@ def structure_validator(plan: Plan, ctx: GateContext) -> list[PlanProblem]:
 
 
 def args_validator(plan: Plan, ctx: GateContext) -> list[PlanProblem]:
-    """Tool arguments match the tool's schema; ``$id`` references name a dependency."""
+    """Tool arguments match the tool's schema (``$id`` references are checked with the
+    structure, by :func:`~hierplan.hierarchy.plan.validate_plan`)."""
     problems: list[PlanProblem] = []
     ids = {s.id for s in plan.steps}
     for step in plan.steps:
         if step.tool is None or step.args is None or step.tool not in ctx.toolbox:
             continue
-        refs = step_refs(step, ids)
-        for ref in sorted(refs - set(step.depends_on)):
-            if ref == step.id:
-                # "depend on it" would be a self-dependency, which the gate refuses too
-                problems.append(
-                    PlanProblem(
-                        "bad_reference",
-                        f"step {step.id!r} uses ${ref}, its own result, which does not exist "
-                        "before it runs: refer to a step it depends on",
-                        step.id,
-                    )
-                )
-                continue
-            problems.append(
-                PlanProblem(
-                    "bad_reference",
-                    f"step {step.id!r} uses ${ref} but does not depend on {ref!r}",
-                    step.id,
-                )
-            )
-        problems.extend(_args_problems(step, ctx.toolbox, has_refs=bool(refs)))
+        has_refs = bool(step_refs(step, ids))
+        problems.extend(_args_problems(step, ctx.toolbox, has_refs=has_refs))
     return problems
 
 
@@ -353,26 +319,6 @@ def _args_problems(step: Step, toolbox: Toolbox, *, has_refs: bool) -> list[Plan
         for k in sorted(required - set(step.args))
     )
     return out
-
-
-def step_refs(step: Step, ids: Container[str]) -> set[str]:
-    """Step ids (of ``ids``, the plan's) referenced as ``$id`` in a step's string arguments,
-    including the strings inside list and object arguments (which the executor resolves too)."""
-    refs: set[str] = set()
-    pending: list[Any] = list((step.args or {}).values())
-    while pending:
-        value = pending.pop()
-        if isinstance(value, str):
-            if "$" in value:
-                for token in REF_PATTERN.findall(value):
-                    target = ref_target(token, ids)
-                    if target is not None:
-                        refs.add(target)
-        elif isinstance(value, list):
-            pending.extend(value)
-        elif isinstance(value, dict):
-            pending.extend(value.values())
-    return refs
 
 
 DEFAULT_VALIDATORS: tuple[Validator, ...] = (structure_validator, args_validator)

@@ -15,8 +15,9 @@ plan with networkx and reports every problem at once.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -36,6 +37,24 @@ STEP_ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}$"
 MAX_GOAL_CHARS = 100_000
 
 StepKind = Literal["task", "subgoal"]
+# A ``$id`` in a tool argument: the result of step ``id``, filled in by the executor.
+REF_PATTERN = re.compile(r"\$([A-Za-z0-9_][A-Za-z0-9_.\-]{0,63})")
+
+
+def ref_target(token: str, ids: Container[str]) -> str | None:
+    """The step id that ``$token`` (a :data:`REF_PATTERN` match) refers to, or ``None``.
+
+    Only a step id of the plan is a reference: ``$100`` in "the total is $100" is text. A
+    trailing ``.`` or ``-`` may be punctuation after the reference ("see $draft."), so it is
+    dropped when the token with it is not an id.
+    """
+    while token:
+        if token in ids:
+            return token
+        if token[-1] not in ".-":
+            return None
+        token = token[:-1]
+    return None
 
 
 class Step(BaseModel):
@@ -165,6 +184,7 @@ def validate_plan(
     """Every problem of ``plan``, in a stable order; an empty list means valid.
 
     Checks: empty plan, too many steps, duplicate ids, dangling and self dependencies, cycles,
+    ``$id`` references in a direct tool call's arguments to steps it does not depend on,
     tools that are unknown or not allowed (``tools`` is the allowlist; ``None`` skips the
     check), arguments without a tool or that are inf or nan, blank instructions (unless the
     step calls its tool directly), and sub-goals at or beyond ``max_depth`` (a node at ``depth``
@@ -212,6 +232,7 @@ def _step_problems(
                     s.id,
                 )
             )
+    out.extend(_reference_problems(s, ids))
     if s.tool is not None and allowed is not None and s.tool not in allowed:
         known = ", ".join(sorted(allowed)) or "none"
         out.append(
@@ -287,6 +308,48 @@ def _has_non_finite(value: Any) -> bool:
     if isinstance(value, list):
         return any(_has_non_finite(v) for v in value)
     return False
+
+
+def step_refs(step: Step, ids: Container[str]) -> set[str]:
+    """Step ids (of ``ids``, the plan's) referenced as ``$id`` in a step's string arguments,
+    including the strings inside list and object arguments (which the executor resolves too)."""
+    refs: set[str] = set()
+    pending: list[Any] = list((step.args or {}).values())
+    while pending:
+        value = pending.pop()
+        if isinstance(value, str):
+            if "$" in value:
+                for token in REF_PATTERN.findall(value):
+                    target = ref_target(token, ids)
+                    if target is not None:
+                        refs.add(target)
+        elif isinstance(value, list):
+            pending.extend(value)
+        elif isinstance(value, dict):
+            pending.extend(value.values())
+    return refs
+
+
+def _reference_problems(s: Step, ids: Container[str]) -> list[PlanProblem]:
+    """``$id`` references in a direct tool call's arguments to steps it does not depend on.
+
+    The executor fills a reference in from the result of a dependency: any other step may not
+    have run yet when this one starts, so its result would not be there.
+    """
+    if s.tool is None or s.args is None:
+        return []  # no direct call: nothing fills references in
+    out: list[PlanProblem] = []
+    for ref in sorted(step_refs(s, ids) - set(s.depends_on)):
+        if ref == s.id:
+            # "depend on it" would be a self-dependency, which is refused too
+            message = (
+                f"step {s.id!r} uses ${ref}, its own result, which does not exist before it "
+                "runs: refer to a step it depends on"
+            )
+        else:
+            message = f"step {s.id!r} uses ${ref} but does not depend on {ref!r}"
+        out.append(PlanProblem("bad_reference", message, s.id))
+    return out
 
 
 def _cycle_problems(plan: Plan) -> list[PlanProblem]:
