@@ -372,6 +372,23 @@ def test_validate_refuses_a_reference_to_a_step_it_does_not_depend_on(tmp_path: 
     assert "plan is valid" not in result.output
 
 
+def test_validate_names_a_cycle_by_links_the_plan_has(tmp_path: Path) -> None:
+    plan = tmp_path / "cyc3.yaml"
+    plan.write_text(
+        "goal: g\nsteps:\n"
+        "- {id: a, title: a, instruction: a, depends_on: [d]}\n"
+        "- {id: b, title: b, instruction: b, depends_on: [a]}\n"
+        "- {id: c, title: c, instruction: c, depends_on: [a]}\n"
+        "- {id: d, title: d, instruction: d, depends_on: [b, c]}\n"
+    )
+    result = runner.invoke(app, ["validate", str(plan)], env={"COLUMNS": "200"})
+    assert result.exit_code == 1, result.output
+    text = " ".join(result.output.split())
+    # b does not depend on c (nor c on b): the old message said "a -> b -> c -> d -> a"
+    assert "problem: dependency cycle among steps: a -> b -> d -> a" in text
+    assert "b -> c" not in text
+
+
 @pytest.mark.parametrize("command", [["validate"], ["run", "--goal-file"]])
 def test_a_plan_or_goal_file_too_large_or_without_end_is_refused_not_read_forever(
     command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,45 @@ def test_a_reference_to_a_step_it_does_not_depend_on_is_a_problem() -> None:
         ],
     )
     assert validate_plan(fixed, tools=["add"]) == []
+
+
+def test_a_cycle_is_named_by_its_real_links() -> None:
+    # a needs d, b and c need a, d needs b and c: no link joins b and c. In the message,
+    # "x -> y" means y depends on x (the direction of Plan.graph), as for "a -> b -> a".
+    plan = Plan(
+        goal="g",
+        steps=[step("a", "d"), step("b", "a"), step("c", "a"), step("d", "b", "c")],
+    )
+    problems = validate_plan(plan)
+    assert [(p.code, p.step, str(p)) for p in problems] == [
+        (
+            "cycle",
+            "a",
+            "dependency cycle among steps: a -> b -> d -> a (c is in a cycle with them too)",
+        )
+    ]
+    names = str(problems[0]).split(": ", 1)[1].split(" (")[0].split(" -> ")
+    needs = {s.id: set(s.depends_on) for s in plan.steps}
+    assert all(before in needs[after] for before, after in pairwise(names))
+
+
+def test_each_cycle_is_a_path_through_real_dependencies() -> None:
+    # Two separate cycles; the longer one has a shortcut, so the cycle named is the short one.
+    plan = Plan(
+        goal="g",
+        steps=[
+            step("p", "s"),
+            step("q", "p"),
+            step("r", "q"),
+            step("s", "r", "p"),
+            step("x", "y"),
+            step("y", "x"),
+        ],
+    )
+    assert [str(p) for p in validate_plan(plan)] == [
+        "dependency cycle among steps: p -> s -> p (q, r are in a cycle with them too)",
+        "dependency cycle among steps: x -> y -> x",
+    ]
 
 
 def test_empty_plan_and_tool_allowlist_on_steps() -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -357,14 +357,45 @@ def _cycle_problems(plan: Plan) -> list[PlanProblem]:
         return []  # no edge between two steps, no cycle: skip building the graph
     graph = plan.graph()
     graph.remove_edges_from(list(nx.selfloop_edges(graph)))  # reported as self_dependency
+    order = {s.id: i for i, s in enumerate(plan.steps)}
     out: list[PlanProblem] = []
     for component in nx.strongly_connected_components(graph):
         if len(component) > 1:
-            order = {s.id: i for i, s in enumerate(plan.steps)}
-            members = sorted(component, key=lambda x: order.get(x, 0))
-            cycle = " -> ".join([*members, members[0]])
-            out.append(PlanProblem("cycle", f"dependency cycle among steps: {cycle}", members[0]))
+            start = min(component, key=order.__getitem__)
+            path = _shortest_cycle(graph, start, component, order)
+            # Arrows as in Plan.graph: "x -> y" means y depends on x.
+            message = f"dependency cycle among steps: {' -> '.join(path)}"
+            # One cycle is named, but every step of the component is on some cycle: name the
+            # others too, so that breaking the one named is not taken for the whole fix.
+            others = sorted(component - set(path), key=order.__getitem__)
+            if others:
+                verb = "is" if len(others) == 1 else "are"
+                message += f" ({', '.join(others)} {verb} in a cycle with them too)"
+            out.append(PlanProblem("cycle", message, start))
     return sorted(out, key=lambda p: p.message)
+
+
+def _shortest_cycle(
+    graph: nx.DiGraph[str], start: str, component: set[str], order: Mapping[str, int]
+) -> list[str]:
+    """The shortest cycle from ``start`` back to it inside ``component`` (a strongly connected
+    component of ``graph`` holding ``start``), as step ids beginning and ending with ``start``;
+    ties go to the steps first in plan order, so the same plan always names the same cycle."""
+    parent: dict[str, str] = {}
+    queue: deque[str] = deque([start])
+    while queue:
+        node = queue.popleft()
+        for nxt in sorted(graph.successors(node), key=order.__getitem__):
+            if nxt == start:
+                path = [node]
+                while path[-1] != start:
+                    path.append(parent[path[-1]])
+                return [*reversed(path), start]
+            if nxt in component and nxt not in parent:
+                parent[nxt] = node
+                queue.append(nxt)
+    # Every step of a strongly connected component reaches every other one.
+    raise AssertionError(f"no cycle through {start!r} in its strongly connected component")
 
 
 def topological_order(plan: Plan) -> list[str]:
