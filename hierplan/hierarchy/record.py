@@ -7,7 +7,6 @@ per phase when asked. ``RunResult.load`` reads a ``run.json`` back, validated by
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import os
@@ -465,16 +464,16 @@ def new_directory(parent: Path, stem: str, what: str) -> Path:
     their own default output directory (``runs/<time>``) instead of one refusing the other.
     Making the directory is what claims the name, so two processes cannot both take it."""
     make_directory(parent, what)
-    for n in itertools.count(1):
-        path = parent / (stem if n == 1 else f"{stem}-{n}")
+    path, n = parent / stem, 1
+    while True:
         try:
             path.mkdir()
+            return path
         except FileExistsError:
-            continue
+            n += 1
+            path = parent / f"{stem}-{n}"
         except OSError as exc:
             raise UserInputError(f"cannot create {what} {path}: {exc.strerror or exc}") from None
-        return path
-    raise AssertionError("unreachable")  # itertools.count never ends
 
 
 def write_atomic(path: Path, text: str) -> None:
