@@ -134,7 +134,10 @@ async def run_dag(
         nonlocal running
         while ready and not stopping and (max_running is None or running < max_running):
             running += 1
-            tg.start_soon(run_one, ready.popleft())
+            step = ready.popleft()
+            # The step's id names the task: anyio would otherwise build the same long
+            # qualified name anew for every one of (possibly 100,000) tasks.
+            tg.start_soon(run_one, step, name=step.id)
 
     async def run_one(step: Step) -> None:
         nonlocal stopping, running
