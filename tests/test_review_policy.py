@@ -153,6 +153,44 @@ def test_policy_selects_plans() -> None:
     assert not usd.wants(_ctx(step=_sub(0.9), budget={"usd_limit": 0.01}))
 
 
+def test_a_token_estimate_counts_as_dollars_at_the_dearest_price_for_a_usd_policy() -> None:
+    usd = ReviewPolicy("usd", 0.005)
+    priced = dataclasses.replace(_ctx(step=_sub(tokens=2000)), usd_per_token=2e-6)
+    assert subgoal_budget(priced, "usd") == pytest.approx(0.004) and not usd.wants(priced)
+    assert usd.wants(dataclasses.replace(priced, step=_sub(tokens=3000)))
+    # A dollar estimate is taken as given; without a price the tokens say nothing in dollars.
+    assert subgoal_budget(dataclasses.replace(priced, step=_sub(0.5, 10)), "usd") == 0.5
+    assert subgoal_budget(_ctx(step=_sub(tokens=10)), "usd") is None
+    assert subgoal_budget(priced, "tokens") == 2000
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("price_out", "reviewed"), [(2.0, ["1", "1.3"]), (None, ["1", "1.1", "1.2", "1.3"])]
+)
+async def test_a_usd_policy_without_a_run_budget_reviews_the_sub_goals_estimated_above_it(
+    price_out: float | None, reviewed: list[str]
+) -> None:
+    """Sub-goals estimated at 1,000, 2,000 and 3,000 tokens; at $2 per million output tokens
+    only the last is over $0.005. Without prices every sub-goal's cost is unknown."""
+    seen: list[str] = []
+
+    async def reviewer(plan: Plan, ctx: GateContext) -> Approve:
+        seen.append(ctx.path)
+        return Approve(by="person")
+
+    result = await hierplan.run(
+        ROOT_GOAL,
+        model=fanout_planner(3),
+        tools=[recording_tool([])],
+        approver=PolicyApprover(CallbackApprover(reviewer), "usd>0.005"),
+        price_in=None if price_out is None else 0.25,
+        price_out=price_out,
+    )
+    assert result.status == "succeeded", result.error
+    assert sorted(seen) == reviewed
+
+
 @pytest.mark.anyio
 async def test_policy_approver_names_the_policy() -> None:
     seen: list[str] = []

@@ -86,6 +86,9 @@ class GateContext:
     refused: list[RefusedEdit] = field(default_factory=list)
     simulated: bool = False
     """Whether the plan came from the offline simulator (a reviewer is told so)."""
+    usd_per_token: float | None = None
+    """The dearest USD price of one token among the run's models (``None`` when one has no
+    price): what reads a planner's token estimate as dollars."""
 
     @property
     def is_root(self) -> bool:

@@ -68,7 +68,22 @@ def _gate_context(
         budget=node.record.budget,
         step=node.step,
         simulated=node.run.planner_model.simulated,
+        usd_per_token=_dearest_token_price(node),
     )
+
+
+def _dearest_token_price(node: NodeContext) -> float | None:
+    """USD per token at the dearest rate (input or output) of the run's models, or ``None``
+    when one of them has no price. Dearest, so that a token estimate read as dollars errs
+    towards review."""
+    run = node.run
+    rates = 0.0
+    for model in (run.planner_model, run.executor_model):
+        price = run.pricing.lookup(model.priced_as)
+        if price is None:
+            return None
+        rates = max(rates, price.input_per_mtok, price.output_per_mtok)
+    return rates / 1e6
 
 
 def _plan_before(node: NodeContext, version: PlanVersion) -> Plan | None:

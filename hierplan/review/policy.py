@@ -26,8 +26,9 @@ class ReviewPolicy:
     ``root``: the root plan (and its replans). ``all``: every plan at every level. ``usd>X`` or
     ``tokens>N``: the root plan and every sub-goal whose budget exceeds the threshold. A
     sub-goal's budget is its node's allocated budget when a budget instrument set one, else the
-    planner's estimate on its step (``estimate_usd``, ``estimate_tokens``). A sub-goal whose
-    budget is unknown is reviewed: an unknown cost is not known to be small.
+    planner's estimate on its step (``estimate_usd``, ``estimate_tokens``); for ``usd>X``, an
+    estimate in tokens only is read at the dearest per-token price of the run's models. A
+    sub-goal whose budget is unknown is reviewed: an unknown cost is not known to be small.
     """
 
     scope: PolicyScope = "root"
@@ -96,10 +97,16 @@ def subgoal_budget(ctx: GateContext, unit: Literal["usd", "tokens"]) -> float | 
     allocated = _allocated(ctx.budget, unit)
     if allocated is not None:
         return allocated
-    if ctx.step is None:
+    step = ctx.step
+    if step is None:
         return None
-    estimate = ctx.step.estimate_usd if unit == "usd" else ctx.step.estimate_tokens
-    return None if estimate is None else float(estimate)
+    if unit == "tokens":
+        return None if step.estimate_tokens is None else float(step.estimate_tokens)
+    if step.estimate_usd is not None:
+        return float(step.estimate_usd)
+    if step.estimate_tokens is not None and ctx.usd_per_token is not None:
+        return step.estimate_tokens * ctx.usd_per_token
+    return None
 
 
 def _allocated(budget: dict[str, Any] | None, unit: str) -> float | None:
