@@ -60,5 +60,6 @@ def provider_options(base_url: str | None, timeout: float | None) -> dict[str, A
 
 
 def is_simulated(model: str) -> bool:
-    """Whether the model string names the offline simulator."""
-    return model.strip().lower().startswith("sim")
+    """Whether the model string names the offline simulator (``sim`` or ``sim:<priced-as>``),
+    by the same reading of its provider as a run (``simple:x`` is no model, not the simulator)."""
+    return model.partition(":")[0].strip().lower() == "sim"

@@ -123,6 +123,24 @@ def test_base_url_and_timeout_are_refused_for_the_simulator() -> None:
     assert "--base-url and --timeout apply to real models" in result.output
 
 
+@pytest.mark.parametrize("model", ["simple:gpt-5", "simulator"])
+def test_a_model_that_only_starts_like_sim_is_an_unknown_model_not_the_simulator(
+    model: str, tmp_path: Path
+) -> None:
+    """The simulator is ``sim`` or ``sim:<priced-as>``; a look-alike gets the unknown-model
+    message (it was told that --base-url does not apply to the simulator)."""
+    result = runner.invoke(
+        app,
+        [
+            *("run", "a goal", "--model", model, "--base-url", "http://127.0.0.1:9"),
+            *("--yes", "--out", str(tmp_path / "run")),
+        ],
+    )
+    assert result.exit_code == 2, result.output
+    assert f"unknown model {model!r}" in result.output
+    assert "apply to real models" not in result.output
+
+
 def test_the_cli_runs_over_the_wire_with_its_options(
     migration: ScenarioEnv, tmp_path: Path
 ) -> None:
