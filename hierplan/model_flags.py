@@ -1,8 +1,10 @@
 """The model flags ``hierplan run`` and ``hierplan batch`` share: ``--base-url``, ``--timeout``,
-``--price-in`` and ``--price-out``, defined once so both commands take them alike."""
+``--price-in`` and ``--price-out``, defined once so both commands take them alike; and the
+reading of an ``--out`` directory, which every command that writes one shares."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
@@ -63,3 +65,14 @@ def is_simulated(model: str) -> bool:
     """Whether the model string names the offline simulator (``sim`` or ``sim:<priced-as>``),
     by the same reading of its provider as a run (``simple:x`` is no model, not the simulator)."""
     return model.partition(":")[0].strip().lower() == "sim"
+
+
+def out_directory(text: str | Path) -> Path:
+    """An ``--out`` value as a path; an empty one is refused. Read as it stands, ``""`` would
+    be the current directory: what an unset shell variable (``--out "$DIR"``) gives, and
+    never a place to write a run's files by surprise. (A command's default comes as a path.)"""
+    if isinstance(text, Path):
+        return text
+    if not text.strip():
+        raise typer.BadParameter("is empty: give a directory (or leave --out out for the default)")
+    return Path(text)

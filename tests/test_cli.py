@@ -753,3 +753,20 @@ def test_runs_started_in_the_same_second_get_a_directory_each(
     runs = sorted(p.name for p in (tmp_path / "runs").iterdir() if p.name != "scenarios")
     assert runs == ["20261204-120000", "20261204-120000-2"]
     assert all((tmp_path / "runs" / name / "run.json").is_file() for name in runs)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["run", "a goal", "--yes"], ["demo"], ["batch", "goals.jsonl"], ["bench"]],
+)
+def test_an_empty_out_is_refused_and_nothing_is_written_here(
+    command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--out "$DIR"`` with DIR unset: read as the current directory it would put a run's
+    files where the command was typed."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "goals.jsonl").write_text('{"goal": "g"}\n')
+    result = runner.invoke(app, [*command, "--out", " "])
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--out' / '-o': is empty: give a directory" in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["goals.jsonl"]
