@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Sequence
 from contextlib import closing
 from pathlib import Path
 
 import pytest
 
 import hierplan
+from hierplan.scenarios import get_scenario
+from hierplan.scenarios.data_migration import STATS_FILE
 from hierplan.scenarios.data_migration.database import ROWS
-from hierplan.scenarios.data_migration.tools import table_checksum
+from hierplan.scenarios.data_migration.tools import Databases, table_checksum
 
 
 def _tables(path: Path) -> dict[str, tuple[int, str]]:
@@ -43,3 +46,39 @@ async def test_demo_migrates_every_row(tmp_path: Path) -> None:
     assert record["totals"]["cost_usd"] == pytest.approx(
         sum(level["cost_usd"] for level in record["levels"])
     )
+
+
+async def _copy_one_table(db: Databases, tools: Sequence[hierplan.Tool]) -> int:
+    """Create and copy the first table that has no parent; the rows it copied."""
+    by_name = {t.name: t for t in tools}
+    with closing(db.read()) as conn:
+        table = next(
+            t for t in db.tables if not conn.execute(f'PRAGMA foreign_key_list("{t}")').fetchall()
+        )
+    await by_name["create_table"].call({"table": table})
+    copied: int = (await by_name["copy_rows"].call({"table": table}))["rows"]
+    return copied
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("saved", [None, "{not json", '{"rows_copied": NaN}', "[1, 2]"])
+async def test_the_copy_counters_survive_a_reopen_and_start_again_with_a_new_target(
+    tmp_path: Path, saved: str | None
+) -> None:
+    """A run resumed in another process reopens the scenario: its counters go on from the
+    paused part's; a new run (setup) starts them from zero, as it does the target. A counters
+    file that is not one the scenario wrote counts as none."""
+    scenario = get_scenario("data_migration")
+    env = scenario.setup(tmp_path)
+    if saved is not None:
+        (tmp_path / STATS_FILE).write_text(saved)
+        env = scenario.reopen(tmp_path)
+    db: Databases = env.info["databases"]
+    assert db.stats.rows_copied == 0
+    copied = await _copy_one_table(db, env.tools)
+    assert copied > 0 and db.stats.rows_copied == copied
+    reopened: Databases = scenario.reopen(tmp_path).info["databases"]
+    assert reopened.stats.rows_copied == copied and reopened.stats.peak_copies == 1
+    assert reopened.stats.busy_seconds == db.stats.busy_seconds > 0
+    fresh: Databases = scenario.setup(tmp_path).info["databases"]
+    assert fresh.stats.rows_copied == 0 and not (tmp_path / STATS_FILE).exists()

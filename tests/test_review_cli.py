@@ -27,6 +27,7 @@ from hierplan.cli import app
 from hierplan.dirlock import RUN_LOCK, lock_directory
 from hierplan.hierarchy.pause import CHECKPOINT_FILE, PENDING_DIR, RESUMING_FILE
 from hierplan.review import PauseForReview
+from hierplan.scenarios.data_migration.database import ROWS
 
 __all__ = ["source_db"]
 
@@ -353,6 +354,8 @@ def test_budget_threshold_pauses_only_for_costly_subgoals(tmp_path: Path, source
     }
     assert auto == {"schema", "copy_customers", "copy_catalog", "indexes"}  # 4,000 each
     assert data["verification"]["ok"]
+    # Copies ran in three of the five processes; the counters add up over all of them.
+    assert data["verification"]["details"]["rows_copied"] == sum(ROWS.values())
 
 
 def test_a_new_run_in_the_directory_forgets_the_paused_one_once_its_checkpoint_is_deleted(

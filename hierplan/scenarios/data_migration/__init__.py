@@ -15,7 +15,15 @@ from pathlib import Path
 from hierplan.scenarios.base import Scenario, ScenarioEnv, Verification
 from hierplan.scenarios.data_migration.database import build_source, is_built
 from hierplan.scenarios.data_migration.oracle import ROOT_GOAL, MigrationOracle
-from hierplan.scenarios.data_migration.tools import Databases, make_tools, verify
+from hierplan.scenarios.data_migration.tools import (
+    Databases,
+    MigrationStats,
+    make_tools,
+    verify,
+)
+
+STATS_FILE = "migration_stats.json"
+"""The migration's counters in its run directory, kept over a pause."""
 
 
 class DataMigration(Scenario):
@@ -29,6 +37,7 @@ class DataMigration(Scenario):
         target = workdir / "target.db"
         for suffix in ("", "-wal", "-shm"):
             Path(f"{target}{suffix}").unlink(missing_ok=True)
+        (workdir / STATS_FILE).unlink(missing_ok=True)  # the counters of that target
         return self.reopen(workdir, seed=seed)
 
     def replaced_files(self, workdir: Path, *, seed: int = 0) -> list[Path]:
@@ -41,10 +50,11 @@ class DataMigration(Scenario):
         return replaced
 
     def reopen(self, workdir: Path, *, seed: int = 0) -> ScenarioEnv:
-        """The source and the target as they are: what a paused run has migrated stays."""
+        """The source and the target as they are: what a paused run has migrated stays, and
+        so do its counters (rows copied, copy time)."""
         source = build_source(workdir / "source.db", seed=0)
         target = workdir / "target.db"
-        db = Databases(source, target)
+        db = Databases(source, target, MigrationStats.load(workdir / STATS_FILE))
         with closing(db.read()) as conn:
             parents = {
                 t: [r[2] for r in conn.execute(f'PRAGMA foreign_key_list("{t}")').fetchall()]

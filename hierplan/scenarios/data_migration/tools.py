@@ -11,6 +11,9 @@ batch.
 from __future__ import annotations
 
 import hashlib
+import json
+import math
+import os
 import sqlite3
 import threading
 import time
@@ -27,9 +30,17 @@ BUSY_TIMEOUT_MS = 60_000
 MAX_BATCH = 50_000
 
 
+_SAVED = ("rows_copied", "copy_seconds", "peak_copies", "busy_seconds")
+
+
 @dataclass
 class MigrationStats:
-    """Counters the demo reports: rows copied, copy time, peak concurrent copies."""
+    """Counters the demo reports: rows copied, copy time, peak concurrent copies.
+
+    With a ``path``, the counters are saved there after every copy and :meth:`load` reads them
+    back, so that a run paused for review and resumed in another process reports the whole
+    migration, not the part after the pause.
+    """
 
     rows_copied: int = 0
     copy_seconds: float = 0.0
@@ -38,6 +49,36 @@ class MigrationStats:
     busy_seconds: float = 0.0
     _busy_since: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    path: Path | None = None
+
+    @classmethod
+    def load(cls, path: Path) -> MigrationStats:
+        """The counters saved at ``path``; zero when there are none (a new migration) or the
+        file is not one this class wrote (they are figures to report, not data to keep)."""
+        try:
+            saved = json.loads(path.read_text())
+            values = {k: saved[k] for k in _SAVED}
+        except (OSError, ValueError, TypeError, KeyError):
+            return cls(path=path)
+        if not all(_count(v) for v in values.values()):
+            return cls(path=path)
+        return cls(
+            rows_copied=int(values["rows_copied"]),
+            copy_seconds=float(values["copy_seconds"]),
+            peak_copies=int(values["peak_copies"]),
+            busy_seconds=float(values["busy_seconds"]),
+            path=path,
+        )
+
+    def _save(self) -> None:
+        # Under the lock, by the copy that just ended. No fsync: losing the counters of the
+        # last copy in a power cut costs a figure in a report, and a copy should not wait on
+        # the disk for it.
+        if self.path is None:
+            return
+        temporary = self.path.with_name(f".{self.path.name}.tmp")
+        temporary.write_text(json.dumps({k: getattr(self, k) for k in _SAVED}))
+        os.replace(temporary, self.path)
 
     def start_copy(self) -> None:
         """A copy started."""
@@ -55,6 +96,7 @@ class MigrationStats:
             self.copy_seconds += seconds
             if self.active_copies == 0:
                 self.busy_seconds += time.perf_counter() - self._busy_since
+            self._save()
 
     @property
     def rows_per_second(self) -> float:
@@ -62,13 +104,23 @@ class MigrationStats:
         return self.rows_copied / self.busy_seconds if self.busy_seconds > 0 else 0.0
 
 
+def _count(value: object) -> bool:
+    """Whether ``value`` is a saved counter: a finite number, not negative (JSON reads NaN)."""
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    )
+
+
 class Databases:
     """The source and target database files, and safe access to them."""
 
-    def __init__(self, source: Path, target: Path) -> None:
+    def __init__(self, source: Path, target: Path, stats: MigrationStats | None = None) -> None:
         self.source = source
         self.target = target
-        self.stats = MigrationStats()
+        self.stats = MigrationStats() if stats is None else stats
         with closing(self.read()) as conn:
             rows = conn.execute(
                 "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' "
