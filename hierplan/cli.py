@@ -57,7 +57,7 @@ from hierplan.model_flags import (
     PriceOutOpt,
     TimeoutOpt,
     is_simulated,
-    out_directory,
+    out_option,
     provider_options,
 )
 from hierplan.review.console import editor_open, reviewer_name
@@ -159,16 +159,7 @@ MaxDepthOpt = Annotated[int, typer.Option("--max-depth", min=1, max=10, help="De
 ConcurrencyOpt = Annotated[
     int, typer.Option("--concurrency", "-c", min=1, help="Executor steps at once.")
 ]
-RunOutOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--out",
-        "-o",
-        parser=out_directory,
-        metavar="DIR",
-        help="Run directory (default runs/<time>).",
-    ),
-]
+RunOutOpt = Annotated[Path | None, out_option("Run directory (default runs/<time>).")]
 OverwriteOpt = Annotated[
     bool,
     typer.Option(
@@ -663,10 +654,7 @@ def _check_choices(strategy: str, sim_profile: str) -> None:
 
 @app.command("demo")
 def demo_command(
-    out: Annotated[
-        Path,
-        typer.Option("--out", "-o", parser=out_directory, metavar="DIR", help="Run directory."),
-    ] = DEMO_OUT,
+    out: Annotated[Path, out_option("Run directory.")] = DEMO_OUT,
     strategy: StrategyOpt = "hierarchical",
     seed: SeedOpt = 0,
     sim_profile: ProfileOpt = "typical",

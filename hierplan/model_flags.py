@@ -76,3 +76,9 @@ def out_directory(text: str | Path) -> Path:
     if not text.strip():
         raise typer.BadParameter("is empty: give a directory (or leave --out out for the default)")
     return Path(text)
+
+
+def out_option(help_text: str) -> Any:
+    """The ``--out``/``-o`` option of a command that writes a directory (``help_text`` says
+    which), read by :func:`out_directory`."""
+    return typer.Option("--out", "-o", parser=out_directory, metavar="DIR", help=help_text)

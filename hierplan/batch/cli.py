@@ -34,7 +34,7 @@ from hierplan.model_flags import (
     PriceOutOpt,
     TimeoutOpt,
     check_base_url,
-    out_directory,
+    out_option,
 )
 from hierplan.tracing.setup import (
     TRACE_HELP,
@@ -71,16 +71,7 @@ def _pico(usd: float | None) -> int | None:
 
 
 GoalsArg = Annotated[Path, typer.Argument(help="The goals file: one JSON object per line.")]
-OutOpt = Annotated[
-    Path,
-    typer.Option(
-        "--out",
-        "-o",
-        parser=out_directory,
-        metavar="DIR",
-        help="The batch's directory (journal, run records).",
-    ),
-]
+OutOpt = Annotated[Path, out_option("The batch's directory (journal, run records).")]
 BudgetUsdOpt = Annotated[
     float | None, typer.Option("--budget-usd", min=0.0, help="The whole batch's budget in USD.")
 ]

@@ -44,7 +44,7 @@ from hierplan.errors import HierplanError, UserInputError
 from hierplan.goals import settings_from_assignments
 from hierplan.hierarchy.context import STRATEGY_NAMES
 from hierplan.hierarchy.record import new_directory, write_atomic
-from hierplan.model_flags import BaseUrlOpt, TimeoutOpt, out_directory
+from hierplan.model_flags import BaseUrlOpt, TimeoutOpt, out_option
 
 # CLI flag -> NoiseProfile field, for the explicit simulator parameters.
 NOISE_FLAGS: Mapping[str, str] = MappingProxyType(
@@ -110,16 +110,7 @@ ModelOpt = Annotated[
     ),
 ]
 ConcurrencyOpt = Annotated[int, typer.Option("--concurrency", "-c", help="Runs at once.")]
-OutOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--out",
-        "-o",
-        parser=out_directory,
-        metavar="DIR",
-        help="Output directory (default runs/bench-<time>).",
-    ),
-]
+OutOpt = Annotated[Path | None, out_option("Output directory (default runs/bench-<time>).")]
 ResumeOpt = Annotated[
     bool, typer.Option("--resume", help="Continue the benchmark already in --out.")
 ]
