@@ -8,6 +8,7 @@ the run paused for a plan review (continue it with ``hierplan resume``); 130 whe
 
 from __future__ import annotations
 
+import json
 import math
 import shlex
 import signal
@@ -117,6 +118,8 @@ def _root(
 
 
 DEMO_OUT = Path("runs/demo")
+# The scenario the demo runs; a run.json of any other run is not the demo's to replace.
+DEMO_SCENARIO = "data_migration"
 # The typical profile models a hosted model's speed (10 ms per output token); the demo runs it at a
 # quarter of that so a first look takes seconds, not a minute. --sim-latency-scale 1 restores it.
 DEMO_LATENCY_SCALE = 0.25
@@ -310,6 +313,25 @@ def _refuse_earlier_run(run_dir: Path, scenario: str | None) -> None:
             f"{run_dir} holds an earlier run ({names}) that this run would replace: give "
             "--overwrite to replace it, or give this run another --out"
         )
+
+
+def _refuse_other_record(run_dir: Path) -> None:
+    """Refuse a demo in a directory whose ``run.json`` is not a data-migration run's record
+    (a ``hierplan run`` of another goal, or no record at all): the demo replaces only its
+    own kind of output."""
+    path = run_dir / "run.json"
+    if not path.is_file():
+        return
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        record = None
+    if isinstance(record, dict) and record.get("scenario") == DEMO_SCENARIO:
+        return
+    _fail(
+        f"{path} is not the record of a demo (or another data-migration run), and the demo "
+        "would replace it: give the demo another --out, or move that file away"
+    )
 
 
 def _exit_code(result: RunResult, stop: StopSignal) -> int:
@@ -686,6 +708,7 @@ def demo_command(
         _fail(str(exc))
     with _holding(out, otherwise=", or give this demo another --out"):
         _refuse_paused_run(out)
+        _refuse_other_record(out)
         console.print(
             "[bold]hierplan demo[/]: migrate a 14-table SQLite shop database (~290k rows) into a "
             "new one. Planning runs on the offline simulator: [bold yellow]SIMULATED[/] model "
@@ -696,7 +719,7 @@ def demo_command(
             console,
             out,
             setup,
-            scenario="data_migration",
+            scenario=DEMO_SCENARIO,
             settings=RunSettings.model_validate({"strategy": strategy, "seed": seed}),
             sim_profile=sim_profile,
             sim_latency_scale=sim_latency_scale,

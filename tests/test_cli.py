@@ -437,8 +437,12 @@ def test_version_prints_the_installed_distributions_version() -> None:
 
 
 def test_demo_in_a_subprocess(tmp_path: Path) -> None:
+    # What an earlier demo left (its record, reduced to what says whose it is) is replaced.
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "run.json").write_text('{"scenario": "data_migration"}')
     proc = hierplan("demo", "--out", str(tmp_path / "demo"), *FAST, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "demo" / "run.json").read_text())["status"] == "succeeded"
     assert "verified: 14/14 tables match the source" in proc.stdout
     assert "peak leaves running at once" in proc.stdout
 
@@ -770,3 +774,16 @@ def test_an_empty_out_is_refused_and_nothing_is_written_here(
     assert result.exit_code == 2, result.output
     assert "Invalid value for '--out' / '-o': is empty: give a directory" in result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["goals.jsonl"]
+
+
+@pytest.mark.parametrize(
+    "earlier", ['{"goal": "my own goal", "scenario": null}', "not a record", '["a", "list"]']
+)
+def test_the_demo_does_not_replace_the_record_of_another_run(tmp_path: Path, earlier: str) -> None:
+    (tmp_path / "run.json").write_text(earlier)
+    result = runner.invoke(app, ["demo", "-o", str(tmp_path), "--sim-latency-scale", "0"])
+    assert result.exit_code == 2, result.output
+    assert "is not the record of a demo (or another data-migration run)" in result.output
+    assert "give the demo another --out" in result.output
+    assert (tmp_path / "run.json").read_text() == earlier
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
