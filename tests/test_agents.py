@@ -28,6 +28,12 @@ from hierplan.agents.executor import StepResult, resolve_refs
 from hierplan.agents.models.provider import RepeatedKeyError, loads_json
 from hierplan.agents.models.scripted import plan_response, text_response, tool_response
 from hierplan.agents.planner import LLMPlanner, parse_plan_output
+from hierplan.agents.prompts import (
+    StepPrompt,
+    indented_json,
+    parse_step_prompt,
+    render_step_prompt,
+)
 from hierplan.errors import PlanParseError
 
 pytestmark = pytest.mark.anyio
@@ -130,6 +136,22 @@ def test_loads_json_reads_what_json_writes_and_refuses_a_repeated_key(value: Any
         with pytest.raises(RepeatedKeyError) as caught:
             loads_json(text)
         assert caught.value.keys == [key]
+
+
+@settings(max_examples=300)
+@given(st.dictionaries(st.text(), st.text()) | json_values)
+def test_a_prompt_json_block_is_what_json_dumps_writes(value: Any) -> None:
+    # Inputs (text by step id) are written item by item; everything else by json.dumps.
+    assert indented_json(value) == json.dumps(value, indent=1, default=str)
+    assert json.loads(indented_json(value)) == value
+
+
+def test_step_inputs_reach_the_executor_prompt_and_read_back() -> None:
+    inputs = {"s1": 'a "quoted"\nline', "s2": "caf\u00e9 \U0001f600", "s-3": ""}
+    rendered = render_step_prompt(StepPrompt("use them", inputs=inputs))
+    assert '"s1": "a \\"quoted\\"\\nline"' in rendered[1].content
+    parsed = parse_step_prompt(rendered)
+    assert parsed is not None and parsed.inputs == inputs
 
 
 def test_a_brace_and_quote_inside_a_string_is_not_taken_for_an_object() -> None:

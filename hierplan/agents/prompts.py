@@ -80,7 +80,22 @@ def one_line(text: str) -> str:
 
 
 def _block(label: str, data: object) -> str:
-    return f"{label}:\n```json\n{json.dumps(data, indent=1, default=str)}\n```"
+    return f"{label}:\n```json\n{indented_json(data)}\n```"
+
+
+def indented_json(data: object) -> str:
+    """``json.dumps(data, indent=1, default=str)``, the text of a prompt's JSON block.
+
+    An executor's inputs (step id to output text, the block every dependent step's prompt
+    has) are written item by item with the C encoder, which ``json.dumps`` uses only without
+    ``indent``: the same text in about half the time.
+    """
+    if type(data) is dict and all(type(k) is str and type(v) is str for k, v in data.items()):
+        if not data:
+            return "{}"
+        dumps = json.dumps
+        return "{\n" + ",\n".join(f" {dumps(k)}: {dumps(v)}" for k, v in data.items()) + "\n}"
+    return json.dumps(data, indent=1, default=str)
 
 
 def render_plan_prompt(p: PlanPrompt, tools: Sequence[ToolSpec]) -> tuple[Message, ...]:
