@@ -426,7 +426,9 @@ class RunBudget:
             b = node.budget
             if b is None:
                 continue
-            row = levels.setdefault(node.depth, _level_row(node.depth, usd))
+            row = levels.get(node.depth)
+            if row is None:
+                row = levels[node.depth] = _level_row(node.depth, usd)
             row["nodes"] += 1
             row["allocated_tokens"] += b["allocated_tokens"] or 0
             row["spent_tokens"] += b["spent_tokens"]

@@ -124,6 +124,9 @@ class PlanVersion:
     history: list[DecisionRecord] = field(default_factory=list)
 
 
+_NO_USAGE = Usage()
+
+
 @dataclass(slots=True)
 class NodeRecord:
     """One node of the run tree: a planner (it planned) or an executor (it did a step).
@@ -151,7 +154,8 @@ class NodeRecord:
     step_id: str | None = None
     tool: str | None = None
     status: NodeStatus = "pending"
-    usage: Usage = field(default_factory=Usage)
+    # One shared zero (Usage is frozen; add_call replaces it): not a new one per node.
+    usage: Usage = _NO_USAGE
     cost_usd: float = 0.0
     planning_cost_usd: float = 0.0
     execution_cost_usd: float = 0.0
