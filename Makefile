@@ -62,10 +62,13 @@ $(BENCH_STAMP): pyproject.toml $(DEV_STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	touch $@
 
-## bench: the performance benchmarks (overhead against anyio and LangGraph, makespan, 100,000
-## leaves, tracing cost); writes benchmarks/results/*.json and the tables of benchmarks/README.md
+## bench: the performance benchmarks (overhead against anyio and LangGraph, in time and, with
+## valgrind, in instructions; makespan, 100,000 leaves, tracing cost); writes
+## benchmarks/results/*.json and the tables of benchmarks/README.md
 bench: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/overhead.py
+	@if command -v valgrind >/dev/null; then $(BIN)/python benchmarks/instructions.py; \
+	else echo "benchmarks/instructions.py not run: valgrind is not installed (apt-get install valgrind)"; fi
 	$(BIN)/python benchmarks/makespan.py
 	$(BIN)/python benchmarks/scale.py
 	$(BIN)/python benchmarks/tracing.py

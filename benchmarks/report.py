@@ -22,7 +22,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 START, END = "<!-- results:start -->", "<!-- results:end -->"
-NAMES = ("overhead", "makespan", "scale", "tracing")
+NAMES = ("overhead", "instructions", "makespan", "scale", "tracing")
 Data = dict[str, Any] | None
 
 
@@ -234,8 +234,31 @@ def tracing(before: Data, now: Data) -> str:
     )
 
 
+def instructions(before: Data, now: Data) -> str:
+    """Instructions per leaf of each implementation, and their ratios, before and now."""
+    rows = []
+    for impl in ("hierplan", "anyio", "langgraph"):
+        cells = [
+            fmt(_row(d, impl, (d or {}).get("leaves", 0)).get("per_leaf")) for d in (before, now)
+        ]
+        rows.append([impl, *cells])
+    for label, key in (
+        ("hierplan / anyio", "hierplan_over_anyio"),
+        ("LangGraph / hierplan", "langgraph_over_hierplan"),
+    ):
+        rows.append([label, *[fmt((d or {}).get("ratios", {}).get(key), 2) for d in (before, now)]])
+    leaves = (now or before or {}).get("leaves", 1000)
+    return (
+        f"### instructions\n\nThe overhead workload at {leaves:,} leaves, counted in CPU "
+        "instructions per leaf under valgrind (the same on a loaded machine as on an idle one). "
+        "Targets as for overhead: hierplan / anyio ≤ 1.5; LangGraph / hierplan ≥ 10.\n\n"
+        + grid(["", "instructions/leaf before", "now"], rows)
+    )
+
+
 SECTIONS: dict[str, Callable[[Data, Data], str]] = {
     "overhead": overhead,
+    "instructions": instructions,
     "makespan": makespan,
     "scale": scale,
     "tracing": tracing,

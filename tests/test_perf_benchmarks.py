@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -148,8 +151,8 @@ def test_the_report_writes_tables_between_the_markers_and_keeps_the_prose(
     text = readme.read_text()
     assert text.startswith("# Prose\n") and text.endswith("After.\n") and "old" not in text
     assert "### overhead" in text and "| 20 | hierplan | — |" in text
-    assert text.count("before: not run") == 4  # no baseline in this folder
-    assert text.count("now: not run") == 3  # only overhead was run
+    assert text.count("before: not run") == 5  # no baseline in this folder
+    assert text.count("now: not run") == 4  # only overhead was run
     readme.write_text("no markers")
     with pytest.raises(SystemExit, match="markers"):
         report.main(["--results", str(results), "--readme", str(readme)])
@@ -194,3 +197,45 @@ def test_the_collector_statistics_time_each_sides_own_passes() -> None:
         assert row["full_passes"] == row["passes"][2]
     # A run allocates thousands of objects: the youngest generation is collected during it.
     assert rows[0]["passes"][0] > 0
+
+
+def _valgrind_or_skip() -> None:
+    # Under CI valgrind is installed (.ci/run): a missing one fails the test there.
+    if shutil.which("valgrind") is None and not os.environ.get("CI"):
+        pytest.skip("valgrind is not installed (apt-get install valgrind)")
+
+
+def test_instruction_counts_cover_the_measured_run_of_each_implementation() -> None:
+    _valgrind_or_skip()
+    instructions = _load("instructions")
+    small = instructions.main(["--leaves", "10", "--impls", "hierplan,anyio", "--no-out"])
+    rows = {r["impl"]: r for r in small["rows"]}
+    assert set(rows) == {"hierplan", "anyio"}
+    assert all(r["leaves_completed"] == 10 and r["instructions"] > 0 for r in rows.values())
+    assert small["ratios"]["hierplan_over_anyio"] == pytest.approx(
+        rows["hierplan"]["per_leaf"] / rows["anyio"]["per_leaf"]
+    )
+    assert small["ratios"]["langgraph_over_hierplan"] is None
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    assert small["hierplan_measured"]["commit"] == (head.stdout.strip() or None)
+    # Imports and the warm-up are outside the count: importing hierplan alone executes over
+    # 2,000 million instructions, ten sleeping tasks a few million.
+    assert rows["anyio"]["instructions"] < 200_000_000
+
+
+def test_instruction_dumps_are_read_in_the_order_callgrind_numbers_them(tmp_path: Path) -> None:
+    instructions = _load("instructions")
+    for number, total in ((1, 500), (2, 70), (10, 9)):
+        (tmp_path / f"cg.out.{number}").write_text(
+            f"events: Ir\nsummary: {total}\ntotals: {total}\n"
+        )
+    (tmp_path / "cg.out").write_text("totals: 1\n")  # the dump at exit: not a marker's
+    assert instructions._dumped_totals(tmp_path) == [500, 70, 9]
+
+
+def test_instructions_refuses_a_tree_without_hierplan(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as refused:
+        _load("instructions").main(["--tree", str(tmp_path), "--no-out"])
+    assert refused.value.code == 2
