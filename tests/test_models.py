@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import hierplan
 from hierplan import FunctionModel, ModelRequest, ModelResponse, ScriptedModel
-from hierplan.agents.models import resolve_model
-from hierplan.agents.models.base import Message, Model, parse_model_string
+from hierplan.agents.models import resolve_model, tokens
+from hierplan.agents.models.base import Message, Model, ToolSpec, parse_model_string
 from hierplan.agents.models.simulated import PROFILES, NoiseProfile, SimulatedModel, perturb_plan
 from hierplan.agents.models.tokens import estimate_request_tokens, estimate_text_tokens
 from hierplan.agents.prompts import PlanPrompt, render_plan_prompt
@@ -70,6 +74,42 @@ def test_token_estimates() -> None:
     assert estimate_text_tokens("abcde") == 2
     assert estimate_text_tokens("abcde数据") == 4  # a token per character outside ASCII
     assert estimate_request_tokens(REQ) == 4 + 2
+
+
+def _uncached_tool_tokens(spec: ToolSpec) -> int:
+    schema = json.dumps(spec.parameters, separators=(",", ":"), sort_keys=True)
+    return 8 + estimate_text_tokens(spec.name + spec.description) + estimate_text_tokens(schema)
+
+
+schemas = st.dictionaries(st.text(max_size=8), st.text(max_size=20) | st.integers(), max_size=5)
+
+
+@settings(max_examples=100)
+@given(st.lists(st.tuples(st.text(min_size=1, max_size=10), st.text(max_size=30), schemas)))
+def test_tool_estimates_are_counted_once_per_spec_and_stay_what_they_were(
+    specs: list[tuple[str, str, dict[str, object]]],
+) -> None:
+    tools = tuple(
+        ToolSpec(name, text, {"type": "object", "properties": p}) for name, text, p in specs
+    )
+    request = ModelRequest(messages=REQ.messages, tools=tools)
+    expected = 4 + 2 + sum(_uncached_tool_tokens(t) for t in tools)
+    assert estimate_request_tokens(request) == expected
+    assert estimate_request_tokens(request) == expected  # the second time from the cache
+    # An equal spec that is another object is counted on its own, and counts the same.
+    copies = tuple(ToolSpec(t.name, t.description, dict(t.parameters)) for t in tools)
+    assert estimate_request_tokens(ModelRequest(messages=REQ.messages, tools=copies)) == expected
+
+
+def test_the_estimate_cache_forgets_everything_when_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tokens, "_ESTIMATES", {})
+    monkeypatch.setattr(tokens, "_ESTIMATES_LIMIT", 3)
+    specs = [ToolSpec(f"t{i}", "d", {"type": "object"}) for i in range(4)]
+    for spec in specs[:3]:
+        estimate_request_tokens(ModelRequest(messages=(), tools=(spec,)))
+    assert len(tokens._ESTIMATES) == 3
+    estimate_request_tokens(ModelRequest(messages=(), tools=(specs[3],)))
+    assert [entry[0] for entry in tokens._ESTIMATES.values()] == [specs[3]]
 
 
 def oracle() -> MigrationOracle:

@@ -18,7 +18,13 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from hierplan.agents.models.base import ModelRequest, ModelResponse, Usage
+from hierplan.agents.models.base import (
+    ModelRequest,
+    ModelResponse,
+    OutputSchema,
+    ToolSpec,
+    Usage,
+)
 
 if TYPE_CHECKING:
     from hierplan.errors import ModelError
@@ -60,6 +66,31 @@ def _schema_tokens(schema: Mapping[str, Any]) -> int:
     return estimate_text_tokens(json.dumps(schema, separators=(",", ":"), sort_keys=True))
 
 
+# The estimates of tool specs and output schemas, by the object's identity. A run sends the same
+# spec objects with every call (a toolbox hands out one tuple per allowlist), and writing each
+# schema out as JSON to count it cost more than the rest of a step's orchestration (about 90 µs
+# a call with ten tools). Each entry keeps its object, so that the id cannot be reused while the
+# entry stands; the cache is emptied when it reaches _ESTIMATES_LIMIT entries. A spec's schema
+# is read once: specs are frozen, and their schemas are not to be changed in place.
+_ESTIMATES: dict[int, tuple[ToolSpec | OutputSchema, int]] = {}
+_ESTIMATES_LIMIT = 4096
+
+
+def _spec_tokens(spec: ToolSpec | OutputSchema) -> int:
+    found = _ESTIMATES.get(id(spec))
+    if found is not None and found[0] is spec:
+        return found[1]
+    if isinstance(spec, ToolSpec):
+        text = estimate_text_tokens(spec.name + spec.description)
+        tokens = TOOL_OVERHEAD_TOKENS + text + _schema_tokens(spec.parameters)
+    else:
+        tokens = TOOL_OVERHEAD_TOKENS + _schema_tokens(spec.schema)
+    if len(_ESTIMATES) >= _ESTIMATES_LIMIT:
+        _ESTIMATES.clear()
+    _ESTIMATES[id(spec)] = (spec, tokens)
+    return tokens
+
+
 def estimate_request_tokens(request: ModelRequest) -> int:
     """Estimated input tokens of a request: messages, tool schemas and output schema."""
     total = 0
@@ -68,10 +99,9 @@ def estimate_request_tokens(request: ModelRequest) -> int:
         for call in message.tool_calls:
             total += estimate_text_tokens(call.name) + _schema_tokens(call.arguments)
     for spec in request.tools:
-        total += TOOL_OVERHEAD_TOKENS + estimate_text_tokens(spec.name + spec.description)
-        total += _schema_tokens(spec.parameters)
+        total += _spec_tokens(spec)
     if request.output_schema is not None:
-        total += TOOL_OVERHEAD_TOKENS + _schema_tokens(request.output_schema.schema)
+        total += _spec_tokens(request.output_schema)
     return total
 
 
