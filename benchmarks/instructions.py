@@ -2,7 +2,7 @@
 change: hierplan against a bare anyio task group and LangGraph, as ratios.
 
     .venv/bin/python benchmarks/instructions.py [--leaves 1000] [--impls hierplan,anyio,langgraph]
-                                                [--tree DIR] [--out DIR | --no-out]
+                                                [--tools 0] [--tree DIR] [--out DIR | --no-out]
 
 The workload is ``overhead.py``'s (a three-level hierplan tree on a zero-latency function
 model, budgets on, tracing off, concurrency not limited; N tasks sleeping 10 ms in one anyio
@@ -16,7 +16,9 @@ the figure is what each implementation's own work costs, per leaf, on any machin
 load. Timings (``overhead.py``) on a shared machine move by tens of percent between runs;
 these counts repeat within a fraction of a percent.
 
-``--tree DIR`` measures the hierplan of another checkout (``DIR`` put first on ``PYTHONPATH``),
+``--tools N`` gives hierplan's executors N tools to choose from (four arguments each; the
+model answers without calling them), which a call's request then carries. ``--tree DIR``
+measures the hierplan of another checkout (``DIR`` put first on ``PYTHONPATH``),
 so that two commits compare without reinstalling. Needs valgrind (``apt-get install
 valgrind``); the counts take a few minutes (valgrind runs a program about 50 times slower).
 """
@@ -46,10 +48,17 @@ MARKER = "os_getppid"  # the C function behind os.getppid(): callgrind dumps bef
 DEFAULT_IMPLS = ("hierplan", "anyio", "langgraph")
 
 
-async def _measured_run(impl: str, leaves: int) -> int:
+async def _measured_run(impl: str, leaves: int, tools: int) -> int:
     """Warm up, then run ``leaves`` leaves between the two markers; returns those completed."""
-    await overhead.RUNNERS[impl](overhead.WARMUP_LEAVES)
     run: Callable[[int], Awaitable[int]] = overhead.RUNNERS[impl]
+    if impl == "hierplan" and tools:
+        available = overhead.sample_tools(tools)
+
+        async def run_with_tools(n: int) -> int:
+            return await overhead.run_hierplan(n, tools=available)
+
+        run = run_with_tools
+    await run(overhead.WARMUP_LEAVES)
     if impl == "langgraph":  # compiled outside the count, as overhead.py compiles it off the clock
         graph = overhead._langgraph_graph(overhead.LEAF_S)
 
@@ -65,9 +74,9 @@ async def _measured_run(impl: str, leaves: int) -> int:
     return completed
 
 
-def child(impl: str, leaves: int) -> None:
+def child(impl: str, leaves: int, tools: int) -> None:
     """The process valgrind runs: the measured run, then what it measured, as JSON."""
-    completed = anyio.run(_measured_run, impl, leaves)
+    completed = anyio.run(_measured_run, impl, leaves, tools)
     print(json.dumps({"completed": completed, "source": perfkit.hierplan_source()}))
 
 
@@ -83,7 +92,7 @@ def _dumped_totals(folder: Path) -> list[int]:
     return totals
 
 
-def count(impl: str, leaves: int, tree: Path | None) -> dict[str, Any]:
+def count(impl: str, leaves: int, tree: Path | None, tools: int = 0) -> dict[str, Any]:
     """Run one implementation under callgrind; instructions of its measured run, per leaf."""
     env = dict(os.environ)
     if tree is not None:
@@ -100,6 +109,8 @@ def count(impl: str, leaves: int, tree: Path | None) -> dict[str, Any]:
             impl,
             "--leaves",
             str(leaves),
+            "--tools",
+            str(tools),
         ]
         done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
         if done.returncode != 0:
@@ -115,6 +126,7 @@ def count(impl: str, leaves: int, tree: Path | None) -> dict[str, Any]:
     return {
         "impl": impl,
         "leaves": leaves,
+        "tools": tools if impl == "hierplan" else 0,
         "instructions": totals[1],
         "per_leaf": totals[1] / leaves,
         "leaves_completed": measured["completed"],
@@ -139,12 +151,15 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--tree", type=Path, default=None, help="a checkout whose hierplan to count"
     )
+    parser.add_argument("--tools", type=int, default=0, help="tools available to hierplan's steps")
     parser.add_argument("--out", type=Path, default=perfkit.RESULTS)
     parser.add_argument("--no-out", action="store_true")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.leaves < 1:
         parser.error(f"--leaves must be at least 1, not {args.leaves}")
+    if args.tools < 0:
+        parser.error(f"--tools must be 0 or more, not {args.tools}")
     impls = [i.strip() for i in args.impls.split(",") if i.strip()]
     unknown = sorted(set(impls) - set(DEFAULT_IMPLS))
     if unknown or not impls:
@@ -159,7 +174,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Count, print a table, write ``results/instructions.json``; return the figures."""
     args = _parse(argv)
     if args.child is not None:
-        child(args.child, args.leaves)
+        child(args.child, args.leaves, args.tools)
         return {}
     if shutil.which(VALGRIND) is None:
         raise SystemExit("valgrind is not installed: apt-get install valgrind")
@@ -171,7 +186,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             notes.append("langgraph: not installed (pip install -e '.[bench]')")
             continue
         print(f"counting {impl} at {args.leaves:,} leaves under valgrind...", flush=True)
-        rows.append(count(impl, args.leaves, args.tree))
+        rows.append(count(impl, args.leaves, args.tree, args.tools))
     measured = next((r["hierplan_source"] for r in rows if r["hierplan_source"]), None)
     if measured is not None:  # the hierplan counted (``--tree``), not the one running this script
         details["hierplan_commit"] = measured["commit"]
@@ -184,6 +199,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "tree": None if args.tree is None else str(args.tree),
         "hierplan_measured": measured,
         "leaves": args.leaves,
+        "tools": args.tools,
         "rows": rows,
         "ratios": ratios(rows),
         "notes": notes,

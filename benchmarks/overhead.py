@@ -52,7 +52,9 @@ from hierplan import (
     ModelResponse,
     NodeRecord,
     RunSettings,
+    Tool,
     Usage,
+    tool,
 )
 from hierplan.agents.models.scripted import plan_response
 
@@ -122,12 +124,28 @@ def count_leaves(record: NodeRecord) -> int:
     return own + sum(count_leaves(child) for child in record.children)
 
 
-async def run_hierplan(leaves: int, leaf_s: float = LEAF_S) -> int:
-    """One hierplan run of ``leaves`` leaves; returns how many completed."""
+def sample_tools(count: int) -> list[Tool]:
+    """``count`` tools of four arguments (for a run whose executors have tools to choose from:
+    the model here answers without calling them)."""
+
+    def make(i: int) -> Tool:
+        def read_rows(table: str, limit: int = 10, where: str = "", order: str = "") -> str:
+            """Read rows of a table of the database, filtered and ordered."""
+            return table
+
+        return tool(read_rows, name=f"read_rows_{i}")
+
+    return [make(i) for i in range(count)]
+
+
+async def run_hierplan(leaves: int, leaf_s: float = LEAF_S, tools: Sequence[Tool] = ()) -> int:
+    """One hierplan run of ``leaves`` leaves (``tools`` available to every executor); returns
+    how many completed."""
     result = await hierplan.run(
         "many leaves",
         strategy="hierarchical",
         model=hierplan_model(leaves, leaf_s),
+        tools=tools,
         settings=RunSettings(concurrency=leaves, plan_concurrency=max(leaves, PLAN_LIMIT)),
         budget_usd=BUDGET_USD,
         budget_tokens=BUDGET_TOKENS,

@@ -208,9 +208,12 @@ def _valgrind_or_skip() -> None:
 def test_instruction_counts_cover_the_measured_run_of_each_implementation() -> None:
     _valgrind_or_skip()
     instructions = _load("instructions")
-    small = instructions.main(["--leaves", "10", "--impls", "hierplan,anyio", "--no-out"])
+    small = instructions.main(
+        ["--leaves", "10", "--impls", "hierplan,anyio", "--tools", "2", "--no-out"]
+    )
     rows = {r["impl"]: r for r in small["rows"]}
     assert set(rows) == {"hierplan", "anyio"}
+    assert (rows["hierplan"]["tools"], rows["anyio"]["tools"]) == (2, 0)
     assert all(r["leaves_completed"] == 10 and r["instructions"] > 0 for r in rows.values())
     assert small["ratios"]["hierplan_over_anyio"] == pytest.approx(
         rows["hierplan"]["per_leaf"] / rows["anyio"]["per_leaf"]
