@@ -26,6 +26,10 @@ ALLOWED_MUTABLE = {
     # Handed to provider SDKs as the structured-output schema: it must be a real dict, and
     # adapters cache their rewrite of it by identity. Nothing writes to it.
     "hierplan.agents.planner.PLAN_SCHEMA",
+    # Token estimates of tool specs and output schemas by the object's identity: a memo of a
+    # pure function of frozen objects (each entry holds its object, so an id is not reused).
+    # A run reads from it what it would compute; it cannot change what another run reads.
+    "hierplan.agents.models.tokens._ESTIMATES",
 }
 
 

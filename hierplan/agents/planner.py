@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from hierplan.hierarchy.context import NodeContext
 
 PLAN_SCHEMA: dict[str, Any] = Plan.model_json_schema()
+PLAN_OUTPUT = OutputSchema(PLAN_OUTPUT_NAME, PLAN_SCHEMA)
+"""The structured output of every planning call: one object, so that its token estimate is
+computed once (see :func:`~hierplan.agents.models.tokens.estimate_request_tokens`)."""
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.S)
 
 
@@ -135,7 +138,7 @@ class LLMPlanner:
         messages = _render(prompt, node.run.toolbox.specs(node.allowed_tools))
         request = ModelRequest(
             messages=messages,
-            output_schema=OutputSchema(PLAN_OUTPUT_NAME, PLAN_SCHEMA),
+            output_schema=PLAN_OUTPUT,
             max_tokens=node.run.settings.planner_max_tokens,
             phase="planning",
             node_path=node.path,

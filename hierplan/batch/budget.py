@@ -36,9 +36,9 @@ from types import MappingProxyType
 from typing import Literal
 
 from hierplan.agents import planner
-from hierplan.agents.models.base import ModelRequest, OutputSchema, Phase, parse_model_string
+from hierplan.agents.models.base import ModelRequest, Phase, parse_model_string
 from hierplan.agents.models.tokens import anthropic_tool_prompt_tokens, estimate_request_tokens
-from hierplan.agents.prompts import PLAN_OUTPUT_NAME, PlanPrompt, render_plan_prompt
+from hierplan.agents.prompts import PlanPrompt, render_plan_prompt
 from hierplan.batch.goals import BatchGoal
 from hierplan.budgets.budget import (
     Account,
@@ -122,7 +122,7 @@ def goal_minimum(
     )
     request = ModelRequest(
         messages=render_plan_prompt(prompt, goal.spec.known_tools()),
-        output_schema=OutputSchema(PLAN_OUTPUT_NAME, planner.PLAN_SCHEMA),
+        output_schema=planner.PLAN_OUTPUT,
         max_tokens=floor,
         phase="planning",
     )
