@@ -480,14 +480,16 @@ def new_directory(parent: Path, stem: str, what: str) -> Path:
             raise UserInputError(f"cannot create {what} {path}: {exc.strerror or exc}") from None
 
 
-def write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str, *, durable: bool = True) -> None:
     """Write ``text`` to ``path`` through a temporary file and a rename.
 
     The file gets the mode a plain ``open(path, "w")`` would give it (an existing file's mode,
     else 0666 less the umask), not the owner-only mode of the temporary file. Its data reaches
     the disk before the rename: otherwise a power cut soon after could leave the renamed file
     empty (the rename is journaled before the data is written), and a reader would find
-    neither the old text nor the new.
+    neither the old text nor the new. With ``durable=False`` there is no such wait (no
+    ``fsync``), for a file whose loss in a power cut costs only a figure: a reader still finds
+    the old text or the new one whenever the system stays up.
     """
     try:
         mode = path.stat().st_mode & 0o7777
@@ -498,8 +500,9 @@ def write_atomic(path: Path, text: str) -> None:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import sqlite3
 import threading
 import time
@@ -24,6 +23,7 @@ from typing import Any
 
 from hierplan.agents.tools import Tool, tool
 from hierplan.errors import ToolArgsError, ToolError
+from hierplan.hierarchy.record import write_atomic
 from hierplan.scenarios.data_migration.database import quote
 
 BUSY_TIMEOUT_MS = 60_000
@@ -71,14 +71,12 @@ class MigrationStats:
         )
 
     def _save(self) -> None:
-        # Under the lock, by the copy that just ended. No fsync: losing the counters of the
+        # Under the lock, by the copy that just ended. Not durable: losing the counters of the
         # last copy in a power cut costs a figure in a report, and a copy should not wait on
         # the disk for it.
-        if self.path is None:
-            return
-        temporary = self.path.with_name(f".{self.path.name}.tmp")
-        temporary.write_text(json.dumps({k: getattr(self, k) for k in _SAVED}))
-        os.replace(temporary, self.path)
+        if self.path is not None:
+            text = json.dumps({k: getattr(self, k) for k in _SAVED})
+            write_atomic(self.path, text, durable=False)
 
     def start_copy(self) -> None:
         """A copy started."""
