@@ -202,9 +202,11 @@ def _langgraph_graph(leaf_s: float) -> Any:
     return graph.compile()
 
 
-async def run_langgraph(leaves: int, leaf_s: float = LEAF_S) -> int:
-    """LangGraph's ``Send`` fan-out of ``leaves`` nodes; returns how many completed."""
-    graph = _langgraph_graph(leaf_s)
+async def run_langgraph(leaves: int, leaf_s: float = LEAF_S, graph: Any = None) -> int:
+    """LangGraph's ``Send`` fan-out of ``leaves`` nodes; returns how many completed. The graph
+    is built and compiled in the run unless a compiled one (``_langgraph_graph``) is given."""
+    if graph is None:
+        graph = _langgraph_graph(leaf_s)
     state = await graph.ainvoke({"leaves": leaves, "done": []})
     return len(set(state["done"]))
 
