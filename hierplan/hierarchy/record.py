@@ -204,6 +204,8 @@ class NodeRecord:
     @property
     def subtree_cost_usd(self) -> float:
         """Cost of this node and everything below it (the correctly rounded sum of its calls)."""
+        if not self.children:  # a leaf, as most nodes are: no walk (its node_finished asks)
+            return _cost_sum(self.calls)
         return _cost_sum(c for n in self.walk() for c in n.calls)
 
     @property
