@@ -18,10 +18,12 @@ import hierplan
 from hierplan import Budget, BudgetInstrument, Instrument, LocalLedger, Plan, ScriptedModel, Step
 from hierplan.agents.models.base import ToolCall
 from hierplan.agents.models.scripted import plan_response
-from hierplan.errors import ToolError
+from hierplan.budgets import budgeted_model
+from hierplan.errors import ToolError, UserInputError
 from hierplan.hierarchy import nodes, planning
 from hierplan.hierarchy.context import NodeContext, RunSettings
 from hierplan.hierarchy.events import (
+    EVENT_TYPES,
     BudgetExhausted,
     EventBus,
     NodeStarted,
@@ -30,6 +32,7 @@ from hierplan.hierarchy.events import (
     RunEvent,
     RunFinished,
     ToolCalled,
+    ignored_by,
     parse_event,
 )
 from hierplan.hierarchy.plan import diff_plans
@@ -37,17 +40,20 @@ from hierplan.hierarchy.plan import diff_plans
 GROUPS = [["france", "japan"], ["peru", "chile"]]
 
 
-async def _capitals_run(**options: Any) -> tuple[hierplan.RunResult, list[RunEvent]]:
-    events: list[RunEvent] = []
-    result = await hierplan.run(
+async def _capitals(**options: Any) -> hierplan.RunResult:
+    return await hierplan.run(
         goal_for(GROUPS),
         oracle=CapitalsOracle(),
         tools=local_tools(),
         sim_profile="ideal",
         sim_latency_scale=0,
-        listeners=[events.append],
         **options,
     )
+
+
+async def _capitals_run(**options: Any) -> tuple[hierplan.RunResult, list[RunEvent]]:
+    events: list[RunEvent] = []
+    result = await _capitals(listeners=[events.append], **options)
     return result, events
 
 
@@ -209,6 +215,71 @@ def test_a_type_every_listener_ignores_is_not_wanted_nor_delivered() -> None:
     assert not bus.wants("node_started")
     stop_quiet()
     assert not bus.active and not bus.wants("plan_proposed")
+
+
+class _OnlyFinished:
+    """A listener that takes node_finished events only."""
+
+    event_types = frozenset({"node_finished"})
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def __call__(self, event: RunEvent) -> None:
+        self.seen.append(event.type)
+
+
+@pytest.mark.anyio
+async def test_a_listener_gets_only_its_event_types_and_the_others_are_not_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A listener's ``event_types`` is honoured by the run: the budget's per-call events, which
+    it does not take, are never built (a progress display pays nothing for them)."""
+
+    def forbidden(*args: object, **kwargs: object) -> RunEvent:
+        raise AssertionError("an event was built that no listener takes")
+
+    for name in ("BudgetReserved", "BudgetSettled"):
+        monkeypatch.setattr(budgeted_model, name, forbidden)
+    monkeypatch.setattr(nodes, "NodeStarted", forbidden)
+    monkeypatch.setattr(planning, "PlanProposed", forbidden)
+    listener = _OnlyFinished()
+    result = await _capitals(budget_usd=1.0, listeners=[listener])
+    assert result.status == "succeeded", result.error
+    assert set(listener.seen) == {"node_finished"}
+    assert len(listener.seen) == sum(1 for _ in result.tree.walk())
+    # One listener that takes everything, and the same events are built and delivered again.
+    everything: list[RunEvent] = []
+    with pytest.raises(AssertionError, match="no listener takes"):
+        await _capitals(budget_usd=1.0, listeners=[_OnlyFinished(), everything.append])
+
+
+def test_event_types_that_no_run_emits_are_refused_with_the_list_of_types() -> None:
+    class Typo:
+        event_types = frozenset({"node_finished", "node_finshed"})
+
+        def __call__(self, event: RunEvent) -> None:
+            return None
+
+    with pytest.raises(UserInputError, match=r"'node_finshed'.*node_finished") as caught:
+        ignored_by(Typo())
+    assert "'node_finished'" not in str(caught.value).split(";")[0]
+    one = Typo()
+    one.event_types = "plan_decided"  # type: ignore[assignment]  # a single name, as a str
+    assert ignored_by(one) == EVENT_TYPES - {"plan_decided"}
+    assert ignored_by(lambda e: None) == frozenset()
+
+
+@pytest.mark.anyio
+async def test_a_run_refuses_a_listener_with_unknown_event_types_before_it_starts() -> None:
+    class Typo:
+        event_types = frozenset({"budget_reserve"})
+
+        def __call__(self, event: RunEvent) -> None:
+            raise AssertionError("no event may reach it")
+
+    with pytest.raises(UserInputError, match="'budget_reserve'"):
+        await _capitals(listeners=[Typo()])
 
 
 @pytest.mark.anyio

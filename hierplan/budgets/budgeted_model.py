@@ -109,7 +109,7 @@ class BudgetedModel:
         try:
             # Inside the try: a listener that raises must not leave the reservation open.
             bus = self._node.run.bus
-            if bus.active:
+            if bus.wants("budget_reserved"):
                 bus.emit(
                     BudgetReserved(
                         run_id=bus.run_id,
@@ -203,7 +203,7 @@ class BudgetedModel:
         if "overrun" not in record.flags:
             record.flags.append("overrun")
         bus = self._node.run.bus
-        if bus.active:
+        if bus.wants("budget_overrun"):
             bus.emit(
                 BudgetOverrun(
                     run_id=bus.run_id,
@@ -216,7 +216,7 @@ class BudgetedModel:
 
     def _settled(self, reservation: Reservation, tokens: int, pico: int, flags: list[str]) -> None:
         bus = self._node.run.bus
-        if bus.active:
+        if bus.wants("budget_settled"):
             bus.emit(
                 BudgetSettled(
                     run_id=bus.run_id,
@@ -302,7 +302,7 @@ class BudgetedModel:
         avail_p: int | None,
     ) -> None:
         bus = self._node.run.bus
-        if bus.active:
+        if bus.wants("budget_exhausted"):
             bus.emit(
                 BudgetExhausted(
                     run_id=bus.run_id,

@@ -423,7 +423,7 @@ class NodeContext:
                 usage=exc.usage,
                 unknown_usage=exc.unknown_usage,
             ) from exc
-        if self.run.bus.active:
+        if self.run.bus.wants("step_retried"):
             self.run.bus.emit(
                 StepRetried(
                     run_id=self.run.run_id,

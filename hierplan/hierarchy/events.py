@@ -1,7 +1,8 @@
 """Typed run events: what happened, in causal order per node.
 
 Events are pydantic models (JSON-serialisable). They are built only when someone listens: the
-hot path checks :attr:`EventBus.active` first, so a run without listeners pays nothing.
+hot path asks :meth:`EventBus.wants` first, so a run without listeners pays nothing, and an
+event type no listener takes (a listener's ``event_types``) is not built either.
 Listeners are called synchronously, on the event loop's thread, in the order events happen; a
 listener must not block (:class:`hierplan.RunHandle` buffers them for async consumers).
 
@@ -21,9 +22,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from hierplan.errors import UserInputError
 
 # Named, not __name__: users configure the package's one logger.
 _log = logging.getLogger("hierplan")
@@ -229,6 +232,11 @@ AnyEvent = Annotated[
 
 _EVENT_ADAPTER: TypeAdapter[AnyEvent] = TypeAdapter(AnyEvent)
 
+EVENT_TYPES: frozenset[str] = frozenset(
+    event.model_fields["type"].default for event in get_args(get_args(AnyEvent)[0])
+)
+"""The ``type`` of every event a run emits."""
+
 
 def parse_event(data: str | bytes | dict[str, Any]) -> RunEvent:
     """An event from its JSON text (``event.model_dump_json()``) or its dict.
@@ -305,6 +313,26 @@ class EventBus:
                         _listener_name(listener),
                         event.type,
                     )
+
+
+def ignored_by(listener: Listener) -> frozenset[str]:
+    """The event types ``listener`` is not sent: every type but those its ``event_types``
+    attribute names, if it has one (a display that shows a few kinds of event), else none.
+
+    Raises :class:`~hierplan.errors.UserInputError` when ``event_types`` names a type no run
+    emits: a typo would otherwise silence the listener."""
+    wanted = getattr(listener, "event_types", None)
+    if wanted is None:
+        return frozenset()
+    names = frozenset([wanted] if isinstance(wanted, str) else wanted)
+    unknown = names - EVENT_TYPES
+    if unknown:
+        raise UserInputError(
+            f"listener {_listener_name(listener)} has event_types that no run emits: "
+            f"{', '.join(sorted(map(repr, unknown)))}; the event types are "
+            f"{', '.join(sorted(EVENT_TYPES))}"
+        )
+    return EVENT_TYPES - names
 
 
 def _listener_name(listener: Listener) -> str:

@@ -265,7 +265,7 @@ async def run_task_node(
                 delay = min(
                     settings.retry_max_delay_s, settings.retry_backoff_s * 2.0 ** (attempt - 1)
                 )
-                if run.bus.active:
+                if run.bus.wants("step_retried"):
                     run.bus.emit(
                         StepRetried(
                             run_id=run.run_id,

@@ -107,7 +107,7 @@ def _add_version(node: NodeContext, plan: Plan, reason: str, previous: Plan | No
     )
     versions.append(version)
     run = node.run
-    if run.bus.active:
+    if run.bus.wants("plan_proposed"):
         run.bus.emit(
             PlanProposed(
                 run_id=run.run_id,
@@ -124,7 +124,7 @@ def _replanned(node: NodeContext, version: PlanVersion, running: Plan) -> None:
     """Tell listeners the running plan was replaced: once the new plan is decided (a proposal
     the gate refuses never runs), with the diff against the plan it replaces."""
     run = node.run
-    if not run.bus.active:
+    if not run.bus.wants("replanned"):
         return
     diff = diff_plans(running, version.plan)
     run.bus.emit(
@@ -153,7 +153,7 @@ def _decide(node: NodeContext, version: PlanVersion, outcome: GateOutcome) -> No
         )
     )
     run = node.run
-    if run.bus.active:
+    if run.bus.wants("plan_decided"):
         run.bus.emit(
             PlanDecided(
                 run_id=run.run_id,

@@ -47,7 +47,7 @@ from hierplan.hierarchy.context import (
     RunSettings,
     enter_scopes,
 )
-from hierplan.hierarchy.events import EventBus, Listener, RunFinished, RunStarted
+from hierplan.hierarchy.events import EventBus, Listener, RunFinished, RunStarted, ignored_by
 from hierplan.hierarchy.gate import Approver, Gate
 from hierplan.hierarchy.pause import (
     Restore,
@@ -441,7 +441,7 @@ def _run_context(
         raise UserInputError(f"the goal {prepared.goal[:120]!r} is free text. {COVERAGE_HINT}")
     bus = EventBus(run_id)
     for listener in listeners:
-        bus.subscribe(listener)
+        bus.subscribe(listener, ignore=ignored_by(listener))
     return RunContext(
         run_id=run_id,
         settings=settings,
@@ -552,7 +552,7 @@ async def _execute(ctx: RunContext, chosen: Strategy, prepared: _Prepared) -> Ru
                     raise UserInputError(str(exc)) from None
         root = NodeContext(ctx, record, allowed_tools=ctx.toolbox.names())
         await enter_scopes(stack, [i.run_scope(ctx) for i in ctx.instruments])
-        if ctx.bus.active:
+        if ctx.bus.wants("run_started"):
             ctx.bus.emit(_run_started(ctx, prepared.goal))
         try:
             status, answer, error = await _run_nodes(ctx, chosen, root)
@@ -560,7 +560,7 @@ async def _execute(ctx: RunContext, chosen: Strategy, prepared: _Prepared) -> Ru
         except Exception as exc:
             # The run raises (a refused API key, a scripted model used up...): its event stream
             # still ends with run_finished, with status "error" and what went wrong.
-            if ctx.bus.active:
+            if ctx.bus.wants("run_finished"):
                 ctx.bus.emit(_run_failed(ctx.run_id, record, exc))
             raise
     models = {ctx.planner_model.name, ctx.executor_model.name}
@@ -589,7 +589,7 @@ async def _execute(ctx: RunContext, chosen: Strategy, prepared: _Prepared) -> Ru
     if prepared.env is not None and status not in ("paused", "cancelled"):
         verdict = await anyio.to_thread.run_sync(prepared.env.verify)
         result.verification = verdict.to_dict()
-    if ctx.bus.active:
+    if ctx.bus.wants("run_finished"):
         totals = result.totals()
         ctx.bus.emit(
             RunFinished(
