@@ -8,11 +8,11 @@ its output is held back until the review ends.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -35,15 +35,39 @@ from hierplan.hierarchy.plan import Plan
 from hierplan.tracing.report import money, plan_tree, short
 
 
+class _Progress(Progress):
+    """A progress display that asks for its figures (``before_draw``) each time it is drawn."""
+
+    before_draw: Callable[[], None] | None = None
+
+    def get_renderables(self) -> Iterable[RenderableType]:
+        """The progress table, with the figures as they are now."""
+        if self.before_draw is not None:
+            self.before_draw()
+        return super().get_renderables()
+
+
 class RunConsole:
     """Prints a run as it happens (an :class:`~hierplan.hierarchy.events.EventBus` listener)."""
+
+    # The events it shows: the run builds no other event for it (the budget's two a call).
+    event_types = frozenset(
+        {
+            "plan_proposed",
+            "plan_decided",
+            "replanned",
+            "node_started",
+            "node_finished",
+            "model_called",
+        }
+    )
 
     def __init__(self, console: Console, *, simulated: bool, show_root_plan: bool = True) -> None:
         self.console = console
         self.simulated = simulated
         self.show_root_plan = show_root_plan
         self._held: list[tuple[tuple[Any, ...], dict[str, Any]]] | None = None
-        self.progress = Progress(
+        self.progress = _Progress(
             SpinnerColumn(),
             TextColumn("[bold]steps"),
             BarColumn(),
@@ -60,6 +84,7 @@ class RunConsole:
         self.cost = 0.0
         self.executors: set[str] = set()
         self.live = False
+        self.progress.before_draw = self._update
 
     def __call__(self, event: RunEvent) -> None:
         """Handle one event."""
@@ -92,6 +117,10 @@ class RunConsole:
             self._finished(event)
         elif isinstance(event, ModelCalled) and event.cost_usd:
             self.cost += event.cost_usd
+
+    def _update(self) -> None:
+        """Give the progress line its figures: when it is drawn (ten times a second), not on
+        every event, of which a run has several per step."""
         self.progress.update(
             self.task,
             total=max(self.started, 1),
