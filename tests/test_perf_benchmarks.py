@@ -242,3 +242,14 @@ def test_instructions_refuses_a_tree_without_hierplan(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as refused:
         _load("instructions").main(["--tree", str(tmp_path), "--no-out"])
     assert refused.value.code == 2
+
+
+def test_the_console_benchmark_runs_each_listener_over_every_leaf() -> None:
+    console = _load("console")
+    data = console.main(["--leaves", "30", "--repeats", "1", "--no-out"])
+    assert set(data["cpu_us_per_leaf"]) == {"none", "every-event", "console"}
+    assert all(len(v) == 1 and v[0] > 0 for v in data["samples_us_per_leaf"].values())
+    assert data["added_us_per_leaf"]["none"] == 0 and data["ratio"]["none"] == 1
+    for name in ("every-event", "console"):
+        expected = data["cpu_us_per_leaf"][name] / data["cpu_us_per_leaf"]["none"]
+        assert data["ratio"][name] == expected
