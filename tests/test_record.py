@@ -6,6 +6,7 @@ import dataclasses
 import inspect
 import json
 import re
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,43 @@ async def test_run_json_round_trips(tmp_path: Path) -> None:
     assert loaded.to_dict() == result.to_dict()
     assert loaded.to_dict()["tree"]["subtree_cost_usd"] == result.tree.subtree_cost_usd
     assert not list(path.parent.glob(".run.json.*"))  # no temporary file left behind
+
+
+_RECORDED: list[RunResult] = []
+
+
+def _recorded() -> RunResult:
+    """One run's record (made once: the property test below varies its text and figures)."""
+    if not _RECORDED:
+        import anyio
+
+        plan = {"goal": "g", "steps": [{"id": "a", "title": "A", "instruction": "say ok"}]}
+        model = ScriptedModel([plan_response(plan), ModelResponse(text="ok")])
+        _RECORDED.append(
+            anyio.run(lambda: hierplan.run("g", model=model, price_in=0.1, price_out=0.3))
+        )
+    return _RECORDED[0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    text=st.text(),
+    cost=st.floats(min_value=0, max_value=1e9, allow_nan=False, allow_infinity=False),
+)
+def test_run_json_holds_any_text_and_cost_exactly(text: str, cost: float) -> None:
+    """run.json is JSON that reads back to the record's dict, whatever text a model or a user
+    gave (any script, control characters, quotes) and whatever cost a call had."""
+    result = _recorded()
+    leaf = result.tree.children[0]
+    leaf.goal, leaf.output, result.answer = text, text, text
+    leaf.calls[0].cost_usd = cost
+    written = result.to_json()
+    assert json.loads(written) == result.to_dict()
+    with tempfile.TemporaryDirectory() as where:
+        loaded = RunResult.load(result.write(Path(where) / "run.json"))
+    assert loaded.to_dict() == result.to_dict()
+    assert loaded.tree.children[0].goal == text
+    assert loaded.tree.children[0].calls[0].cost_usd == cost
 
 
 async def test_run_json_keeps_cache_writes_and_reads_records_written_before_them(
@@ -359,3 +397,4 @@ def test_a_new_directory_never_takes_one_that_exists_even_when_asked_at_once(
     (tmp_path / "file").write_text("")
     with pytest.raises(UserInputError, match=r"cannot create the run .*file is a file"):
         new_directory(tmp_path / "file", "x", "the run")
+

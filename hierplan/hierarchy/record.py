@@ -7,7 +7,6 @@ per phase when asked. ``RunResult.load`` reads a ``run.json`` back, validated by
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import tempfile
@@ -16,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
+import pydantic_core
 from pydantic import TypeAdapter, ValidationError
 
 from hierplan.agents.models.base import Phase, Usage
@@ -368,8 +368,10 @@ class RunResult:
         return data
 
     def to_json(self) -> str:
-        """The record as indented JSON text."""
-        return json.dumps(self.to_dict(), indent=1)
+        """The record as indented JSON text (text in any script as it is: the file is UTF-8)."""
+        # pydantic-core's encoder rather than json.dumps, which with an indent runs Python's
+        # pure-Python encoder: about 150 µs a node, more than the run's own orchestration.
+        return pydantic_core.to_json(self.to_dict(), indent=1).decode()
 
     def write(self, path: StrPath) -> Path:
         """Write ``run.json`` atomically (a reader never sees half a file); returns the path."""
