@@ -398,3 +398,69 @@ def test_a_new_directory_never_takes_one_that_exists_even_when_asked_at_once(
     with pytest.raises(UserInputError, match=r"cannot create the run .*file is a file"):
         new_directory(tmp_path / "file", "x", "the run")
 
+
+def _wide_tree(fanout: int, depth: int) -> hierplan.NodeRecord:
+    """A tree with ``fanout`` children a node down to ``depth``."""
+    root = hierplan.NodeRecord("1", "planner", "root", 1)
+    level = [root]
+    for d in range(2, depth + 1):
+        below = []
+        for node in level:
+            for i in range(fanout):
+                kind = "executor" if d == depth else "planner"
+                child = hierplan.NodeRecord(f"{node.path}.{i + 1}", kind, f"goal {i}", d)
+                node.children.append(child)
+                below.append(child)
+        level = below
+    return root
+
+
+@pytest.mark.parametrize(
+    ("fanout", "depth", "max_children", "max_nodes"),
+    [(3, 3, 40, 400), (50, 4, 40, 400), (12, 3, 5, 30)],
+)
+def test_the_printed_tree_is_cut_breadth_first_and_says_what_it_left_out(
+    fanout: int, depth: int, max_children: int, max_nodes: int
+) -> None:
+    root = _wide_tree(fanout, depth)
+    console = Console(record=True, width=200)
+    console.print(node_tree(root, max_children=max_children, max_nodes=max_nodes))
+    lines = console.export_text().splitlines()
+    shown = [line for line in lines if " planner " in line or " executor " in line]
+    hidden = sum(int(n) for n in re.findall(r"… (\d+) more", "\n".join(lines)))
+    total = sum(1 for _ in root.walk())
+    assert len(shown) == min(total, max_nodes)
+    # Every node is shown or counted in the line of its parent that says how many more.
+    assert len(shown) + hidden + _below_hidden(root, lines) == total
+    # The levels nearest the root come first: the root's children as far as max_children.
+    assert sum(1 for line in shown if re.search(r"(?<![\d.])1\.\d+ ", line)) == min(
+        fanout, max_children
+    )
+
+
+def _below_hidden(root: hierplan.NodeRecord, lines: list[str]) -> int:
+    """Nodes inside the subtrees of hidden children (counted by none of the 'more' lines)."""
+    text = "\n".join(lines)
+    shown = set(re.findall(r"(?<![\d.])(1(?:\.\d+)*) (?:planner|executor) ", text))
+    inside = 0
+    for node in root.walk():
+        parent = node.path.rpartition(".")[0]
+        if node.path not in shown and parent and parent not in shown:
+            inside += 1
+    return inside
+
+
+def test_the_run_view_says_how_many_nodes_its_tree_leaves_out() -> None:
+    from hierplan.tracing.report import render_run
+
+    result = _recorded()
+    result.tree.children[0].children = _wide_tree(30, 3).children
+    console = Console(record=True, width=200)
+    console.print(render_run(result))
+    text = console.export_text()
+    total = sum(1 for _ in result.tree.walk())
+    assert f"400 of {total:,} nodes shown" in text and "--html" in text
+    result.tree.children[0].children = []
+    console = Console(record=True, width=200)
+    console.print(render_run(result))
+    assert "nodes shown" not in console.export_text()

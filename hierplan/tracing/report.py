@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections import deque
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -155,20 +156,34 @@ def _tool_call_lines(label: Text, node: NodeRecord) -> None:
         label.append(f"\n  … {hidden} more tool call(s)", style="dim")
 
 
-def node_tree(root: NodeRecord, *, max_children: int = 40) -> Tree:
-    """The run tree as a rich Tree (wide plans are cut to ``max_children`` per node)."""
+TREE_NODES = 400
+"""At most this many nodes in the printed run tree (``hierplan run``, ``hierplan view``)."""
+
+
+def node_tree(root: NodeRecord, *, max_children: int = 40, max_nodes: int = TREE_NODES) -> Tree:
+    """The run tree as a rich Tree, cut to ``max_children`` children a node and about
+    ``max_nodes`` nodes in all, the levels nearest the root first; where a node's children are
+    cut, a line says how many more it has."""
+    return _node_tree(root, max_children, max_nodes)[0]
+
+
+def _node_tree(root: NodeRecord, max_children: int, max_nodes: int) -> tuple[Tree, int]:
+    """The tree and how many nodes it shows. Breadth first: a run of 100,000 leaves would
+    otherwise print some 64,000 lines, which take longer to draw than the run took."""
     budgeted = root.budget is not None
     tree = Tree(_node_label(root, budgeted))
-    stack: list[tuple[NodeRecord, Tree]] = [(root, tree)]
-    while stack:
-        node, branch = stack.pop()
-        shown = node.children[:max_children]
-        for child in shown:
-            stack.append((child, branch.add(_node_label(child, budgeted))))
-        hidden = len(node.children) - len(shown)
+    queue: deque[tuple[NodeRecord, Tree]] = deque([(root, tree)])
+    shown = 1
+    while queue:
+        node, branch = queue.popleft()
+        children = node.children[: max(0, min(max_children, max_nodes - shown))]
+        shown += len(children)
+        for child in children:
+            queue.append((child, branch.add(_node_label(child, budgeted))))
+        hidden = len(node.children) - len(children)
         if hidden > 0:
             branch.add(Text(f"… {hidden} more", style="dim"))
-    return tree
+    return tree, shown
 
 
 def levels_table(result: RunResult) -> Table:
@@ -383,7 +398,18 @@ def _not_done(text: Text, result: RunResult, limit: int = 12) -> None:
 def render_run(result: RunResult) -> RenderableType:
     """Everything ``hierplan view`` shows."""
     title = Text(f"run {plain(result.run_id)}: {short(result.goal, 90)}", style="bold")
-    parts: list[RenderableType] = [title, node_tree(result.tree), levels_table(result)]
+    tree, shown = _node_tree(result.tree, 40, TREE_NODES)
+    parts: list[RenderableType] = [title, tree]
+    nodes = sum(1 for _ in result.tree.walk())
+    if shown < nodes:
+        parts.append(
+            Text(
+                f"{shown:,} of {nodes:,} nodes shown; hierplan view RUN.json --html FILE "
+                "writes a report with every node",
+                style="dim",
+            )
+        )
+    parts.append(levels_table(result))
     audit = audit_table(result)
     if audit is not None:
         parts.append(audit)
