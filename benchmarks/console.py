@@ -20,7 +20,6 @@ CPU time each adds per leaf over ``none`` and the ratio to it.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import os
 import sys
@@ -117,12 +116,7 @@ async def measure(leaves: int, repeats: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Measure, print, write ``console.json``; returns the figures."""
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--leaves", type=int, default=2000)
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--out", type=Path, default=perfkit.RESULTS)
-    parser.add_argument("--no-out", dest="out", action="store_const", const=None)
-    args = parser.parse_args(argv)
+    args = perfkit.leaves_parser(__doc__, 2000, 7).parse_args(argv)
     details = perfkit.machine()
     perfkit.print_machine(details)
     data = {"machine": details, **anyio.run(measure, args.leaves, args.repeats)}
@@ -137,9 +131,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for name in CONFIGS
     ]
     print(perfkit.table(["listener", "µs/leaf", "added µs/leaf", "ratio"], rows))
-    written = perfkit.write_results("console", data, args.out)
-    if written is not None:
-        print(f"written: {written}")
+    perfkit.write_results("console", data, args.out)
     return data
 
 

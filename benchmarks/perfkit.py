@@ -8,6 +8,7 @@ environment imports (this checkout or another one).
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import json
 import os
@@ -147,6 +148,17 @@ def write_results(name: str, data: dict[str, Any], out: Path | None) -> Path | N
     path = out / f"{name}.json"
     path.write_text(json.dumps(data, indent=2) + "\n")
     return path
+
+
+def leaves_parser(doc: str | None, leaves: int, repeats: int) -> argparse.ArgumentParser:
+    """The options of a script measuring one workload: ``--leaves``, ``--repeats``, and where to
+    write its JSON (``--out DIR``, or ``--no-out``)."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    parser.add_argument("--leaves", type=int, default=leaves)
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--no-out", dest="out", action="store_const", const=None)
+    return parser
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

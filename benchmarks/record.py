@@ -20,7 +20,6 @@ The text of ``to_json`` and of ``json.dumps`` are checked to hold the same JSON.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -103,12 +102,7 @@ def encoder_ratio(per_leaf: dict[str, float]) -> float | None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Measure, print, write ``record.json``; returns the figures."""
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--leaves", type=int, default=10_000)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=perfkit.RESULTS)
-    parser.add_argument("--no-out", dest="out", action="store_const", const=None)
-    args = parser.parse_args(argv)
+    args = perfkit.leaves_parser(__doc__, 10_000, 5).parse_args(argv)
     details = perfkit.machine()
     perfkit.print_machine(details)
     data = {"machine": details, **measure(args.leaves, args.repeats)}
@@ -119,9 +113,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ratio = data["dumps_over_to_json"]
     if ratio is not None:
         print(f"encoding alone: json.dumps / to_json = {ratio:.1f}")
-    written = perfkit.write_results("record", data, args.out)
-    if written is not None:
-        print(f"written: {written}")
+    perfkit.write_results("record", data, args.out)
     return data
 
 

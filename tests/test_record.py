@@ -9,7 +9,7 @@ import re
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from hypothesis import given, settings
@@ -407,7 +407,7 @@ def _wide_tree(fanout: int, depth: int) -> hierplan.NodeRecord:
         below = []
         for node in level:
             for i in range(fanout):
-                kind = "executor" if d == depth else "planner"
+                kind: Literal["planner", "executor"] = "executor" if d == depth else "planner"
                 child = hierplan.NodeRecord(f"{node.path}.{i + 1}", kind, f"goal {i}", d)
                 node.children.append(child)
                 below.append(child)
