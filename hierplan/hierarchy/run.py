@@ -275,7 +275,9 @@ async def run(
 
     ``tools`` takes tools and toolsets (MCP servers, opened for this run and closed after).
     A scenario without ``workdir`` works in ``runs/scenarios/<name>/<run id>``. To watch or
-    cancel a run while it goes, use :func:`hierplan.start`.
+    cancel a run while it goes, use :func:`hierplan.start`. ``listeners`` get the run's events
+    as they happen (:mod:`hierplan.hierarchy.events`); one with an ``event_types`` attribute
+    gets only those types, and a type no listener takes is not built.
 
     When an approver defers a plan (:class:`~hierplan.Defer`), the run pauses: the result's
     status is ``paused``, and with ``checkpoint_dir`` the run is saved there for
