@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import inspect
 import json
 import re
@@ -50,20 +52,18 @@ async def test_run_json_round_trips(tmp_path: Path) -> None:
     assert not list(path.parent.glob(".run.json.*"))  # no temporary file left behind
 
 
-_RECORDED: list[RunResult] = []
+@functools.cache
+def _one_record() -> RunResult:
+    import anyio
+
+    plan = {"goal": "g", "steps": [{"id": "a", "title": "A", "instruction": "say ok"}]}
+    model = ScriptedModel([plan_response(plan), ModelResponse(text="ok")])
+    return anyio.run(lambda: hierplan.run("g", model=model, price_in=0.1, price_out=0.3))
 
 
 def _recorded() -> RunResult:
-    """One run's record (made once: the property test below varies its text and figures)."""
-    if not _RECORDED:
-        import anyio
-
-        plan = {"goal": "g", "steps": [{"id": "a", "title": "A", "instruction": "say ok"}]}
-        model = ScriptedModel([plan_response(plan), ModelResponse(text="ok")])
-        _RECORDED.append(
-            anyio.run(lambda: hierplan.run("g", model=model, price_in=0.1, price_out=0.3))
-        )
-    return _RECORDED[0]
+    """A copy of one run's record (the run is made once; each test changes its own copy)."""
+    return copy.deepcopy(_one_record())
 
 
 @settings(max_examples=60, deadline=None)
