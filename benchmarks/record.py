@@ -1,5 +1,5 @@
-"""What writing a run's record (``run.json``) costs next to the run itself, and its JSON text
-against the standard library's encoder, in one process.
+"""What writing a run's record (``run.json``) and printing its summary cost next to the run
+itself, and the record's JSON text against the standard library's encoder, in one process.
 
     .venv/bin/python benchmarks/record.py [--leaves 10000] [--repeats 5] [--no-out]
 
@@ -13,7 +13,9 @@ time per leaf of:
 - ``json.dumps``: the same data encoded by ``json.dumps(data, indent=1)``, the baseline (with an
   indent, the standard library encodes in pure Python);
 - ``write``: ``RunResult.write``, what ``hierplan run`` does at the end (the text, a temporary
-  file, ``fsync`` and a rename).
+  file, ``fsync`` and a rename);
+- ``print``: what ``hierplan run`` prints then (``print_run``: the run tree, cost tables and
+  summary), to a 120-column terminal console writing to ``/dev/null``.
 
 The text of ``to_json`` and of ``json.dumps`` are checked to hold the same JSON.
 """
@@ -21,6 +23,7 @@ The text of ``to_json`` and of ``json.dumps`` are checked to hold the same JSON.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 import time
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from rich.console import Console
 
 sys.path.append(str(Path(__file__).resolve().parent))  # overhead, perfkit; last
 import overhead
@@ -36,6 +40,7 @@ import perfkit
 
 import hierplan
 from hierplan import RunResult, RunSettings
+from hierplan.tracing.report import print_run
 
 
 async def _run(leaves: int) -> tuple[RunResult, float]:
@@ -72,14 +77,17 @@ def measure(leaves: int, repeats: int) -> dict[str, Any]:
         "to_json": [],
         "json.dumps": [],
         "write": [],
+        "print": [],
     }
-    with tempfile.TemporaryDirectory() as where:
+    with tempfile.TemporaryDirectory() as where, open(os.devnull, "w") as sink:
         path = Path(where) / "run.json"
+        screen = Console(file=sink, force_terminal=True, width=120)
         for _ in range(repeats):
             samples["to_dict"].append(_cpu(result.to_dict))
             samples["to_json"].append(_cpu(result.to_json))
             samples["json.dumps"].append(_cpu(lambda: json.dumps(data, indent=1)))
             samples["write"].append(_cpu(lambda: result.write(path)))
+            samples["print"].append(_cpu(lambda: print_run(result, screen)))
         size = path.stat().st_size
     per_leaf = {name: perfkit.median(v) / leaves * 1e6 for name, v in samples.items()}
     return {
