@@ -51,12 +51,14 @@ from hierplan import (
     ModelRequest,
     ModelResponse,
     NodeRecord,
+    RunResult,
     RunSettings,
     Tool,
     Usage,
     tool,
 )
 from hierplan.agents.models.scripted import plan_response
+from hierplan.hierarchy.events import Listener
 
 LEAF_S = 0.010
 PLAN_LIMIT = 50  # hierplan's default steps per plan
@@ -138,9 +140,14 @@ def sample_tools(count: int) -> list[Tool]:
     return [make(i) for i in range(count)]
 
 
-async def run_hierplan(leaves: int, leaf_s: float = LEAF_S, tools: Sequence[Tool] = ()) -> int:
-    """One hierplan run of ``leaves`` leaves (``tools`` available to every executor); returns
-    how many completed."""
+async def hierplan_result(
+    leaves: int,
+    leaf_s: float = LEAF_S,
+    tools: Sequence[Tool] = (),
+    listeners: Sequence[Listener] = (),
+) -> RunResult:
+    """One hierplan run of ``leaves`` leaves (``tools`` available to every executor, its events
+    to ``listeners``); raises unless it succeeded."""
     result = await hierplan.run(
         "many leaves",
         strategy="hierarchical",
@@ -149,10 +156,17 @@ async def run_hierplan(leaves: int, leaf_s: float = LEAF_S, tools: Sequence[Tool
         settings=RunSettings(concurrency=leaves, plan_concurrency=max(leaves, PLAN_LIMIT)),
         budget_usd=BUDGET_USD,
         budget_tokens=BUDGET_TOKENS,
+        listeners=listeners,
     )
     if result.status != "succeeded":
         raise RuntimeError(f"hierplan run ended {result.status}: {result.error}")
-    return count_leaves(result.tree)
+    return result
+
+
+async def run_hierplan(leaves: int, leaf_s: float = LEAF_S, tools: Sequence[Tool] = ()) -> int:
+    """One hierplan run of ``leaves`` leaves (``tools`` available to every executor); returns
+    how many completed."""
+    return count_leaves((await hierplan_result(leaves, leaf_s, tools)).tree)
 
 
 async def run_anyio(leaves: int, leaf_s: float = LEAF_S) -> int:
