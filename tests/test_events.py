@@ -270,6 +270,18 @@ def test_event_types_that_no_run_emits_are_refused_with_the_list_of_types() -> N
     assert ignored_by(lambda e: None) == frozenset()
 
 
+def test_the_bus_honours_a_listeners_event_types_on_top_of_what_it_is_told_to_ignore() -> None:
+    bus = EventBus("r")
+    listener = _OnlyFinished()
+    bus.subscribe(listener, ignore=frozenset({"node_finished"}))
+    assert not bus.wants("node_finished") and not bus.wants("plan_proposed")
+    other = _OnlyFinished()
+    bus.subscribe(other)
+    assert bus.wants("node_finished") and not bus.wants("node_started")
+    bus.emit(NodeStarted(path="1", kind="planner", goal="g"))
+    assert (listener.seen, other.seen) == ([], [])
+
+
 @pytest.mark.anyio
 async def test_a_run_refuses_a_listener_with_unknown_event_types_before_it_starts() -> None:
     class Typo:

@@ -277,9 +277,10 @@ class EventBus:
     def subscribe(
         self, listener: Listener, *, ignore: frozenset[str] = frozenset()
     ) -> Callable[[], None]:
-        """Add a listener, which is not sent events of the ``ignore`` types; the returned
-        function removes it."""
-        entry = (listener, ignore)
+        """Add a listener, which is not sent events of the ``ignore`` types, nor of any type
+        its ``event_types`` leaves out (see :func:`ignored_by`); the returned function
+        removes it."""
+        entry = (listener, ignore | ignored_by(listener))
         # The list is replaced, never changed in place: an emit under way (a listener that
         # unsubscribes, or subscribes another) goes on over the listeners it started with.
         self._listeners = [*self._listeners, entry]

@@ -47,7 +47,7 @@ from hierplan.hierarchy.context import (
     RunSettings,
     enter_scopes,
 )
-from hierplan.hierarchy.events import EventBus, Listener, RunFinished, RunStarted, ignored_by
+from hierplan.hierarchy.events import EventBus, Listener, RunFinished, RunStarted
 from hierplan.hierarchy.gate import Approver, Gate
 from hierplan.hierarchy.pause import (
     Restore,
@@ -443,7 +443,7 @@ def _run_context(
         raise UserInputError(f"the goal {prepared.goal[:120]!r} is free text. {COVERAGE_HINT}")
     bus = EventBus(run_id)
     for listener in listeners:
-        bus.subscribe(listener, ignore=ignored_by(listener))
+        bus.subscribe(listener)
     return RunContext(
         run_id=run_id,
         settings=settings,
