@@ -158,9 +158,13 @@ def _tool_call_lines(label: Text, node: NodeRecord) -> None:
 
 TREE_NODES = 400
 """At most this many nodes in the printed run tree (``hierplan run``, ``hierplan view``)."""
+TREE_CHILDREN = 40
+"""At most this many children of one node in the printed run tree."""
 
 
-def node_tree(root: NodeRecord, *, max_children: int = 40, max_nodes: int = TREE_NODES) -> Tree:
+def node_tree(
+    root: NodeRecord, *, max_children: int = TREE_CHILDREN, max_nodes: int = TREE_NODES
+) -> Tree:
     """The run tree as a rich Tree, cut to ``max_children`` children a node and about
     ``max_nodes`` nodes in all, the levels nearest the root first; where a node's children are
     cut, a line says how many more it has."""
@@ -398,7 +402,7 @@ def _not_done(text: Text, result: RunResult, limit: int = 12) -> None:
 def render_run(result: RunResult) -> RenderableType:
     """Everything ``hierplan view`` shows."""
     title = Text(f"run {plain(result.run_id)}: {short(result.goal, 90)}", style="bold")
-    tree, shown = _node_tree(result.tree, 40, TREE_NODES)
+    tree, shown = _node_tree(result.tree, TREE_CHILDREN, TREE_NODES)
     parts: list[RenderableType] = [title, tree]
     nodes = sum(1 for _ in result.tree.walk())
     if shown < nodes:
