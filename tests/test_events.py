@@ -458,3 +458,16 @@ async def test_a_run_goes_on_and_succeeds_past_a_listener_that_raises_on_every_e
     check_events(events, result)
     logged = [r for r in caplog.records if r.name == "hierplan" and r.exc_text]
     assert len(logged) == len(events) and all("display bug" in (r.exc_text or "") for r in logged)
+
+
+def test_every_type_the_emitters_ask_about_is_an_event_type() -> None:
+    """``bus.wants("...")`` takes a type name as text: a misspelt one would build its event
+    for listeners that did not ask for it."""
+    package = Path(hierplan.__file__).parent
+    asked = {
+        name
+        for source in package.rglob("*.py")
+        for name in re.findall(r"\bwants\(\"(\w+)\"\)", source.read_text())
+    }
+    assert len(asked) >= 12, asked  # the emitters are found
+    assert asked <= EVENT_TYPES, asked - EVENT_TYPES
