@@ -355,14 +355,9 @@ async def run(
             result = await _execute(ctx, chosen, prepared)
         finally:
             await models.aclose()
-        for instrument in ctx.instruments:
-            if isinstance(instrument, BudgetInstrument):
-                result.budget = instrument.for_run(ctx).summary(result.tree)
-                break
+        _add_budget_summary(ctx, result)
         if result.status == "paused":
             invocation = {
-                "goal": prepared.goal,
-                "scenario": prepared.scenario,
                 "model": model if isinstance(model, str) else None,
                 "executor_model": executor_model if isinstance(executor_model, str) else None,
                 "executor_model_object": not isinstance(executor_model, str | None),
@@ -373,6 +368,14 @@ async def run(
             }
             _save_paused(ctx, prepared, result, checkpoint_dir, invocation, checkpoint_extra)
         return result
+
+
+def _add_budget_summary(ctx: RunContext, result: RunResult) -> None:
+    """Put the budget's summary (per level, planning against execution) on the result."""
+    for instrument in ctx.instruments:
+        if isinstance(instrument, BudgetInstrument):
+            result.budget = instrument.for_run(ctx).summary(result.tree)
+            return
 
 
 def _holding(checkpoint_dir: Path | None) -> AbstractContextManager[None]:
