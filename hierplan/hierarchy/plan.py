@@ -233,37 +233,7 @@ def _step_problems(
                 )
             )
     out.extend(_reference_problems(s, ids))
-    if s.tool is not None and allowed is not None and s.tool not in allowed:
-        known = ", ".join(sorted(allowed)) or "none"
-        out.append(
-            PlanProblem(
-                "unknown_tool",
-                f"step {s.id!r} uses tool {s.tool!r}, which is unknown or not allowed here "
-                f"(allowed: {known})",
-                s.id,
-            )
-        )
-    if s.tools is not None and allowed is not None:
-        for name in s.tools:
-            if name not in allowed:
-                out.append(
-                    PlanProblem(
-                        "unknown_tool",
-                        f"step {s.id!r} allows tool {name!r}, which is unknown or not allowed here",
-                        s.id,
-                    )
-                )
-    if s.tool is not None and s.tools is not None and s.tool not in s.tools:
-        out.append(
-            PlanProblem(
-                "tool_not_in_tools",
-                f"step {s.id!r} uses tool {s.tool!r} but its tools list leaves it out: add it "
-                "to tools, or drop tools",
-                s.id,
-            )
-        )
-    if s.args is not None and s.tool is None:
-        out.append(PlanProblem("args_without_tool", f"step {s.id!r} has args but no tool", s.id))
+    out.extend(_tool_problems(s, allowed))
     if s.args is not None and _has_non_finite(s.args):
         # JSON has no inf or nan: the plan's record, events and YAML would say null instead.
         out.append(
@@ -297,6 +267,43 @@ def _step_problems(
                     s.id,
                 )
             )
+    return out
+
+
+def _tool_problems(s: Step, allowed: frozenset[str] | None) -> list[PlanProblem]:
+    """The step's tool and tool list against the tools allowed here, and against each other."""
+    out: list[PlanProblem] = []
+    if s.tool is not None and allowed is not None and s.tool not in allowed:
+        known = ", ".join(sorted(allowed)) or "none"
+        out.append(
+            PlanProblem(
+                "unknown_tool",
+                f"step {s.id!r} uses tool {s.tool!r}, which is unknown or not allowed here "
+                f"(allowed: {known})",
+                s.id,
+            )
+        )
+    if s.tools is not None and allowed is not None:
+        for name in s.tools:
+            if name not in allowed:
+                out.append(
+                    PlanProblem(
+                        "unknown_tool",
+                        f"step {s.id!r} allows tool {name!r}, which is unknown or not allowed here",
+                        s.id,
+                    )
+                )
+    if s.tool is not None and s.tools is not None and s.tool not in s.tools:
+        out.append(
+            PlanProblem(
+                "tool_not_in_tools",
+                f"step {s.id!r} uses tool {s.tool!r} but its tools list leaves it out: add it "
+                "to tools, or drop tools",
+                s.id,
+            )
+        )
+    if s.args is not None and s.tool is None:
+        out.append(PlanProblem("args_without_tool", f"step {s.id!r} has args but no tool", s.id))
     return out
 
 
