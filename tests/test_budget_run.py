@@ -40,6 +40,7 @@ from hierplan.agents.prompts import parse_plan_prompt, parse_step_prompt
 from hierplan.agents.tools import Toolbox, tool
 from hierplan.budgets import budgeted_model
 from hierplan.budgets.budget import (
+    PICO_PER_USD,
     Account,
     Balance,
     Budget,
@@ -1526,3 +1527,41 @@ async def test_a_bad_run_budget_names_the_option_that_set_it(
         await hierplan.run("Root", model=_two_step_model(), pricing=PRICING, **given)
     assert named in str(refused.value)
     assert "must be" in str(refused.value)
+
+
+async def test_the_summary_sums_usd_without_drift() -> None:
+    """The per-phase and per-level USD figures are sums of many calls' costs: added as floats one
+    by one they drifted (0.005907999999999999 where the run's total said 0.005908)."""
+    plans = {"root": [{"id": f"s{i}", "title": "t", "instruction": f"step {i}"} for i in range(9)]}
+    planner = _plan_model(plans)
+
+    def respond(request: ModelRequest) -> ModelResponse:
+        if request.phase == "planning":
+            return planner.function(request)  # type: ignore[return-value]
+        # Nine calls of 200 and 20 tokens at these prices: their float sum is 0.0007380000000000002.
+        return ModelResponse(text="done", usage=Usage(200, 20))
+
+    result = await hierplan.run(
+        "root",
+        strategy="dag",
+        model=FunctionModel(respond),
+        budget_usd=1.0,
+        price_in=0.3,
+        price_out=1.1,
+    )
+    assert result.status == "succeeded", result.error
+    assert result.budget is not None
+    pico = {"planning": 0, "execution": 0}
+    for node in result.nodes():
+        for call in node.calls:
+            assert call.cost_usd is not None
+            pico[call.phase] += round(call.cost_usd * PICO_PER_USD)
+    phases = result.budget["phases"]
+    for phase, total in pico.items():
+        assert phases[phase]["usd"] == total / PICO_PER_USD
+    spent = result.budget["spent"]
+    assert pico["planning"] + pico["execution"] == spent["pico"]
+    assert result.budget["levels"][0]["spent_usd"] == spent["usd"]
+    assert sum(row["spent_usd"] for row in result.budget["levels"][1:]) == pytest.approx(
+        pico["execution"] / PICO_PER_USD
+    )

@@ -412,17 +412,20 @@ class RunBudget:
         """
         usd = self.usd_tracked
         phase_tokens = {"planning": 0, "execution": 0}
-        phase_usd = {"planning": 0.0, "execution": 0.0}
+        # USD is summed in pico-dollars, the figures' exact unit, so that the sums do not drift
+        # as floats added one by one do (the run's total is exact; its parts must be too).
+        phase_pico = {"planning": 0, "execution": 0}
         levels: dict[int, dict[str, Any]] = {}
         exhausted: list[str] = []
         refused = lowered = over_t = 0
-        over_usd = 0.0
+        over_pico = 0
+        level_pico: dict[int, list[int]] = {}  # depth -> [allocated, spent]
         for node in tree.walk():
             if node.status == "budget_exhausted":
                 exhausted.append(node.path)
             for call in node.calls:
                 phase_tokens[call.phase] += call.usage.total_tokens
-                phase_usd[call.phase] += call.cost_usd or 0.0
+                phase_pico[call.phase] += _pico(call.cost_usd)
             b = node.budget
             if b is None:
                 continue
@@ -436,11 +439,15 @@ class RunBudget:
             lowered += b["lowered"]
             over_t += b["overrun_tokens"]
             if usd:
-                row["allocated_usd"] += b["allocated_usd"] or 0.0
-                row["spent_usd"] += b["spent_usd"]
-                over_usd += b["overrun_usd"]
+                sums = level_pico.setdefault(node.depth, [0, 0])
+                sums[0] += _pico(b["allocated_usd"])
+                sums[1] += _pico(b["spent_usd"])
+                over_pico += _pico(b["overrun_usd"])
+        for depth, (allocated, spent) in level_pico.items():
+            levels[depth]["allocated_usd"] = allocated / PICO_PER_USD
+            levels[depth]["spent_usd"] = spent / PICO_PER_USD
         phases = {
-            p: {"tokens": phase_tokens[p], "usd": phase_usd[p] if usd else None}
+            p: {"tokens": phase_tokens[p], "usd": phase_pico[p] / PICO_PER_USD if usd else None}
             for p in phase_tokens
         }
         root, budget = self.root_balance, self.instrument.budget
@@ -461,7 +468,7 @@ class RunBudget:
             "exhausted": exhausted,
             "refused_calls": refused,
             "lowered_calls": lowered,
-            "overrun": {"tokens": over_t, "usd": over_usd if usd else None},
+            "overrun": {"tokens": over_t, "usd": over_pico / PICO_PER_USD if usd else None},
             "on_demand_fraction": self.instrument.on_demand_fraction,
             "min_output_fraction": self.instrument.min_output_fraction,
         }
@@ -574,6 +581,11 @@ def _level_row(depth: int, usd: bool) -> dict[str, Any]:
         "allocated_usd": 0.0 if usd else None,
         "spent_usd": 0.0 if usd else None,
     }
+
+
+def _pico(usd: float | None) -> int:
+    """A record's USD figure back in whole pico-dollars (exact: it was written from them)."""
+    return 0 if usd is None else round(usd * PICO_PER_USD)
 
 
 def _usd(pico: int | None) -> float | None:
