@@ -402,6 +402,81 @@ async def test_a_run_that_raises_still_ends_its_events_with_run_finished() -> No
     assert [e.type for e in events].count("run_finished") == 1
 
 
+_TWO_STEPS = {
+    "goal": "g",
+    "steps": [
+        {"id": "a", "title": "a", "instruction": "do a"},
+        {"id": "b", "title": "b", "instruction": "do b", "depends_on": ["a"]},
+    ],
+}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("strategy", ["plan-execute", "replan", "dag", "hierarchical"])
+async def test_an_error_the_run_lets_through_leaves_it_as_itself_in_every_strategy(
+    strategy: str,
+) -> None:
+    """A scripted model used up raises UnexpectedModelCall, not a task group's ExceptionGroup
+    that ``except UnexpectedModelCall`` would miss (the step runs in a task group in some
+    strategies and not in others)."""
+    from hierplan.errors import UnexpectedModelCall
+
+    events: list[RunEvent] = []
+    model = ScriptedModel([plan_response(_TWO_STEPS)])  # no answer for any step
+    with pytest.raises(UnexpectedModelCall):
+        await hierplan.run("g", model=model, strategy=strategy, listeners=[events.append])
+    last = events[-1]
+    assert isinstance(last, RunFinished) and last.status == "error"
+    assert last.error is not None and last.error.startswith("UnexpectedModelCall: ")
+
+
+@pytest.mark.anyio
+async def test_the_error_a_run_raises_for_a_group_is_the_one_to_act_on_with_the_rest_noted() -> (
+    None
+):
+    import anyio
+
+    from hierplan.errors import ModelAuthError
+    from hierplan.hierarchy.run import _escaping
+
+    cancelled = anyio.get_cancelled_exc_class()
+    refused = ModelAuthError("HTTP 401")
+    bug = ValueError("a bug")
+    nested = BaseExceptionGroup("outer", [cancelled(), ExceptionGroup("inner", [bug, refused])])
+    assert _escaping(nested) is refused  # the user must act on it, wherever it came from
+    assert refused.__notes__ == ["other errors of the run at the same time: ValueError: a bug"]
+    interrupt = KeyboardInterrupt()
+    assert _escaping(BaseExceptionGroup("g", [ValueError("x"), interrupt])) is interrupt
+    first = RuntimeError("first")
+    assert _escaping(BaseExceptionGroup("g", [cancelled(), first])) is first
+    only = cancelled()
+    assert _escaping(BaseExceptionGroup("g", [only])) is only  # nothing but cancellations
+
+
+@pytest.mark.anyio
+async def test_a_run_its_caller_cancels_ends_its_events_with_run_finished_cancelled() -> None:
+    import anyio
+
+    from hierplan import FunctionModel, ModelRequest, ModelResponse
+
+    async def slow(request: ModelRequest) -> ModelResponse:
+        if request.phase == "planning":
+            return plan_response(_TWO_STEPS)
+        await anyio.sleep(30)
+        return ModelResponse(text="late")
+
+    events: list[RunEvent] = []
+    with anyio.move_on_after(0.3) as scope:
+        await hierplan.run(
+            "g", model=FunctionModel(slow), strategy="dag", listeners=[events.append]
+        )
+    assert scope.cancelled_caught
+    last = events[-1]
+    assert isinstance(last, RunFinished) and last.status == "cancelled"
+    assert last.error == "cancelled by the caller"
+    assert [e.type for e in events].count("run_finished") == 1
+
+
 def test_a_listener_that_raises_is_logged_and_the_others_still_get_every_event(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

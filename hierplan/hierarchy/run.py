@@ -562,9 +562,9 @@ async def _execute(ctx: RunContext, chosen: Strategy, prepared: _Prepared) -> Ru
         try:
             status, answer, error = await _run_nodes(ctx, chosen, root)
             ctx.status = status  # before the run's scopes close: the trace says it
-        except Exception as exc:
-            # The run raises (a refused API key, a scripted model used up...): its event stream
-            # still ends with run_finished, with status "error" and what went wrong.
+        except BaseException as exc:
+            # The run raises (a refused API key, a scripted model used up, Ctrl-C) or its caller
+            # cancels it: its event stream still ends with run_finished, saying which.
             if ctx.bus.wants("run_finished"):
                 ctx.bus.emit(_run_failed(ctx.run_id, record, exc))
             raise
@@ -635,11 +635,10 @@ async def _run_nodes(
                 answer = record.output or ""
                 error = str(exc)
             except BaseExceptionGroup as group:
-                # A refused API key stops the run from any depth: surface it, not the groups.
-                refused = group.subgroup(ModelAuthError)
-                if refused is None:
-                    raise
-                raise _first_leaf(refused) from None
+                # What the run lets through (a refused API key, a scripted model used up,
+                # Ctrl-C, a bug) leaves it as itself, whatever the strategy and however deep
+                # the task groups it came through: not as a group that `except` misses.
+                raise _escaping(group) from None
     ctx.nodes_finished = True
     ctx.cancel_scope = None
     if cancel_scope.cancelled_caught or status == "cancelled":
@@ -650,18 +649,19 @@ async def _run_nodes(
     return status, answer, error
 
 
-def _run_failed(run_id: str, record: NodeRecord, exc: Exception) -> RunFinished:
-    """The last event of a run that raised."""
+def _run_failed(run_id: str, record: NodeRecord, exc: BaseException) -> RunFinished:
+    """The last event of a run that raised, or that its caller cancelled."""
     usage = [call.usage for node in record.walk() for call in node.calls]
+    cancelled = isinstance(exc, anyio.get_cancelled_exc_class())
     return RunFinished(
         run_id=run_id,
         path="1",
-        status="error",
+        status="cancelled" if cancelled else "error",
         cost_usd=record.subtree_cost_usd,
         answer="",
         input_tokens=sum(u.input_tokens for u in usage),
         output_tokens=sum(u.output_tokens for u in usage),
-        error=f"{type(exc).__name__}: {exc}",
+        error="cancelled by the caller" if cancelled else f"{type(exc).__name__}: {exc}",
     )
 
 
@@ -685,9 +685,35 @@ def _retire_pending(root: NodeRecord) -> None:
             node.error = node.error or "not run: the run was cancelled"
 
 
-def _first_leaf(group: BaseExceptionGroup[Any]) -> BaseException:
-    first = group.exceptions[0]
-    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
+def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
+
+
+def _escaping(group: BaseExceptionGroup[Any]) -> BaseException:
+    """The one exception a run raises for a group of them: a refused API key first (the user
+    must act on it), then an interrupt (Ctrl-C must stop the program), then the first other
+    error; cancellations of sibling tasks, which only follow from it, are left out. Any other
+    errors are named in a note on it."""
+    leaves = _leaves(group)
+    real = [e for e in leaves if not isinstance(e, anyio.get_cancelled_exc_class())] or leaves
+    chosen = next(
+        (
+            e
+            for kind in (ModelAuthError, KeyboardInterrupt, SystemExit)
+            for e in real
+            if isinstance(e, kind)
+        ),
+        real[0],
+    )
+    others = [e for e in real if e is not chosen]
+    if others:
+        named = "; ".join(f"{type(e).__name__}: {e}" for e in others[:3])
+        more = f" and {len(others) - 3} more" if len(others) > 3 else ""
+        chosen.add_note(f"other errors of the run at the same time: {named}{more}")
+    return chosen
 
 
 _SECRET = re.compile(r"key|token|secret|password|auth|header|cookie", re.I)
