@@ -27,8 +27,11 @@ that message on one line and exits with status 2.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
+
+import anyio
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
@@ -214,3 +217,12 @@ class ToolServerGone(ToolError):
 def _tool_error(cls: type[ToolError], message: str, retryable: bool) -> ToolError:
     """Rebuild a pickled :class:`ToolError` (see ``ToolError.__reduce__``)."""
     return cls(message, retryable=retryable)
+
+
+def stray_cancellation() -> bool:
+    """Whether a cancellation exception caught now was raised by the code called (a tool or a
+    model awaiting something that someone else cancelled) rather than delivered by a cancel
+    scope of this task (a step's deadline, a cancelled run). A task group drops a cancellation
+    that leaves a task, so a stray one would end its step silently, with no error: it is made
+    a failure of the tool or model instead."""
+    return anyio.current_effective_deadline() != -math.inf

@@ -213,3 +213,84 @@ async def test_a_cancel_during_a_model_call_settles_it_at_its_reservation() -> N
     assert result.budget is not None and result.budget["spent"]["tokens"] == reserved.tokens
     (call,) = result.tree.calls
     assert (call.ok, call.flags, call.usage.total_tokens) == (False, ["cut_short"], reserved.tokens)
+
+
+def _stray_cancel_plan() -> dict[str, Any]:
+    return {
+        "goal": "g",
+        "steps": [
+            {"id": "a", "title": "a", "instruction": "a", "tool": "waits", "args": {"key": "k"}},
+            {"id": "b", "title": "b", "instruction": "b", "depends_on": ["a"]},
+        ],
+    }
+
+
+async def _cancelled_elsewhere() -> None:
+    """Await a task that something else cancelled: its CancelledError reaches the awaiter,
+    though nothing cancelled the awaiter itself."""
+    inner = asyncio.get_running_loop().create_future()
+    inner.cancel()
+    await inner
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("strategy", ["dag", "hierarchical", "replan"])
+async def test_a_tool_raising_a_stray_cancellation_fails_its_step_with_an_error(
+    strategy: str,
+) -> None:
+    """A task group drops a cancellation that leaves a task: a tool's stray one used to end
+    its step with no error at all (or leave the run as a bare CancelledError)."""
+    from hierplan import ScriptedModel, tool
+    from hierplan.agents.models.scripted import plan_response
+
+    @tool
+    async def waits(key: str) -> str:
+        """Wait for a value that another task computes."""
+        await _cancelled_elsewhere()
+        return key
+
+    model = ScriptedModel([plan_response(_stray_cancel_plan())] * 3)
+    result = await hierplan.run(
+        "g",
+        model=model,
+        tools=[waits],
+        strategy=strategy,
+        settings=hierplan.RunSettings(max_retries=0, max_replans=0),
+    )
+    assert result.status == "failed"
+    step = next(n for n in result.nodes() if n.step_id == "a")
+    assert step.status == "failed"
+    assert step.error is not None and "tool 'waits' raised CancelledError though nothing" in (
+        step.error
+    )
+    assert step.tool_calls[0].error is not None
+
+
+@pytest.mark.anyio
+async def test_a_model_raising_a_stray_cancellation_fails_the_call_and_the_budget_adds_up() -> None:
+    from hierplan import FunctionModel, ModelRequest, ModelResponse
+    from hierplan.agents.models.scripted import plan_response
+
+    plan = {"goal": "g", "steps": [{"id": "a", "title": "a", "instruction": "a"}]}
+
+    async def respond(request: ModelRequest) -> ModelResponse:
+        if request.phase == "planning":
+            return plan_response(plan)
+        await _cancelled_elsewhere()
+        raise AssertionError("not reached")
+
+    result = await hierplan.run(
+        "g",
+        model=FunctionModel(respond, priced_as="openai:gpt-5-mini"),
+        strategy="dag",
+        settings=hierplan.RunSettings(max_retries=0, max_replans=0),
+        budget_usd=1.0,
+    )
+    assert result.status == "failed"
+    step = result.tree.children[0]
+    assert step.error is not None and "raised CancelledError though nothing cancelled" in step.error
+    assert step.calls[0].flags == ["cut_short"]  # counted as its budget settled it
+    assert result.budget is not None
+    assert result.budget["spent"]["tokens"] == sum(
+        c.usage.total_tokens for n in result.nodes() for c in n.calls
+    )

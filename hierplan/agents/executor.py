@@ -23,7 +23,7 @@ import anyio
 from hierplan.agents.models.base import Message, ModelRequest, ModelResponse, ToolCall
 from hierplan.agents.prompts import FAILED_PREFIX, StepPrompt, render_step_prompt
 from hierplan.agents.tools import Tool, result_text
-from hierplan.errors import HierplanError, StepFailed, ToolError
+from hierplan.errors import HierplanError, StepFailed, ToolError, stray_cancellation
 from hierplan.hierarchy.events import ToolCalled
 from hierplan.hierarchy.plan import REF_PATTERN, ref_target
 from hierplan.hierarchy.record import TOOL_TEXT_LIMIT, ToolCallRecord
@@ -112,7 +112,10 @@ async def call_tool(
     except HierplanError as exc:
         error = str(exc)
         raise
-    except anyio.get_cancelled_exc_class():
+    except anyio.get_cancelled_exc_class() as exc:
+        if stray_cancellation():
+            error = f"tool {target.name!r} raised {type(exc).__name__} though nothing cancelled it"
+            raise ToolError(error, retryable=False) from exc
         # A step's deadline or a cancelled run stopped the call: it did not succeed.
         error = "cancelled before it finished"
         raise

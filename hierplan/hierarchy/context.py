@@ -27,7 +27,7 @@ from hierplan.agents.models.tokens import counted_usage, failed_usage, worst_cas
 from hierplan.agents.planner import LLMPlanner
 from hierplan.agents.tools import Toolbox
 from hierplan.budgets.pricing import PriceTable
-from hierplan.errors import HierplanError, ModelError
+from hierplan.errors import HierplanError, ModelError, stray_cancellation
 from hierplan.hierarchy.events import EventBus, ModelCalled, StepRetried
 from hierplan.hierarchy.gate import Gate
 from hierplan.hierarchy.pause import PauseControl, Restore, SpanIds
@@ -368,9 +368,14 @@ class NodeContext:
             t0 = time.perf_counter()
             try:
                 response = await self.model.request(request)
-            except anyio.get_cancelled_exc_class():
-                self._cut_short(request, started, t0, attempt)
-                raise
+            except anyio.get_cancelled_exc_class() as exc:
+                self._cut_short(request, started, t0, attempt)  # as its budget settled it
+                if not stray_cancellation():
+                    raise
+                raise ModelError(
+                    f"model {self.base_model.name!r} raised {type(exc).__name__} though "
+                    "nothing cancelled the call"
+                ) from exc
             except ModelError as exc:
                 error = exc
             except HierplanError:
