@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -11,7 +13,7 @@ from hypothesis import strategies as st
 import hierplan
 from hierplan import FunctionModel, ModelRequest, ModelResponse, ScriptedModel
 from hierplan.agents.models import resolve_model, tokens
-from hierplan.agents.models.base import Message, Model, ToolSpec, parse_model_string
+from hierplan.agents.models.base import Message, Model, ToolSpec, Usage, parse_model_string
 from hierplan.agents.models.simulated import PROFILES, NoiseProfile, SimulatedModel, perturb_plan
 from hierplan.agents.models.tokens import estimate_request_tokens, estimate_text_tokens
 from hierplan.agents.prompts import PlanPrompt, render_plan_prompt
@@ -276,3 +278,70 @@ async def test_a_run_whose_model_raises_ends_failed_with_the_models_message() ->
     result = await hierplan.run("greet", model=FunctionModel(broken), strategy="dag")
     assert result.status == "failed"
     assert result.error is not None and "model 'function' raised KeyError" in result.error
+
+
+_ONE_STEP = {"goal": "g", "steps": [{"id": "a", "title": "a", "instruction": "do a"}]}
+
+
+def _answering(bad: object) -> FunctionModel:
+    from hierplan.agents.models.scripted import plan_response
+
+    def respond(request: ModelRequest) -> object:
+        return plan_response(_ONE_STEP) if request.phase == "planning" else bad
+
+    return FunctionModel(respond, priced_as="openai:gpt-5-mini")  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+def _response(**fields: Any) -> ModelResponse:
+    return ModelResponse(**fields)  # fields of any type: what the tests below are about
+
+
+def _usage(**counts: Any) -> Usage:
+    return Usage(**counts)
+
+
+@pytest.mark.parametrize(
+    ("bad", "said"),
+    [
+        (_response(text="x", usage={"input_tokens": 5}), "usage {'input_tokens': 5}: give Usage("),
+        (
+            _response(text="x", usage=_usage(input_tokens=5.0)),
+            "usage input_tokens=5.0: token counts are whole",
+        ),
+        (_response(text="x", flags=None), "flags None: a response's flags are a list"),
+        (_response(text=None), "text None: a response's text is a str"),
+        ("just text", "str, not a ModelResponse: return text_response("),
+    ],
+)
+@pytest.mark.parametrize("budget_usd", [None, 1.0])
+async def test_a_malformed_answer_of_a_users_function_fails_the_step_saying_what_is_wrong(
+    bad: object, said: str, budget_usd: float | None
+) -> None:
+    """It used to leave the run as an AttributeError, or under a budget as a LedgerError about
+    an account still open (the call's reservation was never settled)."""
+    result = await hierplan.run(
+        "g",
+        model=_answering(bad),
+        strategy="dag",
+        settings=RunSettings(max_retries=0, max_replans=0),
+        budget_usd=budget_usd,
+    )
+    assert result.status == "failed"
+    step = result.tree.children[0]
+    assert step.error is not None and said in step.error, step.error
+    if budget_usd is not None:
+        assert result.budget is not None
+        assert result.budget["spent"]["tokens"] == sum(
+            c.usage.total_tokens for n in result.nodes() for c in n.calls
+        )
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("name", [f.name for f in dataclasses.fields(Usage)])
+async def test_every_usage_count_must_be_whole(name: str) -> None:
+    usage = _usage(**{name: 1.5})
+    model = FunctionModel(lambda request: ModelResponse(text="x", usage=usage))
+    request = ModelRequest(messages=(Message("user", "hi"),), max_tokens=10, phase="execution")
+    with pytest.raises(ModelError, match=f"usage {name}=1.5: token counts are whole numbers"):
+        await model.request(request)

@@ -10,14 +10,14 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import anyio
 
 from hierplan.agents.models.base import ModelRequest, ModelResponse, ToolCall, Usage
 from hierplan.agents.models.tokens import estimate_request_tokens, estimate_text_tokens
-from hierplan.errors import UnexpectedModelCall
+from hierplan.errors import ModelError, UnexpectedModelCall
 
 ScriptItem = ModelResponse | BaseException | Callable[[ModelRequest], ModelResponse]
 ResponseFunction = Callable[[ModelRequest], ModelResponse | Awaitable[ModelResponse]]
@@ -148,11 +148,54 @@ class FunctionModel:
 def _finish(
     response: ModelResponse, request: ModelRequest, name: str, report_usage: bool
 ) -> ModelResponse:
-    if response.usage is None and report_usage:
+    # One chained test for the usual case: this runs for every call.
+    if not (
+        isinstance(response, ModelResponse)
+        and type(response.text) is str
+        and type(response.flags) is list
+        and ((usage := response.usage) is None or (type(usage) is Usage and _whole(usage)))
+    ):
+        raise ModelError(f"model {name!r} answered with {_malformed(response)}")
+    if usage is None and report_usage:
         response.usage = estimated_usage(request, response)
     if not response.model:
         response.model = name
     return response
+
+
+def _whole(usage: Usage) -> bool:
+    # Field by field rather than a loop over fields(Usage): this runs for every call.
+    return (
+        type(usage.input_tokens) is int
+        and type(usage.output_tokens) is int
+        and type(usage.cached_input_tokens) is int
+        and type(usage.reasoning_tokens) is int
+        and type(usage.cache_write_tokens) is int
+        and type(usage.cache_write_1h_tokens) is int
+    )
+
+
+def _malformed(response: object) -> str:
+    """What is wrong with an answer of a user's function or script, and what to give instead:
+    said here, rather than failing later far from the cause (a budget left unsettled)."""
+    if not isinstance(response, ModelResponse):
+        return (
+            f"{type(response).__name__}, not a ModelResponse: return text_response(...), "
+            "plan_response(...), tool_response(...) or a ModelResponse"
+        )
+    if type(response.text) is not str:
+        return f"text {response.text!r}: a response's text is a str ('' for none)"
+    if type(response.flags) is not list:
+        return f"flags {response.flags!r}: a response's flags are a list of str ([] for none)"
+    usage = response.usage
+    if type(usage) is not Usage:
+        return (
+            f"usage {usage!r}: give Usage(input_tokens, output_tokens), or None to have it "
+            "estimated"
+        )
+    counts = {f.name: getattr(usage, f.name) for f in fields(usage)}
+    bad = ", ".join(f"{k}={v!r}" for k, v in counts.items() if type(v) is not int)
+    return f"usage {bad}: token counts are whole numbers (int)"
 
 
 def text_response(text: str) -> ModelResponse:
