@@ -23,6 +23,7 @@ from typing import Annotated, Any, NoReturn, cast
 
 import anyio
 import typer
+from anyio.abc import TaskStatus
 from rich.console import Console
 
 from hierplan import __version__
@@ -399,27 +400,31 @@ async def run_until_interrupted(*, stop: StopSignal | None = None, **options: An
     ``cancelled`` with its record (what finished, what was running), and ``stop`` says which
     signal it was. A second Ctrl-C stops at once."""
     stop = stop or StopSignal()
-    async with start_run(**options) as handle:
+    handle = start_run(**options)
 
-        async def cancel_on_interrupt() -> None:
-            # Leaving the receiver gives SIGINT back to Python: the next one interrupts.
-            with anyio.open_signal_receiver(*STOP_SIGNALS) as signals:
-                async for signum in signals:
-                    if _stop_requested(signum):
-                        stop.signum = signum
-                        handle.cancel()
-                        return
+    async def cancel_on_signal(*, task_status: TaskStatus[None]) -> None:
+        # Leaving the receiver gives SIGINT back to Python: the next one interrupts.
+        with anyio.open_signal_receiver(*STOP_SIGNALS) as signals:
+            task_status.started()
+            async for signum in signals:
+                if _stop_requested(signum):
+                    stop.signum = signum
+                    handle.cancel()
+                    return
 
-        failure: Exception | None = None
-        async with anyio.create_task_group() as watch:
-            watch.start_soon(cancel_on_interrupt)
-            try:
+    failure: Exception | None = None
+    async with anyio.create_task_group() as watch:
+        # Listening before the run starts: a signal while it sets up (a scenario builds its
+        # database for seconds) cancels it too, and it ends with a record like any other.
+        await watch.start(cancel_on_signal)
+        try:
+            async with handle:
                 result = await handle.result()
-            except Exception as exc:  # re-raised as it is, not wrapped by the task group
-                failure = exc
-            watch.cancel_scope.cancel()
-        if failure is not None:
-            raise failure
+        except Exception as exc:  # re-raised as it is, not wrapped by the task group
+            failure = exc
+        watch.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
     return result
 
 

@@ -544,6 +544,42 @@ def test_ctrl_c_or_sigterm_cancels_the_run_and_keeps_its_record(
         pass
 
 
+@pytest.mark.parametrize(
+    ("sig", "code", "reason"),
+    [(signal.SIGINT, 130, "interrupted (Ctrl-C)"), (signal.SIGTERM, 143, "stopped by SIGTERM")],
+)
+def test_a_signal_while_the_scenario_sets_up_cancels_the_run_and_keeps_its_record(
+    tmp_path: Path, sig: signal.Signals, code: int, reason: str
+) -> None:
+    """The scenario builds its database for a second or two before the run starts. A Ctrl-C
+    then used to be left to the event loop, which let the run go on to its end and threw its
+    record away; a SIGTERM ended the process with no word and a half-written database."""
+    from hierplan.dirlock import RUN_LOCK
+
+    out = tmp_path / "out"
+    command = ["run", "--scenario", "data_migration", "--yes", "-o", str(out)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hierplan", *command],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    building = out / "source.db.tmp"
+    deadline = time.monotonic() + 60
+    while not building.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert building.exists(), "the scenario never started to build its database"
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == code, stderr
+    assert "Traceback" not in stdout + stderr
+    assert f"{reason}: the run was cancelled" in stdout
+    record = json.loads((out / "run.json").read_text())
+    assert record["status"] == "cancelled"
+    assert not building.exists() and not (out / RUN_LOCK).exists()
+
+
 def test_a_goal_file_with_a_blank_goal_or_an_empty_scenario_is_refused(tmp_path: Path) -> None:
     from hierplan.errors import UserInputError
     from hierplan.goals import load_goal_file
