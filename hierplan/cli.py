@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from functools import partial
 from pathlib import Path
 from types import MappingProxyType
@@ -280,6 +280,9 @@ def _refuse_paused_run(run_dir: Path, *, start_over: str = "") -> None:
 Start = Callable[..., Awaitable[RunResult]]
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process that SIGTERM ended
+# Where a run without --out writes: a new directory named by the time it starts.
+RUNS_DIR = Path("runs")
+
 # The signals that stop a run the way Ctrl-C does: a service manager or `kill` sends SIGTERM.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -588,11 +591,21 @@ def run_command(
         Console(stderr=True).print(
             f"warning: {unpriced}", markup=False, highlight=False, soft_wrap=True
         )
+    made: list[Path] = []  # the directories made here for the run, innermost first
     try:
-        run_dir = out or new_directory(Path("runs"), time.strftime("%Y%m%d-%H%M%S"), "the run")
+        if out is None:
+            made = [] if RUNS_DIR.exists() else [RUNS_DIR]
+            out = new_directory(RUNS_DIR, time.strftime("%Y%m%d-%H%M%S"), "the run")
+            made.insert(0, out)
+        run_dir = out
     except HierplanError as exc:
         _fail(str(exc))
-    with _holding(run_dir, otherwise=", or give this run another --out"):
+    # A run refused before it wrote anything leaves no directory behind: those made here for
+    # it are removed if they are still empty when the command ends, however it ends.
+    with (
+        _removed_if_empty(made),
+        _holding(run_dir, otherwise=", or give this run another --out"),
+    ):
         _refuse_paused_run(run_dir, start_over=" and give --overwrite")
         if not overwrite:
             _refuse_earlier_run(run_dir, scenario)
@@ -618,6 +631,17 @@ def run_command(
             price_in=price_in,
             price_out=price_out,
         )
+
+
+@contextmanager
+def _removed_if_empty(directories: list[Path]) -> Iterator[None]:
+    """Remove each of ``directories`` (innermost first) on the way out if it is empty."""
+    try:
+        yield
+    finally:
+        for directory in directories:
+            with suppress(OSError):  # not empty (the run wrote its record), or gone
+                directory.rmdir()
 
 
 def _given(ctx: typer.Context, name: str) -> bool:

@@ -105,6 +105,34 @@ def test_a_missing_api_key_says_what_to_set_from_the_command_line(
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--scenario", "nope"],
+        ["do something"],  # free text for the simulator
+        ["--scenario", "data_migration", "-m", "anthropic:claude-haiku-4-5"],  # no API key
+    ],
+)
+@pytest.mark.parametrize("runs_existed", [False, True])
+def test_a_refused_run_without_out_leaves_no_directory_behind(
+    tmp_path: Path, args: list[str], runs_existed: bool
+) -> None:
+    """Without --out a run makes runs/<time> before it starts: a run refused then left it
+    there, empty (and runs/ with it)."""
+    env = {k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"}
+    if runs_existed:
+        (tmp_path / "runs").mkdir()
+    result = subprocess.run(
+        [sys.executable, "-m", "hierplan", "run", *args, "--yes"],
+        cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("error: ")
+    assert [p.name for p in tmp_path.iterdir()] == (["runs"] if runs_existed else [])
+    if runs_existed:
+        assert not any((tmp_path / "runs").iterdir())
+
+
 def test_a_broken_yaml_plan_names_the_problem_and_where_it_is(tmp_path: Path) -> None:
     broken = tmp_path / "plan.yaml"
     broken.write_text("goal: g\nsteps:\n  - id: a\n   title: x\n")
