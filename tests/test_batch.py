@@ -1187,6 +1187,23 @@ def test_a_resume_refuses_a_flag_given_at_its_default_that_differs_from_the_batc
     assert same.exit_code == 0, same.output
 
 
+def test_resuming_a_celery_batch_without_its_backend_says_what_to_give(tmp_path: Path) -> None:
+    goals = tmp_path / "goals.jsonl"
+    goals.write_text('{"suite": "game24", "task": 0}\n')
+    out = tmp_path / "out"
+    start = ["batch", str(goals), "--out", str(out), "--sim-latency-scale", "0"]
+    assert CliRunner().invoke(app, start).exit_code == 0
+    journal = open_journal(out, resume=True)
+    journal.set_meta("backend", "celery")  # as a batch started on Celery workers has it
+    journal.close()
+    again = CliRunner().invoke(app, [*start, "--resume"])
+    assert again.exit_code == 2, again.output
+    assert (
+        f"cannot resume {out} with --backend local (the default): it was started with "
+        "--backend celery; give --backend celery and the --broker it was started with"
+    ) in " ".join(again.output.split())
+
+
 def test_a_goals_minimum_on_anthropic_holds_its_tool_use_system_prompt() -> None:
     # A plan comes back through a tool, so Anthropic adds its tool-use system prompt (313 tokens
     # with the tool forced, 346 offered: the minimum takes the smaller).

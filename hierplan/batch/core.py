@@ -268,9 +268,13 @@ def _reopen(config: BatchConfig, pricing: PriceTable) -> Batch:
                 "--out)"
             )
         if meta.get("backend") != config.backend:
+            started = meta.get("backend")
+            given = config.given
+            default = " (the default)" if given is not None and "--backend" not in given else ""
+            needs = " and the --broker it was started with" if started == "celery" else ""
             raise UserInputError(
-                f"cannot resume {config.out} with --backend {config.backend}: it was started "
-                f"with --backend {meta.get('backend')}"
+                f"cannot resume {config.out} with --backend {config.backend}{default}: it was "
+                f"started with --backend {started}; give --backend {started}{needs}"
             )
         changed = _changed_on_resume(config, meta)
         if changed:
