@@ -756,6 +756,18 @@ def test_set_gives_any_run_setting_without_a_flag_of_its_own(tmp_path: Path) -> 
         "step_timeout_s": 1000.0,
         "retry_backoff_s": 0.5,
     }
+    # Numbers as JSON and YAML 1.2 read them, not YAML 1.1: 010 is ten, not octal 8, and a
+    # sexagesimal 1:30 or a 1_000 is text, which a number setting refuses.
+    assert settings_from_assignments(["max_retries=010"], flags=SETTING_FLAGS) == {
+        "max_retries": 10
+    }
+    for text in ("step_timeout_s=1:30", "max_retries=1_0"):
+        name = text.split("=")[0]
+        result = runner.invoke(
+            app, ["run", "--scenario", "data_migration", "-y", *FAST, "--set", text]
+        )
+        assert result.exit_code == 2
+        assert result.output.startswith(f"error: --set {name}: Input should be a valid")
 
 
 def test_a_run_does_not_replace_an_earlier_run_unless_told_to(tmp_path: Path) -> None:

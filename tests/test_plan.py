@@ -358,6 +358,37 @@ def test_any_json_number_with_an_exponent_reads_as_json_reads_it(
     assert parse_data_text(text) == json.loads(text)
 
 
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("010", 10),  # YAML 1.1: octal 8
+        ("-007", -7),
+        ("0x1F", 31),
+        ("0o17", 15),
+        ("1_000", "1_000"),  # YAML 1.1: 1000
+        ("1:30", "1:30"),  # YAML 1.1: 90 (base 60)
+        ("1:30.5", "1:30.5"),
+        ("1_0.5", "1_0.5"),
+        ("no", "no"),  # YAML 1.1: false
+        ("Off", "Off"),
+        ("y", "y"),
+        ("true", True),
+        ("FALSE", False),
+        ("null", None),
+        (".inf", float("inf")),
+        ("!!bool yes", True),  # an explicit tag still converts as it says
+        ("!!int 0x10", 16),
+    ],
+)
+def test_plain_scalars_read_as_yaml_1_2_and_json_read_them(text: str, value: object) -> None:
+    assert parse_data_text(f"x: {text}") == {"x": value}
+
+
+@given(st.integers())
+def test_any_json_integer_reads_as_json_reads_it(number: int) -> None:
+    assert parse_data_text(str(number)) == json.loads(str(number))
+
+
 def test_yaml_anchors_and_merge_keys_still_work(tmp_path: Path) -> None:
     path = tmp_path / "plan.yaml"
     path.write_text(

@@ -80,21 +80,45 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-# Plans and goal files hold JSON-shaped data: a date written unquoted ("when: 2024-05-01") is
-# the text written, as in JSON, not a datetime that a tool's string argument then refuses and
-# that comes back as text once the plan is saved. An explicit !!timestamp still makes one.
+# Plans and goal files hold JSON-shaped data, so plain scalars are read as JSON and YAML 1.2
+# (its core schema) read them, not as PyYAML's YAML 1.1 does: a date written unquoted
+# ("when: 2024-05-01") is the text written, not a datetime that a tool's string argument then
+# refuses; "seed: 010" is 10, not octal 8; "1:30" and "1_000" are text, not 90 and 1000;
+# "no" and "off" are text, not false; "1e3" is a number, where YAML 1.1 reads text. Explicit
+# tags (!!timestamp, !!bool yes) still convert as they say.
+_YAML_1_1 = {f"tag:yaml.org,2002:{t}" for t in ("bool", "int", "float", "timestamp")}
 _StrictLoader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    first: [(tag, rx) for tag, rx in resolvers if tag not in _YAML_1_1]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
-# YAML 1.1 (PyYAML's) reads a number whose exponent has no sign ("1e3", "1.5e3") as text, where
-# JSON and YAML 1.2 read a number: a setting written `step_timeout_s: 1e3` would be refused as no
-# number. The float constructor takes it as Python's float() does.
+# In this order: a scalar takes the first resolver that matches ("10" is an int, not a float).
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"),
+    list("-+0123456789"),
+)
 _StrictLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    re.compile(
+        r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
     list("-+.0123456789"),
 )
+
+
+def _yaml_1_2_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    """An int as YAML 1.2 reads it: decimal (leading zeros too), ``0o`` octal, ``0x`` hex."""
+    value = str(loader.construct_scalar(node))
+    if value.startswith(("0o", "0x")):
+        return int(value[2:], 8 if value[1] == "o" else 16)
+    return int(value, 10)
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _yaml_1_2_int)
 
 
 def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
