@@ -516,9 +516,9 @@ def test_the_simulator_is_labelled_whatever_the_case_of_its_name(tmp_path: Path)
 
 
 def _signal_mid_run(
-    args: list[str], started: Path, sig: signal.Signals, cwd: Path
+    args: list[str], started: Path, sig: signal.Signals, cwd: Path, after_s: float = 1.0
 ) -> tuple[int, str, str]:
-    """Run ``hierplan ARGS``, send ``sig`` once ``started`` exists and a second has passed."""
+    """Run ``hierplan ARGS``, send ``sig`` once ``started`` exists and ``after_s`` has passed."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "hierplan", *args],
         cwd=cwd,
@@ -529,7 +529,7 @@ def _signal_mid_run(
     deadline = time.monotonic() + 60
     while not started.exists() and time.monotonic() < deadline:
         time.sleep(0.1)  # the run has started once its scenario is set up
-    time.sleep(1.0)
+    time.sleep(after_s)
     proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=60)
     return proc.returncode, stdout, stderr
@@ -585,22 +585,11 @@ def test_a_signal_while_the_scenario_sets_up_cancels_the_run_and_keeps_its_recor
     from hierplan.dirlock import RUN_LOCK
 
     out = tmp_path / "out"
-    command = ["run", "--scenario", "data_migration", "--yes", "-o", str(out)]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hierplan", *command],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
     building = out / "source.db.tmp"
-    deadline = time.monotonic() + 60
-    while not building.exists() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert building.exists(), "the scenario never started to build its database"
-    proc.send_signal(sig)
-    stdout, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == code, stderr
+    returncode, stdout, stderr = _signal_mid_run(
+        ["run", "--scenario", "data_migration", "--yes", "-o", str(out)], building, sig, tmp_path, 0
+    )
+    assert returncode == code, stderr
     assert "Traceback" not in stdout + stderr
     assert f"{reason}: the run was cancelled" in stdout
     record = json.loads((out / "run.json").read_text())
