@@ -212,7 +212,11 @@ def test_a_resume_after_an_interrupted_write_starts_its_records_on_a_line_of_the
         (["--suite", "chess"], "unknown suite 'chess'"),
         (["--strategies", "react,magic"], "unknown strategy 'magic'"),
         (["--strategies", ","], "no strategies given"),
-        (["--tasks", "0"], "--tasks must be at least 1 (got 0)"),
+        (["--tasks", "0"], "--tasks must be 1 to 10,000 (got 0)"),
+        # Tasks a goals file of hierplan batch could not name by their ids:
+        (["--tasks", "10001"], "--tasks must be 1 to 10,000 (got 10001): a task's id"),
+        (["--task-seed", "-1"], "--task-seed must be 0 to 999,999,999 (got -1)"),
+        (["--task-seed", "1000000000"], "--task-seed must be 0 to 999,999,999"),
         (["--seeds", "-1"], "--seeds must be at least 1"),
         (["--concurrency", "0"], "--concurrency must be at least 1"),
         (["--sim-profile", "perfect"], "unknown simulator profile 'perfect'"),

@@ -48,7 +48,7 @@ from pydantic import (
 
 from hierplan.agents.models.base import ToolSpec, parse_model_string
 from hierplan.agents.models.provider import RepeatedKeyError, json_problem, loads_json
-from hierplan.bench.base import BenchTask
+from hierplan.bench.base import MAX_TASK_INDEX, BenchTask
 from hierplan.bench.suites import get_suite
 from hierplan.budgets.budget import ALLOCATIONS, MAX_BUDGET_TOKENS, MAX_BUDGET_USD
 from hierplan.errors import HierplanError, UserInputError
@@ -62,8 +62,7 @@ MAX_ERRORS_SHOWN = 20
 MAX_LINE_CHARS = 2 * MAX_GOAL_CHARS + 10_000
 GOAL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
-MAX_TASK_INDEX = 9_999
-TASK_ID = re.compile(r"^([a-z0-9_]+)-(\d{1,9})-(\d{1,4})$")
+TASK_ID = re.compile(r"^([a-z0-9_]+)-(\d{1,9})-(\d{1,4})$")  # bench.base.MAX_TASK_SEED, _INDEX
 
 GoalKind = Literal["text", "scenario", "suite"]
 

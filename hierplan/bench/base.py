@@ -32,6 +32,11 @@ from hierplan.scenarios.base import Verification
 # A competent planner splits work longer than this into sub-goals when sub-goals are allowed.
 MAX_FLAT_STEPS = 8
 
+# A task's id is ``<suite>-<task seed>-<index>`` (``game24-0-3``): a goals file of
+# ``hierplan batch`` names a task by it, so a benchmark makes no task it could not name.
+MAX_TASK_SEED = 999_999_999
+MAX_TASK_INDEX = 9_999
+
 
 class ActionFailed(ToolError):
     """An action whose preconditions do not hold; trying it again unchanged cannot help."""

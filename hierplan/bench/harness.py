@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from hierplan.agents.models import resolve_model
 from hierplan.agents.models.base import Model, ToolCall, close_model, parse_model_string
 from hierplan.agents.models.simulated import PROFILES, NoiseProfile, SimulatedModel
-from hierplan.bench.base import BenchTask, Suite
+from hierplan.bench.base import MAX_TASK_INDEX, MAX_TASK_SEED, BenchTask, Suite
 from hierplan.bench.suites import SUITE_NAMES, get_suite
 from hierplan.errors import HierplanError, ModelAuthError, UserInputError
 from hierplan.hierarchy.context import STRATEGY_NAMES, Instrument, NodeContext, RunSettings
@@ -115,8 +115,13 @@ def check_config(config: BenchConfig) -> None:
             )
     if not config.suites or not config.strategies:
         raise UserInputError("name at least one suite and one strategy")
-    if config.tasks < 1:
-        raise UserInputError(f"--tasks must be at least 1 (got {config.tasks})")
+    if not 1 <= config.tasks <= MAX_TASK_INDEX + 1:
+        raise UserInputError(
+            f"--tasks must be 1 to {MAX_TASK_INDEX + 1:,} (got {config.tasks}): a task's id, "
+            "which a goals file of hierplan batch names it by, has room for that many"
+        )
+    if not 0 <= config.task_seed <= MAX_TASK_SEED:
+        raise UserInputError(f"--task-seed must be 0 to {MAX_TASK_SEED:,} (got {config.task_seed})")
     if config.seeds < 1:
         raise UserInputError(f"--seeds must be at least 1 (got {config.seeds})")
     if config.concurrency < 1:
