@@ -86,7 +86,7 @@ class _StrictLoader(yaml.SafeLoader):
 # refuses; "seed: 010" is 10, not octal 8; "1:30" and "1_000" are text, not 90 and 1000;
 # "no" and "off" are text, not false; "1e3" is a number, where YAML 1.1 reads text. Explicit
 # tags (!!timestamp, !!bool yes) still convert as they say.
-_YAML_1_1 = {f"tag:yaml.org,2002:{t}" for t in ("bool", "int", "float", "timestamp")}
+_YAML_1_1 = frozenset(f"tag:yaml.org,2002:{t}" for t in ("bool", "int", "float", "timestamp"))
 _StrictLoader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in resolvers if tag not in _YAML_1_1]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
