@@ -412,8 +412,10 @@ class RunBudget:
         """
         usd = self.usd_tracked
         phase_tokens = {"planning": 0, "execution": 0}
-        # USD is summed in pico-dollars, the figures' exact unit, so that the sums do not drift
-        # as floats added one by one do (the run's total is exact; its parts must be too).
+        # USD is summed in pico-dollars, the figures' exact unit (a record's USD figure was
+        # written from them, so round(usd * PICO_PER_USD) gives them back exactly), so that the
+        # sums do not drift as floats added one by one do: the run's total is exact, and so
+        # must its parts be.
         phase_pico = {"planning": 0, "execution": 0}
         levels: dict[int, dict[str, Any]] = {}
         exhausted: list[str] = []
@@ -425,7 +427,9 @@ class RunBudget:
                 exhausted.append(node.path)
             for call in node.calls:
                 phase_tokens[call.phase] += call.usage.total_tokens
-                phase_pico[call.phase] += _pico(call.cost_usd)
+                cost = call.cost_usd
+                if cost:  # inline, not _pico(): this runs for every call of the run
+                    phase_pico[call.phase] += round(cost * PICO_PER_USD)
             b = node.budget
             if b is None:
                 continue
@@ -438,11 +442,16 @@ class RunBudget:
             refused += b["refused"]
             lowered += b["lowered"]
             over_t += b["overrun_tokens"]
-            if usd:
-                sums = level_pico.setdefault(node.depth, [0, 0])
-                sums[0] += _pico(b["allocated_usd"])
-                sums[1] += _pico(b["spent_usd"])
-                over_pico += _pico(b["overrun_usd"])
+            if usd:  # as for the calls: inline, once per node
+                sums = level_pico.get(node.depth)
+                if sums is None:
+                    sums = level_pico[node.depth] = [0, 0]
+                allocated, over = b["allocated_usd"], b["overrun_usd"]
+                if allocated:
+                    sums[0] += round(allocated * PICO_PER_USD)
+                sums[1] += round(b["spent_usd"] * PICO_PER_USD)
+                if over:
+                    over_pico += round(over * PICO_PER_USD)
         for depth, (allocated, spent) in level_pico.items():
             levels[depth]["allocated_usd"] = allocated / PICO_PER_USD
             levels[depth]["spent_usd"] = spent / PICO_PER_USD
@@ -581,11 +590,6 @@ def _level_row(depth: int, usd: bool) -> dict[str, Any]:
         "allocated_usd": 0.0 if usd else None,
         "spent_usd": 0.0 if usd else None,
     }
-
-
-def _pico(usd: float | None) -> int:
-    """A record's USD figure back in whole pico-dollars (exact: it was written from them)."""
-    return 0 if usd is None else round(usd * PICO_PER_USD)
 
 
 def _usd(pico: int | None) -> float | None:

@@ -153,7 +153,18 @@ def _finish(
         isinstance(response, ModelResponse)
         and type(response.text) is str
         and type(response.flags) is list
-        and ((usage := response.usage) is None or (type(usage) is Usage and _whole(usage)))
+        and (
+            (usage := response.usage) is None
+            or (
+                type(usage) is Usage
+                and type(usage.input_tokens) is int
+                and type(usage.output_tokens) is int
+                and type(usage.cached_input_tokens) is int
+                and type(usage.reasoning_tokens) is int
+                and type(usage.cache_write_tokens) is int
+                and type(usage.cache_write_1h_tokens) is int
+            )
+        )
     ):
         raise ModelError(f"model {name!r} answered with {_malformed(response)}")
     if usage is None and report_usage:
@@ -161,18 +172,6 @@ def _finish(
     if not response.model:
         response.model = name
     return response
-
-
-def _whole(usage: Usage) -> bool:
-    # Field by field rather than a loop over fields(Usage): this runs for every call.
-    return (
-        type(usage.input_tokens) is int
-        and type(usage.output_tokens) is int
-        and type(usage.cached_input_tokens) is int
-        and type(usage.reasoning_tokens) is int
-        and type(usage.cache_write_tokens) is int
-        and type(usage.cache_write_1h_tokens) is int
-    )
 
 
 def _malformed(response: object) -> str:
