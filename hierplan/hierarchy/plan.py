@@ -233,7 +233,8 @@ def _step_problems(
                 )
             )
     out.extend(_reference_problems(s, ids))
-    out.extend(_tool_problems(s, allowed))
+    if s.tool is not None or s.tools is not None or s.args is not None:  # most steps: no call
+        out.extend(_tool_problems(s, allowed))
     if s.args is not None and _has_non_finite(s.args):
         # JSON has no inf or nan: the plan's record, events and YAML would say null instead.
         out.append(
@@ -271,7 +272,7 @@ def _step_problems(
 
 
 def _tool_problems(s: Step, allowed: frozenset[str] | None) -> list[PlanProblem]:
-    """The step's tool and tool list against the tools allowed here, and against each other."""
+    """The step's tool, tool list and args against the tools allowed here and each other."""
     out: list[PlanProblem] = []
     if s.tool is not None and allowed is not None and s.tool not in allowed:
         known = ", ".join(sorted(allowed)) or "none"
