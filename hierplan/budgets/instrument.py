@@ -413,7 +413,7 @@ class RunBudget:
         usd = self.usd_tracked
         phase_tokens = {"planning": 0, "execution": 0}
         # USD is summed in pico-dollars, the figures' exact unit (a record's USD figure was
-        # written from them, so round(usd * PICO_PER_USD) gives them back exactly), so that the
+        # written from them, so int(usd * _PICO_F + 0.5) gives them back exactly), so that the
         # sums do not drift as floats added one by one do: the run's total is exact, and so
         # must its parts be.
         phase_pico = {"planning": 0, "execution": 0}
@@ -429,7 +429,7 @@ class RunBudget:
                 phase_tokens[call.phase] += call.usage.total_tokens
                 cost = call.cost_usd
                 if cost:  # inline, not _pico(): this runs for every call of the run
-                    phase_pico[call.phase] += round(cost * PICO_PER_USD)
+                    phase_pico[call.phase] += int(cost * _PICO_F + 0.5)
             b = node.budget
             if b is None:
                 continue
@@ -448,10 +448,10 @@ class RunBudget:
                     sums = level_pico[node.depth] = [0, 0]
                 allocated, over = b["allocated_usd"], b["overrun_usd"]
                 if allocated:
-                    sums[0] += round(allocated * PICO_PER_USD)
-                sums[1] += round(b["spent_usd"] * PICO_PER_USD)
+                    sums[0] += int(allocated * _PICO_F + 0.5)
+                sums[1] += int(b["spent_usd"] * _PICO_F + 0.5)
                 if over:
-                    over_pico += round(over * PICO_PER_USD)
+                    over_pico += int(over * _PICO_F + 0.5)
         for depth, (allocated, spent) in level_pico.items():
             levels[depth]["allocated_usd"] = allocated / PICO_PER_USD
             levels[depth]["spent_usd"] = spent / PICO_PER_USD
@@ -590,6 +590,11 @@ def _level_row(depth: int, usd: bool) -> dict[str, Any]:
         "allocated_usd": 0.0 if usd else None,
         "spent_usd": 0.0 if usd else None,
     }
+
+
+# Pico-dollars a USD as a float: a figure times it, rounded, is its whole pico-dollars again
+# (int(x + 0.5) rather than round(x): the figures are not negative, and it costs less).
+_PICO_F = float(PICO_PER_USD)
 
 
 def _usd(pico: int | None) -> float | None:
