@@ -251,7 +251,7 @@ def test_bench_takes_the_model_flags_as_run_does(tmp_path: Path) -> None:
 
 
 def test_check_config_rejects_zero_tasks() -> None:
-    with pytest.raises(UserInputError, match="at least 1"):
+    with pytest.raises(UserInputError, match="--tasks must be 1 to 10,000 \\(got 0\\)"):
         check_config(BenchConfig(suites=("game24",), strategies=("react",), tasks=0))
 
 
