@@ -421,14 +421,13 @@ class RunBudget:
         exhausted: list[str] = []
         refused = lowered = over_t = 0
         over_pico = 0
-        level_pico: dict[int, list[int]] = {}  # depth -> [allocated, spent]
         for node in tree.walk():
             if node.status == "budget_exhausted":
                 exhausted.append(node.path)
             for call in node.calls:
                 phase_tokens[call.phase] += call.usage.total_tokens
                 cost = call.cost_usd
-                if cost:  # inline, not _pico(): this runs for every call of the run
+                if cost:  # inline, not a helper's call: this runs for every call of the run
                     phase_pico[call.phase] += int(cost * _PICO_F + 0.5)
             b = node.budget
             if b is None:
@@ -442,19 +441,17 @@ class RunBudget:
             refused += b["refused"]
             lowered += b["lowered"]
             over_t += b["overrun_tokens"]
-            if usd:  # as for the calls: inline, once per node
-                sums = level_pico.get(node.depth)
-                if sums is None:
-                    sums = level_pico[node.depth] = [0, 0]
+            if usd:  # in pico-dollars until the end (see _level_row), inline as for calls
                 allocated, over = b["allocated_usd"], b["overrun_usd"]
                 if allocated:
-                    sums[0] += int(allocated * _PICO_F + 0.5)
-                sums[1] += int(b["spent_usd"] * _PICO_F + 0.5)
+                    row["allocated_usd"] += int(allocated * _PICO_F + 0.5)
+                row["spent_usd"] += int(b["spent_usd"] * _PICO_F + 0.5)
                 if over:
                     over_pico += int(over * _PICO_F + 0.5)
-        for depth, (allocated, spent) in level_pico.items():
-            levels[depth]["allocated_usd"] = allocated / PICO_PER_USD
-            levels[depth]["spent_usd"] = spent / PICO_PER_USD
+        if usd:
+            for row in levels.values():
+                row["allocated_usd"] /= PICO_PER_USD
+                row["spent_usd"] /= PICO_PER_USD
         phases = {
             p: {"tokens": phase_tokens[p], "usd": phase_pico[p] / PICO_PER_USD if usd else None}
             for p in phase_tokens
@@ -582,13 +579,15 @@ def _running_plan(versions: list[PlanVersion]) -> Plan:
 
 
 def _level_row(depth: int, usd: bool) -> dict[str, Any]:
+    """A level's row; its USD figures are summed as whole pico-dollars (int 0, not 0.0: a
+    float would make the sum inexact) and turned into USD once every node is in."""
     return {
         "depth": depth,
         "nodes": 0,
         "allocated_tokens": 0,
         "spent_tokens": 0,
-        "allocated_usd": 0.0 if usd else None,
-        "spent_usd": 0.0 if usd else None,
+        "allocated_usd": 0 if usd else None,
+        "spent_usd": 0 if usd else None,
     }
 
 
