@@ -591,15 +591,11 @@ def run_command(
         Console(stderr=True).print(
             f"warning: {unpriced}", markup=False, highlight=False, soft_wrap=True
         )
-    made: list[Path] = []  # the directories made here for the run, innermost first
     try:
-        if out is None:
-            made = [] if RUNS_DIR.exists() else [RUNS_DIR]
-            out = new_directory(RUNS_DIR, time.strftime("%Y%m%d-%H%M%S"), "the run")
-            made.insert(0, out)
-        run_dir = out
+        made = [] if out is not None else _new_run_directory()
     except HierplanError as exc:
         _fail(str(exc))
+    run_dir = out or made[0]
     # A run refused before it wrote anything leaves no directory behind: those made here for
     # it are removed if they are still empty when the command ends, however it ends.
     with (
@@ -631,6 +627,13 @@ def run_command(
             price_in=price_in,
             price_out=price_out,
         )
+
+
+def _new_run_directory() -> list[Path]:
+    """Make ``runs/<time>`` for a run without --out; the directories made, innermost first."""
+    made = [] if RUNS_DIR.exists() else [RUNS_DIR]
+    made.insert(0, new_directory(RUNS_DIR, time.strftime("%Y%m%d-%H%M%S"), "the run"))
+    return made
 
 
 @contextmanager
