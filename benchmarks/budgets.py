@@ -31,15 +31,15 @@ from typing import Any
 import anyio
 
 import hierplan
-from hierplan.agents.models.base import Message, ModelRequest, ModelResponse, Usage
-from hierplan.agents.models.scripted import FunctionModel
 from hierplan.agents.prompts import parse_plan_prompt
-from hierplan.agents.tools import Toolbox
 from hierplan.budgets.budget import Budget, Draw, Fixed, LocalLedger
 from hierplan.budgets.instrument import BudgetInstrument
-from hierplan.budgets.pricing import Price, PriceTable
 from hierplan.hierarchy.context import NodeContext, RunContext, RunSettings
-from hierplan.hierarchy.record import NodeRecord
+from hierplan.models.base import Message, ModelRequest, ModelResponse, Usage
+from hierplan.models.scripted import FunctionModel
+from hierplan.pricing import Price, PriceTable
+from hierplan.records import NodeRecord
+from hierplan.tools.base import Toolbox
 
 PRICING = PriceTable({"bench:model": Price(1.0, 4.0)})
 REQUEST = ModelRequest(

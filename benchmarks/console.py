@@ -10,7 +10,7 @@ almost all of a run's time is orchestration, which is what a listener adds to. C
 - ``none``: no listener (the baseline, where no event is built at all);
 - ``every-event``: a listener that takes every event and does nothing (what building and
   delivering the events costs);
-- ``console``: the display of ``hierplan run`` (:class:`hierplan.console.RunConsole`), on a
+- ``console``: the display of ``hierplan run`` (:class:`hierplan.view.console.RunConsole`), on a
   console that is a terminal writing to ``/dev/null``: the progress line and what it prints.
 
 Configurations alternate run by run; each figure is the median over ``--repeats`` runs of the
@@ -35,8 +35,8 @@ sys.path.append(str(Path(__file__).resolve().parent))  # overhead, perfkit; last
 import overhead
 import perfkit
 
-from hierplan.console import RunConsole
-from hierplan.hierarchy.events import Listener, RunEvent
+from hierplan.core.events import Listener, RunEvent
+from hierplan.view.console import RunConsole
 
 Setup = Callable[[], tuple[list[Listener], Callable[[], None]]]
 

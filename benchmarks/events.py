@@ -38,7 +38,7 @@ import anyio
 
 import hierplan
 from hierplan import Plan, RunSettings, ScriptedModel, Step, tool
-from hierplan.agents.models.scripted import plan_response
+from hierplan.models.scripted import plan_response
 
 
 @tool

@@ -36,7 +36,7 @@ import perfkit
 
 import hierplan
 from hierplan import FunctionModel, ModelRequest, ModelResponse, RunSettings, Usage
-from hierplan.agents.models.scripted import plan_response
+from hierplan.models.scripted import plan_response
 
 LATENCY_S = (0.020, 0.080)
 TARGET = 1.05

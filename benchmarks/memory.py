@@ -39,8 +39,8 @@ import overhead
 import hierplan
 from hierplan import FunctionModel, ModelRequest, ModelResponse, RunSettings
 from hierplan.agents.executor import StepResult
-from hierplan.hierarchy.plan import Plan, Step
 from hierplan.hierarchy.scheduler import run_dag
+from hierplan.plans.plan import Plan, Step
 
 Histogram = dict[str, tuple[int, int]]  # type name -> (count, shallow bytes)
 

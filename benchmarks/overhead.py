@@ -57,8 +57,8 @@ from hierplan import (
     Usage,
     tool,
 )
-from hierplan.agents.models.scripted import plan_response
-from hierplan.hierarchy.events import Listener
+from hierplan.core.events import Listener
+from hierplan.models.scripted import plan_response
 
 LEAF_S = 0.010
 PLAN_LIMIT = 50  # hierplan's default steps per plan

@@ -39,10 +39,10 @@ from typing import Any
 import anyio
 
 import hierplan
-from hierplan.agents.models.base import Message, ModelRequest, ModelResponse, Usage
-from hierplan.agents.models.scripted import FunctionModel
-from hierplan.budgets.pricing import Price, PriceTable
 from hierplan.hierarchy.context import RunSettings
+from hierplan.models.base import Message, ModelRequest, ModelResponse, Usage
+from hierplan.models.scripted import FunctionModel
+from hierplan.pricing import Price, PriceTable
 
 PRICING = PriceTable({"bench:model": Price(1.0, 4.0)})
 LEAVES_PER_PLAN = 50

@@ -43,9 +43,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 import hierplan  # noqa: E402
-from hierplan.agents.models import resolve_model  # noqa: E402
-from hierplan.agents.models.anthropic import _Reply  # noqa: E402
-from hierplan.agents.models.base import (  # noqa: E402
+from hierplan.agents.planner import PLAN_SCHEMA  # noqa: E402
+from hierplan.agents.prompts import (  # noqa: E402
+    PlanPrompt,
+    StepPrompt,
+    render_plan_prompt,
+    render_step_prompt,
+)
+from hierplan.errors import ModelError  # noqa: E402
+from hierplan.models.anthropic import _Reply  # noqa: E402
+from hierplan.models.base import (  # noqa: E402
     Message,
     Model,
     ModelRequest,
@@ -54,16 +61,9 @@ from hierplan.agents.models.base import (  # noqa: E402
     ToolCall,
     ToolSpec,
 )
-from hierplan.agents.models.tokens import estimate_request_tokens  # noqa: E402
-from hierplan.agents.planner import PLAN_SCHEMA  # noqa: E402
-from hierplan.agents.prompts import (  # noqa: E402
-    PlanPrompt,
-    StepPrompt,
-    render_plan_prompt,
-    render_step_prompt,
-)
-from hierplan.budgets.pricing import PriceTable  # noqa: E402
-from hierplan.errors import ModelError  # noqa: E402
+from hierplan.models.tokens import estimate_request_tokens  # noqa: E402
+from hierplan.pricing import PriceTable  # noqa: E402
+from hierplan.runner.models import resolve_model  # noqa: E402
 from hierplan.scenarios import get_scenario  # noqa: E402
 
 MODELS = {"openai": "openai:gpt-5-mini", "anthropic": "anthropic:claude-haiku-4-5"}

@@ -39,7 +39,7 @@ import overhead
 import perfkit
 
 from hierplan import RunResult
-from hierplan.tracing.report import print_run
+from hierplan.view.tree import print_run
 
 
 async def _run(leaves: int) -> tuple[RunResult, float]:

@@ -12,46 +12,10 @@ from importlib import metadata as _metadata
 from typing import TYPE_CHECKING, Any
 
 from hierplan.agents.executor import LLMExecutor, StepResult, ToolExecutor
-from hierplan.agents.models import (
-    FunctionModel,
-    Model,
-    ModelRequest,
-    ModelResponse,
-    NoiseProfile,
-    ScriptedModel,
-    SimulatedModel,
-    ToolCall,
-    Usage,
-    resolve_model,
-)
-from hierplan.agents.models.scripted import (
-    ResponseFunction,
-    plan_response,
-    text_response,
-    tool_response,
-)
 from hierplan.agents.planner import LLMPlanner
-from hierplan.agents.tools import Tool, Toolset, tool
 from hierplan.budgets.budget import Budget, Ledger, LocalLedger
 from hierplan.budgets.instrument import BudgetInstrument
-from hierplan.budgets.pricing import Price, PriceTable
-from hierplan.errors import (
-    BudgetExceeded,
-    HierplanError,
-    ModelAuthError,
-    ModelError,
-    PlanValidationError,
-    StepFailed,
-    ToolArgsError,
-    ToolError,
-    ToolNotAllowedError,
-    ToolServerGone,
-    ToolTimeoutError,
-    UnexpectedModelCall,
-    UserInputError,
-)
-from hierplan.hierarchy.context import Instrument, NodeContext, RunContext, RunSettings
-from hierplan.hierarchy.events import (
+from hierplan.core.events import (
     AnyEvent,
     BudgetExhausted,
     BudgetOverrun,
@@ -71,6 +35,22 @@ from hierplan.hierarchy.events import (
     ToolCalled,
     parse_event,
 )
+from hierplan.errors import (
+    BudgetExceeded,
+    HierplanError,
+    ModelAuthError,
+    ModelError,
+    PlanValidationError,
+    StepFailed,
+    ToolArgsError,
+    ToolError,
+    ToolNotAllowedError,
+    ToolServerGone,
+    ToolTimeoutError,
+    UnexpectedModelCall,
+    UserInputError,
+)
+from hierplan.hierarchy.context import Instrument, NodeContext, RunContext, RunSettings
 from hierplan.hierarchy.gate import (
     Approve,
     Approver,
@@ -84,17 +64,32 @@ from hierplan.hierarchy.gate import (
     Reject,
     ReviewFunction,
 )
-from hierplan.hierarchy.handle import EventStream, RunHandle, start
-from hierplan.hierarchy.plan import Plan, Step, critical_path, topological_order, validate_plan
-from hierplan.hierarchy.record import NodeRecord, RunResult
-from hierplan.hierarchy.resume import ResumeOptions, resume, resume_sync
-from hierplan.hierarchy.run import RunOptions, run, run_sync
 from hierplan.hierarchy.strategies import STRATEGIES
+from hierplan.models import (
+    FunctionModel,
+    Model,
+    ModelRequest,
+    ModelResponse,
+    ScriptedModel,
+    ToolCall,
+    Usage,
+)
+from hierplan.models.scripted import ResponseFunction, plan_response, text_response, tool_response
+from hierplan.plans.plan import Plan, Step, critical_path, topological_order, validate_plan
+from hierplan.pricing import Price, PriceTable
+from hierplan.records import NodeRecord, RunResult
 from hierplan.review import ConsoleReviewer, PauseForReview, PolicyApprover, ReviewPolicy
+from hierplan.runner.handle import EventStream, RunHandle, start
+from hierplan.runner.models import resolve_model
+from hierplan.runner.resume import ResumeOptions, resume, resume_sync
+from hierplan.runner.run import RunOptions, run, run_sync
+from hierplan.simulator.model import SimulatedModel
+from hierplan.simulator.profiles import NoiseProfile
+from hierplan.tools.base import Tool, Toolset, tool
 from hierplan.tracing.otel import Tracing
 
 if TYPE_CHECKING:
-    from hierplan.mcp import MCPServer, MCPServerStdio, MCPServerStreamableHTTP, MCPTool
+    from hierplan.tools.mcp import MCPServer, MCPServerStdio, MCPServerStreamableHTTP, MCPTool
 
 try:  # the installed distribution's version, so that it is written in one place
     __version__ = _metadata.version("hierplan")
@@ -108,7 +103,7 @@ _MCP_NAMES = ("MCPServer", "MCPServerStdio", "MCPServerStreamableHTTP", "MCPTool
 def __getattr__(name: str) -> Any:
     if name in _MCP_NAMES:
         try:
-            from hierplan import mcp
+            from hierplan.tools import mcp
         except ModuleNotFoundError as exc:
             raise ImportError(
                 f"hierplan.{name} needs the MCP SDK ({exc}); install it with "

@@ -17,13 +17,13 @@ from typing import Any
 
 import anyio
 
-from hierplan.agents.models.base import ModelRequest, ModelResponse, Usage
-from hierplan.agents.models.scripted import FunctionModel
-from hierplan.agents.models.tokens import estimate_request_tokens
 from hierplan.batch import BatchBudget, BatchConfig, RunOptions, run_batch
 from hierplan.budgets.budget import usd_to_pico
-from hierplan.hierarchy.record import RunResult
-from hierplan.hierarchy.run import run
+from hierplan.models.base import ModelRequest, ModelResponse, Usage
+from hierplan.models.scripted import FunctionModel
+from hierplan.models.tokens import estimate_request_tokens
+from hierplan.records import RunResult
+from hierplan.runner.run import run
 
 PRICED_AS = "openai:gpt-5-mini"
 

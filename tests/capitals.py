@@ -15,12 +15,12 @@ from pathlib import Path
 import anyio
 
 from hierplan import Step, tool
-from hierplan.agents.models.base import ToolCall
-from hierplan.agents.models.simulated import Action
 from hierplan.agents.prompts import PlanPrompt, StepPrompt, one_line
-from hierplan.agents.tools import Tool
-from hierplan.hierarchy.plan import Plan
+from hierplan.models.base import ToolCall
+from hierplan.plans.plan import Plan
 from hierplan.scenarios import Scenario, ScenarioEnv, Verification
+from hierplan.simulator.oracle import Action
+from hierplan.tools.base import Tool
 
 CAPITALS = {"france": "Paris", "japan": "Tokyo", "peru": "Lima", "chile": "Santiago"}
 _GROUP = re.compile(r"^Find the capitals of ([a-z, ]+)$")

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from hierplan.hierarchy.events import (
+from hierplan.core.events import (
     BudgetReserved,
     BudgetSettled,
     ModelCalled,
@@ -20,7 +20,7 @@ from hierplan.hierarchy.events import (
     RunStarted,
     parse_event,
 )
-from hierplan.hierarchy.record import RunResult
+from hierplan.records import RunResult
 
 
 def parent_of(path: str) -> str | None:

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from hierplan.agents.models.base import ModelRequest, ModelResponse
-from hierplan.agents.models.scripted import FunctionModel
 from hierplan.agents.prompts import parse_plan_prompt
-from hierplan.agents.tools import Tool, tool
-from hierplan.hierarchy.events import NodeStarted, RunEvent
-from hierplan.hierarchy.plan import Plan, Step
+from hierplan.core.events import NodeStarted, RunEvent
+from hierplan.models.base import ModelRequest, ModelResponse
+from hierplan.models.scripted import FunctionModel
+from hierplan.plans.plan import Plan, Step
 from hierplan.scenarios.data_migration.database import build_source
+from hierplan.tools.base import Tool, tool
 
 ROOT_GOAL = "Collect the parts"
 

@@ -25,8 +25,6 @@ from hierplan import (
     tool,
 )
 from hierplan.agents.executor import StepResult, resolve_refs
-from hierplan.agents.models.provider import RepeatedKeyError, loads_json
-from hierplan.agents.models.scripted import plan_response, text_response, tool_response
 from hierplan.agents.planner import LLMPlanner, parse_plan_output
 from hierplan.agents.prompts import (
     StepPrompt,
@@ -35,6 +33,8 @@ from hierplan.agents.prompts import (
     render_step_prompt,
 )
 from hierplan.errors import PlanParseError
+from hierplan.models.provider import RepeatedKeyError, loads_json
+from hierplan.models.scripted import plan_response, text_response, tool_response
 
 pytestmark = pytest.mark.anyio
 
@@ -578,7 +578,7 @@ async def test_a_list_argument_of_references_gets_the_dependency_outputs() -> No
 
 
 def test_the_gate_sees_references_inside_list_arguments() -> None:
-    from hierplan.hierarchy.plan import step_refs
+    from hierplan.plans.plan import step_refs
 
     step = Step(
         id="j", title="J", instruction="j", tool="join", args={"parts": ["$a", {"k": "$b."}]}

@@ -108,7 +108,7 @@ def test_a_key_given_twice_on_a_goal_line_is_refused_not_overwritten() -> None:
 
 
 def test_a_goals_line_takes_as_long_a_goal_as_a_run_does() -> None:
-    from hierplan.hierarchy.plan import MAX_GOAL_CHARS
+    from hierplan.plans.plan import MAX_GOAL_CHARS
 
     longest = ("x\n" * MAX_GOAL_CHARS)[: MAX_GOAL_CHARS - 1] + "x"  # its JSON escapes each \n
     line = json.dumps({"goal": longest, "model": "openai:gpt-5-mini"})
@@ -773,9 +773,9 @@ def test_an_interrupted_batch_names_the_command_that_resumes_it(
     async def interrupted(batch: object) -> dict[str, object]:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("hierplan.batch.cli.execute", interrupted)
+    monkeypatch.setattr("hierplan.cli.batch.execute", interrupted)
     # No Redis here: the broker is only named, in the command that resumes the batch.
-    monkeypatch.setattr("hierplan.batch.cli.check_reachable", lambda url, shown: None)
+    monkeypatch.setattr("hierplan.cli.batch.check_reachable", lambda url, shown: None)
     where = tmp_path / "my batches"
     where.mkdir()
     goals = where / "goals.jsonl"
@@ -1208,8 +1208,8 @@ def test_a_goals_minimum_on_anthropic_holds_its_tool_use_system_prompt() -> None
     # A plan comes back through a tool, so Anthropic adds its tool-use system prompt (313 tokens
     # with the tool forced, 346 offered: the minimum takes the smaller).
     from hierplan.batch.budget import goal_minimum
-    from hierplan.budgets.pricing import PriceTable
     from hierplan.hierarchy.context import RunSettings
+    from hierplan.pricing import PriceTable
 
     def minimum(model: str) -> int:
         (goal,) = parse_goals(json.dumps({"goal": "count the rows", "model": model}))
@@ -1223,11 +1223,11 @@ def test_a_goals_minimum_counts_the_tool_specs_its_planning_prompt_lists() -> No
     # The root's first planning call lists every tool of the run with its schema: a suite
     # task's minimum is that call's input, as the run sends it, plus the floor of its output.
     import hierplan
-    from hierplan.agents.models.scripted import ScriptedModel
-    from hierplan.agents.models.tokens import estimate_request_tokens
     from hierplan.batch.budget import goal_minimum
-    from hierplan.budgets.pricing import PriceTable
     from hierplan.errors import UnexpectedModelCall
+    from hierplan.models.scripted import ScriptedModel
+    from hierplan.models.tokens import estimate_request_tokens
+    from hierplan.pricing import PriceTable
 
     (goal,) = parse_goals(json.dumps({"suite": "game24", "task": 0}))
     run_settings = RunSettings()

@@ -13,16 +13,17 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from hierplan.agents.models.base import ModelRequest, ModelResponse
-from hierplan.agents.models.scripted import FunctionModel, plan_response
-from hierplan.agents.models.simulated import PROFILES, SimulatedModel
 from hierplan.bench.harness import BenchConfig, check_config, load_results, run_bench
 from hierplan.bench.report import markdown, plot_cost_success, summarize
 from hierplan.bench.suites import SUITE_NAMES
 from hierplan.cli import app
 from hierplan.errors import UnexpectedModelCall, UserInputError
 from hierplan.hierarchy.context import STRATEGY_NAMES
-from hierplan.hierarchy.plan import Plan, Step
+from hierplan.models.base import ModelRequest, ModelResponse
+from hierplan.models.scripted import FunctionModel, plan_response
+from hierplan.plans.plan import Plan, Step
+from hierplan.simulator.model import SimulatedModel
+from hierplan.simulator.profiles import PROFILES
 
 README = Path(__file__).parent.parent / "README.md"
 FIELDS = {

@@ -12,13 +12,6 @@ import tokenize
 import pytest
 
 import hierplan
-from hierplan.agents.models.base import Message, ModelRequest, OutputSchema, ToolCall
-from hierplan.agents.models.simulated import (
-    PROFILES,
-    Action,
-    NoiseProfile,
-    SimulatedModel,
-)
 from hierplan.agents.planner import PLAN_SCHEMA
 from hierplan.agents.prompts import (
     PLAN_OUTPUT_NAME,
@@ -30,7 +23,11 @@ from hierplan.agents.prompts import (
 from hierplan.bench.harness import BenchConfig, plan_runs, run_one
 from hierplan.bench.suites import SUITE_NAMES, get_suite
 from hierplan.hierarchy.context import STRATEGY_NAMES
-from hierplan.hierarchy.plan import Plan, Step
+from hierplan.models.base import Message, ModelRequest, OutputSchema, ToolCall
+from hierplan.plans.plan import Plan, Step
+from hierplan.simulator.model import SimulatedModel
+from hierplan.simulator.oracle import Action
+from hierplan.simulator.profiles import PROFILES, NoiseProfile
 
 IDEAL = BenchConfig(
     suites=SUITE_NAMES,
@@ -182,7 +179,7 @@ def test_profiles_are_documented_and_ordered() -> None:
 @pytest.mark.parametrize(
     "module",
     [
-        "hierplan.agents.models.simulated",
+        "hierplan.simulator.model",
         "hierplan.bench.base",
         "hierplan.bench.suites.blocksworld",
         "hierplan.bench.suites.crafting",

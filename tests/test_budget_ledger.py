@@ -22,7 +22,7 @@ from hierplan.budgets.budget import (
     uses_model,
 )
 from hierplan.errors import BudgetExceeded, UserInputError
-from hierplan.hierarchy.plan import Plan, Step
+from hierplan.plans.plan import Plan, Step
 
 
 @pytest.fixture(params=sorted(LEDGERS))

@@ -25,11 +25,7 @@ from hypothesis import strategies as st
 from ledger_factories import LEDGERS, RecordingBudget
 
 import hierplan
-from hierplan.agents.models.base import ModelRequest, ModelResponse, ToolCall, Usage
-from hierplan.agents.models.scripted import FunctionModel
-from hierplan.agents.models.tokens import estimate_request_tokens
 from hierplan.agents.prompts import parse_plan_prompt, parse_step_prompt
-from hierplan.agents.tools import tool
 from hierplan.budgets.budget import (
     Account,
     Budget,
@@ -40,11 +36,15 @@ from hierplan.budgets.budget import (
     Share,
     usd_to_pico,
 )
-from hierplan.budgets.pricing import Price, PriceTable
+from hierplan.core.events import BudgetReserved, BudgetSettled, RunEvent
 from hierplan.errors import ModelError
 from hierplan.hierarchy.context import RunSettings
-from hierplan.hierarchy.events import BudgetReserved, BudgetSettled, RunEvent
-from hierplan.hierarchy.record import RunResult
+from hierplan.models.base import ModelRequest, ModelResponse, ToolCall, Usage
+from hierplan.models.scripted import FunctionModel
+from hierplan.models.tokens import estimate_request_tokens
+from hierplan.pricing import Price, PriceTable
+from hierplan.records import RunResult
+from hierplan.tools.base import tool
 
 DEFAULT_EXAMPLES = 150
 RUN_EXAMPLES = 40

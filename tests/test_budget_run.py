@@ -20,24 +20,8 @@ from typer.testing import CliRunner
 from wire import TEST_KEY, Reply, ScriptBackend, WireServer
 
 import hierplan
-from hierplan.agents.models import resolve_model
-from hierplan.agents.models.base import (
-    Message,
-    Model,
-    ModelRequest,
-    ModelResponse,
-    OutputSchema,
-    Phase,
-    ToolCall,
-    ToolSpec,
-    Usage,
-    close_model,
-)
-from hierplan.agents.models.scripted import FunctionModel, ScriptedModel, plan_response
-from hierplan.agents.models.tokens import estimate_request_tokens
 from hierplan.agents.planner import PLAN_SCHEMA
 from hierplan.agents.prompts import parse_plan_prompt, parse_step_prompt
-from hierplan.agents.tools import Toolbox, tool
 from hierplan.budgets import budgeted_model
 from hierplan.budgets.budget import (
     PICO_PER_USD,
@@ -52,21 +36,37 @@ from hierplan.budgets.budget import (
     usd_to_pico,
 )
 from hierplan.budgets.instrument import BudgetInstrument
-from hierplan.budgets.pricing import Price, PriceTable, with_anthropic_cache_writes
 from hierplan.cli import app
-from hierplan.errors import BudgetExceeded, ModelError, UserInputError
-from hierplan.hierarchy.context import Instrument, NodeContext, RunContext, RunSettings
-from hierplan.hierarchy.events import (
+from hierplan.core.events import (
     BudgetExhausted,
     BudgetOverrun,
     BudgetReserved,
     BudgetSettled,
     RunEvent,
 )
+from hierplan.errors import BudgetExceeded, ModelError, UserInputError
+from hierplan.hierarchy.context import Instrument, NodeContext, RunContext, RunSettings
 from hierplan.hierarchy.gate import Approve, GateContext
-from hierplan.hierarchy.plan import Plan, Step
-from hierplan.hierarchy.record import NodeKind, NodeRecord, RunResult
-from hierplan.tracing.report import render_run
+from hierplan.models.base import (
+    Message,
+    Model,
+    ModelRequest,
+    ModelResponse,
+    OutputSchema,
+    Phase,
+    ToolCall,
+    ToolSpec,
+    Usage,
+    close_model,
+)
+from hierplan.models.scripted import FunctionModel, ScriptedModel, plan_response
+from hierplan.models.tokens import estimate_request_tokens
+from hierplan.plans.plan import Plan, Step
+from hierplan.pricing import Price, PriceTable, with_anthropic_cache_writes
+from hierplan.records import NodeKind, NodeRecord, RunResult
+from hierplan.runner.models import resolve_model
+from hierplan.tools.base import Toolbox, tool
+from hierplan.view.tree import render_run
 
 pytestmark = pytest.mark.anyio
 
@@ -1390,7 +1390,7 @@ async def test_impossible_usage_settles_as_the_nearest_possible_and_is_flagged()
 
 
 def test_tiny_amounts_of_money_are_shown_with_two_significant_digits() -> None:
-    from hierplan.tracing.report import money
+    from hierplan.view.tree import money
 
     assert [money(v) for v in (0.00001, 1.23e-9, 0.0043, 0.0, 12.5)] == [
         "$0.000010",

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 import hierplan
 from hierplan import Budget, BudgetInstrument, LocalLedger, NoiseProfile
-from hierplan.hierarchy.events import BudgetReserved, BudgetSettled, ModelCalled, RunEvent
-from hierplan.hierarchy.record import RunResult
+from hierplan.core.events import BudgetReserved, BudgetSettled, ModelCalled, RunEvent
+from hierplan.records import RunResult
 
 GROUPS = [["france", "japan"], ["peru", "chile"]]
 TERMINAL = {"succeeded", "partial", "failed", "cancelled", "rejected", "budget_exhausted"}
@@ -241,7 +241,7 @@ async def test_a_tool_raising_a_stray_cancellation_fails_its_step_with_an_error(
     """A task group drops a cancellation that leaves a task: a tool's stray one used to end
     its step with no error at all (or leave the run as a bare CancelledError)."""
     from hierplan import ScriptedModel, tool
-    from hierplan.agents.models.scripted import plan_response
+    from hierplan.models.scripted import plan_response
 
     @tool
     async def waits(key: str) -> str:
@@ -269,7 +269,7 @@ async def test_a_tool_raising_a_stray_cancellation_fails_its_step_with_an_error(
 @pytest.mark.anyio
 async def test_a_model_raising_a_stray_cancellation_fails_the_call_and_the_budget_adds_up() -> None:
     from hierplan import FunctionModel, ModelRequest, ModelResponse
-    from hierplan.agents.models.scripted import plan_response
+    from hierplan.models.scripted import plan_response
 
     plan = {"goal": "g", "steps": [{"id": "a", "title": "a", "instruction": "a"}]}
 

@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hierplan.cli import SETTING_FLAGS, app
-from hierplan.goals import GOAL_FILE_KEYS, settings_from_assignments
+from hierplan.runner.goals import GOAL_FILE_KEYS, settings_from_assignments
 
 runner = CliRunner()
 FAST = ["--sim-latency-scale", "0"]
@@ -421,7 +421,7 @@ def test_validate_names_a_cycle_by_links_the_plan_has(tmp_path: Path) -> None:
 def test_a_plan_or_goal_file_too_large_or_without_end_is_refused_not_read_forever(
     command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hierplan.hierarchy import plan as plan_module
+    from hierplan import files as plan_module
 
     result = runner.invoke(app, [*command, "/dev/zero"], env={"COLUMNS": "300"})
     assert result.exit_code == 2, result.output
@@ -556,7 +556,7 @@ def _signal_mid_run(
 def test_ctrl_c_or_sigterm_cancels_the_run_and_keeps_its_record(
     tmp_path: Path, command: list[str], sig: signal.Signals, code: int, reason: str
 ) -> None:
-    from hierplan.dirlock import RUN_LOCK, holding_run_directory
+    from hierplan.durable.lock import RUN_LOCK, holding_run_directory
 
     out = tmp_path / "out"
     returncode, stdout, stderr = _signal_mid_run(
@@ -582,7 +582,7 @@ def test_a_signal_while_the_scenario_sets_up_cancels_the_run_and_keeps_its_recor
     """The scenario builds its database for a second or two before the run starts. A Ctrl-C
     then used to be left to the event loop, which let the run go on to its end and threw its
     record away; a SIGTERM ended the process with no word and a half-written database."""
-    from hierplan.dirlock import RUN_LOCK
+    from hierplan.durable.lock import RUN_LOCK
 
     out = tmp_path / "out"
     building = out / "source.db.tmp"
@@ -599,7 +599,7 @@ def test_a_signal_while_the_scenario_sets_up_cancels_the_run_and_keeps_its_recor
 
 def test_a_goal_file_with_a_blank_goal_or_an_empty_scenario_is_refused(tmp_path: Path) -> None:
     from hierplan.errors import UserInputError
-    from hierplan.goals import load_goal_file
+    from hierplan.runner.goals import load_goal_file
 
     blank = tmp_path / "blank.yaml"
     blank.write_text('goal: "   "\nmodel: openai:gpt-5-mini\n')
@@ -613,7 +613,7 @@ def test_a_goal_file_with_a_blank_goal_or_an_empty_scenario_is_refused(tmp_path:
 
 def test_a_goal_file_takes_as_long_a_goal_as_a_run_does(tmp_path: Path) -> None:
     from hierplan.errors import UserInputError
-    from hierplan.goals import load_goal_file
+    from hierplan.runner.goals import load_goal_file
 
     long_goal = "migrate the shop " * 2_000  # 34,000 characters: the run takes 100,000
     path = tmp_path / "goal.txt"

@@ -8,15 +8,9 @@ import pytest
 from rich.console import Console
 
 import hierplan
-from hierplan.agents.models.scripted import ScriptedModel, plan_response, text_response
-from hierplan.console import RunConsole
-from hierplan.hierarchy.events import (
-    EVENT_TYPES,
-    ModelCalled,
-    NodeFinished,
-    NodeStarted,
-    ignored_by,
-)
+from hierplan.core.events import EVENT_TYPES, ModelCalled, NodeFinished, NodeStarted, ignored_by
+from hierplan.models.scripted import ScriptedModel, plan_response, text_response
+from hierplan.view.console import RunConsole
 
 
 def _drawn(display: RunConsole) -> str:

@@ -15,15 +15,15 @@ import anyio
 import pytest
 from typer.testing import CliRunner
 
-from hierplan import dirlock
 from hierplan.cli import app
-from hierplan.dirlock import RUN_LOCK, lock_directory
+from hierplan.durable import lock as dirlock
+from hierplan.durable.lock import RUN_LOCK, lock_directory
 from hierplan.errors import UserInputError
 
 HOLD = """
 import sys
 from pathlib import Path
-from hierplan.dirlock import RUN_LOCK, lock_directory
+from hierplan.durable.lock import RUN_LOCK, lock_directory
 lock_directory(Path(sys.argv[1]), "run.lock", what="the run directory", wait="wait")
 print("held", flush=True)
 sys.stdin.read()
@@ -151,7 +151,7 @@ def test_holding_is_re_entered_in_its_own_flow_only(tmp_path: Path) -> None:
 HOLD_NAMED = """
 import sys
 from pathlib import Path
-from hierplan.dirlock import lock_directory
+from hierplan.durable.lock import lock_directory
 lock_directory(Path(sys.argv[1]), sys.argv[2], what="the directory", wait="wait")
 print("held", flush=True)
 sys.stdin.read()

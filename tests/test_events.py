@@ -16,13 +16,8 @@ from eventcheck import check_events
 
 import hierplan
 from hierplan import Budget, BudgetInstrument, Instrument, LocalLedger, Plan, ScriptedModel, Step
-from hierplan.agents.models.base import ToolCall
-from hierplan.agents.models.scripted import plan_response
 from hierplan.budgets import budgeted_model
-from hierplan.errors import ToolError, UserInputError
-from hierplan.hierarchy import nodes, planning
-from hierplan.hierarchy.context import NodeContext, RunSettings
-from hierplan.hierarchy.events import (
+from hierplan.core.events import (
     EVENT_TYPES,
     BudgetExhausted,
     EventBus,
@@ -35,7 +30,12 @@ from hierplan.hierarchy.events import (
     ignored_by,
     parse_event,
 )
-from hierplan.hierarchy.plan import diff_plans
+from hierplan.errors import ToolError, UserInputError
+from hierplan.hierarchy import nodes, planning
+from hierplan.hierarchy.context import NodeContext, RunSettings
+from hierplan.models.base import ToolCall
+from hierplan.models.scripted import plan_response
+from hierplan.plans.plan import diff_plans
 
 GROUPS = [["france", "japan"], ["peru", "chile"]]
 
@@ -437,7 +437,7 @@ async def test_the_error_a_run_raises_for_a_group_is_the_one_to_act_on_with_the_
     import anyio
 
     from hierplan.errors import ModelAuthError
-    from hierplan.hierarchy.run import _escaping
+    from hierplan.runner.run import _escaping
 
     cancelled = anyio.get_cancelled_exc_class()
     refused = ModelAuthError("HTTP 401")

@@ -23,9 +23,9 @@ from hierplan import (
     Step,
     tool,
 )
-from hierplan.agents.models.scripted import plan_response
-from hierplan.agents.tools import Toolbox
 from hierplan.hierarchy.gate import Decision, Gate
+from hierplan.models.scripted import plan_response
+from hierplan.tools.base import Toolbox
 
 pytestmark = pytest.mark.anyio
 

@@ -11,8 +11,8 @@ from eventcheck import check_events
 
 import hierplan
 from hierplan import ModelResponse, ScriptedModel
+from hierplan.core.events import RunEvent, RunFinished
 from hierplan.errors import UnexpectedModelCall, UnknownScenarioError, UserInputError
-from hierplan.hierarchy.events import RunEvent, RunFinished
 
 GROUPS = [["france", "japan"], ["peru"]]
 

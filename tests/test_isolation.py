@@ -16,7 +16,7 @@ from tracing_support import Telemetry
 
 import hierplan
 from hierplan import RunSettings
-from hierplan.hierarchy.events import RunEvent
+from hierplan.core.events import RunEvent
 
 RUNS = 50
 COUNTRIES = sorted(CAPITALS)
@@ -29,7 +29,7 @@ ALLOWED_MUTABLE = {
     # Token estimates of tool specs and output schemas by the object's identity: a memo of a
     # pure function of frozen objects (each entry holds its object, so an id is not reused).
     # A run reads from it what it would compute; it cannot change what another run reads.
-    "hierplan.agents.models.tokens._ESTIMATES",
+    "hierplan.models.tokens._ESTIMATES",
 }
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from liveservice import example_app, serve
 
-from hierplan.hierarchy.events import NodeStarted
+from hierplan.core.events import NodeStarted
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 

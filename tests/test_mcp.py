@@ -22,9 +22,8 @@ from mcp import Client, StdioServerParameters
 
 import hierplan
 from hierplan import FunctionModel, ModelRequest, ModelResponse, ToolCall
-from hierplan.agents.models.scripted import plan_response
-from hierplan.agents.models.simulated import Action
 from hierplan.agents.prompts import PlanPrompt, StepPrompt
+from hierplan.core.events import Replanned, RunEvent, ToolCalled
 from hierplan.errors import (
     ToolArgsError,
     ToolError,
@@ -33,9 +32,10 @@ from hierplan.errors import (
     UnexpectedModelCall,
     UserInputError,
 )
-from hierplan.hierarchy.events import Replanned, RunEvent, ToolCalled
-from hierplan.hierarchy.plan import Plan, Step
-from hierplan.mcp import MCPServerStdio, MCPServerStreamableHTTP, MCPTool
+from hierplan.models.scripted import plan_response
+from hierplan.plans.plan import Plan, Step
+from hierplan.simulator.oracle import Action
+from hierplan.tools.mcp import MCPServerStdio, MCPServerStreamableHTTP, MCPTool
 
 SERVER = Path(__file__).with_name("mcp_server.py")
 

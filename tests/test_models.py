@@ -12,13 +12,7 @@ from hypothesis import strategies as st
 
 import hierplan
 from hierplan import FunctionModel, ModelRequest, ModelResponse, ScriptedModel
-from hierplan.agents.models import resolve_model, tokens
-from hierplan.agents.models.base import Message, Model, ToolSpec, Usage, parse_model_string
-from hierplan.agents.models.simulated import PROFILES, NoiseProfile, SimulatedModel, perturb_plan
-from hierplan.agents.models.tokens import estimate_request_tokens, estimate_text_tokens
 from hierplan.agents.prompts import PlanPrompt, render_plan_prompt
-from hierplan.agents.tools import Toolbox
-from hierplan.budgets.pricing import PriceTable
 from hierplan.errors import (
     ModelError,
     ModelNotAvailableError,
@@ -27,8 +21,16 @@ from hierplan.errors import (
     UserInputError,
 )
 from hierplan.hierarchy.context import NodeContext, RunContext, RunSettings
-from hierplan.hierarchy.record import NodeRecord
+from hierplan.models import tokens
+from hierplan.models.base import Message, Model, ToolSpec, Usage, parse_model_string
+from hierplan.models.tokens import estimate_request_tokens, estimate_text_tokens
+from hierplan.pricing import PriceTable
+from hierplan.records import NodeRecord
+from hierplan.runner.models import resolve_model
 from hierplan.scenarios.data_migration.oracle import ROOT_GOAL, MigrationOracle
+from hierplan.simulator.model import SimulatedModel, perturb_plan
+from hierplan.simulator.profiles import PROFILES, NoiseProfile
+from hierplan.tools.base import Toolbox
 
 pytestmark = pytest.mark.anyio
 
@@ -119,8 +121,8 @@ def oracle() -> MigrationOracle:
 
 
 def plan_request(goal: str, seed_text: str = "") -> ModelRequest:
-    from hierplan.agents.models.base import OutputSchema
     from hierplan.agents.planner import PLAN_SCHEMA
+    from hierplan.models.base import OutputSchema
 
     messages = render_plan_prompt(
         PlanPrompt(goal=goal, depth=1, max_depth=1, max_steps=50, feedback=seed_text or None), []
@@ -169,7 +171,7 @@ async def test_simulator_is_reproducible_and_noise_follows_the_profile() -> None
 def test_perturbations_are_one_error_each() -> None:
     import random
 
-    from hierplan.hierarchy.plan import Plan, Step
+    from hierplan.plans.plan import Plan, Step
 
     plan = Plan(
         goal="g",
@@ -212,7 +214,7 @@ async def test_free_text_goal_on_the_simulator_is_a_user_error() -> None:
 def test_the_function_models_docstring_shows_a_run_that_works() -> None:
     import doctest
 
-    from hierplan.agents.models import scripted
+    from hierplan.models import scripted
 
     finder = doctest.DocTestFinder()
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
@@ -284,7 +286,7 @@ _ONE_STEP = {"goal": "g", "steps": [{"id": "a", "title": "a", "instruction": "do
 
 
 def _answering(bad: object) -> FunctionModel:
-    from hierplan.agents.models.scripted import plan_response
+    from hierplan.models.scripted import plan_response
 
     def respond(request: ModelRequest) -> object:
         return plan_response(_ONE_STEP) if request.phase == "planning" else bad

@@ -21,15 +21,15 @@ from review_support import (
 
 import hierplan
 from hierplan import Approve, CallbackApprover, Defer, Edit, GateContext, Plan, Reject
-from hierplan.agents.models.base import ModelRequest, ModelResponse
-from hierplan.agents.models.scripted import FunctionModel
 from hierplan.agents.prompts import parse_step_prompt
+from hierplan.core.events import NodeStarted
 from hierplan.errors import UserInputError
-from hierplan.hierarchy import resume as resume_module
-from hierplan.hierarchy.events import NodeStarted
 from hierplan.hierarchy.pause import CHECKPOINT_FILE, PENDING_DIR, RESUMING_FILE
-from hierplan.hierarchy.plan import Step, load_plan
+from hierplan.models.base import ModelRequest, ModelResponse
+from hierplan.models.scripted import FunctionModel
+from hierplan.plans.plan import Step, load_plan
 from hierplan.review import PauseForReview, PolicyApprover
+from hierplan.runner import resume as resume_module
 
 __all__ = ["source_db"]
 
@@ -323,9 +323,9 @@ async def test_as_needed_resumes_its_decomposition_without_a_second_attempt(
 @pytest.mark.anyio
 async def test_replans_made_before_a_pause_still_count_after_resume(tmp_path: Path) -> None:
     # max_replans is per node and per run: a pause between replans does not start it afresh.
-    from hierplan.agents.models.scripted import plan_response
-    from hierplan.agents.tools import tool
     from hierplan.hierarchy.context import RunSettings
+    from hierplan.models.scripted import plan_response
+    from hierplan.tools.base import tool
 
     proposals: list[str] = []
 

@@ -179,7 +179,7 @@ def test_the_memory_benchmark_counts_a_leaf_in_flight_and_after_the_run() -> Non
     assert 0 < figures["after_bytes"] < figures["in_flight_bytes"]
     names = [name for name, _ in figures["chain"]]
     assert "run_task_node" in names and "LLMExecutor.execute" in names
-    assert figures["types"]["hierplan.hierarchy.record.NodeRecord"][0] >= 1.0
+    assert figures["types"]["hierplan.records.NodeRecord"][0] >= 1.0
     # a step waiting in the plan's queue holds its plan entry, not a task (about 4 KB)
     assert 0 < figures["queued_peak_bytes"] < figures["anyio_in_flight_bytes"]
 

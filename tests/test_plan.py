@@ -15,14 +15,13 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from hierplan.errors import UserInputError
-from hierplan.hierarchy.datatext import parse_data_text
-from hierplan.hierarchy.plan import (
+from hierplan.files import parse_data_text, parse_yaml_or_json
+from hierplan.plans.plan import (
     Plan,
     Step,
     critical_path,
     diff_plans,
     load_plan,
-    parse_yaml_or_json,
     plan_from_data,
     plan_to_yaml,
     topological_order,

@@ -16,20 +16,13 @@ import openai
 import pytest
 from wire import MODELS, PROVIDERS, TEST_KEY, Reply, ScriptBackend, WireServer, anthropic_wire
 
-from hierplan.agents.models import resolve_model
-from hierplan.agents.models.base import (
-    Message,
-    Model,
-    ModelRequest,
-    OutputSchema,
-    ToolSpec,
-    Usage,
-)
-from hierplan.agents.models.openai import OpenAIModel, token_field_for
 from hierplan.agents.planner import PLAN_SCHEMA
-from hierplan.budgets.pricing import PriceTable
 from hierplan.errors import ModelAuthError, ModelError
-from hierplan.hierarchy.plan import Plan
+from hierplan.models.base import Message, Model, ModelRequest, OutputSchema, ToolSpec, Usage
+from hierplan.models.openai import OpenAIModel, token_field_for
+from hierplan.plans.plan import Plan
+from hierplan.pricing import PriceTable
+from hierplan.runner.models import resolve_model
 
 ADD = ToolSpec(
     "add",

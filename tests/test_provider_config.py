@@ -21,10 +21,10 @@ from typer.testing import CliRunner
 from wire import MODELS, PROVIDERS, TEST_KEY, OracleBackend, Reply, ScriptBackend, WireServer
 
 import hierplan
-from hierplan.agents.models import resolve_model
-from hierplan.agents.models.base import Message, ModelRequest
 from hierplan.cli import app
 from hierplan.errors import ModelError, ModelNotAvailableError
+from hierplan.models.base import Message, ModelRequest
+from hierplan.runner.models import resolve_model
 from hierplan.scenarios import get_scenario
 from hierplan.scenarios.base import ScenarioEnv
 
@@ -110,7 +110,7 @@ def test_a_missing_sdk_gives_a_clear_message(
     provider: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, provider, None)  # as if the package were not installed
-    monkeypatch.delitem(sys.modules, f"hierplan.agents.models.{provider}", raising=False)
+    monkeypatch.delitem(sys.modules, f"hierplan.models.{provider}", raising=False)
     with pytest.raises(ModelNotAvailableError, match=f"needs the '{provider}' package"):
         resolve_model(MODELS[provider], api_key="k")
 

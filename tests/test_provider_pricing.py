@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import hierplan
-from hierplan.agents.models.base import Usage
-from hierplan.budgets.pricing import DEFAULT_PRICES, Price, PriceTable
+from hierplan.models.base import Usage
+from hierplan.pricing import DEFAULT_PRICES, Price, PriceTable
 
 
 def test_every_entry_names_its_source_and_date() -> None:
@@ -114,7 +114,7 @@ def test_the_simulator_priced_as_a_bare_model_name_reports_its_cost(tmp_path: Pa
 
 
 def test_a_price_given_for_an_anthropic_model_bills_its_cache_writes_from_it() -> None:
-    from hierplan.budgets.instrument import with_price
+    from hierplan.runner.models import with_price
 
     table = with_price(PriceTable(), 2.0, 8.0, ["anthropic:claude-local", "openai:local"])
     usage = Usage(1_000_000, 0, cache_write_tokens=1_000_000, cache_write_1h_tokens=400_000)

@@ -16,13 +16,13 @@ import pytest
 from wire import MODELS, PROVIDERS, Reply, ScriptBackend, WireServer, calls, model_options
 
 import hierplan
-from hierplan.agents.models.anthropic import AnthropicModel
-from hierplan.agents.models.base import Model, ModelRequest, ModelResponse
-from hierplan.agents.models.openai import OpenAIModel
+from hierplan.core.events import RunEvent, StepRetried
 from hierplan.errors import ModelAuthError, ModelError
 from hierplan.hierarchy.context import RunSettings, _retry_delay
-from hierplan.hierarchy.events import RunEvent, StepRetried
-from hierplan.hierarchy.record import RunResult
+from hierplan.models.anthropic import AnthropicModel
+from hierplan.models.base import Model, ModelRequest, ModelResponse
+from hierplan.models.openai import OpenAIModel
+from hierplan.records import RunResult
 
 pytestmark = pytest.mark.anyio
 

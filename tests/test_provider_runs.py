@@ -15,9 +15,9 @@ import pytest
 from wire import MODELS, PROVIDERS, OracleBackend, WireServer, calls, model_options
 
 import hierplan
+from hierplan.core.events import RunEvent, ToolCalled
 from hierplan.errors import ModelAuthError
-from hierplan.hierarchy.events import RunEvent, ToolCalled
-from hierplan.hierarchy.record import RunResult
+from hierplan.records import RunResult
 from hierplan.scenarios import get_scenario
 from hierplan.scenarios.base import ScenarioEnv
 

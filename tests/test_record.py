@@ -20,14 +20,14 @@ from rich.console import Console
 
 import hierplan
 from hierplan import RunResult, ScriptedModel, tool
-from hierplan.agents.models.base import ModelResponse, Usage
-from hierplan.agents.models.scripted import plan_response
+from hierplan.core.events import ModelCalled, RunEvent, RunFinished
 from hierplan.errors import UserInputError
-from hierplan.goals import goal_from_data, load_goal_file
-from hierplan.hierarchy.events import ModelCalled, RunEvent, RunFinished
-from hierplan.hierarchy.record import new_directory
-from hierplan.tracing.html import render_html
-from hierplan.tracing.report import node_tree
+from hierplan.files import new_directory
+from hierplan.models.base import ModelResponse, Usage
+from hierplan.models.scripted import plan_response
+from hierplan.runner.goals import goal_from_data, load_goal_file
+from hierplan.view.html import render_html
+from hierplan.view.tree import node_tree
 
 pytestmark = pytest.mark.anyio
 
@@ -156,7 +156,7 @@ fields = st.sampled_from(
 def test_a_goal_file_takes_values_of_their_own_type_and_names_the_keys_allowed(
     tmp_path: Path,
 ) -> None:
-    from hierplan.goals import GOAL_FILE_KEYS
+    from hierplan.runner.goals import GOAL_FILE_KEYS
 
     for text, problem in (
         ("scenario: data_migration\nseed: true\n", "seed: Input should be a valid integer"),
@@ -199,7 +199,7 @@ def test_untrusted_goal_data_is_accepted_or_rejected_with_a_message(data: Any) -
 def test_records_are_written_with_the_mode_a_plain_write_gives(tmp_path: Path) -> None:
     import stat
 
-    from hierplan.hierarchy import record
+    from hierplan import records as record
 
     fresh = tmp_path / "run.json"
     record.write_atomic(fresh, "{}")
@@ -218,7 +218,7 @@ def test_a_record_reaches_the_disk_before_it_replaces_the_old_one(
 ) -> None:
     import os
 
-    from hierplan.hierarchy import record
+    from hierplan import records as record
 
     target = tmp_path / "run.json"
     target.write_text("old")
@@ -274,7 +274,7 @@ async def test_cost_rollups_equal_the_sum_of_the_calls_costs_in_any_order() -> N
     assert math.fsum(row["cost_usd"] for row in data["levels"]) == pytest.approx(math.fsum(costs))
     (finished,) = [e for e in events if isinstance(e, RunFinished)]
     assert finished.cost_usd == math.fsum(costs)
-    from hierplan.tracing.html import render_html
+    from hierplan.view.html import render_html
 
     page = render_html(result)  # the report shows the record's figures to the last digit
     assert f'class="subtree-cost" data-cost="{math.fsum(costs)!r}"' in page
@@ -299,7 +299,7 @@ def test_the_records_docstrings_say_what_every_field_holds(record: type) -> None
     )
 )
 def test_any_set_assignments_give_valid_settings_or_a_message(texts: list[str]) -> None:
-    from hierplan.goals import settings_from_assignments
+    from hierplan.runner.goals import settings_from_assignments
 
     try:
         values = settings_from_assignments(texts, flags={"seed": "--seed"})
@@ -451,7 +451,7 @@ def _below_hidden(root: hierplan.NodeRecord, lines: list[str]) -> int:
 
 
 def test_the_run_view_says_how_many_nodes_its_tree_leaves_out() -> None:
-    from hierplan.tracing.report import render_run
+    from hierplan.view.tree import render_run
 
     result = _recorded()
     result.tree.children[0].children = _wide_tree(30, 3).children

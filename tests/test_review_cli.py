@@ -20,12 +20,12 @@ from review_support import migration_dir, source_db
 from typer.testing import CliRunner
 
 import hierplan as hierplan_api
-from hierplan.agents.models.base import ModelRequest, ModelResponse
-from hierplan.agents.models.scripted import FunctionModel
 from hierplan.agents.prompts import parse_plan_prompt
 from hierplan.cli import app
-from hierplan.dirlock import RUN_LOCK, lock_directory
+from hierplan.durable.lock import RUN_LOCK, lock_directory
 from hierplan.hierarchy.pause import CHECKPOINT_FILE, PENDING_DIR, RESUMING_FILE
+from hierplan.models.base import ModelRequest, ModelResponse
+from hierplan.models.scripted import FunctionModel
 from hierplan.review import PauseForReview
 from hierplan.scenarios.data_migration.database import ROWS
 

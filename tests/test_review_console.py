@@ -326,7 +326,7 @@ async def test_concurrent_reviews_wait_their_turn(monkeypatch: pytest.MonkeyPatc
 @pytest.mark.anyio
 async def test_a_replan_is_not_shown_as_the_answer_to_an_earlier_rejection() -> None:
     from hierplan import Plan, ScriptedModel, Step, tool
-    from hierplan.agents.models.scripted import plan_response
+    from hierplan.models.scripted import plan_response
 
     @tool
     def add(a: int, b: int) -> int:

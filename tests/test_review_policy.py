@@ -16,14 +16,14 @@ from rich.console import Console
 
 import hierplan
 from hierplan import Approve, CallbackApprover, Defer, Edit, GateContext, Plan, Reject
-from hierplan.agents.tools import Toolbox
+from hierplan.core.events import PlanDecided, RunEvent
 from hierplan.errors import UserInputError
-from hierplan.hierarchy.events import PlanDecided, RunEvent
 from hierplan.hierarchy.gate import Gate
-from hierplan.hierarchy.plan import Step, diff_plans
+from hierplan.plans.plan import Step, diff_plans
 from hierplan.review import PolicyApprover, ReviewPolicy
 from hierplan.review.policy import subgoal_budget
 from hierplan.review.render import diff_view, plan_review_tree, review_view, waves
+from hierplan.tools.base import Toolbox
 
 
 def _ctx(

@@ -21,16 +21,16 @@ from typer.testing import CliRunner
 
 import hierplan
 from hierplan import Approve, CallbackApprover, GateContext, Plan
-from hierplan.agents.models.base import ModelRequest, ModelResponse
-from hierplan.agents.models.scripted import FunctionModel
 from hierplan.batch import run_batch
 from hierplan.batch.journal import LOCK as BATCH_LOCK
 from hierplan.batch.journal import Journal
 from hierplan.cli import app
-from hierplan.dirlock import RUN_LOCK, lock_directory
+from hierplan.core.events import RunEvent
+from hierplan.durable.lock import RUN_LOCK, lock_directory
 from hierplan.errors import ModelAuthError, UserInputError
-from hierplan.hierarchy.events import RunEvent
 from hierplan.hierarchy.pause import CHECKPOINT_FILE, PENDING_DIR, RESUMING_FILE
+from hierplan.models.base import ModelRequest, ModelResponse
+from hierplan.models.scripted import FunctionModel
 from hierplan.review import PauseForReview
 
 __all__ = ["source_db"]
@@ -243,7 +243,7 @@ async def test_the_lock_is_let_go_of_after_a_run_that_raised_or_was_cancelled(
 
 def taken_locks(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     """The directories a lock is taken on, in order (one held already is not taken again)."""
-    from hierplan import dirlock
+    from hierplan.durable import lock as dirlock
 
     taken: list[Path] = []
     real = dirlock.lock_directory
@@ -257,8 +257,8 @@ def taken_locks(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
 
 
 def entered(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
-    """The directories :func:`hierplan.dirlock.holding` is asked to hold, in order."""
-    from hierplan import dirlock
+    """The directories :func:`hierplan.durable.lock.holding` is asked to hold, in order."""
+    from hierplan.durable import lock as dirlock
 
     asked: list[Path] = []
     real = dirlock.holding

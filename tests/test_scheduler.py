@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from hierplan.agents.executor import StepResult
 from hierplan.errors import StepFailed
-from hierplan.hierarchy.plan import Plan, Step
 from hierplan.hierarchy.scheduler import Slots, run_dag
+from hierplan.plans.plan import Plan, Step
 
 pytestmark = pytest.mark.anyio
 

@@ -11,7 +11,7 @@ from capitals import CapitalsScenario
 from eventcheck import check_events
 from liveservice import example_app, parse_sse, serve
 
-from hierplan.hierarchy.events import RunFinished, parse_event
+from hierplan.core.events import RunFinished, parse_event
 
 SCENARIOS = {"capitals": CapitalsScenario(), "slow-capitals": CapitalsScenario(delay_s=30)}
 FAST = {"scenario": "capitals", "sim_profile": "ideal", "sim_latency_scale": 0}

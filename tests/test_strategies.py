@@ -9,8 +9,8 @@ import pytest
 
 import hierplan
 from hierplan import Plan, RunResult, ScriptedModel, Step, tool
-from hierplan.agents.models.base import ModelRequest
-from hierplan.agents.models.scripted import plan_response, text_response, tool_response
+from hierplan.models.base import ModelRequest
+from hierplan.models.scripted import plan_response, text_response, tool_response
 
 pytestmark = pytest.mark.anyio
 

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from wire import conform
 from wire.openai_wire import check_strict
 
-from hierplan.agents.models.schema import decode_strict, strict_schema
 from hierplan.agents.planner import PLAN_SCHEMA
-from hierplan.hierarchy.plan import Plan
+from hierplan.models.schema import decode_strict, strict_schema
+from hierplan.plans.plan import Plan
 
 STRICT_PLAN = strict_schema(PLAN_SCHEMA)
 

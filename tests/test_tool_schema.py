@@ -14,9 +14,9 @@ from pydantic import BaseModel
 
 import hierplan
 from hierplan import ScriptedModel, Tool, tool
-from hierplan.agents.models.scripted import plan_response, text_response, tool_response
-from hierplan.agents.schema_check import schema_problems
 from hierplan.errors import ToolArgsError
+from hierplan.models.scripted import plan_response, text_response, tool_response
+from hierplan.tools.schema import schema_problems
 
 pytestmark = pytest.mark.anyio
 

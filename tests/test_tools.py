@@ -19,8 +19,6 @@ from pydantic import BaseModel, Field, field_validator
 
 import hierplan
 from hierplan import Plan, ScriptedModel, Step, tool
-from hierplan.agents.models.scripted import plan_response
-from hierplan.agents.tools import Toolbox, result_text
 from hierplan.errors import (
     ToolArgsError,
     ToolError,
@@ -28,6 +26,8 @@ from hierplan.errors import (
     ToolTimeoutError,
     UserInputError,
 )
+from hierplan.models.scripted import plan_response
+from hierplan.tools.base import Toolbox, result_text
 
 pytestmark = pytest.mark.anyio
 
@@ -345,7 +345,7 @@ async def test_a_run_above_40_steps_at_once_runs_as_many_sync_tools_at_once() ->
 
 
 def test_runs_of_40_steps_at_once_or_fewer_share_anyio_default_thread_limiter() -> None:
-    from hierplan.agents.tools import _tool_threads, tool_threads
+    from hierplan.tools.base import _tool_threads, tool_threads
 
     with tool_threads(40):
         assert _tool_threads.get() is None  # the default limiter, shared with the loop

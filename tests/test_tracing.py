@@ -45,9 +45,9 @@ from hierplan import (
     Tool,
     Usage,
 )
-from hierplan.agents.models.scripted import plan_response
 from hierplan.errors import ModelError, ToolArgsError
 from hierplan.hierarchy.context import RunContext
+from hierplan.models.scripted import plan_response
 from hierplan.tracing.otel import (
     DURATION_BUCKETS,
     EVENT_TEXT_LIMIT,

@@ -20,12 +20,12 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 import hierplan
-from hierplan.agents.models.base import Usage
 from hierplan.cli import app
-from hierplan.hierarchy.plan import Plan, Step, diff_plans
-from hierplan.hierarchy.record import CallRecord, NodeRecord, NodeStatus, PlanVersion, RunResult
-from hierplan.tracing.html import render_html
-from hierplan.tracing.report import ALLOCATED_NOTE, money, render_run
+from hierplan.models.base import Usage
+from hierplan.plans.plan import Plan, Step, diff_plans
+from hierplan.records import CallRecord, NodeRecord, NodeStatus, PlanVersion, RunResult
+from hierplan.view.html import render_html
+from hierplan.view.tree import ALLOCATED_NOTE, money, render_run
 
 HIERPLAN = [sys.executable, "-c", "from hierplan.cli import main; main()"]
 HOSTILE = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'

@@ -17,7 +17,7 @@ from wire import MODELS, TEST_KEY, OracleBackend, Reply, ScriptBackend, WireServ
 
 import hierplan
 from hierplan import FunctionModel
-from hierplan.agents.models.tokens import estimate_request_tokens
+from hierplan.models.tokens import estimate_request_tokens
 from hierplan.scenarios import get_scenario
 from hierplan.scenarios.base import ScenarioEnv
 

@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from hierplan.agents.models.base import Message, ModelRequest, ModelResponse, ToolCall
 from hierplan.agents.prompts import FAILED_PREFIX, StepPrompt, render_step_prompt
-from hierplan.agents.tools import Tool, result_text
+from hierplan.core.events import ToolCalled
 from hierplan.errors import HierplanError, StepFailed, ToolError, stray_cancellation
-from hierplan.hierarchy.events import ToolCalled
-from hierplan.hierarchy.plan import REF_PATTERN, ref_target
-from hierplan.hierarchy.record import TOOL_TEXT_LIMIT, ToolCallRecord
+from hierplan.models.base import Message, ModelRequest, ModelResponse, ToolCall
+from hierplan.plans.plan import REF_PATTERN, ref_target
+from hierplan.records import TOOL_TEXT_LIMIT, ToolCallRecord
+from hierplan.tools.base import Tool, result_text
 
 if TYPE_CHECKING:
     from hierplan.hierarchy.context import NodeContext

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from hierplan.agents.models.base import Message, ModelRequest, ModelResponse, OutputSchema
-from hierplan.agents.models.provider import json_problem, loads_json
 from hierplan.agents.prompts import PLAN_OUTPUT_NAME, PlanPrompt, progress_summary
 from hierplan.agents.prompts import render_plan_prompt as _render
 from hierplan.errors import PlanParseError, field_problems
-from hierplan.hierarchy.plan import Plan
+from hierplan.models.base import Message, ModelRequest, ModelResponse, OutputSchema
+from hierplan.models.provider import json_problem, loads_json
+from hierplan.plans.plan import Plan
 
 if TYPE_CHECKING:
     from hierplan.hierarchy.context import NodeContext
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 PLAN_SCHEMA: dict[str, Any] = Plan.model_json_schema()
 PLAN_OUTPUT = OutputSchema(PLAN_OUTPUT_NAME, PLAN_SCHEMA)
 """The structured output of every planning call: one object, so that its token estimate is
-computed once (see :func:`~hierplan.agents.models.tokens.estimate_request_tokens`)."""
+computed once (see :func:`~hierplan.models.tokens.estimate_request_tokens`)."""
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.S)
 
 

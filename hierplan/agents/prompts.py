@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from hierplan.agents.models.base import Message, ToolSpec
+from hierplan.models.base import Message, ToolSpec
 
 PLAN_OUTPUT_NAME = "plan"
 FAILED_PREFIX = "FAILED:"

@@ -36,8 +36,6 @@ from types import MappingProxyType
 from typing import Literal
 
 from hierplan.agents import planner
-from hierplan.agents.models.base import ModelRequest, Phase, parse_model_string
-from hierplan.agents.models.tokens import anthropic_tool_prompt_tokens, estimate_request_tokens
 from hierplan.agents.prompts import PlanPrompt, render_plan_prompt
 from hierplan.batch.goals import BatchGoal
 from hierplan.budgets.budget import (
@@ -53,15 +51,14 @@ from hierplan.budgets.budget import (
     rate_to_pico,
     usd_to_pico,
 )
-from hierplan.budgets.instrument import (
-    DEFAULT_MIN_OUTPUT_FRACTION,
-    priced_as_of,
-    unknown_price_message,
-)
-from hierplan.budgets.pricing import PriceTable
+from hierplan.budgets.instrument import DEFAULT_MIN_OUTPUT_FRACTION, unknown_price_message
 from hierplan.errors import BudgetExceeded, UserInputError
 from hierplan.hierarchy.context import RunSettings
-from hierplan.hierarchy.plan import DEFAULT_MAX_STEPS
+from hierplan.models.base import ModelRequest, Phase, parse_model_string
+from hierplan.models.tokens import anthropic_tool_prompt_tokens, estimate_request_tokens
+from hierplan.plans.plan import DEFAULT_MAX_STEPS
+from hierplan.pricing import PriceTable
+from hierplan.runner.models import priced_as_of
 
 Amounts = tuple[int | None, int | None]  # tokens, pico-dollars; None: not limited
 

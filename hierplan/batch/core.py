@@ -18,7 +18,6 @@ from typing import Any, Literal
 
 import anyio
 
-from hierplan.agents.models.base import parse_model_string
 from hierplan.batch.budget import (
     BatchBudget,
     GoalLedger,
@@ -33,12 +32,13 @@ from hierplan.batch.goals import BatchGoal, GoalsFile, goals_digest, load_goals
 from hierplan.batch.journal import FINAL_STATES, Journal, damaged_journal, open_journal
 from hierplan.batch.runner import GoalOutcome, RunFunction, RunOptions, inner_budget, run_goal
 from hierplan.budgets.budget import PICO_PER_USD, Fixed, LocalLedger, pico_to_usd
-from hierplan.budgets.pricing import PriceTable
 from hierplan.errors import UserInputError
+from hierplan.files import write_atomic
 from hierplan.hierarchy.context import Instrument
-from hierplan.hierarchy.record import write_atomic
-from hierplan.hierarchy.run import run
-from hierplan.model_flags import SIMULATOR_ONLY, is_simulated
+from hierplan.models.base import parse_model_string
+from hierplan.pricing import PriceTable
+from hierplan.runner.models import SIMULATOR_ONLY, is_simulated
+from hierplan.runner.run import run
 
 Backend = Literal["local", "celery"]
 SUMMARY = "summary.json"

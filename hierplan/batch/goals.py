@@ -46,15 +46,15 @@ from pydantic import (
     model_validator,
 )
 
-from hierplan.agents.models.base import ToolSpec, parse_model_string
-from hierplan.agents.models.provider import RepeatedKeyError, json_problem, loads_json
 from hierplan.bench.base import MAX_TASK_INDEX, BenchTask
 from hierplan.bench.suites import get_suite
 from hierplan.budgets.budget import ALLOCATIONS, MAX_BUDGET_TOKENS, MAX_BUDGET_USD
 from hierplan.errors import HierplanError, UserInputError
-from hierplan.goals import unknown_keys_problem
 from hierplan.hierarchy.context import MAX_SEED, RunSettings, StrategyName
-from hierplan.hierarchy.plan import MAX_GOAL_CHARS
+from hierplan.models.base import ToolSpec, parse_model_string
+from hierplan.models.provider import RepeatedKeyError, json_problem, loads_json
+from hierplan.plans.plan import MAX_GOAL_CHARS
+from hierplan.runner.goals import unknown_keys_problem
 from hierplan.scenarios import get_scenario
 
 MAX_ERRORS_SHOWN = 20

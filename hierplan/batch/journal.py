@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from hierplan.batch.goals import BatchGoal
-from hierplan.dirlock import BATCH_LOCK, DirectoryLock, lock_directory
+from hierplan.durable.lock import BATCH_LOCK, DirectoryLock, lock_directory
 from hierplan.errors import UserInputError
 
 JOURNAL = "journal.sqlite"
 LOCK = BATCH_LOCK
-"""Held (:mod:`hierplan.dirlock`) by the one process that runs the batch; it holds that
+"""Held (:mod:`hierplan.durable.lock`) by the one process that runs the batch; it holds that
 process's id."""
 FINAL_STATES = ("succeeded", "failed", "skipped")
 STATES = ("pending", "running", *FINAL_STATES)

@@ -13,13 +13,13 @@ from hierplan.batch.goals import BatchGoal, goal_seed, suite_task
 from hierplan.bench.base import TaskEnv
 from hierplan.bench.suites import get_suite
 from hierplan.budgets.budget import Budget, pico_to_usd
-from hierplan.budgets.instrument import BudgetInstrument, priced_as_of, with_price
-from hierplan.budgets.pricing import PriceTable
+from hierplan.budgets.instrument import BudgetInstrument
 from hierplan.errors import HierplanError
 from hierplan.hierarchy.context import Instrument, RunSettings
-from hierplan.hierarchy.record import RunResult
-from hierplan.hierarchy.run import run
-from hierplan.model_flags import is_simulated, provider_options
+from hierplan.pricing import PriceTable
+from hierplan.records import RunResult
+from hierplan.runner.models import is_simulated, priced_as_of, provider_options, with_price
+from hierplan.runner.run import run
 
 RunFunction = Callable[..., Awaitable[RunResult]]
 

@@ -8,7 +8,7 @@
 >>> summarize(records).cells[0].estimates["success"].mean  # doctest: +SKIP
 1.0
 
-The command line is ``hierplan bench`` (:mod:`hierplan.bench.cli`).
+The command line is ``hierplan bench`` (:mod:`hierplan.cli.bench`).
 """
 
 from __future__ import annotations

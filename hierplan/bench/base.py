@@ -21,13 +21,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
-from hierplan.agents.models.base import ToolCall
-from hierplan.agents.models.simulated import Action, Oracle
 from hierplan.agents.prompts import PlanPrompt, StepPrompt
-from hierplan.agents.tools import Tool
 from hierplan.errors import ToolError
-from hierplan.hierarchy.plan import Plan, Step
+from hierplan.models.base import ToolCall
+from hierplan.plans.plan import Plan, Step
 from hierplan.scenarios.base import Verification
+from hierplan.simulator.oracle import Action, Oracle
+from hierplan.tools.base import Tool
 
 # A competent planner splits work longer than this into sub-goals when sub-goals are allowed.
 MAX_FLAT_STEPS = 8

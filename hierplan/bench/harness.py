@@ -26,16 +26,17 @@ from typing import Any
 import anyio
 from pydantic import ValidationError
 
-from hierplan.agents.models import resolve_model
-from hierplan.agents.models.base import Model, ToolCall, close_model, parse_model_string
-from hierplan.agents.models.simulated import PROFILES, NoiseProfile, SimulatedModel
 from hierplan.bench.base import MAX_TASK_INDEX, MAX_TASK_SEED, BenchTask, Suite
 from hierplan.bench.suites import SUITE_NAMES, get_suite
 from hierplan.errors import HierplanError, ModelAuthError, UserInputError
+from hierplan.files import make_directory, write_atomic
 from hierplan.hierarchy.context import STRATEGY_NAMES, Instrument, NodeContext, RunSettings
-from hierplan.hierarchy.record import RunResult, make_directory, write_atomic
-from hierplan.hierarchy.run import run
-from hierplan.model_flags import SIMULATOR_ONLY, check_base_url
+from hierplan.models.base import Model, ToolCall, close_model, parse_model_string
+from hierplan.records import RunResult
+from hierplan.runner.models import SIMULATOR_ONLY, check_base_url, resolve_model
+from hierplan.runner.run import run
+from hierplan.simulator.model import SimulatedModel
+from hierplan.simulator.profiles import PROFILES, NoiseProfile
 
 RESULTS = "results.jsonl"
 MANIFEST = "bench.json"

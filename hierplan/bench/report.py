@@ -33,8 +33,8 @@ from hierplan.bench.stats import (
     wilson,
 )
 from hierplan.errors import UserInputError
+from hierplan.files import write_atomic
 from hierplan.hierarchy.context import STRATEGY_NAMES
-from hierplan.hierarchy.record import write_atomic
 
 # (key, label); "success" is a proportion, the rest are means.
 METRICS: tuple[tuple[str, str], ...] = (

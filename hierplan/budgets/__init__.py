@@ -2,7 +2,7 @@
 
 :mod:`hierplan.budgets.budget` holds :class:`Budget` and the :class:`Ledger` contract (with
 :class:`LocalLedger`); :mod:`hierplan.budgets.instrument` plugs them into a run;
-:mod:`hierplan.budgets.pricing` holds the price table.
+:mod:`hierplan.pricing` holds the price table.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from hierplan.budgets.budget import (
     pico_to_usd,
     usd_to_pico,
 )
-from hierplan.budgets.pricing import Price, PriceTable
+from hierplan.pricing import Price, PriceTable
 
 __all__ = [
     "ALLOCATIONS",

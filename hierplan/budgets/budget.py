@@ -40,9 +40,9 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Literal
 
-from hierplan.agents.models.base import Phase
 from hierplan.errors import BudgetExceeded, HierplanError, UserInputError
-from hierplan.hierarchy.plan import Plan, Step
+from hierplan.models.base import Phase
+from hierplan.plans.plan import Plan, Step
 
 PICO_PER_USD = 10**12
 

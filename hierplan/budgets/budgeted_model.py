@@ -1,7 +1,7 @@
 """The model wrapper of a node under a budget: reserve before every call, settle after.
 
 1. reserve the worst case: estimated input tokens (with the input the provider adds on its own,
-   see :func:`~hierplan.agents.models.tokens.estimate_input_tokens`) plus ``max_tokens``, priced
+   see :func:`~hierplan.models.tokens.estimate_input_tokens`) plus ``max_tokens``, priced
    by the run's price table for the model's ``priced_as``;
 2. if that does not fit, lower ``max_tokens`` to what fits, down to a floor; below the floor the
    call is not made and :class:`~hierplan.errors.BudgetExceeded` is raised;
@@ -23,17 +23,12 @@ from typing import TYPE_CHECKING
 
 from anyio import get_cancelled_exc_class
 
-from hierplan.agents.models.base import Model, ModelRequest, ModelResponse, Usage
-from hierplan.agents.models.tokens import counted_usage, estimate_input_tokens, failed_usage
 from hierplan.budgets.budget import Account, LocalLedger, Reservation, pico_to_usd
+from hierplan.core.events import BudgetExhausted, BudgetOverrun, BudgetReserved, BudgetSettled
 from hierplan.errors import BudgetExceeded, ModelError
 from hierplan.hierarchy.context import NodeContext
-from hierplan.hierarchy.events import (
-    BudgetExhausted,
-    BudgetOverrun,
-    BudgetReserved,
-    BudgetSettled,
-)
+from hierplan.models.base import Model, ModelRequest, ModelResponse, Usage
+from hierplan.models.tokens import counted_usage, estimate_input_tokens, failed_usage
 
 # Where a user sets a run's budget, named in the message of a call the budget refused.
 BUDGET_OPTIONS = "--budget-tokens / --budget-usd (budget_tokens= / budget_usd= in the library)"

@@ -20,10 +20,6 @@ from typing import Any
 
 import anyio
 
-from hierplan.agents.models.base import (
-    Model,
-    parse_model_string,
-)
 from hierplan.budgets.budget import (
     ALLOCATIONS,
     DEFAULT_ON_DEMAND_FRACTION,
@@ -43,16 +39,12 @@ from hierplan.budgets.budget import (
     uses_model,
 )
 from hierplan.budgets.budgeted_model import BUDGET_OPTIONS, BudgetedModel
-from hierplan.budgets.pricing import (
-    DEFAULT_SIMULATED_PRICED_AS,
-    Price,
-    PriceTable,
-    with_anthropic_cache_writes,
-)
 from hierplan.errors import BudgetExceeded, UserInputError
 from hierplan.hierarchy.context import Instrument, NodeContext, RunContext
-from hierplan.hierarchy.plan import Plan
-from hierplan.hierarchy.record import NodeRecord, PlanVersion
+from hierplan.models.base import Model
+from hierplan.plans.plan import Plan
+from hierplan.pricing import PriceTable
+from hierplan.records import NodeRecord, PlanVersion
 
 DEFAULT_MIN_OUTPUT_FRACTION = 0.25
 # Pico-dollars per input, cached input (a cache read) and output token, and per token of a
@@ -89,36 +81,6 @@ def run_budget(tokens: int | None, usd: float | None) -> Budget:
         except UserInputError as exc:
             raise UserInputError(f"{_BUDGET_OPTION[key]}: {exc}") from None
     return Budget(tokens, usd)
-
-
-def priced_as_of(spec: str | Model, priced_as: str | None = None) -> str:
-    """The model whose price applies to a model string (built with the ``priced_as`` model
-    option, if any) or to a model, without building it."""
-    if not isinstance(spec, str):
-        return spec.priced_as
-    parsed = parse_model_string(spec)
-    if parsed.provider == "sim":
-        return parsed.name or priced_as or DEFAULT_SIMULATED_PRICED_AS
-    return priced_as or str(parsed)
-
-
-def with_price(
-    pricing: PriceTable, price_in: float | None, price_out: float | None, models: list[str]
-) -> PriceTable:
-    """``pricing`` with ``price_in``/``price_out`` (USD per million tokens) set for ``models``."""
-    if price_in is None and price_out is None:
-        return pricing
-    if price_in is None or price_out is None:
-        raise UserInputError("give both --price-in and --price-out (USD per million tokens)")
-    for label, value in (("--price-in", price_in), ("--price-out", price_out)):
-        if not math.isfinite(value) or value < 0:
-            raise UserInputError(f"{label} must be a number >= 0 (USD per million tokens)")
-    price = Price(price_in, price_out, source="override")
-    for name in dict.fromkeys(models):
-        # Anthropic bills cache writes above the input price given, whatever that price is.
-        given = with_anthropic_cache_writes(price) if name.startswith("anthropic:") else price
-        pricing = pricing.with_override(name, given)
-    return pricing
 
 
 def prepare_budget(

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.to_thread
 
-from hierplan.agents.models.base import Phase
 from hierplan.budgets.budget import (
     Account,
     Balance,
@@ -45,6 +44,7 @@ from hierplan.budgets.budget import (
 )
 from hierplan.budgets.redis_scripts import SCRIPTS
 from hierplan.errors import BudgetExceeded, UserInputError
+from hierplan.models.base import Phase
 
 if TYPE_CHECKING:
     import redis

@@ -22,18 +22,18 @@ import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
 from hierplan.agents.executor import LLMExecutor, ToolExecutor
-from hierplan.agents.models.base import Model, ModelRequest, ModelResponse, ToolCall, Usage
-from hierplan.agents.models.tokens import counted_usage, failed_usage, worst_case
 from hierplan.agents.planner import LLMPlanner
-from hierplan.agents.tools import Toolbox
-from hierplan.budgets.pricing import PriceTable
+from hierplan.core.events import EventBus, ModelCalled, StepRetried
 from hierplan.errors import HierplanError, ModelError, stray_cancellation
-from hierplan.hierarchy.events import EventBus, ModelCalled, StepRetried
 from hierplan.hierarchy.gate import Gate
 from hierplan.hierarchy.pause import PauseControl, Restore, SpanIds
-from hierplan.hierarchy.plan import DEFAULT_MAX_DEPTH, DEFAULT_MAX_STEPS, Step
-from hierplan.hierarchy.record import CallRecord, NodeKind, NodeRecord, RunStatus
 from hierplan.hierarchy.scheduler import Slots
+from hierplan.models.base import Model, ModelRequest, ModelResponse, ToolCall, Usage
+from hierplan.models.tokens import counted_usage, failed_usage, worst_case
+from hierplan.plans.plan import DEFAULT_MAX_DEPTH, DEFAULT_MAX_STEPS, Step
+from hierplan.pricing import PriceTable
+from hierplan.records import CallRecord, NodeKind, NodeRecord, RunStatus
+from hierplan.tools.base import Toolbox
 
 StrategyName = Literal["react", "plan-execute", "replan", "dag", "hierarchical", "as-needed"]
 STRATEGY_NAMES: tuple[str, ...] = (
@@ -311,7 +311,7 @@ class NodeContext:
     @property
     def base_model(self) -> Model:
         """This node's model as the run was given it, before any instrument wrapped it: the
-        one whose provider may add input of its own (see :func:`~hierplan.agents.models.tokens.
+        one whose provider may add input of its own (see :func:`~hierplan.models.tokens.
         estimate_input_tokens`), which budgets, the record and the trace estimate alike."""
         return self.run.planner_model if self.record.kind == "planner" else self.run.executor_model
 

@@ -27,16 +27,9 @@ import anyio.from_thread
 import anyio.lowlevel
 from pydantic import ValidationError
 
-from hierplan.agents.tools import Toolbox
 from hierplan.errors import ToolArgsError, UserInputError, field_problems, is_positive_seconds
-from hierplan.hierarchy.plan import (
-    Plan,
-    PlanDiff,
-    PlanProblem,
-    Step,
-    step_refs,
-    validate_plan,
-)
+from hierplan.plans.plan import Plan, PlanDiff, PlanProblem, Step, step_refs, validate_plan
+from hierplan.tools.base import Toolbox
 
 T = TypeVar("T")
 
@@ -289,7 +282,7 @@ def structure_validator(plan: Plan, ctx: GateContext) -> list[PlanProblem]:
 
 def args_validator(plan: Plan, ctx: GateContext) -> list[PlanProblem]:
     """Tool arguments match the tool's schema (``$id`` references are checked with the
-    structure, by :func:`~hierplan.hierarchy.plan.validate_plan`)."""
+    structure, by :func:`~hierplan.plans.plan.validate_plan`)."""
     problems: list[PlanProblem] = []
     ids = {s.id for s in plan.steps}
     for step in plan.steps:

@@ -28,6 +28,7 @@ import anyio
 import anyio.lowlevel
 
 from hierplan.agents.executor import StepResult
+from hierplan.core.events import NodeFinished, NodeStarted, StepRetried
 from hierplan.errors import (
     BudgetExceeded,
     HierplanError,
@@ -36,11 +37,10 @@ from hierplan.errors import (
     UnexpectedModelCall,
 )
 from hierplan.hierarchy.context import NodeContext
-from hierplan.hierarchy.events import NodeFinished, NodeStarted, StepRetried
-from hierplan.hierarchy.plan import Plan, Step, topological_order
 from hierplan.hierarchy.planning import PlanPolicy, obtain_plan
-from hierplan.hierarchy.record import NodeKind
 from hierplan.hierarchy.scheduler import DagOutcome, run_dag
+from hierplan.plans.plan import Plan, Step, topological_order
+from hierplan.records import NodeKind
 
 OUTPUT_LIMIT = 2000
 

@@ -35,17 +35,12 @@ import anyio
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from hierplan.agents.executor import StepResult
-from hierplan.agents.models.provider import one_line
 from hierplan.errors import UserInputError, first_problem
+from hierplan.files import make_directory, write_atomic
 from hierplan.hierarchy.gate import Decision, Edit, GateContext
-from hierplan.hierarchy.plan import Plan, plan_to_yaml
-from hierplan.hierarchy.record import (
-    NodeRecord,
-    PlanVersion,
-    RunResult,
-    make_directory,
-    write_atomic,
-)
+from hierplan.models.provider import one_line
+from hierplan.plans.plan import Plan, plan_to_yaml
+from hierplan.records import NodeRecord, PlanVersion, RunResult
 
 if TYPE_CHECKING:
     from hierplan.hierarchy.context import NodeContext, RunContext

@@ -14,6 +14,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
 from hierplan.agents.executor import StepResult
+from hierplan.core.events import PlanDecided, PlanProposed, Replanned
 from hierplan.errors import (
     ModelAuthError,
     ModelError,
@@ -23,11 +24,10 @@ from hierplan.errors import (
     UnexpectedModelCall,
 )
 from hierplan.hierarchy.context import NodeContext
-from hierplan.hierarchy.events import PlanDecided, PlanProposed, Replanned
 from hierplan.hierarchy.gate import GateContext, GateOutcome
 from hierplan.hierarchy.pause import PlanState, invalid_feedback, rejection_feedback
-from hierplan.hierarchy.plan import Plan, diff_plans
-from hierplan.hierarchy.record import DecisionRecord, PlanVersion
+from hierplan.plans.plan import Plan, diff_plans
+from hierplan.records import DecisionRecord, PlanVersion
 
 
 @dataclass(slots=True, frozen=True)

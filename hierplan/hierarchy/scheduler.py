@@ -21,7 +21,7 @@ import anyio
 
 from hierplan.agents.executor import StepResult
 from hierplan.errors import StepFailed
-from hierplan.hierarchy.plan import Plan, Step
+from hierplan.plans.plan import Plan, Step
 
 RunStep = Callable[[Step, dict[str, StepResult]], Awaitable[StepResult]]
 

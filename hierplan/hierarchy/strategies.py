@@ -28,9 +28,9 @@ from hierplan.hierarchy.nodes import (
     run_planner_node,
     run_task_node,
 )
-from hierplan.hierarchy.plan import Step
 from hierplan.hierarchy.planning import PlanPolicy
-from hierplan.hierarchy.record import NodeKind
+from hierplan.plans.plan import Step
+from hierplan.records import NodeKind
 
 
 def goal_step(goal: str) -> Step:

@@ -36,7 +36,7 @@ from rich.prompt import Prompt
 from rich.text import Text
 
 from hierplan.errors import UserInputError
-from hierplan.hierarchy.datatext import DataTextError, parse_data_text
+from hierplan.files import DataTextError, parse_data_text
 from hierplan.hierarchy.gate import (
     Approve,
     Decision,
@@ -46,7 +46,7 @@ from hierplan.hierarchy.gate import (
     Reject,
     in_daemon_thread,
 )
-from hierplan.hierarchy.plan import Plan, plan_from_data, plan_to_yaml
+from hierplan.plans.plan import Plan, plan_from_data, plan_to_yaml
 from hierplan.review.render import diff_view, plan_review_tree, review_view
 
 T = TypeVar("T")

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from hierplan.errors import UserInputError
 from hierplan.hierarchy.gate import Approve, Approver, Decision, Defer, GateContext
-from hierplan.hierarchy.plan import Plan
+from hierplan.plans.plan import Plan
 
 PolicyScope = Literal["root", "all", "usd", "tokens"]
 POLICY_HELP = "root, all, usd>AMOUNT or tokens>COUNT"

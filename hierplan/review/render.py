@@ -14,8 +14,8 @@ from rich.text import Text
 from rich.tree import Tree
 
 from hierplan.hierarchy.gate import GateContext
-from hierplan.hierarchy.plan import Plan, PlanDiff, Step, diff_plans, topological_order
-from hierplan.tracing.report import money, short
+from hierplan.plans.plan import Plan, PlanDiff, Step, diff_plans, topological_order
+from hierplan.view.tree import money, short
 
 COMPARED = (
     "title",

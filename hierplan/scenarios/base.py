@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hierplan.agents.models.simulated import Oracle
-from hierplan.agents.tools import Tool
 from hierplan.errors import UserInputError
+from hierplan.simulator.oracle import Oracle
+from hierplan.tools.base import Tool
 
 
 @dataclass(slots=True)

@@ -2,7 +2,7 @@
 exporter wiring (:mod:`hierplan.tracing.setup`, which needs the SDK), and the terminal and HTML
 renderings of a run."""
 
-from hierplan.tracing.html import render_html, write_html
 from hierplan.tracing.otel import Tracing
+from hierplan.view.html import render_html, write_html
 
 __all__ = ["Tracing", "render_html", "write_html"]

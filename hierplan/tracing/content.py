@@ -11,7 +11,7 @@ from typing import Any
 
 from opentelemetry.util.types import AttributeValue
 
-from hierplan.agents.models.base import Message, ModelResponse, ToolCall
+from hierplan.models.base import Message, ModelResponse, ToolCall
 
 _SECRET = re.compile(
     r"(sk-[A-Za-z0-9_\-]{16,}"  # OpenAI and Anthropic keys

@@ -12,10 +12,10 @@ from opentelemetry import context, trace
 from opentelemetry.trace import Span, SpanKind
 from opentelemetry.util.types import AttributeValue
 
-from hierplan.agents.models.base import Model, ModelRequest, ModelResponse, Usage
-from hierplan.agents.models.tokens import failed_usage, usage_counted, worst_case
 from hierplan.errors import ModelError
 from hierplan.hierarchy.context import NodeContext
+from hierplan.models.base import Model, ModelRequest, ModelResponse, Usage
+from hierplan.models.tokens import failed_usage, usage_counted, worst_case
 from hierplan.tracing.attributes import error_attributes, request_model
 from hierplan.tracing.content import input_messages, output_messages
 

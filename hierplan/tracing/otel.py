@@ -58,9 +58,9 @@ from importlib import metadata
 from opentelemetry import metrics, trace
 from opentelemetry.util.types import AttributeValue
 
-from hierplan.agents.models.base import Model, ToolCall
+from hierplan.core.events import RunEvent
 from hierplan.hierarchy.context import Instrument, NodeContext, RunContext
-from hierplan.hierarchy.events import RunEvent
+from hierplan.models.base import Model, ToolCall
 from hierplan.tracing.attributes import (
     ANTHROPIC_SPANS_ENV,
     CONTENT_ENV,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from opentelemetry.util.types import AttributeValue
 
 from hierplan.hierarchy.context import RunContext
-from hierplan.hierarchy.record import NodeRecord
+from hierplan.records import NodeRecord
 from hierplan.tracing.attributes import attribute_value
 
 

@@ -24,11 +24,11 @@ from opentelemetry.trace import (
 )
 from opentelemetry.util.types import AttributeValue
 
-from hierplan.agents.models.base import ToolCall
+from hierplan.core.events import RunEvent
 from hierplan.hierarchy.context import NodeContext, RunContext
-from hierplan.hierarchy.events import RunEvent
 from hierplan.hierarchy.pause import SpanIds
-from hierplan.hierarchy.record import NodeRecord
+from hierplan.models.base import ToolCall
+from hierplan.records import NodeRecord
 from hierplan.tracing.attributes import (
     FAILED_STATUSES,
     agent_attributes,

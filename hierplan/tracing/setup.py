@@ -50,10 +50,10 @@ from opentelemetry.sdk.trace.export import (
     SpanExportResult,
 )
 
-from hierplan.agents.models.provider import one_line
 from hierplan.errors import UserInputError
+from hierplan.files import make_directory
 from hierplan.hierarchy.context import Instrument
-from hierplan.hierarchy.record import make_directory
+from hierplan.models.provider import one_line
 from hierplan.tracing.otel import Tracing
 
 TRACE_HELP = (

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from e2e_support import hierplan
 
-from hierplan.tracing.report import money
+from hierplan.view.tree import money
 
 pytestmark = pytest.mark.e2e
 

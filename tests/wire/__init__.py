@@ -4,7 +4,7 @@ See :mod:`wire.server` for the faults it injects and :mod:`wire.backends` for wh
 No test reaches a real provider: the adapters under test talk to this server on 127.0.0.1.
 """
 
-from hierplan.hierarchy.record import CallRecord, RunResult
+from hierplan.records import CallRecord, RunResult
 
 from .backends import (
     OracleBackend,

@@ -14,7 +14,7 @@ import re
 import time
 from typing import Any, cast
 
-from hierplan.agents.models.base import Message, ToolCall
+from hierplan.models.base import Message, ToolCall
 
 from .backends import Reply, WireCall, WireError
 

@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from hierplan.agents.models.base import Message, ToolCall
-from hierplan.agents.models.simulated import Oracle
 from hierplan.agents.prompts import PLAN_OUTPUT_NAME, parse_plan_prompt, parse_step_prompt
+from hierplan.models.base import Message, ToolCall
+from hierplan.simulator.oracle import Oracle
 
 
 class WireError(Exception):

@@ -22,10 +22,7 @@ from functools import cache
 from itertools import combinations_with_replacement
 from types import MappingProxyType
 
-from hierplan.agents.models.base import ToolCall
-from hierplan.agents.models.simulated import Action
 from hierplan.agents.prompts import PlanPrompt, StepPrompt, one_line
-from hierplan.agents.tools import Tool, tool
 from hierplan.bench.base import (
     ActionFailed,
     BenchTask,
@@ -38,8 +35,11 @@ from hierplan.bench.base import (
     step_texts,
     tool_step,
 )
-from hierplan.hierarchy.plan import Plan, Step
+from hierplan.models.base import ToolCall
+from hierplan.plans.plan import Plan, Step
 from hierplan.scenarios.base import Verification
+from hierplan.simulator.oracle import Action
+from hierplan.tools.base import Tool, tool
 
 TARGET = Fraction(24)
 OPS = ("+", "-", "*", "/")

@@ -21,10 +21,7 @@ from types import MappingProxyType
 
 import anyio
 
-from hierplan.agents.models.base import ToolCall
-from hierplan.agents.models.simulated import Action
 from hierplan.agents.prompts import PlanPrompt, StepPrompt, one_line
-from hierplan.agents.tools import Tool, tool
 from hierplan.bench.base import (
     MAX_FLAT_STEPS,
     ActionFailed,
@@ -36,8 +33,11 @@ from hierplan.bench.base import (
     subgoal_step,
     tool_step,
 )
-from hierplan.hierarchy.plan import Plan, Step
+from hierplan.models.base import ToolCall
+from hierplan.plans.plan import Plan, Step
 from hierplan.scenarios.base import Verification
+from hierplan.simulator.oracle import Action
+from hierplan.tools.base import Tool, tool
 
 SYLLABLES = (
     "var", "nol", "quil", "mer", "tor", "ben", "kas", "lor", "dun", "fel", "gar", "hal", "isk",

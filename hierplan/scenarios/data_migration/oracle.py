@@ -19,10 +19,10 @@ from types import MappingProxyType
 
 import networkx as nx
 
-from hierplan.agents.models.base import ToolCall
-from hierplan.agents.models.simulated import Action
 from hierplan.agents.prompts import PlanPrompt, StepPrompt, one_line
-from hierplan.hierarchy.plan import Plan, Step
+from hierplan.models.base import ToolCall
+from hierplan.plans.plan import Plan, Step
+from hierplan.simulator.oracle import Action
 
 REJECTED_PREFIX = "The reviewer rejected"
 ROOT_GOAL = (

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hierplan.agents.tools import Tool, tool
 from hierplan.errors import ToolArgsError, ToolError
-from hierplan.hierarchy.record import write_atomic
+from hierplan.files import write_atomic
 from hierplan.scenarios.data_migration.database import quote
+from hierplan.tools.base import Tool, tool
 
 BUSY_TIMEOUT_MS = 60_000
 MAX_BATCH = 50_000

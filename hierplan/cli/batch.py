@@ -1,0 +1,357 @@
+"""``hierplan batch`` and ``hierplan worker``.
+
+Exit status of ``batch``: 0 when every goal succeeded; 1 when some failed or were skipped; 2 for
+bad input (nothing started, nothing written); 130 when interrupted (resume with ``--resume``).
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Annotated, NoReturn
+from urllib.parse import urlsplit, urlunsplit
+
+import anyio
+import typer
+from rich.console import Console
+
+from hierplan.batch.budget import BatchBudget
+from hierplan.batch.core import DEFAULT_CONCURRENCY, Batch, BatchConfig, execute, prepare
+from hierplan.batch.display import BatchDisplay, summary_table
+from hierplan.batch.runner import RunOptions
+from hierplan.budgets.budget import ALLOCATIONS, MAX_BUDGET_TOKENS, Budget, usd_to_pico
+from hierplan.budgets.redis_ledger import check_reachable
+from hierplan.cli.options import BaseUrlOpt, PriceInOpt, PriceOutOpt, TimeoutOpt, out_option
+from hierplan.errors import HierplanError, UserInputError
+from hierplan.hierarchy.context import MAX_SEED, STRATEGY_NAMES
+from hierplan.runner.goals import settings_from_assignments
+from hierplan.runner.models import check_base_url
+from hierplan.simulator.profiles import PROFILES
+from hierplan.tracing.setup import (
+    TRACE_HELP,
+    TraceSetup,
+    configure_tracing,
+    export_problems_in_one_line,
+)
+
+BrokerOpt = Annotated[
+    str | None,
+    typer.Option("--broker", help="Redis URL of the Celery broker and the shared ledger."),
+]
+VisibilityOpt = Annotated[
+    float,
+    typer.Option(
+        "--visibility-timeout",
+        min=1.0,
+        help="Seconds before a goal whose worker died is delivered again (> the longest goal).",
+    ),
+]
+TraceOpt = Annotated[list[str] | None, typer.Option("--trace", metavar="TARGET", help=TRACE_HELP)]
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    Console(stderr=True).print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _pico(usd: float | None) -> int | None:
+    if usd is None:
+        return None
+    Budget(usd=usd)  # checked as a run's budget is: finite, at most MAX_BUDGET_USD
+    return usd_to_pico(usd)
+
+
+GoalsArg = Annotated[Path, typer.Argument(help="The goals file: one JSON object per line.")]
+OutOpt = Annotated[Path, out_option("The batch's directory (journal, run records).")]
+BudgetUsdOpt = Annotated[
+    float | None, typer.Option("--budget-usd", min=0.0, help="The whole batch's budget in USD.")
+]
+BudgetTokensOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--budget-tokens", min=0, max=MAX_BUDGET_TOKENS, help="The whole batch's budget in tokens."
+    ),
+]
+ConcurrencyOpt = Annotated[
+    int, typer.Option("--concurrency", "-c", min=1, help="Goals running at once.")
+]
+ResumeOpt = Annotated[
+    bool, typer.Option("--resume", help="Continue the batch in --out after a crash.")
+]
+BackendOpt = Annotated[
+    str, typer.Option("--backend", help="local (this process) or celery (workers).")
+]
+GoalUsdOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--goal-budget-usd",
+        min=0.0,
+        help="Cap of a goal that sets none (default: the budget / --concurrency).",
+    ),
+]
+GoalTokensOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--goal-budget-tokens",
+        min=0,
+        max=MAX_BUDGET_TOKENS,
+        help="Token cap of a goal that sets none.",
+    ),
+]
+ModelOpt = Annotated[
+    str, typer.Option("--model", "-m", help="Default model: sim, openai:<m>, anthropic:<m>.")
+]
+StrategyOpt = Annotated[
+    str, typer.Option("--strategy", "-s", help=f"Default strategy: {', '.join(STRATEGY_NAMES)}.")
+]
+AllocationOpt = Annotated[
+    str, typer.Option("--allocation", help="Default: equal, weighted or on-demand.")
+]
+SeedOpt = Annotated[
+    int,
+    typer.Option(
+        "--seed",
+        min=0,
+        max=MAX_SEED,
+        help="The batch's simulator seed: a goal without a seed of its own gets one derived "
+        "from it and the goal's id.",
+    ),
+]
+ProfileOpt = Annotated[
+    str, typer.Option("--sim-profile", help=f"Simulator noise: {', '.join(PROFILES)}.")
+]
+LatencyOpt = Annotated[
+    float,
+    typer.Option("--sim-latency-scale", min=0.0, help="Scale simulated latency (0 = none)."),
+]
+
+
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        metavar="KEY=VALUE",
+        help="A run setting of every goal, e.g. executor_max_tokens=4096 (repeatable).",
+    ),
+]
+# The run settings the batch sets by flags of its own: --set refuses them. (--concurrency is
+# goals at once here; a goal's steps at once is --set concurrency=N.)
+SETTING_FLAGS: Mapping[str, str] = MappingProxyType({"strategy": "--strategy", "seed": "--seed"})
+
+
+def batch_command(
+    context: typer.Context,
+    goals: GoalsArg,
+    out: OutOpt,
+    budget_usd: BudgetUsdOpt = None,
+    budget_tokens: BudgetTokensOpt = None,
+    concurrency: ConcurrencyOpt = DEFAULT_CONCURRENCY,
+    resume: ResumeOpt = False,
+    backend: BackendOpt = "local",
+    broker: BrokerOpt = None,
+    goal_budget_usd: GoalUsdOpt = None,
+    goal_budget_tokens: GoalTokensOpt = None,
+    model: ModelOpt = "sim",
+    strategy: StrategyOpt = "hierarchical",
+    allocation: AllocationOpt = "equal",
+    seed: SeedOpt = 0,
+    sim_profile: ProfileOpt = "typical",
+    sim_latency_scale: LatencyOpt = 1.0,
+    visibility_timeout: VisibilityOpt = 3600.0,
+    trace: TraceOpt = None,
+    set_: SetOpt = None,
+    base_url: BaseUrlOpt = None,
+    timeout: TimeoutOpt = None,
+    price_in: PriceInOpt = None,
+    price_out: PriceOutOpt = None,
+) -> None:
+    """Run many goals under one global budget, journaled in DIR (resumable with --resume).
+
+    Every line of GOALS is validated before anything starts. Each goal gets a grant of the
+    budget before it starts; when what is left cannot cover a goal, the goal is recorded as
+    not started. Writes DIR/goals/<id>/run.json per goal and DIR/summary.json.
+    """
+    tracing = None
+    try:
+        _check_choices(backend, strategy, allocation, sim_profile, broker, trace)
+        tracing = configure_tracing(trace) if backend == "local" else None
+        budget = BatchBudget(
+            budget_tokens,
+            _pico(budget_usd),
+            concurrency,
+            goal_budget_tokens,
+            _pico(goal_budget_usd),
+        )
+        options = RunOptions(
+            model=model,
+            strategy=strategy,
+            allocation=allocation,
+            seed=seed,
+            sim_profile=sim_profile,
+            sim_latency_scale=sim_latency_scale,
+            run_settings=settings_from_assignments(set_ or [], flags=SETTING_FLAGS),
+            base_url=None if base_url is None else check_base_url(base_url),
+            timeout=timeout,
+            price_in=price_in,
+            price_out=price_out,
+        )
+        config = BatchConfig(
+            goals_path=goals,
+            out=out,
+            budget=budget,
+            options=options,
+            backend="celery" if backend == "celery" else "local",
+            resume=resume,
+            broker=broker,
+            visibility_timeout=visibility_timeout,
+            instruments=tracing.instruments if tracing is not None else (),
+            given=_given_flags(context),
+        )
+        if broker is not None:
+            # Before the batch's directory is made: a broker that is down leaves nothing to
+            # resume, and the command can be given again as it was once Redis is up.
+            check_reachable(broker, _hide_password(broker))
+        batch = prepare(config)
+    except HierplanError as exc:
+        if tracing is not None:
+            tracing.shutdown()
+        _fail(str(exc))
+    _run(batch, tracing)
+
+
+def _given_flags(context: typer.Context) -> frozenset[str]:
+    """The options given on this command line (not left at their defaults), as flags."""
+    given: set[str] = set()
+    for name in context.params:
+        source = context.get_parameter_source(name)
+        if source is not None and source.name != "DEFAULT":
+            given.add("--" + name.rstrip("_").replace("_", "-"))  # set_ is --set
+    return frozenset(given)
+
+
+def _check_choices(
+    backend: str,
+    strategy: str,
+    allocation: str,
+    sim_profile: str,
+    broker: str | None,
+    trace: list[str] | None,
+) -> None:
+    """The options that name one of a set, and those that go with one backend only."""
+    if backend not in ("local", "celery"):
+        raise UserInputError(f"unknown backend {backend!r}: choose local or celery")
+    if strategy not in STRATEGY_NAMES:
+        raise UserInputError(
+            f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGY_NAMES)}"
+        )
+    if allocation not in ALLOCATIONS:
+        raise UserInputError(
+            f"unknown allocation {allocation!r}: choose one of {', '.join(ALLOCATIONS)}"
+        )
+    if sim_profile not in PROFILES:
+        raise UserInputError(
+            f"unknown simulator profile {sim_profile!r}: choose one of {', '.join(PROFILES)}"
+        )
+    if backend == "celery" and broker is None:
+        raise UserInputError("--backend celery needs --broker redis://HOST:PORT/DB")
+    if backend == "local" and broker is not None:
+        raise UserInputError("--broker applies to --backend celery only")
+    if trace and backend == "celery":
+        raise UserInputError("on Celery, give --trace to each `hierplan worker` instead")
+
+
+def _run(batch: Batch, tracing: TraceSetup | None) -> NoReturn:
+    """Run a prepared batch under the live display, print its summary, exit with its status."""
+    console = Console()
+    config = batch.config
+    started = time.monotonic()
+    display = BatchDisplay(console, batch.tally())
+    batch.display = display
+    try:
+        with export_problems_in_one_line():
+            try:
+                with display:
+                    summary = anyio.run(execute, batch)
+            finally:
+                batch.journal.close()
+                if tracing is not None:
+                    tracing.shutdown()
+    except HierplanError as exc:
+        _fail(str(exc))
+    except KeyboardInterrupt:
+        _fail(f"interrupted; continue with: {resume_command(config)}", 130)
+    console.print(summary_table(summary))
+    console.print(
+        f"journal: {config.out / 'journal.sqlite'}  summary: {config.out / 'summary.json'}  "
+        f"({time.monotonic() - started:.1f} s)",
+        highlight=False,
+    )
+    counts = summary["counts"]
+    raise typer.Exit(0 if counts["succeeded"] == summary["goals"] else 1)
+
+
+def resume_command(config: BatchConfig) -> str:
+    """The command that continues ``config``'s batch, as a shell would take it: the budget and
+    options come from the journal, but the backend and the broker must be named again (a
+    password in the broker's URL is not shown)."""
+    words = ["hierplan", "batch", str(config.goals_path), "--out", str(config.out), "--resume"]
+    if config.backend != "local":
+        words += ["--backend", config.backend]
+    if config.broker is not None:
+        words += ["--broker", _hide_password(config.broker)]
+    return shlex.join(words)
+
+
+def _hide_password(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = f"{parts.username}:" if parts.username else ":"
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{user}PASSWORD@{host}"))
+
+
+def worker_command(
+    broker: Annotated[
+        str, typer.Option("--broker", help="Redis URL of the broker and the shared ledger.")
+    ],
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", "-c", min=1, help="Goals this worker runs at once.")
+    ] = 4,
+    visibility_timeout: VisibilityOpt = 3600.0,
+    workdir: Annotated[
+        Path | None,
+        typer.Option("--workdir", help="Where scenario goals set up their files (a temp dir)."),
+    ] = None,
+    trace: TraceOpt = None,
+) -> None:
+    """Start a Celery worker for `hierplan batch --backend celery` (threads pool, one event
+    loop per process, messages acknowledged when a goal ends)."""
+    from hierplan.batch.celery_backend import run_worker
+
+    try:
+        tracing = configure_tracing(trace)
+    except HierplanError as exc:
+        _fail(str(exc))
+    try:
+        run_worker(
+            broker,
+            concurrency=concurrency,
+            visibility_timeout=visibility_timeout,
+            workdir=workdir,
+            instruments=tracing.instruments if tracing is not None else None,
+        )
+    except HierplanError as exc:
+        _fail(str(exc))
+    finally:
+        if tracing is not None:
+            tracing.shutdown()
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``batch`` and ``worker`` to the ``hierplan`` command."""
+    app.command("batch")(batch_command)
+    app.command("worker")(worker_command)

@@ -1,0 +1,195 @@
+"""Token estimates from text.
+
+hierplan does not ship a tokenizer: it estimates one token per four characters of ASCII text (the
+rule of thumb OpenAI and Anthropic both publish for English) and one token per character outside
+ASCII (Chinese, Cyrillic, emoji: tokenizers give such a character about a token of its own, often
+more, so four to a token would reserve a quarter of what the call uses), plus a fixed overhead per
+message, tool and schema for the chat framing. The estimate is used for two things: the input
+side of a budget reservation before a call (a real provider's reported usage then replaces it),
+and the usage the offline simulator reports, which has no provider to ask. Input a provider adds
+on its own (Anthropic's tool-use system prompt) is added to a reservation's estimate by
+:func:`estimate_input_tokens`, never to the simulator's counts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from hierplan.models.base import ModelRequest, ModelResponse, OutputSchema, ToolSpec, Usage
+
+if TYPE_CHECKING:
+    from hierplan.errors import ModelError
+
+CHARS_PER_TOKEN = 4
+MESSAGE_OVERHEAD_TOKENS = 4
+TOOL_OVERHEAD_TOKENS = 8
+
+# Anthropic puts a tool-use system prompt of its own in front of every request that sends tools,
+# and bills it as input: by model, one size with tool_choice auto or none (the default) and one
+# with any or a named tool (a forced call). Source: "Tool use pricing" in
+# https://platform.claude.com/docs/en/about-claude/pricing, read 2026-12-03 (the Claude 3 rows
+# checked against https://docs.anthropic.com/en/docs/tool-use-pricing-and-tokens, the 346/313
+# row against https://claudecodeguides.com/claude-tool-use-hidden-token-costs-explained/).
+# Models listed apart are matched by name prefix; every other model (Claude 3.7, 4, 4.x, 5 and
+# any newer) takes the 346/313 row, the one current models share.
+ANTHROPIC_TOOL_PROMPT_TOKENS: tuple[int, int] = (346, 313)
+"""(tool_choice auto/none, any/tool) tokens for the models the table does not list apart."""
+_ANTHROPIC_OLDER_TOOL_PROMPT_TOKENS: Mapping[str, tuple[int, int]] = MappingProxyType(
+    {
+        "claude-3-5-haiku": (264, 340),
+        "claude-3-haiku": (264, 340),
+        "claude-3-opus": (530, 281),
+        "claude-3-sonnet": (159, 235),
+    }
+)
+
+
+def estimate_text_tokens(text: str) -> int:
+    """Tokens in ``text``: four ASCII characters to a token, and a token for each character
+    outside ASCII (at least 1 for non-empty text)."""
+    if text.isascii():  # O(1) in CPython: the common case costs no scan
+        return (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+    plain = len(text.encode("ascii", "ignore"))
+    return (plain + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN + len(text) - plain
+
+
+def _schema_tokens(schema: Mapping[str, Any]) -> int:
+    return estimate_text_tokens(json.dumps(schema, separators=(",", ":"), sort_keys=True))
+
+
+# The estimates of tool specs and output schemas, by the object's identity. A run sends the same
+# spec objects with every call (a toolbox hands out one tuple per allowlist), and writing each
+# schema out as JSON to count it cost more than the rest of a step's orchestration (about 90 µs
+# a call with ten tools). Each entry keeps its object, so that the id cannot be reused while the
+# entry stands; the cache is emptied when it reaches _ESTIMATES_LIMIT entries. A spec's schema
+# is read once: specs are frozen, and their schemas are not to be changed in place.
+_ESTIMATES: dict[int, tuple[ToolSpec | OutputSchema, int]] = {}
+_ESTIMATES_LIMIT = 4096
+
+
+def _spec_tokens(spec: ToolSpec | OutputSchema) -> int:
+    found = _ESTIMATES.get(id(spec))
+    if found is not None and found[0] is spec:
+        return found[1]
+    if isinstance(spec, ToolSpec):
+        text = estimate_text_tokens(spec.name + spec.description)
+        tokens = TOOL_OVERHEAD_TOKENS + text + _schema_tokens(spec.parameters)
+    else:
+        tokens = TOOL_OVERHEAD_TOKENS + _schema_tokens(spec.schema)
+    if len(_ESTIMATES) >= _ESTIMATES_LIMIT:
+        _ESTIMATES.clear()
+    _ESTIMATES[id(spec)] = (spec, tokens)
+    return tokens
+
+
+def estimate_request_tokens(request: ModelRequest) -> int:
+    """Estimated input tokens of a request: messages, tool schemas and output schema."""
+    total = 0
+    for message in request.messages:
+        total += MESSAGE_OVERHEAD_TOKENS + estimate_text_tokens(message.content)
+        for call in message.tool_calls:
+            total += estimate_text_tokens(call.name) + _schema_tokens(call.arguments)
+    for spec in request.tools:
+        total += _spec_tokens(spec)
+    if request.output_schema is not None:
+        total += _spec_tokens(request.output_schema)
+    return total
+
+
+def anthropic_tool_prompt_tokens(model_name: str, *, forced: bool) -> int:
+    """The tokens of the tool-use system prompt Anthropic adds to a request to ``model_name``
+    (``claude-haiku-4-5``) that sends tools: with a forced tool (``tool_choice`` any or tool)
+    when ``forced``, else with ``tool_choice`` auto."""
+    sizes = next(
+        (v for k, v in _ANTHROPIC_OLDER_TOOL_PROMPT_TOKENS.items() if model_name.startswith(k)),
+        ANTHROPIC_TOOL_PROMPT_TOKENS,
+    )
+    return sizes[1] if forced else sizes[0]
+
+
+def estimate_input_tokens(request: ModelRequest, model: object = None) -> int:
+    """Estimated input tokens of ``request`` sent to ``model``: :func:`estimate_request_tokens`
+    plus what the model's provider adds on its own, when the model says how much through a
+    ``hidden_input_tokens(request)`` method (the Anthropic adapter: its tool-use system
+    prompt). Budgets reserve this; without it a call with tools overran its reservation."""
+    total = estimate_request_tokens(request)
+    hidden = getattr(model, "hidden_input_tokens", None)
+    if hidden is not None:
+        total += int(hidden(request))
+    return total
+
+
+def counted_usage(
+    response: ModelResponse,
+    request: ModelRequest,
+    input_tokens: int | None = None,
+    model: object = None,
+) -> Usage:
+    """The usage ``response`` counts for, set on it and flagged where it is not what the model
+    reported: a reply without usage counts at the request's worst case (``input_tokens``, by
+    default its estimate on ``model``, plus ``max_tokens``; flag ``no_usage``), never as free;
+    impossible usage (negative counts, more cache reads and writes than input) as the nearest
+    possible one (flag ``invalid_usage``)."""
+    usage, flag = usage_counted(response, request, input_tokens, model)
+    if flag is None:
+        return usage
+    response.usage = usage
+    if flag not in response.flags:  # an adapter may have flagged it already
+        response.flags.append(flag)
+    return usage
+
+
+def usage_counted(
+    response: ModelResponse,
+    request: ModelRequest,
+    input_tokens: int | None = None,
+    model: object = None,
+) -> tuple[Usage, str | None]:
+    """What :func:`counted_usage` would count ``response`` for, and its flag (``no_usage``,
+    ``invalid_usage`` or ``None``), without changing the response: for those who see the reply
+    before the call is recorded and must count it the same way."""
+    reported = response.usage
+    if reported is None:
+        return worst_case(request, input_tokens, model), "no_usage"
+    return _possible(reported)
+
+
+def failed_usage(
+    error: ModelError,
+    request: ModelRequest,
+    input_tokens: int | None = None,
+    model: object = None,
+) -> tuple[Usage | None, str | None]:
+    """What a call that failed with ``error`` counts for, and its flag: the usage the error
+    reported (impossible usage as the nearest possible one, flag ``invalid_usage``, as the
+    budget settles it, so that the record and the trace never show a negative cost); the
+    request's worst case (``input_tokens``, by default its estimate on ``model``, plus
+    ``max_tokens``; flag ``no_usage``) when the provider may have billed the request without
+    reporting usage (``error.unknown_usage``); ``None`` when the call used nothing."""
+    reported = error.usage
+    if reported is None:
+        if error.unknown_usage:
+            return worst_case(request, input_tokens, model), "no_usage"
+        return None, None
+    usage, flag = _possible(reported)
+    return usage, "no_usage" if flag is None and error.unknown_usage else flag
+
+
+def worst_case(
+    request: ModelRequest, input_tokens: int | None = None, model: object = None
+) -> Usage:
+    """The most ``request`` can use: ``input_tokens`` (by default its estimate on ``model``,
+    see :func:`estimate_input_tokens`) plus ``max_tokens``: what its budget reservation holds,
+    and what a call counts for when the provider may have billed it without saying how
+    much."""
+    worst = estimate_input_tokens(request, model) if input_tokens is None else input_tokens
+    return Usage(worst, request.max_tokens)
+
+
+def _possible(reported: Usage) -> tuple[Usage, str | None]:
+    """``reported`` made possible, flagged ``invalid_usage`` when that changed it."""
+    usage = reported.possible()
+    return usage, None if usage is reported else "invalid_usage"

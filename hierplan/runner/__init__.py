@@ -1,0 +1,1 @@
+"""hierplan.runner."""

@@ -1,0 +1,324 @@
+"""Watch a run while it goes, and stop it from outside: :func:`start` and :class:`RunHandle`.
+
+>>> async def main():  # doctest: +SKIP
+...     async with hierplan.start(scenario="data_migration") as handle:
+...         async for event in handle.events():
+...             print(event.type, event.path)
+...         result = await handle.result()
+
+**Buffering.** The handle keeps every event of its run in a list, in the order they happened.
+The run appends to it from the event bus (an append: it never waits and never drops), and each
+:meth:`RunHandle.events` iterator reads the list at its own pace, from the start or from
+``since``. So a slow consumer never stalls the run and loses nothing, any number of consumers
+each see every event, and a consumer that comes late (a browser that reconnects) catches up.
+The price is memory: the log lives as long as the handle (``benchmarks/events.py`` measures the
+bytes per event; plan events, which carry the whole plan, are the large ones). Drop the handle
+to free it.
+
+**Cancellation.** :meth:`RunHandle.cancel` cancels every task of the run at its next
+checkpoint; the run ends with status ``cancelled`` and a record that keeps what finished.
+Leaving the ``async with`` block waits for the run to end, unless the block raised or was
+cancelled (a caller's deadline), in which case the run is cancelled first: a run never
+outlives its block, and always ends with a record.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from types import TracebackType
+from typing import Any, Unpack
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+
+from hierplan.core.events import RunEvent, RunFinished
+from hierplan.hierarchy.context import Instrument, RunContext
+from hierplan.records import NodeRecord, RunResult
+from hierplan.runner.run import RUN_OPTIONS, RunOptions, refuse_unknown_options, run
+
+
+class EventStream:
+    """An async iterator over a run's events, from position ``since`` (see :class:`RunHandle`)."""
+
+    __slots__ = ("_handle", "position")
+
+    def __init__(self, handle: RunHandle, since: int) -> None:
+        self._handle = handle
+        self.position = since
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    async def __anext__(self) -> RunEvent:
+        handle = self._handle
+        while True:
+            log = handle._log
+            if self.position < len(log):
+                event = log[self.position]
+                self.position += 1
+                return event
+            if handle._finished:
+                raise StopAsyncIteration
+            await handle._changed().wait()
+
+
+class _Attach(Instrument):
+    """Hands the run's context to its handle when the run starts."""
+
+    def __init__(self, handle: RunHandle) -> None:
+        self.handle = handle
+
+    def run_scope(self, run: RunContext) -> AbstractAsyncContextManager[None]:
+        """Attach the run to the handle when the run starts."""
+        return self._scope(run)
+
+    @asynccontextmanager
+    async def _scope(self, run: RunContext) -> AsyncIterator[None]:
+        self.handle._attach(run)
+        yield
+
+
+class RunHandle:
+    """A run in progress: its events, its result, and a way to cancel it.
+
+    Made by :func:`start`; use it as an async context manager. ``run_id`` is known at once.
+    """
+
+    def __init__(self, goal: str | None, options: dict[str, Any]) -> None:
+        self.run_id: str = options.pop("run_id", None) or uuid.uuid4().hex[:12]
+        self._goal = goal
+        self._options = options
+        self._log: list[RunEvent] = []
+        self._wakeup: anyio.Event | None = None
+        self._finished = False
+        self._result: RunResult | None = None
+        self._error: Exception | None = None
+        self._error_seen = False
+        self._done: anyio.Event | None = None
+        self._ctx: RunContext | None = None
+        self._cancel_requested = False
+        self._outer: anyio.CancelScope | None = None
+        self._started: TaskStatus[None] | None = None
+        self._task_group: TaskGroup | None = None
+
+    # -- what a consumer uses -------------------------------------------------------------
+    def events(self, since: int = 0) -> EventStream:
+        """Every event of the run from position ``since`` on, waiting for new ones until the
+        run ends. Each call gives an independent iterator."""
+        self._require_entered("events")
+        if since < 0:
+            raise ValueError(f"since must be 0 or more, not {since}")
+        return EventStream(self, since)
+
+    @property
+    def event_count(self) -> int:
+        """How many events the run has emitted so far."""
+        return len(self._log)
+
+    @property
+    def done(self) -> bool:
+        """Whether the run has ended (its result, or its error, is ready)."""
+        return self._finished
+
+    @property
+    def status(self) -> str:
+        """``starting``, ``running``, or the run's final status."""
+        if self._result is not None:
+            return self._result.status
+        if self._error is not None:
+            return "error"
+        return "running" if self._ctx is not None else "starting"
+
+    async def result(self) -> RunResult:
+        """Wait for the run to end and return its record (re-raises an error the run raised)."""
+        self._require_entered("result")
+        await self._done_event().wait()
+        if self._error is not None:
+            self._error_seen = True
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def cancel(self) -> bool:
+        """Cancel the run. Returns ``False`` if its nodes had already finished (the run then
+        keeps its status), ``True`` if it will end ``cancelled``."""
+        if self._finished:
+            return False
+        self._cancel_requested = True
+        if self._ctx is not None:
+            return self._ctx.cancel()
+        if self._outer is not None:
+            self._outer.cancel()
+        return True
+
+    def _require_entered(self, method: str) -> None:
+        """Refuse a use of a handle whose run has not started: it would wait for ever."""
+        if self._task_group is None:
+            raise RuntimeError(
+                f"RunHandle.{method}() was called before the run started: a handle runs "
+                f"only inside its block, as in `async with hierplan.start(...) as handle:`; "
+                f"call handle.{method}() inside the block (or after it)"
+            )
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def __aenter__(self) -> RunHandle:
+        if self._task_group is not None:
+            raise RuntimeError("a RunHandle can be entered only once")
+        group = anyio.create_task_group()
+        await group.__aenter__()
+        self._task_group = group
+        try:
+            await group.start(self._main)
+        except BaseException:
+            await self._close()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            if exc_type is None:
+                await self._done_event().wait()
+        finally:
+            await self._close()
+        if self._error is not None and not self._error_seen and exc_type is None:
+            self._error_seen = True
+            raise self._error
+
+    async def _close(self) -> None:
+        """Cancel the run unless it ended, and wait (shielded) until it has wound down."""
+        if not self._finished:
+            self.cancel()
+        assert self._task_group is not None
+        with anyio.CancelScope(shield=True):
+            await self._done_event().wait()
+        await self._task_group.__aexit__(None, None, None)
+
+    async def _main(self, *, task_status: TaskStatus[None]) -> None:
+        self._started = task_status
+        self._done_event()
+        options = dict(self._options)
+        listeners: Sequence[Any] = options.pop("listeners", ())
+        instruments: Sequence[Instrument] = options.pop("instruments", ())
+        result: RunResult | None = None
+        try:
+            # Shielded: only cancel() stops the run, so that it always ends with a record
+            # (a caller's deadline reaches the block, whose exit calls cancel()).
+            with anyio.CancelScope(shield=True), anyio.CancelScope() as outer:
+                self._outer = outer
+                if self._cancel_requested:
+                    outer.cancel()
+                result = await run(
+                    self._goal,
+                    run_id=self.run_id,
+                    listeners=[*listeners, self._record],
+                    instruments=[*instruments, _Attach(self)],
+                    **options,
+                )
+            if result is None:  # cancelled before its nodes started
+                result = self._cancelled_before_start()
+            self._result = result
+        except Exception as exc:
+            if self._started is not None:  # not started yet: raise from __aenter__
+                raise
+            self._error = exc
+        finally:
+            self._outer = None
+            self._ctx = None  # the run's context (models, tools) is not needed any more
+            self._finished = True
+            self._wake()
+            self._done_event().set()
+        self._signal_started()
+
+    def _attach(self, ctx: RunContext) -> None:
+        self._ctx = ctx
+        if self._cancel_requested:
+            ctx.cancel()
+        self._signal_started()
+
+    def _signal_started(self) -> None:
+        started, self._started = self._started, None
+        if started is not None:
+            started.started()
+
+    def _record(self, event: RunEvent) -> None:
+        # The bus calls this synchronously: append and wake the readers, never wait.
+        self._log.append(event)
+        if self._wakeup is not None:
+            self._wake()
+
+    def _wake(self) -> None:
+        wakeup = self._wakeup
+        if wakeup is not None:
+            self._wakeup = None
+            wakeup.set()
+
+    def _changed(self) -> anyio.Event:
+        if self._wakeup is None:
+            self._wakeup = anyio.Event()
+        return self._wakeup
+
+    def _done_event(self) -> anyio.Event:
+        if self._done is None:
+            self._done = anyio.Event()
+        return self._done
+
+    def _cancelled_before_start(self) -> RunResult:
+        goal = self._goal or str(self._options.get("scenario") or "")
+        now = time.time()
+        tree = NodeRecord(
+            path="1",
+            kind="planner",
+            goal=goal,
+            depth=1,
+            status="cancelled",
+            error="not run: the run was cancelled before it started",
+        )
+        event = RunFinished(
+            run_id=self.run_id,
+            path="1",
+            status="cancelled",
+            cost_usd=0.0,
+            answer="",
+            error="cancelled by the caller before the run started",
+        )
+        self._log.append(event)
+        return RunResult(
+            run_id=self.run_id,
+            goal=goal,
+            strategy=str(self._options.get("strategy") or ""),
+            model="",
+            simulated=False,
+            status="cancelled",
+            answer="",
+            tree=tree,
+            answer_complete=False,
+            started_at=now,
+            finished_at=now,
+            error=event.error,
+        )
+
+
+def start(goal: str | None = None, **options: Unpack[RunOptions]) -> RunHandle:
+    """Start a run and get a handle on it; takes the same arguments as :func:`hierplan.run`.
+
+    >>> async with hierplan.start(scenario="data_migration") as handle:  # doctest: +SKIP
+    ...     async for event in handle.events():
+    ...         if event.type == "node_finished" and event.status == "failed":
+    ...             handle.cancel()
+    ...     result = await handle.result()
+
+    Entering the context starts the run and returns once it has started (bad input raises
+    there, as :func:`hierplan.run` would). See :mod:`hierplan.runner.handle` for how events
+    are buffered and how cancellation works. A keyword :func:`hierplan.run` does not take
+    raises :class:`TypeError` here, at once.
+    """
+    refuse_unknown_options("start", options, RUN_OPTIONS)
+    return RunHandle(goal, dict(options))

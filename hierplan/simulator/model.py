@@ -1,0 +1,329 @@
+"""SimulatedModel: the embedded offline default, a seeded stand-in for an LLM.
+
+It receives the same :class:`ModelRequest` a real provider would (the real prompts, tool schemas
+and output schema), reads it back with :mod:`hierplan.agents.prompts`, and asks an
+:class:`Oracle` (a scenario's or benchmark suite's) what a competent model would answer. It then
+applies a seeded :class:`NoiseProfile`: plan errors (a dropped step, a missing dependency, a wrong
+tool argument) more likely as plans grow; executor errors (a wrong tool argument, a give-up) more
+likely the more tool calls one executor loop has made, and more likely again after an earlier
+error in that loop; a cap on the tool calls of one turn; latency (log-normal, plus time per
+output token); and verbosity (hidden reasoning, counted as output and reasoning tokens as a
+reasoning model would). How likely each error is depends on the request only (the plan's size,
+the loop's calls and errors), never on the strategy that sent it, so that differences between
+strategies emerge from what they ask of the model.
+
+Usage is computed from the actual request and response text by the estimate in
+:mod:`hierplan.models.tokens`. Cost is that usage priced as if the model were a named real
+one (``priced_as``). Every response is flagged ``simulated``.
+
+The simulator never pretends to understand free text: a request no oracle covers raises
+:class:`SimulatorCoverageError` pointing at the real providers.
+
+Randomness is keyed by the node that asks (its path and phase) and how many times it asked
+before, never by call order across nodes, so the noise of a seeded run does not depend on
+concurrency. (Tool outcomes that depend on timing, such as a foreign-key race after a dropped
+dependency, still can.)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from hashlib import sha256
+from typing import Any
+
+import anyio
+
+from hierplan.agents.prompts import (
+    FAILED_PREFIX,
+    PLAN_OUTPUT_NAME,
+    parse_plan_prompt,
+    parse_step_prompt,
+)
+from hierplan.errors import SimulatorCoverageError
+from hierplan.models.base import Message, ModelRequest, ModelResponse, ToolCall, Usage
+from hierplan.models.tokens import estimate_request_tokens, estimate_text_tokens
+from hierplan.plans.plan import Plan
+from hierplan.simulator.oracle import COVERAGE_HINT, Oracle
+from hierplan.simulator.profiles import (
+    DEFAULT_SIMULATED_PRICED_AS,
+    NoiseProfile,
+    check_latency_scale,
+    get_profile,
+)
+
+_FILLER = (
+    "Considering the dependencies and what each step needs, ",
+    "the safest order keeps independent work parallel; ",
+    "checking the inputs again before acting, ",
+    "this follows from the previous results; ",
+)
+
+
+class SimulatedModel:
+    """The offline stand-in for an LLM (see the module docstring)."""
+
+    def __init__(
+        self,
+        oracle: Oracle | None,
+        *,
+        profile: NoiseProfile | str = "typical",
+        seed: int = 0,
+        priced_as: str = DEFAULT_SIMULATED_PRICED_AS,
+        latency_scale: float = 1.0,
+    ) -> None:
+        check_latency_scale(latency_scale)
+        self.oracle = oracle
+        self.profile = get_profile(profile) if isinstance(profile, str) else profile
+        self.seed = seed
+        self._priced_as = priced_as
+        self.latency_scale = latency_scale
+        self._seen: dict[str, int] = {}
+
+    @property
+    def name(self) -> str:
+        """``sim``."""
+        return "sim"
+
+    @property
+    def provider(self) -> str:
+        """``sim``."""
+        return "sim"
+
+    @property
+    def priced_as(self) -> str:
+        """The real model whose prices apply."""
+        return self._priced_as
+
+    @property
+    def simulated(self) -> bool:
+        """Always true."""
+        return True
+
+    def _rng(self, request: ModelRequest) -> random.Random:
+        # Draws are keyed by the node that asks and how many times it asked before, not by the
+        # prompt text: prompts carry results whose order and wording depend on timing (which
+        # of two parallel steps finished first), and a seeded run must draw the same noise
+        # whatever the concurrency. Requests from outside a run fall back to the text.
+        if request.node_path:
+            key = f"{request.node_path}|{request.phase}"
+        else:
+            digest = sha256()
+            for m in request.messages:
+                digest.update(m.role.encode())
+                digest.update(m.content.encode())
+            key = digest.hexdigest()
+        count = self._seen.get(key, 0)
+        self._seen[key] = count + 1
+        return random.Random(f"{self.seed}:{key}:{count}")
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        """Answer from the oracle, with the profile's noise, latency and usage."""
+        if self.oracle is None:
+            raise SimulatorCoverageError(COVERAGE_HINT)
+        rng = self._rng(request)
+        if request.output_schema is not None and request.output_schema.name == PLAN_OUTPUT_NAME:
+            response = self._plan(request, rng)
+        else:
+            response = self._act(request, rng)
+        visible = response.text + "".join(
+            c.name + json.dumps(c.arguments, default=str) for c in response.tool_calls
+        )
+        # Verbosity is hidden reasoning, as a reasoning model spends it: counted as output
+        # (and reasoning) tokens, not shown in the answer.
+        reasoning = estimate_text_tokens(self._reasoning(visible, rng))
+        response = _clip(response, request.max_tokens - reasoning)
+        out = max(1, estimate_text_tokens(visible)) + reasoning
+        if response.finish_reason == "length":
+            out = request.max_tokens
+        response.usage = Usage(
+            estimate_request_tokens(request), out, reasoning_tokens=min(reasoning, out)
+        )
+        response.model = "sim"
+        response.simulated = True
+        delay = self._latency(rng, out)
+        if delay > 0:
+            await anyio.sleep(delay)
+        return response
+
+    def _latency(self, rng: random.Random, output_tokens: int) -> float:
+        p = self.profile
+        if self.latency_scale <= 0:
+            return 0.0
+        fixed = 0.0
+        if p.latency_median_s > 0:
+            fixed = p.latency_median_s * math.exp(p.latency_sigma * rng.gauss())
+        return self.latency_scale * (fixed + p.latency_per_output_token_s * output_tokens)
+
+    def _reasoning(self, text: str, rng: random.Random) -> str:
+        if self.profile.verbosity <= 0:
+            return ""
+        target = int(len(text) * self.profile.verbosity * rng.uniform(0.5, 1.5))
+        parts: list[str] = []
+        while sum(map(len, parts)) < target:
+            parts.append(rng.choice(_FILLER))
+        return "".join(parts).strip()
+
+    def _plan(self, request: ModelRequest, rng: random.Random) -> ModelResponse:
+        assert self.oracle is not None
+        prompt = parse_plan_prompt(request.messages)
+        if prompt is None:
+            raise SimulatorCoverageError(
+                "the request is not a hierplan planning prompt. " + COVERAGE_HINT
+            )
+        plan = self.oracle.plan(prompt)
+        if plan is None:
+            raise SimulatorCoverageError(
+                f"no oracle knows the goal {prompt.goal[:200]!r}. {COVERAGE_HINT}"
+            )
+        flags: list[str] = []
+        repair = any(m.role == "user" and m.content.startswith("REPAIR:") for m in request.messages)
+        if not repair:
+            for _ in range(self._plan_error_count(len(plan.steps), rng)):
+                plan, kind = perturb_plan(plan, rng)
+                if kind:
+                    flags.append(f"sim_plan_error:{kind}")
+        data: dict[str, Any] = plan.model_dump(mode="json", exclude_none=True)
+        return ModelResponse(text=json.dumps(data), output=data, flags=flags)
+
+    def _plan_error_count(self, steps: int, rng: random.Random) -> int:
+        """How many errors a plan of ``steps`` steps gets: one per plan, one per step."""
+        p = self.profile
+        count = int(rng.random() < p.plan_error_rate)
+        if p.plan_error_per_step > 0:
+            count += sum(rng.random() < p.plan_error_per_step for _ in range(steps))
+        return count
+
+    def _act(self, request: ModelRequest, rng: random.Random) -> ModelResponse:
+        assert self.oracle is not None
+        prompt = parse_step_prompt(request.messages)
+        if prompt is None:
+            raise SimulatorCoverageError(
+                "the request is not a hierplan executor prompt. " + COVERAGE_HINT
+            )
+        transcript = _transcript(request.messages)
+        action = self.oracle.act(prompt, transcript.done)
+        if action is None:
+            raise SimulatorCoverageError(
+                f"no oracle knows the step {prompt.instruction[:200]!r}. {COVERAGE_HINT}"
+            )
+        calls = list(action.tool_calls)
+        cap = self.profile.max_calls_per_turn
+        if cap and len(calls) > cap:
+            calls = calls[:cap]
+        # Ids the oracle chose may repeat those of failed calls: number them uniquely.
+        calls = [
+            ToolCall(f"call_{transcript.calls + i}", c.name, c.arguments)
+            for i, c in enumerate(calls)
+        ]
+        wrong = self._wrong_decision(len(calls), transcript, rng)
+        if wrong is None:
+            return ModelResponse(text=action.text, tool_calls=tuple(calls))
+        if calls and rng.random() >= self.profile.give_up_share:
+            c = calls[wrong]
+            calls[wrong] = ToolCall(c.id, c.name, corrupt_args(c.arguments, rng))
+            return ModelResponse(tool_calls=tuple(calls), flags=["sim_executor_error:wrong_args"])
+        return ModelResponse(
+            text=f"{FAILED_PREFIX} (simulated executor error) lost track of the step",
+            flags=["sim_executor_error:gave_up"],
+        )
+
+    def _wrong_decision(
+        self, calls: int, transcript: _Transcript, rng: random.Random
+    ) -> int | None:
+        """Index of the first wrong decision of this turn (a final answer is one), or None."""
+        for index in range(max(1, calls)):
+            p = self.profile.executor_error_probability(
+                transcript.calls + index, transcript.had_error
+            )
+            if p > 0 and rng.random() < p:
+                return index
+        return None
+
+
+@dataclass(slots=True)
+class _Transcript:
+    """What an executor loop has done so far: successful calls, any error, all calls."""
+
+    done: list[tuple[ToolCall, str]]
+    had_error: bool
+    calls: int
+
+
+def _transcript(messages: Sequence[Message]) -> _Transcript:
+    """Tool calls that succeeded so far, whether any failed, and how many were made."""
+    results = {m.tool_call_id: m.content for m in messages if m.role == "tool"}
+    done: list[tuple[ToolCall, str]] = []
+    had_error = False
+    calls = 0
+    for m in messages:
+        for call in m.tool_calls:
+            calls += 1
+            text = results.get(call.id, "")
+            if text.startswith("ERROR:"):
+                had_error = True
+            else:
+                done.append((call, text))
+    return _Transcript(done, had_error, calls)
+
+
+def _clip(response: ModelResponse, max_tokens: int) -> ModelResponse:
+    """Cut an answer longer than ``max_tokens``, as a real model does (finish_reason=length)."""
+    limit = max(0, max_tokens) * 4
+    if len(response.text) <= limit:
+        return response
+    return ModelResponse(
+        text=response.text[:limit], finish_reason="length", flags=[*response.flags, "truncated"]
+    )
+
+
+def corrupt_args(args: Any, rng: random.Random) -> dict[str, Any]:
+    """One argument made wrong: a string gets a suffix, a number is shifted."""
+    out = dict(args)
+    keys = sorted(out)
+    if not keys:
+        return out
+    key = rng.choice(keys)
+    value = out[key]
+    if isinstance(value, bool):
+        out[key] = not value
+    elif isinstance(value, int | float):
+        out[key] = value + rng.choice((-3, -1, 1, 2, 7))
+    else:
+        out[key] = f"{value}_x"
+    return out
+
+
+def perturb_plan(plan: Plan, rng: random.Random) -> tuple[Plan, str | None]:
+    """Introduce one plan error: drop a step, drop a dependency, or corrupt a tool argument."""
+    kinds = []
+    if len(plan.steps) > 1:
+        kinds.append("dropped_step")
+    if any(s.depends_on for s in plan.steps):
+        kinds.append("missing_dependency")
+    if any(s.args for s in plan.steps):
+        kinds.append("wrong_args")
+    if not kinds:
+        return plan, None
+    kind = rng.choice(kinds)
+    steps = list(plan.steps)
+    if kind == "dropped_step":
+        victim = steps.pop(rng.randrange(len(steps)))
+        steps = [
+            s.model_copy(update={"depends_on": [d for d in s.depends_on if d != victim.id]})
+            for s in steps
+        ]
+    elif kind == "missing_dependency":
+        candidates = [i for i, s in enumerate(steps) if s.depends_on]
+        i = rng.choice(candidates)
+        deps = list(steps[i].depends_on)
+        deps.pop(rng.randrange(len(deps)))
+        steps[i] = steps[i].model_copy(update={"depends_on": deps})
+    else:
+        candidates = [i for i, s in enumerate(steps) if s.args]
+        i = rng.choice(candidates)
+        steps[i] = steps[i].model_copy(update={"args": corrupt_args(steps[i].args, rng)})
+    return plan.model_copy(update={"steps": steps}), kind

@@ -1,0 +1,164 @@
+"""The simulator's noise profiles: how far it strays from its oracle, how slow it is, and
+which real model its usage is priced as."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hierplan.errors import UserInputError
+
+
+class NoiseProfile(BaseModel):
+    """How far the simulator strays from its oracle. Rates are probabilities.
+
+    Every mechanism applies to every request the same way, whatever the strategy that sent it,
+    so that differences between strategies emerge from what they ask of the model:
+
+    - **Plan errors grow with plan size.** A plan of ``n`` steps has an error with probability
+      ``1 - (1 - plan_error_rate) * (1 - plan_error_per_step) ** n``; each step can carry its
+      own error, so long plans may have several (a dropped step, a missing dependency, a wrong
+      tool argument).
+    - **Executor errors grow with the horizon and after an error.** The ``k``-th tool call of
+      one executor loop (``k`` counts every call already made in that loop) is wrong with
+      probability ``executor_error_rate + executor_error_per_action * k``, or
+      ``executor_error_after_error + executor_error_per_action * k`` once the loop holds an
+      earlier error, capped at ``max_error_rate``. A final answer is one more decision. A wrong
+      decision is a wrong tool argument or, with probability ``give_up_share``, giving up.
+    - **Parallel calls.** ``max_calls_per_turn`` (0: no limit) caps how many tool calls one turn
+      may emit; the rest wait for later turns.
+    - **Latency** of a call: ``latency_median_s`` times a log-normal factor
+      (``latency_sigma``), plus ``latency_per_output_token_s`` per output token (hidden
+      reasoning included).
+    - **Verbosity**: hidden reasoning of ``verbosity`` times the answer length, counted as
+      output (and reasoning) tokens.
+    """
+
+    # No inf or nan: an infinite latency waits forever, a nan one silently means none.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    name: str = "custom"
+    plan_error_rate: float = Field(0.0, ge=0, le=1, description="Error chance of any plan.")
+    plan_error_per_step: float = Field(0.0, ge=0, le=1, description="Error chance per plan step.")
+    executor_error_rate: float = Field(
+        0.0, ge=0, le=1, description="Error chance of an executor's first decision."
+    )
+    executor_error_per_action: float = Field(
+        0.0, ge=0, le=1, description="Added per tool call already made in the same loop."
+    )
+    executor_error_after_error: float = Field(
+        0.0, ge=0, le=1, description="Error chance once the loop holds an earlier error."
+    )
+    max_error_rate: float = Field(0.5, ge=0, le=1, description="Cap of an executor error chance.")
+    give_up_share: float = Field(
+        0.3, ge=0, le=1, description="Share of executor errors that give up the step."
+    )
+    max_calls_per_turn: int = Field(0, ge=0, description="Tool calls one turn may emit (0: any).")
+    latency_median_s: float = Field(0.0, ge=0, description="Median fixed latency of a call.")
+    latency_sigma: float = Field(0.0, ge=0, description="Log-normal spread of that latency.")
+    latency_per_output_token_s: float = Field(
+        0.0, ge=0, description="Generation time per output token."
+    )
+    verbosity: float = Field(0.0, ge=0, description="Extra reasoning text, x the answer length.")
+
+    def plan_error_probability(self, steps: int) -> float:
+        """Chance that a plan of ``steps`` steps gets at least one error."""
+        return 1 - (1 - self.plan_error_rate) * (1 - self.plan_error_per_step) ** steps
+
+    def executor_error_probability(self, calls_made: int, had_error: bool) -> float:
+        """Chance that the next decision of an executor loop is wrong.
+
+        ``calls_made`` is how many tool calls the loop has made so far; ``had_error`` whether
+        one of them (or an earlier answer) failed.
+        """
+        base = self.executor_error_after_error if had_error else self.executor_error_rate
+        return min(self.max_error_rate, base + self.executor_error_per_action * calls_made)
+
+
+# Where the defaults come from (the simulator is calibrated, not fitted to any benchmark):
+#
+# - Plan errors. PlanBench (Valmeekam et al., arXiv:2206.10498) finds GPT-4 writes a correct
+#   Blocksworld plan about a third of the time, worse as plans get longer; LLMCompiler
+#   (Kim et al., arXiv:2312.04511) reports about 90% accuracy on ParallelQA with plans of a few
+#   to ten calls. One profile serves every suite, so "typical" takes 2% per step plus 3% per
+#   plan, which matches ParallelQA-sized plans and is optimistic for Blocksworld; "weak"
+#   triples it.
+# - Executor errors. A few percent of a GPT-4-class model's tool calls carry a wrong argument
+#   (an assumption of the same order as the plan errors above). Per-step accuracy falls as a
+#   single context executes more steps, and falls faster once the context holds the model's own
+#   earlier errors ("self-conditioning", Sinha et al., arXiv:2509.09677): hence the growth per
+#   action and the higher rate after an error. ADaPT (Prasad et al., arXiv:2311.05772) attributes
+#   ReAct's failures on TextCraft to exactly this loss of track over long trajectories. A third
+#   of errors are give-ups, two thirds wrong arguments (an assumption).
+# - Latency. A hosted small model answers a short request in about half a second and generates
+#   roughly 100 tokens per second (an order of magnitude, not a measurement): median 0.5 s,
+#   log-normal sigma 0.4, 10 ms per output token. "weak" is a slower, larger-latency endpoint.
+# - Verbosity: hidden reasoning of 0.3x the answer, as a reasoning model at low effort spends.
+# - Parallel calls: no cap; the prompts ask for independent calls in one turn and current
+#   function-calling models do so. Set max_calls_per_turn=1 for the one-call-per-thought ReAct
+#   of the papers.
+#
+# "ideal" is the oracle itself: no errors, no latency, no verbosity.
+PROFILES: Mapping[str, NoiseProfile] = {
+    "ideal": NoiseProfile(name="ideal", max_error_rate=0.0),
+    "typical": NoiseProfile(
+        name="typical",
+        plan_error_rate=0.03,
+        plan_error_per_step=0.02,
+        executor_error_rate=0.03,
+        executor_error_per_action=0.004,
+        executor_error_after_error=0.10,
+        max_error_rate=0.5,
+        give_up_share=0.3,
+        latency_median_s=0.5,
+        latency_sigma=0.4,
+        latency_per_output_token_s=0.01,
+        verbosity=0.3,
+    ),
+    "weak": NoiseProfile(
+        name="weak",
+        plan_error_rate=0.09,
+        plan_error_per_step=0.06,
+        executor_error_rate=0.09,
+        executor_error_per_action=0.012,
+        executor_error_after_error=0.30,
+        max_error_rate=0.8,
+        give_up_share=0.3,
+        latency_median_s=0.8,
+        latency_sigma=0.6,
+        latency_per_output_token_s=0.02,
+        verbosity=1.0,
+    ),
+}
+
+PROFILES = MappingProxyType(PROFILES)  # read-only: shared by every run
+
+
+def get_profile(name: str) -> NoiseProfile:
+    """The named noise profile (``ideal``, ``typical``, ``weak``)."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise UserInputError(
+            f"unknown simulator profile {name!r}: choose one of {', '.join(PROFILES)}"
+        ) from None
+
+
+def check_latency_scale(latency_scale: object) -> None:
+    """Refuse a simulated latency scale that is not a finite number >= 0: ``inf`` would wait
+    for ever on every call, ``nan`` would silently mean no latency."""
+    if (
+        isinstance(latency_scale, bool)
+        or not isinstance(latency_scale, int | float)
+        or not math.isfinite(latency_scale)
+        or latency_scale < 0
+    ):
+        raise UserInputError(
+            f"the simulated latency scale must be a finite number >= 0, not {latency_scale!r}"
+        )
+
+
+DEFAULT_SIMULATED_PRICED_AS = "openai:gpt-5-mini"
