@@ -199,7 +199,7 @@ def test_untrusted_goal_data_is_accepted_or_rejected_with_a_message(data: Any) -
 def test_records_are_written_with_the_mode_a_plain_write_gives(tmp_path: Path) -> None:
     import stat
 
-    from hierplan import records as record
+    from hierplan import files as record
 
     fresh = tmp_path / "run.json"
     record.write_atomic(fresh, "{}")
@@ -218,7 +218,7 @@ def test_a_record_reaches_the_disk_before_it_replaces_the_old_one(
 ) -> None:
     import os
 
-    from hierplan import records as record
+    from hierplan import files as record
 
     target = tmp_path / "run.json"
     target.write_text("old")
