@@ -36,8 +36,9 @@ from typing import Any
 import anyio
 
 from hierplan.batch import BatchBudget, BatchConfig, RunOptions, run_batch
-from hierplan.budgets.budget import Fixed, Ledger, LocalLedger, usd_to_pico
+from hierplan.budgets.budget import Fixed, Ledger, LocalLedger
 from hierplan.budgets.redis_ledger import RedisLedger, connect
+from hierplan.units import usd_to_pico
 
 BIN = Path(sys.executable).parent
 

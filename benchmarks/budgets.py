@@ -34,12 +34,14 @@ import hierplan
 from hierplan.agents.prompts import parse_plan_prompt
 from hierplan.budgets.budget import Budget, Draw, Fixed, LocalLedger
 from hierplan.budgets.instrument import BudgetInstrument
-from hierplan.hierarchy.context import NodeContext, RunContext, RunSettings
-from hierplan.models.base import Message, ModelRequest, ModelResponse, Usage
+from hierplan.core.settings import RunSettings
+from hierplan.hierarchy.context import NodeContext, RunContext
+from hierplan.models.base import Message, ModelRequest, ModelResponse
 from hierplan.models.scripted import FunctionModel
 from hierplan.pricing import Price, PriceTable
 from hierplan.records import NodeRecord
 from hierplan.tools.base import Toolbox
+from hierplan.units import Usage
 
 PRICING = PriceTable({"bench:model": Price(1.0, 4.0)})
 REQUEST = ModelRequest(

@@ -38,7 +38,7 @@ import overhead
 
 import hierplan
 from hierplan import FunctionModel, ModelRequest, ModelResponse, RunSettings
-from hierplan.agents.executor import StepResult
+from hierplan.core.results import StepResult
 from hierplan.hierarchy.scheduler import run_dag
 from hierplan.plans.plan import Plan, Step
 

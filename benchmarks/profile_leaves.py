@@ -39,10 +39,11 @@ from typing import Any
 import anyio
 
 import hierplan
-from hierplan.hierarchy.context import RunSettings
-from hierplan.models.base import Message, ModelRequest, ModelResponse, Usage
+from hierplan.core.settings import RunSettings
+from hierplan.models.base import Message, ModelRequest, ModelResponse
 from hierplan.models.scripted import FunctionModel
 from hierplan.pricing import Price, PriceTable
+from hierplan.units import Usage
 
 PRICING = PriceTable({"bench:model": Price(1.0, 4.0)})
 LEAVES_PER_PLAN = 50

@@ -273,7 +273,7 @@ class AttemptLedger(hierplan.Instrument):
             self.reported += 1
             self.reported_usd += self.pricing.cost(model.priced_as, usage) or 0.0
 
-    def wrap_model(self, model: Model, node: hierplan.NodeContext) -> Model:
+    def wrap_model(self, model: Model, node: hierplan.NodeView) -> Model:
         ledger = self
 
         class Ledgered:

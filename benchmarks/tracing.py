@@ -69,12 +69,11 @@ from hierplan import (
     Instrument,
     ModelRequest,
     ModelResponse,
-    NodeContext,
-    RunContext,
     RunSettings,
     ToolCall,
     Usage,
 )
+from hierplan.core.views import NodeView, RunView
 from hierplan.tracing.otel import Tracing
 
 
@@ -249,19 +248,19 @@ class ReplayInstrument(Instrument):
             operation = str(attributes.get("gen_ai.operation.name"))
             self.shapes[(operation, attributes.get("hierplan.node.path"))] = shape
 
-    def run_scope(self, run: RunContext) -> AbstractAsyncContextManager[None]:
+    def run_scope(self, run: RunView) -> AbstractAsyncContextManager[None]:
         """The workflow span."""
         return ReplayScope(self.tracer, self.tree)
 
-    def node_scope(self, node: NodeContext) -> AbstractAsyncContextManager[None]:
+    def node_scope(self, node: NodeView) -> AbstractAsyncContextManager[None]:
         """The node's agent span."""
         return ReplayScope(self.tracer, self.shapes[("invoke_agent", node.path)])
 
-    def planning_scope(self, node: NodeContext, reason: str) -> AbstractAsyncContextManager[None]:
+    def planning_scope(self, node: NodeView, reason: str) -> AbstractAsyncContextManager[None]:
         """The node's plan span."""
         return ReplayScope(self.tracer, self.shapes[("plan", node.path)])
 
-    def tool_scope(self, node: NodeContext, call: ToolCall) -> AbstractAsyncContextManager[None]:
+    def tool_scope(self, node: NodeView, call: ToolCall) -> AbstractAsyncContextManager[None]:
         """The node's tool span."""
         return ReplayScope(self.tracer, self.shapes[("execute_tool", node.path)])
 

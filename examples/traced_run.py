@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import hierplan
-from hierplan.tracing import write_html
 from hierplan.tracing.setup import configure_tracing
+from hierplan.view import write_html
 
 
 def main(targets: list[str]) -> int:

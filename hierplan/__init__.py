@@ -11,10 +11,11 @@ from __future__ import annotations
 from importlib import metadata as _metadata
 from typing import TYPE_CHECKING, Any
 
-from hierplan.agents.executor import LLMExecutor, StepResult, ToolExecutor
+from hierplan.agents.executor import LLMExecutor, ToolExecutor
 from hierplan.agents.planner import LLMPlanner
 from hierplan.budgets.budget import Budget, Ledger, LocalLedger
 from hierplan.budgets.instrument import BudgetInstrument
+from hierplan.core.calls import CallOutcome
 from hierplan.core.events import (
     AnyEvent,
     BudgetExhausted,
@@ -35,6 +36,10 @@ from hierplan.core.events import (
     ToolCalled,
     parse_event,
 )
+from hierplan.core.instrument import CallScope, Instrument
+from hierplan.core.results import StepResult
+from hierplan.core.settings import RunSettings
+from hierplan.core.views import NodeView, RunView, StepEnv
 from hierplan.errors import (
     BudgetExceeded,
     HierplanError,
@@ -50,7 +55,7 @@ from hierplan.errors import (
     UnexpectedModelCall,
     UserInputError,
 )
-from hierplan.hierarchy.context import Instrument, NodeContext, RunContext, RunSettings
+from hierplan.hierarchy.context import NodeContext, RunContext
 from hierplan.hierarchy.gate import (
     Approve,
     Approver,
@@ -126,6 +131,8 @@ __all__ = [
     "BudgetOverrun",
     "BudgetReserved",
     "BudgetSettled",
+    "CallOutcome",
+    "CallScope",
     "CallbackApprover",
     "ConsoleReviewer",
     "Decision",
@@ -156,6 +163,7 @@ __all__ = [
     "NodeFinished",
     "NodeRecord",
     "NodeStarted",
+    "NodeView",
     "NoiseProfile",
     "PauseForReview",
     "Plan",
@@ -179,9 +187,11 @@ __all__ = [
     "RunResult",
     "RunSettings",
     "RunStarted",
+    "RunView",
     "ScriptedModel",
     "SimulatedModel",
     "Step",
+    "StepEnv",
     "StepFailed",
     "StepResult",
     "StepRetried",

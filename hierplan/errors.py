@@ -36,7 +36,7 @@ import anyio
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
-    from hierplan.models.base import Usage
+    from hierplan.units import Usage
 
 
 # The most field problems one error message lists: a file of thousands of bad steps would

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
-from hierplan.models.base import Usage
+from hierplan.units import Usage, rate_to_pico
 
 PRICE_TABLE_VERSION = "2026-12-03"
 
@@ -98,6 +98,48 @@ class Price:
             + hour * _or(self.cache_write_1h_per_mtok, inp)
             + usage.output_tokens * self.output_per_mtok
         ) / 1_000_000
+
+    def pico_rates(self) -> PicoRates:
+        """The price in whole pico-dollars per token (each rate rounded up, so that a cost
+        never shrinks by rounding)."""
+        inp = self.input_per_mtok
+        return PicoRates(
+            rate_to_pico(inp),
+            rate_to_pico(_or(self.cached_input_per_mtok, inp)),
+            rate_to_pico(self.output_per_mtok),
+            rate_to_pico(_or(self.cache_write_per_mtok, inp)),
+            rate_to_pico(_or(self.cache_write_1h_per_mtok, inp)),
+        )
+
+
+@dataclass(slots=True, frozen=True)
+class PicoRates:
+    """Pico-dollars per input, cached input (a cache read) and output token, and per token of a
+    five-minute and of a one-hour cache write: the exact unit every cost and budget counts in."""
+
+    input: int
+    cached_input: int
+    output: int
+    cache_write: int
+    cache_write_1h: int
+
+    def cost(self, usage: Usage) -> int:
+        """The cost of ``usage`` in pico-dollars. Cache reads and writes are subsets of input
+        tokens, each charged at its own rate."""
+        cached = usage.cached_input_tokens
+        written = usage.cache_write_tokens
+        hour = usage.cache_write_1h_tokens
+        return (
+            (usage.input_tokens - cached - written) * self.input
+            + cached * self.cached_input
+            + (written - hour) * self.cache_write
+            + hour * self.cache_write_1h
+            + usage.output_tokens * self.output
+        )
+
+    def worst_case(self, input_tokens: int, output_tokens: int) -> int:
+        """The cost of ``input_tokens`` of fresh input and ``output_tokens`` of output."""
+        return input_tokens * self.input + output_tokens * self.output
 
 
 def _or(rate: float | None, default: float) -> float:
@@ -186,6 +228,7 @@ class PriceTable:
         self.version = version
         self._prices: dict[str, Price] = dict(DEFAULT_PRICES if prices is None else prices)
         self._cache: dict[str, Price | None] = {}
+        self._rates: dict[str, PicoRates | None] = {}
 
     def with_override(self, model: str, price: Price) -> PriceTable:
         """A copy of the table in which ``model`` has ``price``."""
@@ -221,6 +264,21 @@ class PriceTable:
         """USD cost of ``usage`` on ``model``, or ``None`` when the price is unknown."""
         price = self.lookup(model)
         return None if price is None else price.cost(usage)
+
+    def rates(self, model: str) -> PicoRates | None:
+        """The pico-dollar rates of ``model``, or ``None`` when its price is unknown."""
+        try:
+            return self._rates[model]
+        except KeyError:
+            price = self.lookup(model)
+            found = self._rates[model] = None if price is None else price.pico_rates()
+            return found
+
+    def pico_cost(self, model: str, usage: Usage) -> int | None:
+        """The cost of ``usage`` on ``model`` in pico-dollars, or ``None`` when the price is
+        unknown: what records, budgets and traces all count a call at."""
+        rates = self.rates(model)
+        return None if rates is None else rates.cost(usage)
 
     def models(self) -> list[str]:
         """Every model string in the table."""

@@ -7,21 +7,38 @@ per phase when asked. ``RunResult.load`` reads a ``run.json`` back, validated by
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import pydantic_core
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BeforeValidator, Field, PlainSerializer, TypeAdapter, ValidationError
 
 from hierplan.errors import UserInputError, first_problem
 from hierplan.files import StrPath, make_directory, write_atomic
-from hierplan.models.base import Phase, Usage
+from hierplan.models.base import Phase
 from hierplan.plans.plan import Plan, PlanDiff
+from hierplan.units import PICO_PER_USD, Usage
 
 RECORD_FORMAT = 1
+
+
+def _pico_from_usd(value: Any) -> Any:
+    """A USD figure of ``run.json`` as the whole pico-dollars it was written from (a float of
+    ``pico / 10**12`` gives its integer back exactly); anything else is left to validation."""
+    if isinstance(value, float | int) and not isinstance(value, bool):
+        return round(Decimal(repr(float(value))) * PICO_PER_USD)
+    return value
+
+
+Pico = Annotated[
+    int,
+    BeforeValidator(_pico_from_usd),
+    PlainSerializer(lambda pico: pico / PICO_PER_USD, return_type=float),
+]
+"""Money in a record: whole pico-dollars in memory, USD in ``run.json``."""
 
 NodeKind = Literal["planner", "executor"]
 NodeStatus = Literal[
@@ -43,7 +60,8 @@ FINISHED_OK: frozenset[str] = frozenset({"succeeded"})
 class CallRecord:
     """One model call (one attempt): usage, cost, timing, phase and flags.
 
-    ``cost_usd`` is ``None`` when the model has no known price. Flags name anything unusual:
+    ``cost_pico`` (``cost_usd`` in ``run.json``) is ``None`` when the model has no known price.
+    Flags name anything unusual:
     ``no_usage`` (counted at the request's worst case), ``overrun``, ``invalid_usage`` (usage
     reported with negative counts or more cache reads and writes than input, counted as the
     nearest possible usage), ``failed``, ``cut_short`` (cancelled or past a deadline before the
@@ -55,12 +73,17 @@ class CallRecord:
     model: str
     purpose: str
     usage: Usage
-    cost_usd: float | None
+    cost_pico: Annotated[Pico | None, Field(alias="cost_usd")]
     started_at: float
     duration_s: float
     attempt: int = 1
     ok: bool = True
     flags: list[str] = field(default_factory=list)
+
+    @property
+    def cost_usd(self) -> float | None:
+        """The call's cost in USD (``None`` without a known price)."""
+        return None if self.cost_pico is None else self.cost_pico / PICO_PER_USD
 
 
 @dataclass(slots=True)
@@ -133,10 +156,11 @@ class NodeRecord:
     (``None`` for the root) and ``tool`` the tool that step names, if any. ``status`` is one
     of ``pending``, ``running``, ``succeeded``, ``partial``, ``failed``, ``cancelled``,
     ``rejected``, ``budget_exhausted`` or ``paused``; ``output`` is its result as text and
-    ``error`` why it did not succeed. ``usage``, ``cost_usd``, ``planning_cost_usd`` and
-    ``execution_cost_usd`` count its own ``calls`` only (``subtree_cost_usd`` adds the nodes
-    below), ``unpriced_calls`` those without a known price. ``plan_versions`` holds every plan
-    a planner proposed, with the gate's decisions; ``children`` are the nodes of its steps.
+    ``error`` why it did not succeed. ``usage``, ``cost_pico``, ``planning_cost_pico`` and
+    ``execution_cost_pico`` (in USD: ``cost_usd``, ...) count its own ``calls`` only
+    (``subtree_cost_usd`` adds the nodes below), ``unpriced_calls`` those without a known
+    price. ``plan_versions`` holds every plan a planner proposed, with the gate's decisions;
+    ``children`` are the nodes of its steps.
     ``started_at`` and ``finished_at`` are Unix times, ``attempts`` how many times the step
     was tried, ``budget`` its figures under a run budget (``None`` without one) and ``flags``
     marks such as ``overrun``. ``tool_calls`` holds each tool call it made, in the order they
@@ -152,9 +176,9 @@ class NodeRecord:
     status: NodeStatus = "pending"
     # One shared zero (Usage is frozen; add_call replaces it): not a new one per node.
     usage: Usage = _NO_USAGE
-    cost_usd: float = 0.0
-    planning_cost_usd: float = 0.0
-    execution_cost_usd: float = 0.0
+    cost_pico: Annotated[Pico, Field(alias="cost_usd")] = 0
+    planning_cost_pico: Annotated[Pico, Field(alias="planning_cost_usd")] = 0
+    execution_cost_pico: Annotated[Pico, Field(alias="execution_cost_usd")] = 0
     unpriced_calls: int = 0
     calls: list[CallRecord] = field(default_factory=list)
     plan_versions: list[PlanVersion] = field(default_factory=list)
@@ -173,21 +197,30 @@ class NodeRecord:
         """Record a call and add its usage and cost to this node's totals."""
         self.calls.append(call)
         self.usage = self.usage + call.usage
-        if call.cost_usd is None:
+        cost = call.cost_pico
+        if cost is None:
             self.unpriced_calls += 1
             return
-        if len(self.calls) == 1:  # the usual leaf: no sum to round
-            self.cost_usd = call.cost_usd
-            if call.phase == "planning":
-                self.planning_cost_usd = call.cost_usd
-            else:
-                self.execution_cost_usd = call.cost_usd
-            return
-        # Correctly rounded sums (math.fsum) of the calls' costs, here and in every rollup:
-        # a total then equals the sum of its calls' costs, whatever order they are added in.
-        self.cost_usd = _cost_sum(self.calls)
-        self.planning_cost_usd = _cost_sum(c for c in self.calls if c.phase == "planning")
-        self.execution_cost_usd = _cost_sum(c for c in self.calls if c.phase != "planning")
+        self.cost_pico += cost
+        if call.phase == "planning":
+            self.planning_cost_pico += cost
+        else:
+            self.execution_cost_pico += cost
+
+    @property
+    def cost_usd(self) -> float:
+        """The node's own calls' cost in USD."""
+        return self.cost_pico / PICO_PER_USD
+
+    @property
+    def planning_cost_usd(self) -> float:
+        """What the node's own planning calls cost, in USD."""
+        return self.planning_cost_pico / PICO_PER_USD
+
+    @property
+    def execution_cost_usd(self) -> float:
+        """What the node's own executor calls cost, in USD."""
+        return self.execution_cost_pico / PICO_PER_USD
 
     def walk(self) -> Iterator[NodeRecord]:
         """This node and every node below it, depth first, parents before children."""
@@ -198,11 +231,14 @@ class NodeRecord:
             stack.extend(reversed(node.children))
 
     @property
+    def subtree_cost_pico(self) -> int:
+        """Cost of this node and everything below it, in pico-dollars."""
+        return sum(node.cost_pico for node in self.walk())
+
+    @property
     def subtree_cost_usd(self) -> float:
-        """Cost of this node and everything below it (the correctly rounded sum of its calls)."""
-        if not self.children:  # a leaf, as most nodes are: no walk (its node_finished asks)
-            return _cost_sum(self.calls)
-        return _cost_sum(c for n in self.walk() for c in n.calls)
+        """Cost of this node and everything below it, in USD."""
+        return self.subtree_cost_pico / PICO_PER_USD
 
     @property
     def duration_s(self) -> float | None:
@@ -271,7 +307,7 @@ class RunResult:
     def levels(self) -> list[dict[str, Any]]:
         """Rollups per depth: nodes, tokens and cost of the nodes at that depth."""
         rows: dict[int, dict[str, Any]] = {}
-        costs: dict[int, list[CallRecord]] = {}
+        costs: dict[int, int] = {}
         for node in self.nodes():
             row = rows.setdefault(
                 node.depth,
@@ -286,9 +322,9 @@ class RunResult:
             row["nodes"] += 1
             row["input_tokens"] += node.usage.input_tokens
             row["output_tokens"] += node.usage.output_tokens
-            costs.setdefault(node.depth, []).extend(node.calls)
-        for depth, calls in costs.items():
-            rows[depth]["cost_usd"] = _cost_sum(calls)
+            costs[node.depth] = costs.get(node.depth, 0) + node.cost_pico
+        for depth, pico in costs.items():
+            rows[depth]["cost_usd"] = pico / PICO_PER_USD
         return [rows[d] for d in sorted(rows)]
 
     def totals(self) -> dict[str, Any]:
@@ -307,7 +343,7 @@ class RunResult:
             "unpriced_calls": 0,
             "nodes": 0,
         }
-        calls: list[CallRecord] = []
+        cost = planning = 0
         for node in self.nodes():
             out["nodes"] += 1
             out["input_tokens"] += node.usage.input_tokens
@@ -317,11 +353,12 @@ class RunResult:
             out["cache_write_tokens"] += node.usage.cache_write_tokens
             out["cache_write_1h_tokens"] += node.usage.cache_write_1h_tokens
             out["calls"] += len(node.calls)
-            calls.extend(node.calls)
             out["unpriced_calls"] += node.unpriced_calls
-        out["cost_usd"] = _cost_sum(calls)
-        out["planning_cost_usd"] = _cost_sum(c for c in calls if c.phase == "planning")
-        out["execution_cost_usd"] = _cost_sum(c for c in calls if c.phase != "planning")
+            cost += node.cost_pico
+            planning += node.planning_cost_pico
+        out["cost_usd"] = cost / PICO_PER_USD
+        out["planning_cost_usd"] = planning / PICO_PER_USD
+        out["execution_cost_usd"] = (cost - planning) / PICO_PER_USD
         return out
 
     def not_done(self) -> list[dict[str, str]]:
@@ -357,7 +394,7 @@ class RunResult:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready record, with rollups and each node's subtree cost."""
-        data: dict[str, Any] = _ADAPTER.dump_python(self, mode="json")
+        data: dict[str, Any] = _ADAPTER.dump_python(self, mode="json", by_alias=True)
         _add_subtree_costs(data["tree"], self.tree)
         data["levels"] = self.levels()
         data["totals"] = self.totals()
@@ -410,17 +447,14 @@ def _undone(path: str, goal: str, status: str, error: str | None) -> dict[str, s
     return {"path": path, "goal": goal, "status": status, "reason": error or status}
 
 
-def subtree_costs(root: NodeRecord) -> dict[str, float]:
-    """Each node's ``subtree_cost_usd`` by path, in one walk: the correctly rounded sum of the
-    costs of the calls in its subtree (as every rollup of the record)."""
-    costs: dict[str, float] = {}
+def subtree_costs(root: NodeRecord) -> dict[str, int]:
+    """Each node's subtree cost in pico-dollars by path, in one walk."""
+    costs: dict[str, int] = {}
 
-    def visit(node: NodeRecord) -> list[CallRecord]:
-        calls = list(node.calls)
-        for child in node.children:
-            calls.extend(visit(child))
-        costs[node.path] = _cost_sum(calls)
-        return calls
+    def visit(node: NodeRecord) -> int:
+        total = node.cost_pico + sum(visit(child) for child in node.children)
+        costs[node.path] = total
+        return total
 
     visit(root)
     return costs
@@ -431,13 +465,8 @@ def _add_subtree_costs(data: dict[str, Any], node: NodeRecord) -> None:
     stack = [data]
     while stack:
         item = stack.pop()
-        item["subtree_cost_usd"] = costs[item["path"]]
+        item["subtree_cost_usd"] = costs[item["path"]] / PICO_PER_USD
         stack.extend(item["children"])
-
-
-def _cost_sum(calls: Iterable[CallRecord]) -> float:
-    """The correctly rounded sum of the priced calls' costs."""
-    return math.fsum(c.cost_usd for c in calls if c.cost_usd is not None)
 
 
 _ADAPTER: TypeAdapter[RunResult] = TypeAdapter(RunResult)

@@ -18,12 +18,12 @@ from typing import Any
 import anyio
 
 from hierplan.batch import BatchBudget, BatchConfig, RunOptions, run_batch
-from hierplan.budgets.budget import usd_to_pico
-from hierplan.models.base import ModelRequest, ModelResponse, Usage
+from hierplan.models.base import ModelRequest, ModelResponse
 from hierplan.models.scripted import FunctionModel
 from hierplan.models.tokens import estimate_request_tokens
 from hierplan.records import RunResult
 from hierplan.runner.run import run
+from hierplan.units import Usage, usd_to_pico
 
 PRICED_AS = "openai:gpt-5-mini"
 

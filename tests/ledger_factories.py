@@ -13,7 +13,7 @@ from redis_support import redis_available, redis_ledger
 
 from hierplan.budgets.budget import Ledger, LocalLedger
 from hierplan.budgets.instrument import BudgetInstrument, RunBudget
-from hierplan.hierarchy.context import RunContext
+from hierplan.core.views import RunView
 
 LEDGERS: dict[str, Callable[[], Ledger]] = {"local": LocalLedger}
 if redis_available():
@@ -28,7 +28,7 @@ class RecordingBudget(BudgetInstrument):
         super().__init__(*args, **kwargs)
         self.runs: list[RunBudget] = []
 
-    def for_run(self, run: RunContext) -> RunBudget:
+    def for_run(self, run: RunView) -> RunBudget:
         """The run's budget, as the instrument makes it; kept the first time."""
         new = self not in run.state
         budget = super().for_run(run)

@@ -24,7 +24,7 @@ from hierplan import (
     ToolCall,
     tool,
 )
-from hierplan.agents.executor import StepResult, resolve_refs
+from hierplan.agents.executor import resolve_refs
 from hierplan.agents.planner import LLMPlanner, parse_plan_output
 from hierplan.agents.prompts import (
     StepPrompt,
@@ -32,6 +32,7 @@ from hierplan.agents.prompts import (
     parse_step_prompt,
     render_step_prompt,
 )
+from hierplan.core.results import StepResult
 from hierplan.errors import PlanParseError
 from hierplan.models.provider import RepeatedKeyError, loads_json
 from hierplan.models.scripted import plan_response, text_response, tool_response

@@ -27,10 +27,11 @@ from hierplan.batch.budget import decide
 from hierplan.batch.goals import BatchGoal, goal_seed, load_goals
 from hierplan.batch.journal import Journal, open_journal
 from hierplan.bench.suites import get_suite
-from hierplan.budgets.budget import Fixed, usd_to_pico
+from hierplan.budgets.budget import Fixed
 from hierplan.cli import app
+from hierplan.core.settings import RunSettings
 from hierplan.errors import UserInputError
-from hierplan.hierarchy.context import RunSettings
+from hierplan.units import usd_to_pico
 
 HERE = Path(__file__).resolve().parent
 
@@ -221,7 +222,7 @@ def test_a_goal_line_takes_its_seed_uncoerced_and_names_the_keys_allowed(
     """A seed is taken only as a JSON integer within the range --seed takes (never a boolean,
     a string or a float read as one); a key not allowed is refused, listing those allowed."""
     from hierplan.batch.goals import LINE_KEYS
-    from hierplan.hierarchy.context import MAX_SEED
+    from hierplan.core.settings import MAX_SEED
 
     line = {"suite": "game24", "task": 0, "seed": seed}
     try:
@@ -246,7 +247,7 @@ def test_a_goal_line_takes_its_seed_uncoerced_and_names_the_keys_allowed(
 def test_the_seed_takes_the_same_range_on_the_command_line_as_in_goal_lines(
     tmp_path: Path,
 ) -> None:
-    from hierplan.hierarchy.context import MAX_SEED
+    from hierplan.core.settings import MAX_SEED
 
     goals = tmp_path / "goals.jsonl"
     goals.write_text(f'{{"suite": "game24", "task": 0, "seed": {MAX_SEED + 1}}}\n')
@@ -1208,7 +1209,7 @@ def test_a_goals_minimum_on_anthropic_holds_its_tool_use_system_prompt() -> None
     # A plan comes back through a tool, so Anthropic adds its tool-use system prompt (313 tokens
     # with the tool forced, 346 offered: the minimum takes the smaller).
     from hierplan.batch.budget import goal_minimum
-    from hierplan.hierarchy.context import RunSettings
+    from hierplan.core.settings import RunSettings
     from hierplan.pricing import PriceTable
 
     def minimum(model: str) -> int:

@@ -17,8 +17,8 @@ from redis_support import RedisServer, redis_available
 
 from hierplan.batch.celery_backend import goal_key
 from hierplan.batch.journal import Journal
-from hierplan.budgets.budget import usd_to_pico
 from hierplan.budgets.redis_ledger import connect
+from hierplan.units import usd_to_pico
 
 pytestmark = pytest.mark.celery
 BIN = Path(sys.executable).parent

@@ -16,7 +16,7 @@ from redis_support import RedisServer, redis_available
 
 from hierplan.batch import parse_goals
 from hierplan.batch.journal import Journal
-from hierplan.budgets.budget import usd_to_pico
+from hierplan.units import usd_to_pico
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 BIN = Path(sys.executable).parent

@@ -17,8 +17,8 @@ from hierplan.bench.harness import BenchConfig, check_config, load_results, run_
 from hierplan.bench.report import markdown, plot_cost_success, summarize
 from hierplan.bench.suites import SUITE_NAMES
 from hierplan.cli import app
+from hierplan.core.settings import STRATEGY_NAMES
 from hierplan.errors import UnexpectedModelCall, UserInputError
-from hierplan.hierarchy.context import STRATEGY_NAMES
 from hierplan.models.base import ModelRequest, ModelResponse
 from hierplan.models.scripted import FunctionModel, plan_response
 from hierplan.plans.plan import Plan, Step

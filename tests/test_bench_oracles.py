@@ -22,7 +22,7 @@ from hierplan.agents.prompts import (
 )
 from hierplan.bench.harness import BenchConfig, plan_runs, run_one
 from hierplan.bench.suites import SUITE_NAMES, get_suite
-from hierplan.hierarchy.context import STRATEGY_NAMES
+from hierplan.core.settings import STRATEGY_NAMES
 from hierplan.models.base import Message, ModelRequest, OutputSchema, ToolCall
 from hierplan.plans.plan import Plan, Step
 from hierplan.simulator.model import SimulatedModel

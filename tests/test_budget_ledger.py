@@ -15,14 +15,13 @@ from hierplan.budgets.budget import (
     Ledger,
     LedgerError,
     Share,
-    pico_to_usd,
-    rate_to_pico,
     step_weights,
-    usd_to_pico,
-    uses_model,
 )
+from hierplan.core.views import StepWork
 from hierplan.errors import BudgetExceeded, UserInputError
+from hierplan.hierarchy.context import step_work
 from hierplan.plans.plan import Plan, Step
+from hierplan.units import pico_to_usd, rate_to_pico, usd_to_pico
 
 
 @pytest.fixture(params=sorted(LEDGERS))
@@ -254,10 +253,10 @@ def test_step_weights_follow_the_policy_and_the_estimates() -> None:
         Step(id="u", title="u", instruction="u", kind="subgoal", estimate_usd=0.5),
     ]
     plan = Plan(goal="g", steps=steps)
-    assert not uses_model(steps[3])
-    assert step_weights(plan, "equal") == {"a": 1.0, "b": 1.0, "c": 1.0, "u": 1.0}
+    assert step_work(steps[3]).direct
+    assert step_weights(_needs(plan), "equal") == {"a": 1.0, "b": 1.0, "c": 1.0, "u": 1.0}
     # c and u have no token estimate: they weigh the mean of the others
-    assert step_weights(plan, "weighted") == {"a": 1e3, "b": 3e3, "c": 2e3, "u": 2e3}
+    assert step_weights(_needs(plan), "weighted") == {"a": 1e3, "b": 3e3, "c": 2e3, "u": 2e3}
     usd_only = Plan(
         goal="g",
         steps=[
@@ -265,6 +264,11 @@ def test_step_weights_follow_the_policy_and_the_estimates() -> None:
             Step(id="b", title="b", instruction="b", estimate_usd=0.6),
         ],
     )
-    assert step_weights(usd_only, "weighted") == {"a": 0.2, "b": 0.6}
+    assert step_weights(_needs(usd_only), "weighted") == {"a": 0.2, "b": 0.6}
     bare = Plan(goal="g", steps=[Step(id="a", title="a", instruction="a")])
-    assert step_weights(bare, "weighted") == {"a": 1.0}
+    assert step_weights(_needs(bare), "weighted") == {"a": 1.0}
+
+
+def _needs(plan: Plan) -> dict[str, StepWork]:
+    """The model-using steps of ``plan`` as the budget receives them."""
+    return {s.id: w for s in plan.steps if not (w := step_work(s)).direct}

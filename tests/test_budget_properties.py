@@ -26,25 +26,17 @@ from ledger_factories import LEDGERS, RecordingBudget
 
 import hierplan
 from hierplan.agents.prompts import parse_plan_prompt, parse_step_prompt
-from hierplan.budgets.budget import (
-    Account,
-    Budget,
-    Draw,
-    Fixed,
-    Grant,
-    Ledger,
-    Share,
-    usd_to_pico,
-)
+from hierplan.budgets.budget import Account, Budget, Draw, Fixed, Grant, Ledger, Share
 from hierplan.core.events import BudgetReserved, BudgetSettled, RunEvent
+from hierplan.core.settings import RunSettings
 from hierplan.errors import ModelError
-from hierplan.hierarchy.context import RunSettings
-from hierplan.models.base import ModelRequest, ModelResponse, ToolCall, Usage
+from hierplan.models.base import ModelRequest, ModelResponse, ToolCall
 from hierplan.models.scripted import FunctionModel
 from hierplan.models.tokens import estimate_request_tokens
 from hierplan.pricing import Price, PriceTable
 from hierplan.records import RunResult
 from hierplan.tools.base import tool
+from hierplan.units import Usage, usd_to_pico
 
 DEFAULT_EXAMPLES = 150
 RUN_EXAMPLES = 40

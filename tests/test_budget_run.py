@@ -22,9 +22,8 @@ from wire import TEST_KEY, Reply, ScriptBackend, WireServer
 import hierplan
 from hierplan.agents.planner import PLAN_SCHEMA
 from hierplan.agents.prompts import parse_plan_prompt, parse_step_prompt
-from hierplan.budgets import budgeted_model
+from hierplan.budgets import calls as budget_calls
 from hierplan.budgets.budget import (
-    PICO_PER_USD,
     Account,
     Balance,
     Budget,
@@ -33,7 +32,6 @@ from hierplan.budgets.budget import (
     LocalLedger,
     Outstanding,
     Reservation,
-    usd_to_pico,
 )
 from hierplan.budgets.instrument import BudgetInstrument
 from hierplan.cli import app
@@ -44,8 +42,11 @@ from hierplan.core.events import (
     BudgetSettled,
     RunEvent,
 )
+from hierplan.core.instrument import Instrument
+from hierplan.core.settings import RunSettings
+from hierplan.core.views import NodeView
 from hierplan.errors import BudgetExceeded, ModelError, UserInputError
-from hierplan.hierarchy.context import Instrument, NodeContext, RunContext, RunSettings
+from hierplan.hierarchy.context import NodeContext, RunContext
 from hierplan.hierarchy.gate import Approve, GateContext
 from hierplan.models.base import (
     Message,
@@ -56,7 +57,6 @@ from hierplan.models.base import (
     Phase,
     ToolCall,
     ToolSpec,
-    Usage,
     close_model,
 )
 from hierplan.models.scripted import FunctionModel, ScriptedModel, plan_response
@@ -66,6 +66,7 @@ from hierplan.pricing import Price, PriceTable, with_anthropic_cache_writes
 from hierplan.records import NodeKind, NodeRecord, RunResult
 from hierplan.runner.models import resolve_model
 from hierplan.tools.base import Toolbox, tool
+from hierplan.units import PICO_PER_USD, Usage, usd_to_pico
 from hierplan.view.tree import render_run
 
 pytestmark = pytest.mark.anyio
@@ -625,7 +626,7 @@ async def test_budget_events_are_built_only_when_someone_listens(
         raise AssertionError("an event was built with nobody listening")
 
     for name in ("BudgetReserved", "BudgetSettled", "BudgetExhausted", "BudgetOverrun"):
-        monkeypatch.setattr(budgeted_model, name, refuse)
+        monkeypatch.setattr(budget_calls, name, refuse)
     model = _priced(FunctionModel(lambda r: ModelResponse(text="ok", usage=Usage(900, 900))))
     async with budgeted_node(model, Budget(tokens=WORST * 2)) as (node, _):
         await node.call_model(REQUEST)  # an overrun: reserved, settled, overrun
@@ -758,7 +759,7 @@ class CheckAfterLimit(Instrument):
         self.limit = limit
         self.spent = 0
 
-    def wrap_model(self, model: Model, node: NodeContext) -> Model:
+    def wrap_model(self, model: Model, node: NodeView) -> Model:
         outer = self
 
         class Checked:

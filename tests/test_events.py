@@ -16,7 +16,7 @@ from eventcheck import check_events
 
 import hierplan
 from hierplan import Budget, BudgetInstrument, Instrument, LocalLedger, Plan, ScriptedModel, Step
-from hierplan.budgets import budgeted_model
+from hierplan.budgets import calls as budget_calls
 from hierplan.core.events import (
     EVENT_TYPES,
     BudgetExhausted,
@@ -30,9 +30,10 @@ from hierplan.core.events import (
     ignored_by,
     parse_event,
 )
+from hierplan.core.settings import RunSettings
+from hierplan.core.views import NodeView
 from hierplan.errors import ToolError, UserInputError
 from hierplan.hierarchy import nodes, planning
-from hierplan.hierarchy.context import NodeContext, RunSettings
 from hierplan.models.base import ToolCall
 from hierplan.models.scripted import plan_response
 from hierplan.plans.plan import diff_plans
@@ -240,7 +241,7 @@ async def test_a_listener_gets_only_its_event_types_and_the_others_are_not_built
         raise AssertionError("an event was built that no listener takes")
 
     for name in ("BudgetReserved", "BudgetSettled"):
-        monkeypatch.setattr(budgeted_model, name, forbidden)
+        monkeypatch.setattr(budget_calls, name, forbidden)
     monkeypatch.setattr(nodes, "NodeStarted", forbidden)
     monkeypatch.setattr(planning, "PlanProposed", forbidden)
     listener = _OnlyFinished()
@@ -336,7 +337,7 @@ class _ToolScopes(Instrument):
         self.name = name
         self.log = log
 
-    def tool_scope(self, node: NodeContext, call: ToolCall) -> AbstractAsyncContextManager[None]:
+    def tool_scope(self, node: NodeView, call: ToolCall) -> AbstractAsyncContextManager[None]:
         @asynccontextmanager
         async def scope() -> AsyncIterator[None]:
             self.log.append(f"{self.name} enter {call.name}")

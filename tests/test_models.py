@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 import hierplan
 from hierplan import FunctionModel, ModelRequest, ModelResponse, ScriptedModel
 from hierplan.agents.prompts import PlanPrompt, render_plan_prompt
+from hierplan.core.settings import RunSettings
 from hierplan.errors import (
     ModelError,
     ModelNotAvailableError,
@@ -20,9 +21,9 @@ from hierplan.errors import (
     UnexpectedModelCall,
     UserInputError,
 )
-from hierplan.hierarchy.context import NodeContext, RunContext, RunSettings
+from hierplan.hierarchy.context import NodeContext, RunContext
 from hierplan.models import tokens
-from hierplan.models.base import Message, Model, ToolSpec, Usage, parse_model_string
+from hierplan.models.base import Message, Model, ToolSpec, parse_model_string
 from hierplan.models.tokens import estimate_request_tokens, estimate_text_tokens
 from hierplan.pricing import PriceTable
 from hierplan.records import NodeRecord
@@ -31,6 +32,7 @@ from hierplan.scenarios.data_migration.oracle import ROOT_GOAL, MigrationOracle
 from hierplan.simulator.model import SimulatedModel, perturb_plan
 from hierplan.simulator.profiles import PROFILES, NoiseProfile
 from hierplan.tools.base import Toolbox
+from hierplan.units import Usage
 
 pytestmark = pytest.mark.anyio
 

@@ -323,7 +323,7 @@ async def test_as_needed_resumes_its_decomposition_without_a_second_attempt(
 @pytest.mark.anyio
 async def test_replans_made_before_a_pause_still_count_after_resume(tmp_path: Path) -> None:
     # max_replans is per node and per run: a pause between replans does not start it afresh.
-    from hierplan.hierarchy.context import RunSettings
+    from hierplan.core.settings import RunSettings
     from hierplan.models.scripted import plan_response
     from hierplan.tools.base import tool
 

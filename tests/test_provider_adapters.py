@@ -18,11 +18,12 @@ from wire import MODELS, PROVIDERS, TEST_KEY, Reply, ScriptBackend, WireServer, 
 
 from hierplan.agents.planner import PLAN_SCHEMA
 from hierplan.errors import ModelAuthError, ModelError
-from hierplan.models.base import Message, Model, ModelRequest, OutputSchema, ToolSpec, Usage
+from hierplan.models.base import Message, Model, ModelRequest, OutputSchema, ToolSpec
 from hierplan.models.openai import OpenAIModel, token_field_for
 from hierplan.plans.plan import Plan
 from hierplan.pricing import PriceTable
 from hierplan.runner.models import resolve_model
+from hierplan.units import Usage
 
 ADD = ToolSpec(
     "add",

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import hierplan
-from hierplan.models.base import Usage
 from hierplan.pricing import DEFAULT_PRICES, Price, PriceTable
+from hierplan.units import Usage
 
 
 def test_every_entry_names_its_source_and_date() -> None:

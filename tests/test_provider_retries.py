@@ -17,11 +17,12 @@ from wire import MODELS, PROVIDERS, Reply, ScriptBackend, WireServer, calls, mod
 
 import hierplan
 from hierplan.core.events import RunEvent, StepRetried
+from hierplan.core.settings import RunSettings
 from hierplan.errors import ModelAuthError, ModelError
-from hierplan.hierarchy.context import RunSettings, _retry_delay
 from hierplan.models.anthropic import AnthropicModel
 from hierplan.models.base import Model, ModelRequest, ModelResponse
 from hierplan.models.openai import OpenAIModel
+from hierplan.models.retry import RetryPolicy
 from hierplan.records import RunResult
 
 pytestmark = pytest.mark.anyio
@@ -201,7 +202,7 @@ class CountingInstrument(hierplan.Instrument):
         self.attempts = 0
         self.failures = 0
 
-    def wrap_model(self, model: Model, node: hierplan.NodeContext) -> Model:
+    def wrap_model(self, model: Model, node: hierplan.NodeView) -> Model:
         outer = self
 
         class Counted:
@@ -285,17 +286,17 @@ async def test_one_client_serves_planner_and_executor_and_given_models_stay_open
 
 
 def test_retry_delay_honours_retry_after_caps_and_jitters() -> None:
-    settings = hierplan.RunSettings(retry_backoff_s=1.0, model_retry_max_delay_s=10)
+    policy = RetryPolicy(backoff_s=1.0, max_delay_s=10)
     plain = ModelError("x", retryable=True)
     for attempt, (low, high) in {1: (0.5, 1.0), 2: (1.0, 2.0), 3: (2.0, 4.0)}.items():
-        delays = [_retry_delay(settings, attempt, plain) for _ in range(50)]
+        delays = [policy.delay(attempt, plain) for _ in range(50)]
         assert all(d is not None and low <= d <= high for d in delays)
         assert len(set(delays)) > 1  # jittered
-    capped = [_retry_delay(settings, 10, plain) for _ in range(20)]
+    capped = [policy.delay(10, plain) for _ in range(20)]
     assert all(d is not None and 5.0 <= d <= 10.0 for d in capped)
     asked = ModelError("x", retryable=True, retry_after=7.5)
-    assert _retry_delay(settings, 1, asked) == 7.5
-    assert _retry_delay(settings, 1, ModelError("x", retryable=True, retry_after=11)) is None
+    assert policy.delay(1, asked) == 7.5
+    assert policy.delay(1, ModelError("x", retryable=True, retry_after=11)) is None
 
 
 async def test_a_gateway_refusing_max_tokens_costs_one_failed_attempt_not_the_run() -> None:

@@ -15,6 +15,8 @@ EXPECTED = {
     "run", "run_sync", "start", "RunHandle", "EventStream", "RunSettings", "RunResult",
     "RunOptions", "ResumeOptions",
     "NodeRecord", "STRATEGIES", "Instrument", "RunContext", "NodeContext", "Tracing",
+    # the seam instruments, planners and executors see
+    "RunView", "NodeView", "StepEnv", "CallScope", "CallOutcome",
     # events
     "RunEvent", "AnyEvent", "parse_event", "RunStarted", "NodeStarted", "NodeFinished",
     "PlanProposed", "PlanDecided", "Replanned", "StepRetried", "ToolCalled", "ModelCalled",

@@ -10,6 +10,7 @@ import json
 import re
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,9 +24,10 @@ from hierplan import RunResult, ScriptedModel, tool
 from hierplan.core.events import ModelCalled, RunEvent, RunFinished
 from hierplan.errors import UserInputError
 from hierplan.files import new_directory
-from hierplan.models.base import ModelResponse, Usage
+from hierplan.models.base import ModelResponse
 from hierplan.models.scripted import plan_response
 from hierplan.runner.goals import goal_from_data, load_goal_file
+from hierplan.units import Usage
 from hierplan.view.html import render_html
 from hierplan.view.tree import node_tree
 
@@ -69,22 +71,25 @@ def _recorded() -> RunResult:
 @settings(max_examples=60, deadline=None)
 @given(
     text=st.text(),
-    cost=st.floats(min_value=0, max_value=1e9, allow_nan=False, allow_infinity=False),
+    # Records keep pico-dollars; run.json writes USD floats, which hold every whole
+    # pico-dollar exactly up to 2**53 of them (about $9,007 a figure).
+    cost=st.integers(min_value=0, max_value=2**53),
 )
-def test_run_json_holds_any_text_and_cost_exactly(text: str, cost: float) -> None:
+def test_run_json_holds_any_text_and_cost_exactly(text: str, cost: int) -> None:
     """run.json is JSON that reads back to the record's dict, whatever text a model or a user
-    gave (any script, control characters, quotes) and whatever cost a call had."""
+    gave (any script, control characters, quotes) and whatever cost a call had (in whole
+    pico-dollars, as records keep money; USD in the file)."""
     result = _recorded()
     leaf = result.tree.children[0]
     leaf.goal, leaf.output, result.answer = text, text, text
-    leaf.calls[0].cost_usd = cost
+    leaf.calls[0].cost_pico = cost
     written = result.to_json()
     assert json.loads(written) == result.to_dict()
     with tempfile.TemporaryDirectory() as where:
         loaded = RunResult.load(result.write(Path(where) / "run.json"))
     assert loaded.to_dict() == result.to_dict()
     assert loaded.tree.children[0].goal == text
-    assert loaded.tree.children[0].calls[0].cost_usd == cost
+    assert loaded.tree.children[0].calls[0].cost_pico == cost
 
 
 async def test_run_json_keeps_cache_writes_and_reads_records_written_before_them(
@@ -267,17 +272,21 @@ async def test_cost_rollups_equal_the_sum_of_the_calls_costs_in_any_order() -> N
         price_in=0.1, price_out=0.3,
     )  # fmt: skip
     costs = [e.cost_usd for e in events if isinstance(e, ModelCalled) and e.cost_usd is not None]
-    assert len(costs) == 4 and sum(costs) != math.fsum(costs)  # plain addition drifts here
+    assert len(costs) == 4
+    # Costs are whole pico-dollars, summed exactly: each figure is the nearest float to the
+    # exact sum, which floats added one by one need not be.
+    pico = sum(round(Decimal(repr(c)) * 10**12) for c in costs)
+    exact = pico / 10**12
     data = result.to_dict()
-    assert data["totals"]["cost_usd"] == math.fsum(costs) == result.totals()["cost_usd"]
-    assert data["tree"]["subtree_cost_usd"] == math.fsum(costs) == result.tree.subtree_cost_usd
-    assert math.fsum(row["cost_usd"] for row in data["levels"]) == pytest.approx(math.fsum(costs))
+    assert data["totals"]["cost_usd"] == exact == result.totals()["cost_usd"]
+    assert data["tree"]["subtree_cost_usd"] == exact == result.tree.subtree_cost_usd
+    assert math.fsum(row["cost_usd"] for row in data["levels"]) == pytest.approx(exact)
     (finished,) = [e for e in events if isinstance(e, RunFinished)]
-    assert finished.cost_usd == math.fsum(costs)
+    assert finished.cost_usd == exact
     from hierplan.view.html import render_html
 
     page = render_html(result)  # the report shows the record's figures to the last digit
-    assert f'class="subtree-cost" data-cost="{math.fsum(costs)!r}"' in page
+    assert f'class="subtree-cost" data-cost="{exact!r}"' in page
 
 
 @pytest.mark.parametrize("record", [hierplan.RunResult, hierplan.NodeRecord])

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 import hierplan
 from hierplan.cli import app
+from hierplan.core.settings import DAY_S, MAX_OUTPUT_TOKENS, MAX_RETRIES, MAX_TURNS
 from hierplan.errors import UserInputError
-from hierplan.hierarchy.context import DAY_S, MAX_OUTPUT_TOKENS, MAX_RETRIES, MAX_TURNS
 from hierplan.runner.goals import goal_from_data, settings_from_assignments
 
 TIMES = ("retry_backoff_s", "retry_max_delay_s", "step_timeout_s", "model_retry_max_delay_s")

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hierplan.agents.executor import StepResult
+from hierplan.core.results import StepResult
 from hierplan.errors import StepFailed
 from hierplan.hierarchy.scheduler import Slots, run_dag
 from hierplan.plans.plan import Plan, Step

@@ -36,7 +36,6 @@ from hierplan import (
     Model,
     ModelRequest,
     ModelResponse,
-    NodeContext,
     Plan,
     PriceTable,
     RunEvent,
@@ -45,8 +44,8 @@ from hierplan import (
     Tool,
     Usage,
 )
+from hierplan.core.views import NodeView, RunView
 from hierplan.errors import ModelError, ToolArgsError
-from hierplan.hierarchy.context import RunContext
 from hierplan.models.scripted import plan_response
 from hierplan.tracing.otel import (
     DURATION_BUCKETS,
@@ -356,7 +355,7 @@ class BudgetReserved(RunEvent):
 class _Reserving:
     """A model wrapper that emits a budget-like event before each call, as budgets would."""
 
-    def __init__(self, inner: Model, node: NodeContext) -> None:
+    def __init__(self, inner: Model, node: NodeView) -> None:
         self.inner = inner
         self.node = node
         self.name, self.provider = inner.name, inner.provider
@@ -371,10 +370,10 @@ class _Reserving:
 class EventSource(Instrument):
     """Emits a budget-like event per model call, and events for paths without an open span."""
 
-    def wrap_model(self, model: Model, node: NodeContext) -> Model:
+    def wrap_model(self, model: Model, node: NodeView) -> Model:
         return _Reserving(model, node)
 
-    def run_scope(self, run: RunContext) -> AbstractAsyncContextManager[None]:
+    def run_scope(self, run: RunView) -> AbstractAsyncContextManager[None]:
         @asynccontextmanager
         async def scope() -> AsyncIterator[None]:
             yield
@@ -383,7 +382,7 @@ class EventSource(Instrument):
 
         return scope()
 
-    def node_scope(self, node: NodeContext) -> AbstractAsyncContextManager[None]:
+    def node_scope(self, node: NodeView) -> AbstractAsyncContextManager[None]:
         @asynccontextmanager
         async def scope() -> AsyncIterator[None]:
             if node.path == "1.1":
@@ -587,7 +586,7 @@ class BusProbe(Instrument):
     def __init__(self) -> None:
         self.listened: set[bool] = set()
 
-    def node_scope(self, node: NodeContext) -> AbstractAsyncContextManager[None] | None:
+    def node_scope(self, node: NodeView) -> AbstractAsyncContextManager[None] | None:
         self.listened.add(node.run.bus.active)
         return None
 
@@ -645,6 +644,7 @@ def test_tracing_sets_the_anthropic_switch_only_when_unset(monkeypatch: pytest.M
 def test_a_tracing_bug_never_breaks_the_run(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    import hierplan.tracing.model as model_scope
     import hierplan.tracing.otel as otel
     import hierplan.tracing.scopes as scopes
 
@@ -653,7 +653,7 @@ def test_a_tracing_bug_never_breaks_the_run(
 
     monkeypatch.setattr(scopes, "node_rollups", broken)
     monkeypatch.setattr(otel, "attribute_value", broken)
-    monkeypatch.setattr(otel.TracedModel, "_record", broken)
+    monkeypatch.setattr(model_scope.TracedCall, "_end_attributes", broken)
     telemetry = Telemetry()
     result = hierplan.run_sync(instruments=[telemetry.tracing()], **ScriptedRun().run_options())
     assert result.status == "succeeded"

@@ -21,9 +21,9 @@ from typer.testing import CliRunner
 
 import hierplan
 from hierplan.cli import app
-from hierplan.models.base import Usage
 from hierplan.plans.plan import Plan, Step, diff_plans
 from hierplan.records import CallRecord, NodeRecord, NodeStatus, PlanVersion, RunResult
+from hierplan.units import Usage
 from hierplan.view.html import render_html
 from hierplan.view.tree import ALLOCATED_NOTE, money, render_run
 
@@ -75,13 +75,13 @@ def sample_run(text: str = "Migrate the shop", *, budget: bool = True) -> RunRes
         started_at=now + 0.1, finished_at=now + 0.4, output=text, tool="copy_rows",
     )  # fmt: skip
     leaf.add_call(
-        CallRecord("execution", "sim", "execute", Usage(100, 10), 0.00012, now + 0.1, 0.2)
+        CallRecord("execution", "sim", "execute", Usage(100, 10), 120_000_000, now + 0.1, 0.2)
     )
     middle = NodeRecord(
         path="1.1", kind="planner", goal=text, depth=2, status="partial", children=[leaf],
         started_at=now + 0.05, finished_at=now + 0.5, step_id="a",
     )  # fmt: skip
-    middle.add_call(CallRecord("planning", "sim", "plan", Usage(500, 80), 0.0009, now, 0.1))
+    middle.add_call(CallRecord("planning", "sim", "plan", Usage(500, 80), 900_000_000, now, 0.1))
     root = NodeRecord(
         path="1", kind="planner", goal=text, depth=1, status="succeeded", children=[middle],
         started_at=now, finished_at=now + 1.0,
@@ -92,7 +92,7 @@ def sample_run(text: str = "Migrate the shop", *, budget: bool = True) -> RunRes
                         problems=[text], diff=diff_plans(v1, v2)),
         ],
     )  # fmt: skip
-    root.add_call(CallRecord("planning", "sim", "plan", Usage(1000, 200), 0.0021, now, 0.1))
+    root.add_call(CallRecord("planning", "sim", "plan", Usage(1000, 200), 2_100_000_000, now, 0.1))
     return RunResult(
         run_id="r1", goal=text, strategy="hierarchical", model="sim", simulated=True,
         status="partial", answer=text, tree=root, started_at=now, finished_at=now + 1.0,

@@ -79,7 +79,7 @@ async def test_a_reply_without_usage_counts_anthropics_tool_use_prompt_in_span_a
     class Keep(hierplan.Instrument):
         """Keeps the requests the adapter is sent."""
 
-        def wrap_model(self, model: hierplan.Model, node: hierplan.NodeContext) -> hierplan.Model:
+        def wrap_model(self, model: hierplan.Model, node: hierplan.NodeView) -> hierplan.Model:
             async def send(request: hierplan.ModelRequest) -> hierplan.ModelResponse:
                 seen.append(request)
                 return await model.request(request)

@@ -11,33 +11,20 @@ recover; a final answer starting with ``FAILED:``, or an empty one, fails the st
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, AsyncExitStack
-from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from hierplan.agents.prompts import FAILED_PREFIX, StepPrompt, render_step_prompt
-from hierplan.core.events import ToolCalled
-from hierplan.errors import HierplanError, StepFailed, ToolError, stray_cancellation
+from hierplan.core.results import StepResult
+from hierplan.errors import HierplanError, StepFailed, ToolError
 from hierplan.models.base import Message, ModelRequest, ModelResponse, ToolCall
 from hierplan.plans.plan import REF_PATTERN, ref_target
-from hierplan.records import TOOL_TEXT_LIMIT, ToolCallRecord
-from hierplan.tools.base import Tool, result_text
+from hierplan.tools.base import result_text
 
 if TYPE_CHECKING:
-    from hierplan.hierarchy.context import NodeContext
-
-
-@dataclass(slots=True, frozen=True)
-class StepResult:
-    """What a step produced: its raw ``output`` and that output as ``text``."""
-
-    output: Any
-    text: str
+    from hierplan.core.views import StepEnv
 
 
 def resolve_refs(args: Mapping[str, Any], inputs: Mapping[str, StepResult]) -> dict[str, Any]:
@@ -90,97 +77,6 @@ def _ref_text(token: str, inputs: Mapping[str, StepResult]) -> str:
     return text + token[len(target) :]  # the punctuation after the reference
 
 
-async def call_tool(
-    node: NodeContext,
-    target: Tool,
-    arguments: Mapping[str, Any],
-    call_id: str,
-    *,
-    references: bool = False,
-) -> Any:
-    """Call a tool inside every instrument's tool scope and report a :class:`ToolCalled` event
-    (``references``: the arguments hold outputs of earlier steps, see :meth:`Tool.call`), and
-    record it on the node."""
-    run = node.run
-    started_at = time.time()
-    started = time.perf_counter()
-    error: str | None = None
-    output: Any = None
-    try:
-        output = await _scoped_call(node, target, arguments, call_id, references)
-        return output
-    except HierplanError as exc:
-        error = str(exc)
-        raise
-    except anyio.get_cancelled_exc_class() as exc:
-        if stray_cancellation():
-            error = f"tool {target.name!r} raised {type(exc).__name__} though nothing cancelled it"
-            raise ToolError(error, retryable=False) from exc
-        # A step's deadline or a cancelled run stopped the call: it did not succeed.
-        error = "cancelled before it finished"
-        raise
-    finally:
-        duration = time.perf_counter() - started
-        node.record.tool_calls.append(
-            ToolCallRecord(
-                tool=target.name,
-                arguments=result_text(arguments, limit=TOOL_TEXT_LIMIT),
-                result=None if error is not None else result_text(output, limit=TOOL_TEXT_LIMIT),
-                error=error,
-                started_at=started_at,
-                duration_s=duration,
-            )
-        )
-        if run.bus.wants("tool_called"):
-            run.bus.emit(
-                ToolCalled(
-                    run_id=run.run_id,
-                    path=node.path,
-                    tool=target.name,
-                    call_id=call_id,
-                    ok=error is None,
-                    duration_s=duration,
-                    error=error,
-                )
-            )
-
-
-async def _scoped_call(
-    node: NodeContext, target: Tool, arguments: Mapping[str, Any], call_id: str, references: bool
-) -> Any:
-    """The call, inside every instrument's tool scope."""
-    call = partial(_call, target, arguments, references=references)
-    scopes = _tool_scopes(node, target, arguments, call_id) if node.run.instruments else []
-    if not scopes:
-        return await call()
-    if len(scopes) == 1:  # the common case (tracing, say) without an exit stack's cost
-        async with scopes[0]:
-            return await call()
-    async with AsyncExitStack() as stack:
-        for scope in scopes:
-            await stack.enter_async_context(scope)
-        return await call()
-
-
-def _tool_scopes(
-    node: NodeContext, target: Tool, arguments: Mapping[str, Any], call_id: str
-) -> list[AbstractAsyncContextManager[None]]:
-    call = ToolCall(call_id, target.name, arguments)
-    scopes = (i.tool_scope(node, call) for i in node.run.instruments)
-    return [scope for scope in scopes if scope is not None]
-
-
-async def _call(target: Tool, arguments: Mapping[str, Any], *, references: bool) -> Any:
-    try:
-        return await target.call(arguments, references=references)
-    except HierplanError:
-        raise
-    # A tool's own bug or failure becomes a step failure; so does a sys.exit() in its code (an
-    # argparse or click command line refusing its arguments), which would end the whole run.
-    except (Exception, SystemExit) as exc:
-        raise ToolError(f"tool {target.name!r} failed: {type(exc).__name__}: {exc}") from exc
-
-
 def unusable_answer(response: ModelResponse, max_tokens: int) -> str | None:
     """Why an answer cannot be taken as the step's result, or ``None`` when it can: a refusal,
     an answer the provider's content filter stopped, or one cut at the token limit (an empty
@@ -222,16 +118,16 @@ class ToolExecutor:
 
     async def execute(
         self,
-        node: NodeContext,
+        node: StepEnv,
         tool_name: str,
         args: Mapping[str, Any],
         inputs: Mapping[str, StepResult],
     ) -> StepResult:
         """Call the tool; raise :class:`ToolError` subclasses on failure."""
-        target = node.run.toolbox.get(tool_name, node.allowed_tools)
+        target = node.tool(tool_name)
         resolved = resolve_refs(args, inputs)
-        output = await call_tool(
-            node, target, resolved, f"{node.path}:1", references=uses_refs(args, inputs)
+        output = await node.call_tool(
+            target, resolved, f"{node.path}:1", references=uses_refs(args, inputs)
         )
         return StepResult(output, result_text(output))
 
@@ -242,7 +138,7 @@ class LLMExecutor:
 
     async def execute(
         self,
-        node: NodeContext,
+        node: StepEnv,
         instruction: str,
         inputs: Mapping[str, StepResult],
         *,
@@ -252,13 +148,12 @@ class LLMExecutor:
         max_turns: int | None = None,
     ) -> StepResult:
         """Run the loop; raise :class:`StepFailed` if the model gives up or runs out of turns."""
-        run = node.run
-        settings = run.settings
+        settings = node.settings
         turns = max_turns or (settings.react_max_turns if react else settings.executor_max_turns)
         allowed = (
             node.allowed_tools if only_tool is None else frozenset({only_tool}) & node.allowed_tools
         )
-        specs = run.toolbox.specs(allowed)
+        specs = node.tool_specs(allowed)
         prompt = StepPrompt(instruction, context, {k: v.text for k, v in inputs.items()}, react)
         messages: tuple[Message, ...] = render_step_prompt(prompt)
         for turn in range(turns):
@@ -296,7 +191,7 @@ class LLMExecutor:
         raise StepFailed(f"no answer after {turns} model turns", retryable=True)
 
     async def _run_calls(
-        self, node: NodeContext, calls: Sequence[ToolCall], allowed: frozenset[str], turn: int
+        self, node: StepEnv, calls: Sequence[ToolCall], allowed: frozenset[str], turn: int
     ) -> list[Message]:
         replies: list[Message] = [Message("tool", "", tool_call_id=c.id) for c in calls]
         # A hierplan error other than a tool's failure (a tool raising StepFailed itself, a
@@ -307,9 +202,9 @@ class LLMExecutor:
 
         async def one(index: int, call: ToolCall, scope: anyio.CancelScope) -> None:
             try:
-                target = node.run.toolbox.get(call.name, allowed)
-                output = await call_tool(
-                    node, target, call.arguments, call.id or f"{node.path}:{turn}.{index}"
+                target = node.tool(call.name, allowed)
+                output = await node.call_tool(
+                    target, call.arguments, call.id or f"{node.path}:{turn}.{index}"
                 )
                 text = result_text(output)
             except ToolError as exc:

@@ -25,7 +25,7 @@ from hierplan.models.provider import json_problem, loads_json
 from hierplan.plans.plan import Plan
 
 if TYPE_CHECKING:
-    from hierplan.hierarchy.context import NodeContext
+    from hierplan.core.views import StepEnv
 
 PLAN_SCHEMA: dict[str, Any] = Plan.model_json_schema()
 PLAN_OUTPUT = OutputSchema(PLAN_OUTPUT_NAME, PLAN_SCHEMA)
@@ -90,7 +90,7 @@ class LLMPlanner:
 
     async def plan(
         self,
-        node: NodeContext,
+        node: StepEnv,
         *,
         inputs: Mapping[str, str] | None = None,
         feedback: str | None = None,
@@ -101,7 +101,7 @@ class LLMPlanner:
 
     async def replan(
         self,
-        node: NodeContext,
+        node: StepEnv,
         plan: Plan,
         progress: Mapping[str, str],
         failure: str | None,
@@ -119,14 +119,14 @@ class LLMPlanner:
 
     def _prompt(
         self,
-        node: NodeContext,
+        node: StepEnv,
         inputs: Mapping[str, str] | None,
         feedback: str | None,
         flat: bool,
     ) -> PlanPrompt:
-        settings = node.run.settings
+        settings = node.settings
         return PlanPrompt(
-            goal=node.record.goal,
+            goal=node.goal,
             depth=node.depth,
             max_depth=node.depth if flat else settings.max_depth,
             max_steps=settings.max_steps,
@@ -134,12 +134,12 @@ class LLMPlanner:
             feedback=feedback,
         )
 
-    async def _ask(self, node: NodeContext, prompt: PlanPrompt, purpose: str) -> Plan:
-        messages = _render(prompt, node.run.toolbox.specs(node.allowed_tools))
+    async def _ask(self, node: StepEnv, prompt: PlanPrompt, purpose: str) -> Plan:
+        messages = _render(prompt, node.tool_specs())
         request = ModelRequest(
             messages=messages,
             output_schema=PLAN_OUTPUT,
-            max_tokens=node.run.settings.planner_max_tokens,
+            max_tokens=node.settings.planner_max_tokens,
             phase="planning",
             node_path=node.path,
             purpose=purpose,

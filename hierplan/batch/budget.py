@@ -48,17 +48,16 @@ from hierplan.budgets.budget import (
     LocalLedger,
     Outstanding,
     Reservation,
-    rate_to_pico,
-    usd_to_pico,
 )
 from hierplan.budgets.instrument import DEFAULT_MIN_OUTPUT_FRACTION, unknown_price_message
+from hierplan.core.settings import RunSettings
 from hierplan.errors import BudgetExceeded, UserInputError
-from hierplan.hierarchy.context import RunSettings
 from hierplan.models.base import ModelRequest, Phase, parse_model_string
 from hierplan.models.tokens import anthropic_tool_prompt_tokens, estimate_request_tokens
 from hierplan.plans.plan import DEFAULT_MAX_STEPS
 from hierplan.pricing import PriceTable
 from hierplan.runner.models import priced_as_of
+from hierplan.units import rate_to_pico, usd_to_pico
 
 Amounts = tuple[int | None, int | None]  # tokens, pico-dollars; None: not limited
 

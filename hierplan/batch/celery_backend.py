@@ -44,8 +44,8 @@ from hierplan.batch.goals import BatchGoal
 from hierplan.batch.runner import GoalOutcome, RunOptions, inner_budget, run_goal
 from hierplan.budgets.budget import Fixed, LedgerError
 from hierplan.budgets.redis_ledger import RedisAccount, RedisLedger, connect
+from hierplan.core.instrument import Instrument
 from hierplan.errors import UserInputError
-from hierplan.hierarchy.context import Instrument
 
 if TYPE_CHECKING:
     from celery import Celery

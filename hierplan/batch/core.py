@@ -31,14 +31,15 @@ from hierplan.batch.display import BatchDisplay, Tally
 from hierplan.batch.goals import BatchGoal, GoalsFile, goals_digest, load_goals
 from hierplan.batch.journal import FINAL_STATES, Journal, damaged_journal, open_journal
 from hierplan.batch.runner import GoalOutcome, RunFunction, RunOptions, inner_budget, run_goal
-from hierplan.budgets.budget import PICO_PER_USD, Fixed, LocalLedger, pico_to_usd
+from hierplan.budgets.budget import Fixed, LocalLedger
+from hierplan.core.instrument import Instrument
 from hierplan.errors import UserInputError
 from hierplan.files import write_atomic
-from hierplan.hierarchy.context import Instrument
 from hierplan.models.base import parse_model_string
 from hierplan.pricing import PriceTable
 from hierplan.runner.models import SIMULATOR_ONLY, is_simulated
 from hierplan.runner.run import run
+from hierplan.units import PICO_PER_USD, pico_to_usd
 
 Backend = Literal["local", "celery"]
 SUMMARY = "summary.json"

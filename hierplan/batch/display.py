@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from hierplan.budgets.budget import pico_to_usd
+from hierplan.units import pico_to_usd
 
 STATE_STYLES = MappingProxyType({"succeeded": "green", "failed": "red", "skipped": "yellow"})
 

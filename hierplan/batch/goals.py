@@ -49,8 +49,8 @@ from pydantic import (
 from hierplan.bench.base import MAX_TASK_INDEX, BenchTask
 from hierplan.bench.suites import get_suite
 from hierplan.budgets.budget import ALLOCATIONS, MAX_BUDGET_TOKENS, MAX_BUDGET_USD
+from hierplan.core.settings import MAX_SEED, RunSettings, StrategyName
 from hierplan.errors import HierplanError, UserInputError
-from hierplan.hierarchy.context import MAX_SEED, RunSettings, StrategyName
 from hierplan.models.base import ToolSpec, parse_model_string
 from hierplan.models.provider import RepeatedKeyError, json_problem, loads_json
 from hierplan.plans.plan import MAX_GOAL_CHARS

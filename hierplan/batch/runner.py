@@ -12,14 +12,16 @@ from hierplan.batch.budget import Amounts, GoalLedger
 from hierplan.batch.goals import BatchGoal, goal_seed, suite_task
 from hierplan.bench.base import TaskEnv
 from hierplan.bench.suites import get_suite
-from hierplan.budgets.budget import Budget, pico_to_usd
+from hierplan.budgets.budget import Budget
 from hierplan.budgets.instrument import BudgetInstrument
+from hierplan.core.instrument import Instrument
+from hierplan.core.settings import RunSettings
 from hierplan.errors import HierplanError
-from hierplan.hierarchy.context import Instrument, RunSettings
 from hierplan.pricing import PriceTable
 from hierplan.records import RunResult
 from hierplan.runner.models import is_simulated, priced_as_of, provider_options, with_price
 from hierplan.runner.run import run
+from hierplan.units import pico_to_usd
 
 RunFunction = Callable[..., Awaitable[RunResult]]
 

@@ -28,9 +28,11 @@ from pydantic import ValidationError
 
 from hierplan.bench.base import MAX_TASK_INDEX, MAX_TASK_SEED, BenchTask, Suite
 from hierplan.bench.suites import SUITE_NAMES, get_suite
+from hierplan.core.instrument import Instrument
+from hierplan.core.settings import STRATEGY_NAMES, RunSettings
+from hierplan.core.views import NodeView
 from hierplan.errors import HierplanError, ModelAuthError, UserInputError
 from hierplan.files import make_directory, write_atomic
-from hierplan.hierarchy.context import STRATEGY_NAMES, Instrument, NodeContext, RunSettings
 from hierplan.models.base import Model, ToolCall, close_model, parse_model_string
 from hierplan.records import RunResult
 from hierplan.runner.models import SIMULATOR_ONLY, check_base_url, resolve_model
@@ -182,7 +184,7 @@ class ToolCounter(Instrument):
         self.calls = 0
 
     def tool_scope(
-        self, node: NodeContext, call: ToolCall
+        self, node: NodeView, call: ToolCall
     ) -> AbstractAsyncContextManager[None] | None:
         """Count the call; no scope needed."""
         self.calls += 1

@@ -32,9 +32,9 @@ from hierplan.bench.stats import (
     paired_proportion_difference,
     wilson,
 )
+from hierplan.core.settings import STRATEGY_NAMES
 from hierplan.errors import UserInputError
 from hierplan.files import write_atomic
-from hierplan.hierarchy.context import STRATEGY_NAMES
 
 # (key, label); "success" is a proportion, the rest are means.
 METRICS: tuple[tuple[str, str], ...] = (

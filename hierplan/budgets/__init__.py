@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from hierplan.budgets.budget import (
     ALLOCATIONS,
-    PICO_PER_USD,
     Account,
     Balance,
     Budget,
@@ -21,10 +20,9 @@ from hierplan.budgets.budget import (
     Outstanding,
     Reservation,
     Share,
-    pico_to_usd,
-    usd_to_pico,
 )
 from hierplan.pricing import Price, PriceTable
+from hierplan.units import PICO_PER_USD, pico_to_usd, usd_to_pico
 
 __all__ = [
     "ALLOCATIONS",

@@ -37,14 +37,12 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Literal
 
+from hierplan.core.views import StepWork
 from hierplan.errors import BudgetExceeded, HierplanError, UserInputError
 from hierplan.models.base import Phase
-from hierplan.plans.plan import Plan, Step
-
-PICO_PER_USD = 10**12
+from hierplan.units import pico_to_usd, usd_to_pico
 
 AllocationName = Literal["equal", "weighted", "on-demand"]
 ALLOCATIONS: tuple[str, ...] = ("equal", "weighted", "on-demand")
@@ -56,22 +54,6 @@ MAX_BUDGET_USD = 1e9
 would not fit the floats that shares are computed in."""
 MAX_BUDGET_TOKENS = 10**15
 """The largest token budget (as a goals file's ``budget_tokens``)."""
-
-
-def usd_to_pico(usd: float) -> int:
-    """USD as whole pico-dollars, rounded down (a budget never grows by rounding)."""
-    return math.floor(Decimal(repr(float(usd))) * PICO_PER_USD)
-
-
-def rate_to_pico(usd_per_mtok: float) -> int:
-    """A price in USD per million tokens as pico-dollars per token, rounded up (a cost never
-    shrinks by rounding). ``$0.25 / 1M`` is 250,000 pico-dollars per token."""
-    return math.ceil(Decimal(repr(float(usd_per_mtok))) * (PICO_PER_USD // 1_000_000))
-
-
-def pico_to_usd(pico: int) -> float:
-    """Pico-dollars as USD (for display and records)."""
-    return pico / PICO_PER_USD
 
 
 class LedgerError(HierplanError):
@@ -676,26 +658,20 @@ def _fmt_avail(tokens: int | None, pico: int | None) -> str:
 # -- allocation policies -------------------------------------------------------------------
 
 
-def uses_model(step: Step) -> bool:
-    """Whether a step's node may call a model (a direct tool call with arguments does not)."""
-    return step.kind == "subgoal" or step.tool is None or step.args is None
-
-
-def step_weights(plan: Plan, allocation: str) -> dict[str, float]:
-    """The weight of each model-using step of ``plan`` under an allocation policy.
+def step_weights(steps: Mapping[str, StepWork], allocation: str) -> dict[str, float]:
+    """The weight of each model-using step (by id) under an allocation policy.
 
     ``equal``: every step weighs 1. ``weighted``: the planner's estimates, in tokens if the plan
     gives any token estimate, else in USD; a step without one (or with 0) weighs the mean of
     the others; with no estimates at all, every step weighs 1. (``on-demand`` does not carve.)
     """
-    steps = [s for s in plan.steps if uses_model(s)]
     if allocation != "weighted":
-        return {s.id: 1.0 for s in steps}
-    tokens = {s.id: float(s.estimate_tokens) for s in steps if s.estimate_tokens}
+        return dict.fromkeys(steps, 1.0)
+    tokens = {k: float(w.estimate_tokens) for k, w in steps.items() if w.estimate_tokens}
     given: Mapping[str, float] = tokens or {
-        s.id: float(s.estimate_usd) for s in steps if s.estimate_usd
+        k: float(w.estimate_usd) for k, w in steps.items() if w.estimate_usd
     }
     if not given:
-        return {s.id: 1.0 for s in steps}
+        return dict.fromkeys(steps, 1.0)
     mean = sum(given.values()) / len(given)
-    return {s.id: given.get(s.id, mean) for s in steps}
+    return {k: given.get(k, mean) for k in steps}

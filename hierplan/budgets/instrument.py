@@ -1,13 +1,15 @@
-"""Budgets as an :class:`~hierplan.hierarchy.context.Instrument`: a ledger account per node and a
-model wrapper that reserves before every call and settles after.
+"""Budgets as an :class:`~hierplan.core.instrument.Instrument`: a ledger account per node and a
+call scope that reserves before every model call and settles after.
 
 :class:`BudgetInstrument` opens each node's account when the node starts (carved from its parent
-by the allocation policy) and closes it when the node ends, writing the node's
-``record.budget``; at the end of the run it sums the budgets up per level and phase.
-:class:`~hierplan.budgets.budgeted_model.BudgetedModel` wraps the node's model (reserve the
-worst case, lower ``max_tokens`` to fit or refuse, settle the actual usage).
+by the allocation policy, in proportion to the weights of the plan's steps) and closes it when
+the node ends, writing the node's ``record.budget``; at the end of the run it sums the budgets
+up per level and phase. :class:`~hierplan.budgets.calls.BudgetCallScope` reserves each call's
+worst case (lowering ``max_tokens`` to fit, or refusing it) and settles what the call's outcome
+counts.
 
-Providers and strategies know nothing of this.
+It reads the run through the core's views only: providers, plans and strategies know nothing of
+it, and it knows nothing of them.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import anyio
 from hierplan.budgets.budget import (
     ALLOCATIONS,
     DEFAULT_ON_DEMAND_FRACTION,
-    PICO_PER_USD,
     Account,
     Balance,
     Budget,
@@ -33,24 +34,18 @@ from hierplan.budgets.budget import (
     Ledger,
     LocalLedger,
     Share,
-    rate_to_pico,
     step_weights,
-    usd_to_pico,
-    uses_model,
 )
-from hierplan.budgets.budgeted_model import BUDGET_OPTIONS, BudgetedModel
+from hierplan.budgets.calls import BUDGET_OPTIONS, BudgetCallScope, CallCounts, amount_text
+from hierplan.core.instrument import CallScope, Instrument
+from hierplan.core.views import NodeView, RunView
 from hierplan.errors import BudgetExceeded, UserInputError
-from hierplan.hierarchy.context import Instrument, NodeContext, RunContext
-from hierplan.models.base import Model
-from hierplan.plans.plan import Plan
+from hierplan.models.base import ModelRequest
 from hierplan.pricing import PriceTable
-from hierplan.records import NodeRecord, PlanVersion
+from hierplan.records import NodeRecord
+from hierplan.units import PICO_PER_USD
 
 DEFAULT_MIN_OUTPUT_FRACTION = 0.25
-# Pico-dollars per input, cached input (a cache read) and output token, and per token of a
-# five-minute and of a one-hour cache write.
-Rates = tuple[int, int, int, int, int]
-_FREE: Rates = (0, 0, 0, 0, 0)
 
 
 def unknown_price_message(priced_as: str) -> str:
@@ -165,7 +160,7 @@ class BudgetInstrument(Instrument):
             if pricing.lookup(priced_as) is None:
                 raise UserInputError(unknown_price_message(priced_as))
 
-    def for_run(self, run: RunContext) -> RunBudget:
+    def for_run(self, run: RunView) -> RunBudget:
         """The budget state of ``run``: made the first time (as the run starts), the same
         object after, and never shared with another run."""
         found = run.state.get(self)
@@ -180,7 +175,7 @@ class BudgetInstrument(Instrument):
 
     # -- the Instrument seam -------------------------------------------------------------
 
-    def run_scope(self, run: RunContext) -> AbstractAsyncContextManager[None] | None:
+    def run_scope(self, run: RunView) -> AbstractAsyncContextManager[None] | None:
         """Give the run its own budget state, and check prices before anything runs (a USD
         budget fails closed on an unknown price)."""
         budget = self.for_run(run)
@@ -189,20 +184,20 @@ class BudgetInstrument(Instrument):
         )
         return None
 
-    def wrap_model(self, model: Model, node: NodeContext) -> Model:
-        """The node's model behind a reserve-then-settle wrapper."""
-        return BudgetedModel(model, node, self.for_run(node.run))
+    def call_scope(self, node: NodeView, request: ModelRequest) -> CallScope | None:
+        """Reserve before the call, settle after (see :mod:`hierplan.budgets.calls`)."""
+        return BudgetCallScope(self.for_run(node.run), node)
 
-    def node_scope(self, node: NodeContext) -> AbstractAsyncContextManager[None] | None:
+    def node_scope(self, node: NodeView) -> AbstractAsyncContextManager[None] | None:
         """Open the node's account for its life (a step that only calls a tool needs none)."""
-        step = node.step
-        if node.parent is not None and step is not None and not uses_model(step):
+        work = node.work
+        if work is not None and work.direct:
             return None
         return _NodeBudget(self.for_run(node.run), node)
 
-    def account(self, node: NodeContext) -> Account:
+    def account(self, node: NodeView) -> Account:
         """The account a node's calls are charged to: its own, else its nearest ancestor's."""
-        found: NodeContext | None = node
+        found: NodeView | None = node
         while found is not None:
             account = found.state.get(self)
             if isinstance(account, Account):
@@ -216,7 +211,7 @@ class RunBudget:
     account and final balance, and what a paused run spent before it went on. Made by
     :meth:`BudgetInstrument.for_run` when the run starts."""
 
-    def __init__(self, instrument: BudgetInstrument, run: RunContext) -> None:
+    def __init__(self, instrument: BudgetInstrument, run: RunView) -> None:
         self.instrument = instrument
         self.ledger = instrument.ledger
         self.counts_key = instrument.counts_key
@@ -224,50 +219,46 @@ class RunBudget:
         self.usd_tracked = True
         self.root: Account | None = None
         self.root_balance: Balance | None = None
-        self._rates: dict[str, Rates] = {}
         # A resumed run goes on with what the paused part left: both parts share the budget.
-        restore = run.pause.restore
-        spent = restore.record.budget.get("spent") if restore and restore.record.budget else None
-        self.before_tokens, self.before_pico = _spent_before(spent or {})
+        resumed = run.resumed
+        self.resumed = resumed is not None
+        self.before_tokens = 0 if resumed is None else resumed.spent_tokens
+        self.before_pico = 0 if resumed is None else resumed.spent_pico
 
     # -- prices --------------------------------------------------------------------------
 
     def check_prices(self, pricing: PriceTable, models: list[str]) -> None:
-        """Fail closed: a USD budget needs a price for every model (``priced_as``) of the run."""
+        """Fail closed: a USD budget needs a price for every model (``priced_as``) of the run;
+        without one, a model without a price only means that USD spend is not known."""
         self.pricing = pricing
-        self._rates.clear()
         for priced_as in models:
-            self.rates(priced_as)
-
-    def rates(self, priced_as: str) -> Rates:
-        """Pico-dollars per input, cached input and output token of ``priced_as``, and per
-        token of a five-minute and a one-hour cache write."""
-        found = self._rates.get(priced_as)
-        if found is not None:
-            return found
-        price = self.pricing.lookup(priced_as)
-        if price is None:
+            if pricing.rates(priced_as) is not None:
+                continue
             if self.instrument.budget.usd is not None:
                 raise UserInputError(unknown_price_message(priced_as))
-            # Without a USD budget an unpriced model only means USD spend is not known.
             self.usd_tracked = False
-            rates = _FREE
-        else:
-            inp = price.input_per_mtok
-            cached, write, write_1h = (
-                price.cached_input_per_mtok,
-                price.cache_write_per_mtok,
-                price.cache_write_1h_per_mtok,
-            )
-            rates = (
-                rate_to_pico(inp),
-                rate_to_pico(inp if cached is None else cached),
-                rate_to_pico(price.output_per_mtok),
-                rate_to_pico(inp if write is None else write),
-                rate_to_pico(inp if write_1h is None else write_1h),
-            )
-        self._rates[priced_as] = rates
-        return rates
+
+    def worst_case_rates(self, priced_as: str) -> tuple[int, int]:
+        """Pico-dollars per input and per output token of ``priced_as`` (0 without a price):
+        what a call's worst case is reserved at."""
+        rates = self.pricing.rates(priced_as)
+        return (0, 0) if rates is None else (rates.input, rates.output)
+
+    def usd(self, pico: int) -> float | None:
+        """``pico`` as USD, or ``None`` when the run's USD spend is not known."""
+        return pico / PICO_PER_USD if self.usd_tracked else None
+
+    def amount(self, tokens: int | None, pico: int | None) -> str:
+        """An amount as a refusal's message shows it."""
+        return amount_text(tokens, pico, self.usd_tracked)
+
+    def counts(self, node: NodeView) -> CallCounts:
+        """The node's counts of lowered and refused calls."""
+        state = node.state
+        counts = state.get(self.counts_key)
+        if not isinstance(counts, CallCounts):
+            counts = state[self.counts_key] = CallCounts()
+        return counts
 
     def root_grant(self) -> Fixed:
         """The root's allocation: the budget, less what a paused run spent before."""
@@ -284,11 +275,11 @@ class RunBudget:
 
     # -- accounts ------------------------------------------------------------------------
 
-    def account(self, node: NodeContext) -> Account:
+    def account(self, node: NodeView) -> Account:
         """The account a node's calls are charged to: its own, else its nearest ancestor's."""
         return self.instrument.account(node)
 
-    def grant(self, node: NodeContext) -> Grant:
+    def grant(self, node: NodeView) -> Grant:
         """How a (non-root) node's account is funded from its parent's."""
         instrument = self.instrument
         if instrument.allocation == "on-demand":
@@ -297,21 +288,23 @@ class RunBudget:
         fraction = self._share(node.parent, node)
         return Share(fraction, fraction)
 
-    def _share(self, parent: NodeContext, child: NodeContext) -> float:
+    def _share(self, parent: NodeView, child: NodeView) -> float:
         """The child's part of what its parent has left: its weight over the weights of the
         steps of the parent's current plan that have not started yet (itself included).
 
         Computed once per plan version, then O(1) per child."""
-        versions = parent.record.plan_versions
-        step = child.step
-        if step is None or not versions:
+        work = child.work
+        if work is None:
             return 1.0
         shares: _Shares | None = parent.state.get(self.instrument.shares_key)
-        if shares is None or shares.version != len(versions):
-            plan = _running_plan(versions)
-            shares = _Shares(len(versions), self._unstarted(parent, plan, child))
+        needs = None
+        if shares is None or not shares.current(parent):
+            needs = parent.plan_needs(include=work.step_id)
+            if needs is None:
+                return 1.0
+            shares = _Shares(needs.version, step_weights(needs.steps, self.instrument.allocation))
             parent.state[self.instrument.shares_key] = shares
-        weight = shares.weights.pop(step.id, None)
+        weight = shares.weights.pop(work.step_id, None)
         if weight is None:  # not a step of the current plan: an even part of what is left
             return 1.0 / (1 + len(shares.weights))
         left = shares.left
@@ -320,16 +313,7 @@ class RunBudget:
             return 1.0
         return weight / left
 
-    def _unstarted(self, parent: NodeContext, plan: Plan, child: NodeContext) -> dict[str, float]:
-        latest = {c.step_id: c for c in parent.record.children if c.step_id is not None}
-        out: dict[str, float] = {}
-        for step_id, weight in step_weights(plan, self.instrument.allocation).items():
-            record = latest.get(step_id)
-            if record is None or record.status == "pending" or record is child.record:
-                out[step_id] = weight
-        return out
-
-    def record(self, balance: Balance, node: NodeContext) -> dict[str, Any]:
+    def record(self, balance: Balance, node: NodeView) -> dict[str, Any]:
         """A balance as the node's ``record.budget``: one flat mapping, so that exporters can
         take every figure as it is (USD figures are ``None`` when USD is not tracked).
 
@@ -524,22 +508,6 @@ def _exact(figure: int | float | None, usd: bool) -> int:
     return round(Decimal(repr(float(figure))) * PICO_PER_USD) if usd else int(figure)
 
 
-def _spent_before(spent: dict[str, Any]) -> tuple[int, int]:
-    """Tokens and pico-dollars a paused run spent (``RunResult.budget["spent"]``)."""
-    pico, usd = spent.get("pico"), spent.get("usd")
-    return int(spent.get("tokens") or 0), int(pico) if pico is not None else usd_to_pico(usd or 0.0)
-
-
-def _running_plan(versions: list[PlanVersion]) -> Plan:
-    """The plan a planner runs: its latest approved version. Versions after it were not run:
-    edits the validators refused (recorded after the plan they were tried on), or proposals
-    rejected or found invalid before the planner went on with the plan it had."""
-    for version in reversed(versions):
-        if version.decision == "approved":
-            return version.plan
-    return versions[-1].plan
-
-
 def _level_row(depth: int, usd: bool) -> dict[str, Any]:
     """A level's row; its USD figures are summed as whole pico-dollars (int 0, not 0.0: a
     float would make the sum inexact) and turned into USD once every node is in."""
@@ -572,19 +540,23 @@ class _Shares:
         self.weights = weights
         self.left = sum(weights.values())
 
+    def current(self, node: NodeView) -> bool:
+        """Whether these are the weights of the node's current plan version."""
+        return self.version == len(node.record.plan_versions)
+
 
 class _NodeBudget(AbstractAsyncContextManager[None]):
     """Opens a node's account when the node starts; closes it (and records it) at the end."""
 
     __slots__ = ("account", "node", "prior", "run_budget")
 
-    def __init__(self, run_budget: RunBudget, node: NodeContext) -> None:
+    def __init__(self, run_budget: RunBudget, node: NodeView) -> None:
         self.run_budget = run_budget
         self.node = node
         self.account: Account | None = None
         # A node that goes on after a pause: what its account showed when the run paused
         # (its allocation, what it had spent), to which this part's figures are added.
-        self.prior = node.record.budget if node.run.pause.restore is not None else None
+        self.prior = node.record.budget if run_budget.resumed else None
 
     async def __aenter__(self) -> None:
         ledger = self.run_budget.ledger

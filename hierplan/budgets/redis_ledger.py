@@ -40,11 +40,11 @@ from hierplan.budgets.budget import (
     Outstanding,
     Reservation,
     Share,
-    pico_to_usd,
 )
 from hierplan.budgets.redis_scripts import SCRIPTS
 from hierplan.errors import BudgetExceeded, UserInputError
 from hierplan.models.base import Phase
+from hierplan.units import pico_to_usd
 
 if TYPE_CHECKING:
     import redis

@@ -42,17 +42,13 @@ from hierplan.cli.review import (
     review_setup,
     saved_mode,
 )
+from hierplan.core.instrument import Instrument
+from hierplan.core.settings import MAX_RETRIES, MAX_SEED, STRATEGY_NAMES, RunSettings
+from hierplan.core.views import RunView
 from hierplan.durable.lock import holding_run_directory
 from hierplan.errors import HierplanError, UserInputError
 from hierplan.files import new_directory
-from hierplan.hierarchy.context import (
-    MAX_RETRIES,
-    MAX_SEED,
-    STRATEGY_NAMES,
-    Instrument,
-    RunContext,
-    RunSettings,
-)
+from hierplan.hierarchy.context import RunContext
 from hierplan.hierarchy.pause import CHECKPOINT_FILE, RESUMING_FILE, load_checkpoint
 from hierplan.models.base import parse_model_string
 from hierplan.models.provider import one_line
@@ -431,8 +427,9 @@ class _RunKept(Instrument):
     def __init__(self) -> None:
         self.run: RunContext | None = None
 
-    def run_scope(self, run: RunContext) -> None:
+    def run_scope(self, run: RunView) -> None:
         """Keep ``run`` (no scope around it)."""
+        assert isinstance(run, RunContext)  # the command's own run: a signal may cancel it
         self.run = run
 
 

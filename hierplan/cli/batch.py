@@ -22,11 +22,11 @@ from hierplan.batch.budget import BatchBudget
 from hierplan.batch.core import DEFAULT_CONCURRENCY, Batch, BatchConfig, execute, prepare
 from hierplan.batch.display import BatchDisplay, summary_table
 from hierplan.batch.runner import RunOptions
-from hierplan.budgets.budget import ALLOCATIONS, MAX_BUDGET_TOKENS, Budget, usd_to_pico
+from hierplan.budgets.budget import ALLOCATIONS, MAX_BUDGET_TOKENS, Budget
 from hierplan.budgets.redis_ledger import check_reachable
 from hierplan.cli.options import BaseUrlOpt, PriceInOpt, PriceOutOpt, TimeoutOpt, out_option
+from hierplan.core.settings import MAX_SEED, STRATEGY_NAMES
 from hierplan.errors import HierplanError, UserInputError
-from hierplan.hierarchy.context import MAX_SEED, STRATEGY_NAMES
 from hierplan.runner.goals import settings_from_assignments
 from hierplan.runner.models import check_base_url
 from hierplan.simulator.profiles import PROFILES
@@ -36,6 +36,7 @@ from hierplan.tracing.setup import (
     configure_tracing,
     export_problems_in_one_line,
 )
+from hierplan.units import usd_to_pico
 
 BrokerOpt = Annotated[
     str | None,

@@ -40,9 +40,9 @@ from hierplan.bench.report import (
 )
 from hierplan.bench.suites import SUITE_NAMES
 from hierplan.cli.options import BaseUrlOpt, TimeoutOpt, out_option
+from hierplan.core.settings import STRATEGY_NAMES
 from hierplan.errors import HierplanError, UserInputError
 from hierplan.files import new_directory, write_atomic
-from hierplan.hierarchy.context import STRATEGY_NAMES
 from hierplan.runner.goals import settings_from_assignments
 from hierplan.simulator.profiles import PROFILES, NoiseProfile, get_profile
 

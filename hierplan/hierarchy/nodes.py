@@ -27,8 +27,8 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from hierplan.agents.executor import StepResult
 from hierplan.core.events import NodeFinished, NodeStarted, StepRetried
+from hierplan.core.results import StepResult
 from hierplan.errors import (
     BudgetExceeded,
     HierplanError,

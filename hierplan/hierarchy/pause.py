@@ -32,15 +32,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
-from hierplan.agents.executor import StepResult
+from hierplan.core.results import StepResult
+from hierplan.core.views import Resumed, SpanIds
 from hierplan.errors import UserInputError, first_problem
 from hierplan.files import make_directory, write_atomic
 from hierplan.hierarchy.gate import Decision, Edit, GateContext
 from hierplan.models.provider import one_line
 from hierplan.plans.plan import Plan, plan_to_yaml
 from hierplan.records import NodeRecord, PlanVersion, RunResult
+from hierplan.units import usd_to_pico
 
 if TYPE_CHECKING:
     from hierplan.hierarchy.context import NodeContext, RunContext
@@ -82,16 +84,6 @@ class PlanState:
     rejections: int = 0
 
 
-class SpanIds(BaseModel):
-    """A span's trace id and span id, in hex as trace backends show them: the paused run's
-    workflow span, which the trace of the resumed run links to."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    trace_id: str = Field(pattern=r"^[0-9a-f]{32}$")
-    span_id: str = Field(pattern=r"^[0-9a-f]{16}$")
-
-
 @dataclass(slots=True)
 class Restore:
     """A paused run to continue: its record, finished step results and the decisions made.
@@ -103,6 +95,18 @@ class Restore:
     invocation: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     workflow_span: SpanIds | None = None
+
+    @property
+    def resumed(self) -> Resumed:
+        """What the resumed run carries over: what the paused part spent (its budget's exact
+        figures, ``RunResult.budget["spent"]``) and its workflow span."""
+        spent = (self.record.budget or {}).get("spent") or {}
+        pico, usd = spent.get("pico"), spent.get("usd")
+        return Resumed(
+            int(spent.get("tokens") or 0),
+            int(pico) if pico is not None else usd_to_pico(usd or 0.0),
+            self.workflow_span,
+        )
 
     def decision_for(self, path: str) -> Decision | None:
         """The decision made outside the run for the pending plan of node ``path``."""

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
-from hierplan.agents.executor import StepResult
 from hierplan.core.events import PlanDecided, PlanProposed, Replanned
+from hierplan.core.results import StepResult
 from hierplan.errors import (
     ModelAuthError,
     ModelError,

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from hierplan.agents.executor import StepResult
+from hierplan.core.results import StepResult
 from hierplan.errors import StepFailed
 from hierplan.plans.plan import Plan, Step
 

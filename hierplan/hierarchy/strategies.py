@@ -20,9 +20,10 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import ClassVar
 
-from hierplan.agents.executor import StepResult
+from hierplan.core.results import StepResult
+from hierplan.core.settings import STRATEGY_NAMES
 from hierplan.errors import UserInputError
-from hierplan.hierarchy.context import STRATEGY_NAMES, NodeContext
+from hierplan.hierarchy.context import NodeContext
 from hierplan.hierarchy.nodes import (
     run_as_needed_node,
     run_planner_node,

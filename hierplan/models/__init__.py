@@ -24,10 +24,10 @@ from hierplan.models.base import (
     OutputSchema,
     ToolCall,
     ToolSpec,
-    Usage,
     parse_model_string,
 )
 from hierplan.models.scripted import FunctionModel, ScriptedModel
+from hierplan.units import Usage
 
 _ADAPTERS: Mapping[str, tuple[str, str, str]] = {
     "openai": ("hierplan.models.openai", "OpenAIModel", "openai"),

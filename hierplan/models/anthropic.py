@@ -50,7 +50,6 @@ from hierplan.models.base import (
     OutputSchema,
     ToolCall,
     ToolSpec,
-    Usage,
 )
 from hierplan.models.provider import (
     DEFAULT_TIMEOUT_S,
@@ -67,6 +66,7 @@ from hierplan.models.provider import (
     truncated_error,
 )
 from hierplan.models.tokens import anthropic_tool_prompt_tokens
+from hierplan.units import Usage
 
 API_KEY_VARIABLE = "ANTHROPIC_API_KEY"
 BASE_URL_VARIABLE = "ANTHROPIC_BASE_URL"

@@ -41,7 +41,6 @@ from hierplan.models.base import (
     OutputSchema,
     ToolCall,
     ToolSpec,
-    Usage,
 )
 from hierplan.models.provider import (
     DEFAULT_TIMEOUT_S,
@@ -57,6 +56,7 @@ from hierplan.models.provider import (
     truncated_error,
 )
 from hierplan.models.schema import Decoder, strict_decoder, strict_schema
+from hierplan.units import Usage
 
 API_KEY_VARIABLE = "OPENAI_API_KEY"
 BASE_URL_VARIABLE = "OPENAI_BASE_URL"

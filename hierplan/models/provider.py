@@ -31,7 +31,8 @@ from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from hierplan.errors import ModelAuthError, ModelError, ModelNotAvailableError
-from hierplan.models.base import Message, ToolSpec, Usage
+from hierplan.models.base import Message, ToolSpec
+from hierplan.units import Usage
 
 DEFAULT_TIMEOUT_S = 120.0
 """How long one attempt may wait for the reply (for a streamed reply: for the next event)."""

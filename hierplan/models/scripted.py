@@ -16,8 +16,9 @@ from typing import Any
 import anyio
 
 from hierplan.errors import ModelError, UnexpectedModelCall
-from hierplan.models.base import ModelRequest, ModelResponse, ToolCall, Usage
+from hierplan.models.base import ModelRequest, ModelResponse, ToolCall
 from hierplan.models.tokens import estimate_request_tokens, estimate_text_tokens
+from hierplan.units import Usage
 
 ScriptItem = ModelResponse | BaseException | Callable[[ModelRequest], ModelResponse]
 ResponseFunction = Callable[[ModelRequest], ModelResponse | Awaitable[ModelResponse]]

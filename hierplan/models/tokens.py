@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from hierplan.models.base import ModelRequest, ModelResponse, OutputSchema, ToolSpec, Usage
+from hierplan.models.base import ModelRequest, ModelResponse, OutputSchema, ToolSpec
+from hierplan.units import Usage
 
 if TYPE_CHECKING:
     from hierplan.errors import ModelError

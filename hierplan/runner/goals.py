@@ -23,9 +23,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from hierplan.core.settings import MAX_SEED, RunSettings, StrategyName
 from hierplan.errors import UserInputError, field_problems
 from hierplan.files import DataTextError, parse_data_text, parse_yaml_or_json, read_text_file
-from hierplan.hierarchy.context import MAX_SEED, RunSettings, StrategyName
 from hierplan.plans.plan import MAX_GOAL_CHARS
 
 # The goal's own keys that are also run settings; every other RunSettings field a goal file

@@ -35,7 +35,9 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from hierplan.core.events import RunEvent, RunFinished
-from hierplan.hierarchy.context import Instrument, RunContext
+from hierplan.core.instrument import Instrument
+from hierplan.core.views import RunView
+from hierplan.hierarchy.context import RunContext
 from hierplan.records import NodeRecord, RunResult
 from hierplan.runner.run import RUN_OPTIONS, RunOptions, refuse_unknown_options, run
 
@@ -71,8 +73,9 @@ class _Attach(Instrument):
     def __init__(self, handle: RunHandle) -> None:
         self.handle = handle
 
-    def run_scope(self, run: RunContext) -> AbstractAsyncContextManager[None]:
+    def run_scope(self, run: RunView) -> AbstractAsyncContextManager[None]:
         """Attach the run to the handle when the run starts."""
+        assert isinstance(run, RunContext)  # the handle's own run: it may cancel it
         return self._scope(run)
 
     @asynccontextmanager

@@ -21,10 +21,12 @@ from typing import Any, Unpack
 import anyio
 from pydantic import ValidationError
 
+from hierplan.core.instrument import Instrument
+from hierplan.core.settings import RunSettings
+from hierplan.core.views import RunView
 from hierplan.durable.lock import holding_run_directory
 from hierplan.errors import UserInputError, first_problem
 from hierplan.files import StrPath
-from hierplan.hierarchy.context import Instrument, RunContext, RunSettings
 from hierplan.hierarchy.gate import Approve, Decision, Defer, Edit, Reject
 from hierplan.hierarchy.pause import (
     CHECKPOINT_FILE,
@@ -248,7 +250,7 @@ class _Started(Instrument):
     def __init__(self) -> None:
         self.started = False
 
-    def run_scope(self, run: RunContext) -> None:
+    def run_scope(self, run: RunView) -> None:
         """Note the start of the run (no scope around it)."""
         self.started = True
 

@@ -24,16 +24,12 @@ from pydantic import ValidationError
 
 from hierplan.budgets.instrument import BudgetInstrument, prepare_budget
 from hierplan.core.events import EventBus, Listener, RunFinished, RunStarted
+from hierplan.core.instrument import Instrument, enter_scopes
+from hierplan.core.settings import RunSettings
 from hierplan.durable.lock import holding_run_directory
 from hierplan.errors import ModelAuthError, StepFailed, UserInputError
 from hierplan.files import StrPath, make_directory
-from hierplan.hierarchy.context import (
-    Instrument,
-    NodeContext,
-    RunContext,
-    RunSettings,
-    enter_scopes,
-)
+from hierplan.hierarchy.context import NodeContext, RunContext
 from hierplan.hierarchy.gate import Approver, Gate
 from hierplan.hierarchy.pause import (
     Restore,

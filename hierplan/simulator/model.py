@@ -44,7 +44,7 @@ from hierplan.agents.prompts import (
     parse_step_prompt,
 )
 from hierplan.errors import SimulatorCoverageError
-from hierplan.models.base import Message, ModelRequest, ModelResponse, ToolCall, Usage
+from hierplan.models.base import Message, ModelRequest, ModelResponse, ToolCall
 from hierplan.models.tokens import estimate_request_tokens, estimate_text_tokens
 from hierplan.plans.plan import Plan
 from hierplan.simulator.oracle import COVERAGE_HINT, Oracle
@@ -54,6 +54,7 @@ from hierplan.simulator.profiles import (
     check_latency_scale,
     get_profile,
 )
+from hierplan.units import Usage
 
 _FILLER = (
     "Considering the dependencies and what each step needs, ",

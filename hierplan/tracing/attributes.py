@@ -9,7 +9,7 @@ import anyio
 from opentelemetry.trace import Span, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from hierplan.hierarchy.context import NodeContext, RunContext
+from hierplan.core.views import NodeView, RunView
 from hierplan.tracing.content import redact
 
 INSTRUMENTATION_NAME = "hierplan"
@@ -37,14 +37,14 @@ def request_model(name: str) -> str:
     return name.partition(":")[2] or name
 
 
-def names_model(node: NodeContext) -> bool:
+def names_model(node: NodeView) -> bool:
     """Whether ``node``'s agent span names a model: a step with a tool and its arguments runs
     without one."""
-    step = node.step
-    return step is None or step.tool is None or step.args is None or node.record.kind == "planner"
+    work = node.work
+    return work is None or not work.direct or node.record.kind == "planner"
 
 
-def agent_base(run: RunContext, kind: str, with_model: bool) -> dict[str, AttributeValue]:
+def agent_base(run: RunView, kind: str, with_model: bool) -> dict[str, AttributeValue]:
     """What every agent span of ``kind`` in ``run`` starts with (the same for the whole run);
     ``with_model`` when the node calls a model (see :func:`names_model`)."""
     attributes: dict[str, AttributeValue] = {
@@ -61,20 +61,18 @@ def agent_base(run: RunContext, kind: str, with_model: bool) -> dict[str, Attrib
     return attributes
 
 
-def agent_attributes(
-    node: NodeContext, base: dict[str, AttributeValue]
-) -> dict[str, AttributeValue]:
+def agent_attributes(node: NodeView, base: dict[str, AttributeValue]) -> dict[str, AttributeValue]:
     """The attributes an agent span of ``node`` starts with, from its run-wide ``base``."""
     attributes = node_identity(base, node)
-    step = node.step
-    if step is not None:
-        attributes["hierplan.step.id"] = step.id
-        if step.tool is not None:
-            attributes["hierplan.step.tool"] = step.tool
+    work = node.work
+    if work is not None:
+        attributes["hierplan.step.id"] = work.step_id
+        if work.tool is not None:
+            attributes["hierplan.step.tool"] = work.tool
     return attributes
 
 
-def plan_attributes(node: NodeContext, reason: str) -> dict[str, AttributeValue]:
+def plan_attributes(node: NodeView, reason: str) -> dict[str, AttributeValue]:
     """The attributes of the ``plan`` span of ``node``'s planning round for ``reason``."""
     record = node.record
     base: dict[str, AttributeValue] = {
@@ -88,7 +86,7 @@ def plan_attributes(node: NodeContext, reason: str) -> dict[str, AttributeValue]
     return attributes
 
 
-def node_identity(base: dict[str, AttributeValue], node: NodeContext) -> dict[str, AttributeValue]:
+def node_identity(base: dict[str, AttributeValue], node: NodeView) -> dict[str, AttributeValue]:
     """``base`` and the attributes naming ``node``, as agent and plan spans carry them."""
     record = node.record
     path = record.path

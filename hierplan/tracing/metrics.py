@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from opentelemetry import metrics
 from opentelemetry.util.types import AttributeValue
 
-from hierplan.models.base import Usage
+from hierplan.units import Usage
 
 TOKEN_BUCKETS: tuple[int, ...] = (
     1,

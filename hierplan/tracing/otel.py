@@ -1,6 +1,6 @@
 """OpenTelemetry spans and metrics of a run, per the GenAI semantic conventions.
 
-:class:`Tracing` is an :class:`~hierplan.hierarchy.context.Instrument`: it wraps each node's
+:class:`Tracing` is an :class:`~hierplan.core.instrument.Instrument`: it wraps each node's
 model and opens a span around the run, each node, each planning round and each tool call. It
 uses the OpenTelemetry API only; the caller may pass a tracer provider and a meter provider
 (otherwise the globally registered ones are used, which do nothing until an SDK is set up).
@@ -59,8 +59,9 @@ from opentelemetry import metrics, trace
 from opentelemetry.util.types import AttributeValue
 
 from hierplan.core.events import RunEvent
-from hierplan.hierarchy.context import Instrument, NodeContext, RunContext
-from hierplan.models.base import Model, ToolCall
+from hierplan.core.instrument import CallScope, Instrument
+from hierplan.core.views import NodeView, RunView
+from hierplan.models.base import ModelRequest, ToolCall
 from hierplan.tracing.attributes import (
     ANTHROPIC_SPANS_ENV,
     CONTENT_ENV,
@@ -69,14 +70,14 @@ from hierplan.tracing.attributes import (
 )
 from hierplan.tracing.content import clip, redact, to_json
 from hierplan.tracing.metrics import COST_METRIC, DURATION_BUCKETS, TOKEN_BUCKETS, CallMetrics
-from hierplan.tracing.model import TracedModel
+from hierplan.tracing.model import TracedCall
 from hierplan.tracing.scopes import NodeScope, PlanScope, RunScope, RunTrace, ToolScope
 
 __all__ = [
     "COST_METRIC",
     "DURATION_BUCKETS",
     "TOKEN_BUCKETS",
-    "TracedModel",
+    "TracedCall",
     "Tracing",
     "redact",
 ]
@@ -129,29 +130,29 @@ class Tracing(Instrument):
             _env_flag(CONTENT_ENV) if capture_content is None else capture_content
         )
         self.content_limit = content_limit
-        self.runs: dict[RunContext, RunTrace] = {}
+        self.runs: dict[RunView, RunTrace] = {}
         if not provider_spans:
             os.environ.setdefault(ANTHROPIC_SPANS_ENV, "false")
 
     # -- the Instrument seam ---------------------------------------------------------------
 
-    def wrap_model(self, model: Model, node: NodeContext) -> Model:
-        """Wrap ``model`` so that every call is a ``chat`` span with usage, cost and metrics."""
-        return TracedModel(model, self, node)
+    def call_scope(self, node: NodeView, request: ModelRequest) -> CallScope:
+        """A ``chat`` span with usage, cost and metrics around every model call (attempt)."""
+        return TracedCall(self, node)
 
-    def run_scope(self, run: RunContext) -> AbstractAsyncContextManager[None]:
+    def run_scope(self, run: RunView) -> AbstractAsyncContextManager[None]:
         """The ``invoke_workflow hierplan`` span around the whole run."""
         return RunScope(self, run)
 
-    def node_scope(self, node: NodeContext) -> AbstractAsyncContextManager[None]:
+    def node_scope(self, node: NodeView) -> AbstractAsyncContextManager[None]:
         """The ``invoke_agent planner|executor`` span around one node."""
         return NodeScope(self, node)
 
-    def planning_scope(self, node: NodeContext, reason: str) -> AbstractAsyncContextManager[None]:
+    def planning_scope(self, node: NodeView, reason: str) -> AbstractAsyncContextManager[None]:
         """The ``plan <agent>`` span around one planning round."""
         return PlanScope(self, node, reason)
 
-    def tool_scope(self, node: NodeContext, call: ToolCall) -> AbstractAsyncContextManager[None]:
+    def tool_scope(self, node: NodeView, call: ToolCall) -> AbstractAsyncContextManager[None]:
         """The ``execute_tool <tool>`` span around one tool call."""
         return ToolScope(self, node, call)
 

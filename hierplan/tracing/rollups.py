@@ -5,14 +5,14 @@ only; these are totals of the calls below a span, under ``gen_ai.aggregated_usag
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from opentelemetry.util.types import AttributeValue
 
-from hierplan.hierarchy.context import RunContext
+from hierplan.core.views import RunView
 from hierplan.records import NodeRecord
 from hierplan.tracing.attributes import attribute_value
+from hierplan.units import PICO_PER_USD
 
 
 @dataclass(slots=True)
@@ -22,9 +22,9 @@ class _Totals:
     cached_input_tokens: int = 0
     reasoning_tokens: int = 0
     cache_write_tokens: int = 0
-    # The priced calls' costs by phase, summed with math.fsum at the end, as run.json sums them.
-    planning: list[float] = field(default_factory=list)
-    execution: list[float] = field(default_factory=list)
+    # The calls' costs by phase, in pico-dollars (exact sums, as run.json has them).
+    planning: int = 0
+    execution: int = 0
     calls: int = 0
     unpriced_calls: int = 0
     nodes: int = 0
@@ -37,18 +37,15 @@ class _Totals:
         self.cached_input_tokens += usage.cached_input_tokens
         self.reasoning_tokens += usage.reasoning_tokens
         self.cache_write_tokens += usage.cache_write_tokens
-        for call in record.calls:
-            if call.cost_usd is not None:
-                (self.planning if call.phase == "planning" else self.execution).append(
-                    call.cost_usd
-                )
+        self.planning += record.planning_cost_pico
+        self.execution += record.execution_cost_pico
         self.calls += len(record.calls)
         self.unpriced_calls += record.unpriced_calls
 
     @property
     def cost_usd(self) -> float:
-        """The correctly rounded sum of the calls' costs."""
-        return math.fsum(self.planning + self.execution)
+        """The calls' cost in USD."""
+        return (self.planning + self.execution) / PICO_PER_USD
 
     def rollups(self, record: NodeRecord) -> dict[str, AttributeValue]:
         """These totals as the rollups of ``record``'s span, with its children and budget."""
@@ -60,8 +57,8 @@ class _Totals:
             "gen_ai.aggregated_usage.reasoning.output_tokens": self.reasoning_tokens,
             "gen_ai.aggregated_usage.cost": cost,
             "hierplan.cost.subtree_usd": cost,
-            "hierplan.cost.planning_usd": math.fsum(self.planning),
-            "hierplan.cost.execution_usd": math.fsum(self.execution),
+            "hierplan.cost.planning_usd": self.planning / PICO_PER_USD,
+            "hierplan.cost.execution_usd": self.execution / PICO_PER_USD,
             "hierplan.calls": self.calls,
             "hierplan.unpriced_calls": self.unpriced_calls,
         }
@@ -128,7 +125,7 @@ def node_rollups(record: NodeRecord, tree: Tree | None = None) -> dict[str, Attr
 
 
 def workflow_rollups(
-    root: NodeRecord, run: RunContext, tree: Tree | None = None
+    root: NodeRecord, run: RunView, tree: Tree | None = None
 ) -> dict[str, AttributeValue]:
     """What the workflow span ends with: the whole tree's rollups and one list per level.
     ``tree`` is :func:`tree_totals` of ``root`` when already known (walked otherwise)."""
@@ -150,18 +147,16 @@ def workflow_rollups(
 def planning_rollups(record: NodeRecord, first_call: int) -> dict[str, AttributeValue]:
     """What a ``plan`` span ends with: the planning calls ``record`` made from its call number
     ``first_call`` on (the calls of that round; a record's calls are only ever appended)."""
-    input_tokens = output_tokens = calls = 0
-    costs: list[float] = []
+    input_tokens = output_tokens = calls = cost = 0
     for call in record.calls[first_call:]:
         if call.phase == "planning":
             input_tokens += call.usage.input_tokens
             output_tokens += call.usage.output_tokens
-            if call.cost_usd is not None:
-                costs.append(call.cost_usd)
+            cost += call.cost_pico or 0
             calls += 1
     return {
         "gen_ai.aggregated_usage.input_tokens": input_tokens,
         "gen_ai.aggregated_usage.output_tokens": output_tokens,
-        "gen_ai.aggregated_usage.cost": math.fsum(costs),
+        "gen_ai.aggregated_usage.cost": cost / PICO_PER_USD,
         "hierplan.calls": calls,
     }

@@ -25,8 +25,7 @@ from opentelemetry.trace import (
 from opentelemetry.util.types import AttributeValue
 
 from hierplan.core.events import RunEvent
-from hierplan.hierarchy.context import NodeContext, RunContext
-from hierplan.hierarchy.pause import SpanIds
+from hierplan.core.views import NodeView, RunView, SpanIds
 from hierplan.models.base import ToolCall
 from hierplan.records import NodeRecord
 from hierplan.tracing.attributes import (
@@ -68,7 +67,7 @@ class RunTrace:
     of its tree (once the root's span has ended), and the attributes every agent span of a kind
     starts with (the same for the whole run)."""
 
-    run: RunContext
+    run: RunView
     workflow: Span
     spans: dict[str, Span] = field(default_factory=dict)
     root: NodeRecord | None = None
@@ -160,7 +159,7 @@ class RunScope(SpanScope):
 
     __slots__ = ("run", "state", "unsubscribe")
 
-    def __init__(self, tracing: Tracing, run: RunContext) -> None:
+    def __init__(self, tracing: Tracing, run: RunView) -> None:
         self.tracing = tracing
         self.run = run
 
@@ -233,10 +232,10 @@ class RunScope(SpanScope):
             set_failed(span, (root.error if root is not None else None) or str(outcome))
 
 
-def _paused_run(run: RunContext) -> list[Link] | None:
+def _paused_run(run: RunView) -> list[Link] | None:
     """The link of a resumed run's workflow span to the paused run's, when that was traced."""
-    restore = run.pause.restore
-    saved = None if restore is None else restore.workflow_span
+    resumed = run.resumed
+    saved = None if resumed is None else resumed.workflow_span
     if saved is None:
         return None
     paused = SpanContext(
@@ -253,7 +252,7 @@ class NodeScope(SpanScope):
 
     __slots__ = ("node", "state")
 
-    def __init__(self, tracing: Tracing, node: NodeContext) -> None:
+    def __init__(self, tracing: Tracing, node: NodeView) -> None:
         self.tracing = tracing
         self.node = node
 
@@ -315,13 +314,13 @@ class NodeScope(SpanScope):
             set_failed(span, record.error or status)
 
 
-def _status_after(node: NodeContext, exc: BaseException) -> str:
+def _status_after(node: NodeView, exc: BaseException) -> str:
     """The status ``exc`` leaves ``node``'s record with: node_lifecycle sets it only after this
     scope has closed, so it is worked out here the same way (a run that pauses cancels its
     nodes, which are then ``paused``, not ``cancelled``)."""
     run = node.run
     if isinstance(exc, anyio.get_cancelled_exc_class()):
-        return "paused" if run.pause.pausing else "cancelled"
+        return "paused" if run.pausing else "cancelled"
     if node.parent is None and run.cancel_requested:
         return "cancelled"  # the root failed after the run was cancelled
     status = node.record.status
@@ -333,7 +332,7 @@ class PlanScope(SpanScope):
 
     __slots__ = ("first_call", "node", "reason")
 
-    def __init__(self, tracing: Tracing, node: NodeContext, reason: str) -> None:
+    def __init__(self, tracing: Tracing, node: NodeView, reason: str) -> None:
         self.tracing = tracing
         self.node = node
         self.reason = reason
@@ -360,7 +359,7 @@ class ToolScope(SpanScope):
 
     __slots__ = ("call", "node")
 
-    def __init__(self, tracing: Tracing, node: NodeContext, call: ToolCall) -> None:
+    def __init__(self, tracing: Tracing, node: NodeView, call: ToolCall) -> None:
         self.tracing = tracing
         self.node = node
         self.call = call

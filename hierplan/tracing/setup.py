@@ -50,9 +50,9 @@ from opentelemetry.sdk.trace.export import (
     SpanExportResult,
 )
 
+from hierplan.core.instrument import Instrument
 from hierplan.errors import UserInputError
 from hierplan.files import make_directory
-from hierplan.hierarchy.context import Instrument
 from hierplan.models.provider import one_line
 from hierplan.tracing.otel import Tracing
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from hierplan.files import make_directory, write_atomic
 from hierplan.plans.plan import Plan, Step
 from hierplan.records import NodeRecord, PlanVersion, RunResult, subtree_costs
+from hierplan.units import PICO_PER_USD
 from hierplan.view.tree import ALLOCATED_NOTE, BIDI_CONTROLS, control_symbol, money, short
 
 TIMELINE_LIMIT = 2000
@@ -330,7 +331,8 @@ def _tree(root: NodeRecord) -> str:
         parts.append(
             f'<details class="node" data-path="{e(node.path)}" data-depth="{node.depth}"'
             f' data-status="{e(node.status)}"{is_open}>'
-            f"<summary>{_node_summary(node, costs[node.path])}</summary>{_node_body(node)}"
+            f"<summary>{_node_summary(node, costs[node.path] / PICO_PER_USD)}</summary>"
+            f"{_node_body(node)}"
         )
         if node.children:
             parts.append('<div class="children">')

@@ -1,0 +1,229 @@
+"""A model call under a node's budget: reserve before it goes out, settle after.
+
+1. reserve the worst case: the request's estimated input (with the input the provider adds on
+   its own) plus ``max_tokens``, priced by the run's price table for the model's
+   ``priced_as``;
+2. if that does not fit, lower ``max_tokens`` to what fits, down to a floor; below the floor
+   the call is not made and :class:`~hierplan.errors.BudgetExceeded` is raised;
+3. after the call, settle what its :class:`~hierplan.core.calls.CallOutcome` counts (a failed
+   call's usage counts; a reply without usage, or a call cut short, counts at the reserved
+   worst case); usage above the reservation is charged all the same, flagged ``overrun`` and
+   reported. A call that used nothing releases its reservation.
+
+Each attempt of a retried call is reserved and settled on its own.
+:class:`~hierplan.budgets.instrument.BudgetInstrument` opens one :class:`BudgetCallScope` per
+attempt.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hierplan.budgets.budget import Account, Reservation
+from hierplan.core.calls import CallOutcome
+from hierplan.core.events import BudgetExhausted, BudgetOverrun, BudgetReserved, BudgetSettled
+from hierplan.core.instrument import CallScope
+from hierplan.core.views import NodeView
+from hierplan.errors import BudgetExceeded
+from hierplan.models.base import ModelRequest
+from hierplan.units import pico_to_usd
+
+if TYPE_CHECKING:
+    from hierplan.budgets.instrument import RunBudget
+
+# Where a user sets a run's budget, named in the message of a call the budget refused.
+BUDGET_OPTIONS = "--budget-tokens / --budget-usd (budget_tokens= / budget_usd= in the library)"
+
+
+class CallCounts:
+    """Calls of one node whose ``max_tokens`` was lowered, and calls refused."""
+
+    __slots__ = ("lowered", "refused")
+
+    def __init__(self) -> None:
+        self.lowered = 0
+        self.refused = 0
+
+
+class BudgetCallScope(CallScope):
+    """One attempt of a model call under the node's budget (see the module docstring)."""
+
+    __slots__ = ("budget", "node", "rate_in", "rate_out", "requested", "reservation")
+
+    def __init__(self, budget: RunBudget, node: NodeView) -> None:
+        self.budget = budget
+        self.node = node
+        self.reservation: Reservation | None = None
+        self.requested = 0
+        self.rate_in, self.rate_out = budget.worst_case_rates(node.base_model.priced_as)
+
+    async def start(self, request: ModelRequest, estimate: int) -> ModelRequest:
+        """Reserve the call's worst case, lowering ``max_tokens`` to fit, or refuse it."""
+        account = self.budget.account(self.node)
+        self.requested = wanted = request.max_tokens
+        reservation = await self.budget.ledger.reserve(
+            account,
+            estimate + wanted,
+            estimate * self.rate_in + wanted * self.rate_out,
+            request.phase,
+        )
+        if reservation is None:
+            reservation, request = await self._fit(account, request, estimate)
+        self.reservation = reservation
+        bus = self.node.run.bus
+        if bus.wants("budget_reserved"):
+            bus.emit(
+                BudgetReserved(
+                    run_id=bus.run_id,
+                    path=self.node.path,
+                    phase=request.phase,
+                    tokens=reservation.tokens,
+                    usd=self.budget.usd(reservation.pico),
+                    max_tokens=request.max_tokens,
+                    requested_max_tokens=wanted,
+                )
+            )
+        return request
+
+    async def end(self, outcome: CallOutcome) -> None:
+        """Settle what the call counts for, or release what it held when it used nothing."""
+        reservation = self.reservation
+        if reservation is None:
+            return  # refused, or cancelled before anything was held
+        ledger = self.budget.ledger
+        usage = outcome.usage
+        if usage is None:
+            await ledger.release(reservation)
+            flags = ["failed", "released"] if outcome.made else ["released"]
+            self._settled(reservation, 0, 0, flags)
+            return
+        tokens = usage.input_tokens + usage.output_tokens
+        pico = outcome.cost_pico or 0
+        await ledger.settle(reservation, tokens, pico)
+        flags = _settled_flags(outcome.flags)
+        if tokens > reservation.tokens or pico > reservation.pico:
+            flags.append("overrun")
+            self._overrun(reservation, tokens, pico, outcome)
+        self._settled(reservation, tokens, pico, flags)
+
+    def _overrun(
+        self, reservation: Reservation, tokens: int, pico: int, outcome: CallOutcome
+    ) -> None:
+        outcome.flags.append("overrun")
+        if outcome.response is not None:
+            outcome.response.flags.append("overrun")
+        record = self.node.record
+        if "overrun" not in record.flags:
+            record.flags.append("overrun")
+        bus = self.node.run.bus
+        if bus.wants("budget_overrun"):
+            bus.emit(
+                BudgetOverrun(
+                    run_id=bus.run_id,
+                    path=self.node.path,
+                    phase=reservation.phase,
+                    tokens_over=max(0, tokens - reservation.tokens),
+                    usd_over=self.budget.usd(max(0, pico - reservation.pico)),
+                )
+            )
+
+    def _settled(self, reservation: Reservation, tokens: int, pico: int, flags: list[str]) -> None:
+        bus = self.node.run.bus
+        if bus.wants("budget_settled"):
+            bus.emit(
+                BudgetSettled(
+                    run_id=bus.run_id,
+                    path=self.node.path,
+                    phase=reservation.phase,
+                    tokens=tokens,
+                    usd=self.budget.usd(pico),
+                    reserved_tokens=reservation.tokens,
+                    reserved_usd=self.budget.usd(reservation.pico),
+                    flags=flags,
+                )
+            )
+
+    async def _fit(
+        self, account: Account, request: ModelRequest, estimate: int
+    ) -> tuple[Reservation, ModelRequest]:
+        """Lower ``max_tokens`` to what the budget has left, down to the floor, or raise."""
+        budget = self.budget
+        ledger = budget.ledger
+        floor = budget.output_floor(request.max_tokens)
+        input_pico = estimate * self.rate_in
+        avail_t: int | None = None
+        avail_p: int | None = None
+        # A shared ledger may hand what looked available to another process between the two
+        # calls below; try again a few times before giving up.
+        for _ in range(3):
+            avail_t, avail_p = await ledger.available(account)
+            fits = request.max_tokens
+            if avail_t is not None:
+                fits = min(fits, avail_t - estimate)
+            if avail_p is not None:
+                rest = avail_p - input_pico
+                if self.rate_out:
+                    fits = min(fits, rest // self.rate_out)
+                elif rest < 0:
+                    fits = -1
+            if fits < floor:
+                break
+            reservation = await ledger.reserve(
+                account, estimate + fits, input_pico + fits * self.rate_out, request.phase
+            )
+            if reservation is not None:
+                budget.counts(self.node).lowered += 1
+                return reservation, request.with_max_tokens(fits)
+        need_t = estimate + floor
+        need_p = input_pico + floor * self.rate_out
+        budget.counts(self.node).refused += 1
+        self._exhausted(request, need_t, need_p, avail_t, avail_p)
+        raise BudgetExceeded(
+            f"node {self.node.path} is out of budget: its {request.phase} call needs at least "
+            f"{budget.amount(need_t, need_p)} (max_tokens lowered to {floor:,}) but "
+            f"{budget.amount(avail_t, avail_p)} remain; the call was not made (give the run a "
+            f"larger budget with {budget.instrument.budget_options}, or this node a larger "
+            "share)"
+        )
+
+    def _exhausted(
+        self,
+        request: ModelRequest,
+        need_t: int,
+        need_p: int,
+        avail_t: int | None,
+        avail_p: int | None,
+    ) -> None:
+        bus = self.node.run.bus
+        if bus.wants("budget_exhausted"):
+            usd = self.budget.usd
+            bus.emit(
+                BudgetExhausted(
+                    run_id=bus.run_id,
+                    path=self.node.path,
+                    phase=request.phase,
+                    needed_tokens=need_t,
+                    needed_usd=usd(need_p),
+                    available_tokens=avail_t,
+                    available_usd=None if avail_p is None else usd(avail_p),
+                )
+            )
+
+
+def _settled_flags(flags: list[str]) -> list[str]:
+    """The flags a settlement reports for a call's outcome flags."""
+    if "cut_short" in flags:
+        return ["cut_short"]
+    if "failed" in flags:
+        return ["failed", *(f for f in ("no_usage", "invalid_usage") if f in flags)]
+    return ["no_usage"] if "no_usage" in flags else []
+
+
+def amount_text(tokens: int | None, pico: int | None, usd_tracked: bool) -> str:
+    """An amount as a message shows it: ``1,234 tokens / $0.000100``, or ``no limit``."""
+    parts = []
+    if tokens is not None:
+        parts.append(f"{tokens:,} tokens")
+    if pico is not None and usd_tracked:
+        parts.append(f"${pico_to_usd(pico):.6f}")
+    return " / ".join(parts) or "no limit"

@@ -1,0 +1,284 @@
+"""A node's model and tool calls: the one place each call is counted and recorded.
+
+:class:`AccountedModel` is the innermost wrapper of a node's model. For each attempt of a call
+it opens every instrument's :class:`~hierplan.core.instrument.CallScope` (a budget reserves, a
+trace starts its span), sends the request, builds the attempt's
+:class:`~hierplan.core.calls.CallOutcome` once, ends the scopes with it (the budget settles, the
+span ends) and records it on the node (a :class:`~hierplan.records.CallRecord` and a
+``model_called`` event). A :class:`~hierplan.models.retry.RetryingModel` around it retries what
+may be retried, so every attempt is counted on its own.
+
+:func:`call_tool` is the same for a tool call: every instrument's tool scope around it, then a
+:class:`~hierplan.records.ToolCallRecord` and a ``tool_called`` event.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from contextlib import AsyncExitStack
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from hierplan.core import calls
+from hierplan.core.calls import CallOutcome
+from hierplan.core.events import ModelCalled, StepRetried, ToolCalled
+from hierplan.core.instrument import CallScope
+from hierplan.errors import HierplanError, ModelError, ToolError, stray_cancellation
+from hierplan.models.base import Model, ModelRequest, ModelResponse, ToolCall
+from hierplan.models.retry import RetryingModel, RetryPolicy
+from hierplan.records import TOOL_TEXT_LIMIT, CallRecord, ToolCallRecord
+from hierplan.tools.base import Tool, result_text
+
+if TYPE_CHECKING:
+    from hierplan.hierarchy.context import NodeContext
+
+
+def node_model(node: NodeContext) -> Model:
+    """The model a node calls: its base model, wrapped by each instrument's ``wrap_model``,
+    counted by :class:`AccountedModel`, its retryable errors retried."""
+    base = node.base_model
+    for instrument in node.run.instruments:
+        base = instrument.wrap_model(base, node)
+    settings = node.run.settings
+    policy = RetryPolicy(
+        settings.model_retries,
+        settings.retry_backoff_s,
+        settings.model_retry_max_delay_s,
+        "model_retry_max_delay_s",
+    )
+
+    def retried(attempt: int, exc: ModelError, delay: float) -> None:
+        bus = node.run.bus
+        if bus.wants("step_retried"):
+            bus.emit(
+                StepRetried(
+                    run_id=bus.run_id,
+                    path=node.path,
+                    attempt=attempt,
+                    error=str(exc),
+                    delay_s=delay,
+                )
+            )
+
+    return RetryingModel(AccountedModel(base, node), policy, retried)
+
+
+class AccountedModel:
+    """A node's model with every attempt of every call counted once (see the module
+    docstring). Attempts are numbered by request: the retry wrapper sends the same request
+    object again, a new call sends a new one (a node's calls are made one at a time)."""
+
+    __slots__ = ("_last", "attempt", "inner", "node")
+
+    def __init__(self, inner: Model, node: NodeContext) -> None:
+        self.inner = inner
+        self.node = node
+        self._last: ModelRequest | None = None
+        self.attempt = 0
+
+    @property
+    def name(self) -> str:
+        """The wrapped model's name."""
+        return self.inner.name
+
+    @property
+    def provider(self) -> str:
+        """The wrapped model's provider."""
+        return self.inner.provider
+
+    @property
+    def priced_as(self) -> str:
+        """The wrapped model's price key."""
+        return self.inner.priced_as
+
+    @property
+    def simulated(self) -> bool:
+        """Whether the wrapped model is simulated."""
+        return self.inner.simulated
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        """One attempt: scopes, the call, its outcome, the record (see the module docstring)."""
+        self.attempt = self.attempt + 1 if request is self._last else 1
+        self._last = request
+        node = self.node
+        run = node.run
+        estimate = calls.input_estimate(request, node.base_model)
+        scopes: list[CallScope] = []
+        sent = request
+        started, t0 = time.time(), time.perf_counter()
+        try:
+            for instrument in run.instruments:
+                scope = instrument.call_scope(node, request)
+                if scope is not None:
+                    scopes.append(scope)  # ended even if it fails to start: it may hold
+                    sent = await scope.start(sent, estimate)
+        except BaseException as exc:
+            # Refused before it went out (a budget), or cancelled while a scope waited.
+            await _end(scopes, calls.not_made(sent, exc))
+            raise
+        try:
+            outcome = await self._send(sent, estimate)
+        except BaseException as exc:  # an interrupt (Ctrl-C) or the like: nothing to count
+            await _end(scopes, calls.not_made(sent, exc))
+            raise
+        await _end(scopes, outcome)
+        self._record(outcome, started, time.perf_counter() - t0)
+        error = outcome.error
+        if error is None:
+            assert outcome.response is not None
+            return outcome.response
+        if isinstance(error, anyio.get_cancelled_exc_class()) and stray_cancellation():
+            raise ModelError(
+                f"model {node.base_model.name!r} raised {type(error).__name__} though nothing "
+                "cancelled the call"
+            ) from error
+        raise error
+
+    async def _send(self, request: ModelRequest, estimate: int) -> CallOutcome:
+        """Send the request and count what came back (an answer, an error, a cut)."""
+        rates = self.node.run.pricing.rates(self.node.base_model.priced_as)
+        try:
+            response = await self.inner.request(request)
+        except anyio.get_cancelled_exc_class() as exc:
+            return calls.cut_short(request, estimate, exc, rates)
+        except ModelError as exc:
+            return calls.failed(request, estimate, exc, rates)
+        except HierplanError as exc:
+            return calls.not_made(request, exc)  # a test double's own error: no call was made
+        except Exception as exc:
+            # A user's function raising ValueError, a connection's OSError: a failed call, as
+            # transient as a provider's server error when it is an OSError.
+            error = ModelError(
+                f"model {self.node.base_model.name!r} raised {type(exc).__name__}: {exc}",
+                retryable=isinstance(exc, OSError),
+            )
+            error.__cause__ = exc
+            return calls.failed(request, estimate, error, rates)
+        return calls.answered(request, estimate, response, rates)
+
+    def _record(self, outcome: CallOutcome, started: float, duration: float) -> None:
+        if not outcome.made:
+            return
+        node = self.node
+        request = outcome.request
+        usage = outcome.usage or calls.NO_USAGE
+        name = outcome.model_name or self.inner.name
+        node.record.add_call(
+            CallRecord(
+                request.phase,
+                name,
+                request.purpose,
+                usage,
+                outcome.cost_pico,
+                started,
+                duration,
+                self.attempt,
+                outcome.ok,
+                outcome.flags,
+            )
+        )
+        bus = node.run.bus
+        if bus.wants("model_called"):
+            bus.emit(
+                ModelCalled(
+                    run_id=bus.run_id,
+                    path=node.path,
+                    model=self.inner.name,
+                    phase=request.phase,
+                    input_tokens=usage.input_tokens,
+                    output_tokens=usage.output_tokens,
+                    cost_usd=None if outcome.cost_pico is None else outcome.cost_pico / 10**12,
+                    duration_s=duration,
+                    ok=outcome.ok,
+                    cached_input_tokens=usage.cached_input_tokens,
+                    reasoning_tokens=usage.reasoning_tokens,
+                    purpose=request.purpose,
+                    attempt=self.attempt,
+                    cache_write_tokens=usage.cache_write_tokens,
+                    cache_write_1h_tokens=usage.cache_write_1h_tokens,
+                )
+            )
+
+
+async def _end(scopes: list[CallScope], outcome: CallOutcome) -> None:
+    """End the scopes in reverse order. Shielded: a budget must settle what a cancelled call
+    held, or its ledger would keep the reservation open."""
+    if not scopes:
+        return
+    with anyio.CancelScope(shield=True):
+        for scope in reversed(scopes):
+            await scope.end(outcome)
+
+
+async def call_tool(
+    node: NodeContext,
+    target: Tool,
+    arguments: Mapping[str, Any],
+    call_id: str,
+    *,
+    references: bool = False,
+) -> Any:
+    """Call a tool inside every instrument's tool scope, record it on the node and report a
+    ``tool_called`` event (``references``: the arguments hold outputs of earlier steps, see
+    :meth:`~hierplan.tools.base.Tool.call`)."""
+    run = node.run
+    started_at = time.time()
+    started = time.perf_counter()
+    error: str | None = None
+    output: Any = None
+    try:
+        async with AsyncExitStack() as stack:
+            call = ToolCall(call_id, target.name, arguments)
+            for instrument in run.instruments:
+                scope = instrument.tool_scope(node, call)
+                if scope is not None:
+                    await stack.enter_async_context(scope)
+            output = await _call(target, arguments, references=references)
+        return output
+    except HierplanError as exc:
+        error = str(exc)
+        raise
+    except anyio.get_cancelled_exc_class() as exc:
+        if stray_cancellation():
+            error = f"tool {target.name!r} raised {type(exc).__name__} though nothing cancelled it"
+            raise ToolError(error, retryable=False) from exc
+        # A step's deadline or a cancelled run stopped the call: it did not succeed.
+        error = "cancelled before it finished"
+        raise
+    finally:
+        duration = time.perf_counter() - started
+        node.record.tool_calls.append(
+            ToolCallRecord(
+                tool=target.name,
+                arguments=result_text(arguments, limit=TOOL_TEXT_LIMIT),
+                result=None if error is not None else result_text(output, limit=TOOL_TEXT_LIMIT),
+                error=error,
+                started_at=started_at,
+                duration_s=duration,
+            )
+        )
+        if run.bus.wants("tool_called"):
+            run.bus.emit(
+                ToolCalled(
+                    run_id=run.run_id,
+                    path=node.path,
+                    tool=target.name,
+                    call_id=call_id,
+                    ok=error is None,
+                    duration_s=duration,
+                    error=error,
+                )
+            )
+
+
+async def _call(target: Tool, arguments: Mapping[str, Any], *, references: bool) -> Any:
+    try:
+        return await target.call(arguments, references=references)
+    except HierplanError:
+        raise
+    # A tool's own bug or failure becomes a step failure; so does a sys.exit() in its code (an
+    # argparse or click command line refusing its arguments), which would end the whole run.
+    except (Exception, SystemExit) as exc:
+        raise ToolError(f"tool {target.name!r} failed: {type(exc).__name__}: {exc}") from exc
