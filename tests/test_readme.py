@@ -1,59 +1,97 @@
-"""The README's Python examples run as written; its CLI tables name real options."""
+"""The Python examples of README.md and of every documentation page (docs/*.md) run as written;
+the options they name are real; the run settings table lists every setting."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
+import typer.core
+import typer.main
+from docs_support import README, blocks, file_blocks, headings, label, pages, section
 
 import hierplan
 from hierplan.cli import app
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+
+def python_examples() -> list[tuple[Path, int, str]]:
+    """Every ```python block of every page, as (page, number on its page, code)."""
+    return [
+        (path, number, code)
+        for path in pages()
+        for number, code in enumerate(blocks(path.read_text(encoding="utf-8"), "python"), 1)
+    ]
 
 
-def python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+EXAMPLES = python_examples()
 
 
-def file_blocks() -> dict[str, str]:
-    """Blocks marked ```python file=NAME: files the examples use, written before they run."""
-    return dict(re.findall(r"```python file=(\S+)\n(.*?)```", README.read_text(), re.S))
-
-
-@pytest.mark.parametrize("index", range(len(python_blocks())))
-def test_python_examples_run(index: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("path", "number", "code"),
+    EXAMPLES,
+    ids=[f"{label(path)}-{number}" for path, number, _ in EXAMPLES],
+)
+def test_python_examples_run(
+    path: Path, number: int, code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
-    for name, text in file_blocks().items():
+    for name, text in file_blocks(path.read_text(encoding="utf-8")).items():
         (tmp_path / name).write_text(text)
-    code = python_blocks()[index]
-    exec(compile(code, f"README.md python block {index + 1}", "exec"), {"__name__": "readme"})
+    where = f"{label(path)} python block {number}"
+    exec(compile(code, where, "exec"), {"__name__": "readme"})
+
+
+def test_every_page_has_its_examples_found() -> None:
+    assert any(path == README for path, _, _ in EXAMPLES), "README.md has a Python example"
+    assert {label(path) for path, _, _ in EXAMPLES} >= {
+        "docs/library.md",
+        "docs/budgets.md",
+        "docs/tracing.md",
+        "docs/review.md",
+    }
+
+
+def _group() -> typer.core.TyperGroup:
+    command = typer.main.get_command(app)
+    assert isinstance(command, typer.core.TyperGroup)
+    return command
+
+
+def _options(params: Iterable[object]) -> set[str]:
+    """The option names (``--name``, ``-n``, ``--no-name``) of a command's parameters."""
+    return {
+        opt
+        for param in params
+        for opt in [*getattr(param, "opts", []), *getattr(param, "secondary_opts", [])]
+        if opt.startswith("-")
+    }
 
 
 def test_every_documented_option_exists() -> None:
-    import typer.core
-    import typer.main
-
-    command = typer.main.get_command(app)
-    assert isinstance(command, typer.core.TyperGroup)
-    known = {
-        opt
-        for sub in [command, *command.commands.values()]
-        for param in sub.params
-        for opt in getattr(param, "opts", [])
-    }
-    documented = set(re.findall(r"`(--[a-z-]+)", README.read_text()))
-    assert documented, "the README documents options"
-    assert documented <= known, documented - known
+    command = _group()
+    commands = [command, *command.commands.values()]
+    known = {"--help"}.union(*(_options(sub.params) for sub in commands))
+    for path in pages():
+        documented = set(re.findall(r"`(--[a-z-]+)", path.read_text(encoding="utf-8")))
+        assert documented <= known, (label(path), documented - known)
+    assert re.findall(r"`(--[a-z-]+)", README.read_text()), "the README documents options"
 
 
 def test_run_settings_table_lists_every_setting_with_its_default() -> None:
-    section = README.read_text().split("### Run settings", 1)[1].split("\n### ", 1)[0]
-    rows = dict(re.findall(r"^\| `([a-z_]+)` \|.*\| `([^`]*)` \|$", section, re.M))
+    found = [
+        path
+        for path in pages()
+        if any(title == "Run settings" for _, _, title in headings(path.read_text()))
+    ]
+    assert len(found) == 1, f"one page has the run settings table: {[label(p) for p in found]}"
+    (path,) = found
+    table = section(path.read_text(), "Run settings")
+    rows = dict(re.findall(r"^\| `([a-z_]+)` \|.*\| `([^`]*)` \|$", table, re.M))
     fields = hierplan.RunSettings.model_fields
     assert list(rows) == list(fields), "the table lists every RunSettings field, in order"
     for name, field in fields.items():
         default = field.default
         shown = f"{default:g}" if isinstance(default, float) else str(default)
-        assert rows[name] == shown, f"{name}: README says {rows[name]}, the default is {shown}"
+        assert rows[name] == shown, f"{name}: the table says {rows[name]}, the default is {shown}"
