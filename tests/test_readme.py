@@ -1,5 +1,6 @@
 """The Python examples of README.md and of every documentation page (docs/*.md) run as written;
-the options they name are real; the run settings table lists every setting."""
+the options they name are real; the run settings table, the command-line reference and the API
+reference list everything there is."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from pathlib import Path
 import pytest
 import typer.core
 import typer.main
-from docs_support import README, blocks, file_blocks, headings, label, pages, section
+from docs_support import README, blocks, file_blocks, headings, label, page, pages, section
 
 import hierplan
 from hierplan.cli import app
+
+MAX_README_LINES = 300
 
 
 def python_examples() -> list[tuple[Path, int, str]]:
@@ -95,3 +98,35 @@ def test_run_settings_table_lists_every_setting_with_its_default() -> None:
         default = field.default
         shown = f"{default:g}" if isinstance(default, float) else str(default)
         assert rows[name] == shown, f"{name}: the table says {rows[name]}, the default is {shown}"
+
+
+def test_the_command_line_reference_has_every_command_and_option() -> None:
+    text = page("cli.md")
+    command = _group()
+    overview = text.split("\n## ", 1)[0]
+    for option in _options(command.params) | {"--help"}:
+        assert re.search(rf"`{option}[` ]", overview), f"the global option {option}"
+    commands = [title for _, level, title in headings(text) if level == 2]
+    assert commands == [f"hierplan {name}" for name in command.commands], commands
+    for name, sub in command.commands.items():
+        part = section(text, f"hierplan {name}")
+        missing = sorted(o for o in _options(sub.params) if not re.search(rf"`{o}[` /]", part))
+        assert not missing, f"hierplan {name}: {missing}"
+        for param in sub.params:
+            if isinstance(param, typer.core.TyperArgument):
+                assert f"`{(param.name or '').upper()}`" in part, f"hierplan {name}: {param.name}"
+
+
+def test_the_api_reference_names_every_public_name_and_only_those() -> None:
+    named = re.findall(r"^::: (\S+)$", page("api.md"), re.M)
+    assert len(named) == len(set(named)), "each name once"
+    public = {f"hierplan.{name}" for name in hierplan.__all__ if name != "__version__"}
+    assert set(named) == public, (set(named) - public, public - set(named))
+
+
+def test_the_readme_stays_an_overview() -> None:
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= MAX_README_LINES
+    assert "make demo" in text and "make test" in text
+    for link in re.findall(r"\]\((docs/[^)#]+)", text):
+        assert (README.parent / link).is_file(), link
