@@ -1,12 +1,12 @@
 # hierplan: `make demo` runs the data-migration demo offline; `make test` runs every check;
-# `make bench` runs the performance benchmarks.
+# `make bench` runs the performance benchmarks; `make docs` serves the documentation site.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test lint typecheck pytest e2e bench clean
+.PHONY: demo test lint typecheck docs-build docs pytest e2e bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,15 +23,29 @@ $(DEV_STAMP): pyproject.toml | $(BIN)/python
 demo: $(STAMP)
 	$(BIN)/hierplan demo
 
-## test: ruff, mypy --strict (package, tests, benchmarks, examples), and pytest (creates .venv if missing)
-test: lint typecheck pytest
+## test: ruff, mypy --strict (package, tests, benchmarks, examples, docs), a strict build of
+## the documentation site, and pytest (creates .venv if missing)
+test: lint typecheck docs-build pytest
 
+# ruff format also checks the Python code blocks of the Markdown files (README.md, docs/*.md).
 lint: $(DEV_STAMP)
-	$(BIN)/ruff check hierplan tests $(wildcard benchmarks examples)
-	$(BIN)/ruff format --check hierplan tests $(wildcard benchmarks examples) README.md
+	$(BIN)/ruff check hierplan tests $(wildcard benchmarks examples) docs
+	$(BIN)/ruff format --check hierplan tests $(wildcard benchmarks examples) README.md docs
 
 typecheck: $(DEV_STAMP)
 	$(BIN)/mypy
+
+# Material for MkDocs prints a notice about its successor on every build unless told not to.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
+
+## docs-build: build the documentation site into site/; any warning (a broken link or anchor, an
+## API name mkdocstrings cannot render) fails the build
+docs-build: $(DEV_STAMP)
+	$(MKDOCS) build --strict --site-dir site
+
+## docs: serve the documentation site at http://127.0.0.1:8000, rebuilt on every change
+docs: $(DEV_STAMP)
+	$(MKDOCS) serve
 
 pytest: $(DEV_STAMP)
 	$(BIN)/pytest -q
@@ -75,4 +89,4 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/report.py
 
 clean:
-	rm -rf $(VENV) $(PHOENIX_VENV) runs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PHOENIX_VENV) runs site .pytest_cache .mypy_cache .ruff_cache

@@ -1,5 +1,5 @@
-"""The README's "Batch runs" examples, run as written (the Celery ones against a Redis server of
-the tests' own, in place of the README's ``127.0.0.1:6379``; marked ``celery``)."""
+"""The examples of the "Batch runs" page (docs/batch.md), run as written (the Celery ones against
+a Redis server of the tests' own, in place of the page's ``127.0.0.1:6379``; marked ``celery``)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import docs_support
 import pytest
 from redis_support import RedisServer, redis_available
 
@@ -18,38 +19,17 @@ from hierplan.batch import parse_goals
 from hierplan.batch.journal import Journal
 from hierplan.units import usd_to_pico
 
-README = Path(__file__).resolve().parents[1] / "README.md"
 BIN = Path(sys.executable).parent
-README_REDIS = "redis://127.0.0.1:6379/0"
-
-
-def section() -> str:
-    text = README.read_text(encoding="utf-8")
-    start = text.index("## Batch runs\n")
-    end = text.find("\n## ", start + 1)
-    return text[start : None if end < 0 else end]
+PAGE_REDIS = "redis://127.0.0.1:6379/0"
 
 
 def blocks(language: str) -> list[str]:
-    """The section's fenced blocks whose info string is ``language`` ("" for none)."""
-    found: list[str] = []
-    current: list[str] | None = None
-    info = ""
-    for line in section().splitlines():
-        if line.startswith("```"):
-            if current is None:
-                current, info = [], line[3:].strip()
-                continue
-            if info == language:
-                found.append("\n".join(current) + "\n")
-            current = None
-        elif current is not None:
-            current.append(line)
-    return found
+    """The page's fenced blocks whose info string is ``language``."""
+    return docs_support.blocks(docs_support.page("batch.md"), language)
 
 
 def command_block(containing: str) -> list[str]:
-    (found,) = [b for b in blocks("") if containing in b]
+    (found,) = [b for b in blocks("sh") if containing in b]
     return found.strip().splitlines()
 
 
@@ -110,7 +90,7 @@ def test_the_celery_commands_run_as_written(tmp_path: Path) -> None:
     server = RedisServer()
     log = (tmp_path / "worker.log").open("wb")
     worker = subprocess.Popen(
-        shlex.split(worker_line.replace(README_REDIS, server.url)),
+        shlex.split(worker_line.replace(PAGE_REDIS, server.url)),
         cwd=tmp_path,
         env=_env(),
         stdout=log,
@@ -118,7 +98,7 @@ def test_the_celery_commands_run_as_written(tmp_path: Path) -> None:
     )
     try:
         done = subprocess.run(
-            batch_line.replace(README_REDIS, server.url),
+            batch_line.replace(PAGE_REDIS, server.url),
             shell=True,
             cwd=tmp_path,
             env=_env(),

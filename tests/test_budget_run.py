@@ -1206,9 +1206,8 @@ def test_cli_refuses_bad_budget_options_before_running(
 
 
 def _readme_budget_commands() -> list[list[str]]:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme.split("\n## Budgets\n", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```\n(.*?)```", section, re.S)
+    page = (Path(__file__).resolve().parent.parent / "docs" / "budgets.md").read_text()
+    blocks = re.findall(r"```sh\n(.*?)```", page, re.S)
     return [shlex.split(line) for block in blocks for line in block.splitlines() if line.strip()]
 
 

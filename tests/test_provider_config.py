@@ -1,7 +1,7 @@
-"""Choosing and configuring real models: keys, options, environment, CLI flags, README examples.
+"""Choosing and configuring real models: keys, options, environment, CLI flags, doc examples.
 
-The README's "Real models" examples run here as written, against the local wire server: the
-test only supplies the keys and base URLs a user would have in the environment.
+The examples of the "Real models" page (docs/models.md) run here as written, against the local
+wire server: the test only supplies the keys and base URLs a user would have in the environment.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from hierplan.runner.models import resolve_model
 from hierplan.scenarios import get_scenario
 from hierplan.scenarios.base import ScenarioEnv
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+MODELS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "models.md"
 VARIABLES = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 GOAL = "Greet the user"
 PLAN = {"goal": GOAL, "steps": [{"id": "g", "title": "Greet", "instruction": "Say hello"}]}
@@ -176,12 +176,12 @@ def test_the_cli_runs_over_the_wire_with_its_options(
 
 
 def readme_section() -> str:
-    text = README.read_text()
-    return text.split("\n## Real models\n", 1)[1].split("\n## ", 1)[0]
+    """The "Real models" page of the documentation (docs/models.md)."""
+    return MODELS_PAGE.read_text()
 
 
 def readme_commands() -> list[list[str]]:
-    blocks = re.findall(r"```\n(.*?)```", readme_section(), re.S)
+    blocks = re.findall(r"```sh\n(.*?)```", readme_section(), re.S)
     return [
         shlex.split(line, comments=True)
         for block in blocks
@@ -228,7 +228,7 @@ def test_the_readme_library_example_runs(
         monkeypatch.setenv("OPENAI_API_KEY", TEST_KEY)
         monkeypatch.setenv("OPENAI_BASE_URL", server.openai_base_url)
         scope: dict[str, Any] = {"__name__": "readme"}
-        exec(compile(blocks[0], "README.md real models", "exec"), scope)
+        exec(compile(blocks[0], "docs/models.md", "exec"), scope)
         assert server.count() > 0
     assert scope["result"].status == "succeeded"
 

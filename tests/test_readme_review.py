@@ -1,4 +1,4 @@
-"""The README's "Reviewing plans" examples, run as written."""
+"""The examples of the "Reviewing plans" page (docs/review.md), run as written."""
 
 from __future__ import annotations
 
@@ -9,23 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from docs_support import blocks, page
 from review_support import migration_dir, source_db
 
 __all__ = ["source_db"]
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = "review.md"
 BIN = Path(sys.executable).parent
-
-
-def section(title: str) -> str:
-    text = README.read_text(encoding="utf-8")
-    start = text.index(f"## {title}\n")
-    end = text.find("\n## ", start + 1)
-    return text[start : None if end < 0 else end]
-
-
-def blocks(text: str, language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", text, re.S)
 
 
 @pytest.fixture
@@ -40,7 +30,7 @@ def _env() -> dict[str, str]:
 
 
 def test_pause_and_resume_commands(workdir: Path) -> None:
-    (commands,) = blocks(section("Reviewing plans"), "")
+    (commands,) = blocks(page(PAGE), "sh")
     outputs: list[str] = []
     codes: list[int] = []
     for line in commands.strip().splitlines():
@@ -59,7 +49,7 @@ def test_pause_and_resume_commands(workdir: Path) -> None:
 
 
 def test_callback_example(workdir: Path) -> None:
-    (program,) = blocks(section("Reviewing plans"), "python")
+    (program,) = blocks(page(PAGE), "python")
     done = subprocess.run(
         [sys.executable, "-c", program],
         cwd=workdir,
