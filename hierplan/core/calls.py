@@ -25,8 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hierplan.errors import ModelError
-from hierplan.models.base import Model, ModelRequest, ModelResponse
-from hierplan.models.tokens import estimate_input_tokens
+from hierplan.models.base import ModelRequest, ModelResponse
 from hierplan.pricing import PicoRates
 from hierplan.units import Usage
 
@@ -124,9 +123,3 @@ def cut_short(
 def not_made(request: ModelRequest, error: BaseException) -> CallOutcome:
     """The outcome of a call that never went out (a budget refused it)."""
     return CallOutcome(request, 0, None, flags=["not_made"], made=False, error=error)
-
-
-def input_estimate(request: ModelRequest, model: Model) -> int:
-    """The request's estimated input on ``model`` (see
-    :func:`~hierplan.models.tokens.estimate_input_tokens`)."""
-    return estimate_input_tokens(request, model)

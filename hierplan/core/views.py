@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -46,11 +46,10 @@ class Resumed:
     workflow_span: SpanIds | None = None
 
 
-@dataclass(slots=True, frozen=True)
-class StepWork:
+class StepWork(NamedTuple):
     """What the plan step behind a node asks for, as instruments need to know it: its id, the
     tool it names, whether it is a direct tool call (a tool and its arguments: no model call),
-    and the plan's estimate of its cost."""
+    and the plan's estimate of its cost. (A named tuple: one is made for every step.)"""
 
     step_id: str
     tool: str | None

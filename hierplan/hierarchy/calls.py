@@ -25,9 +25,12 @@ from hierplan.core import calls
 from hierplan.core.calls import CallOutcome
 from hierplan.core.events import ModelCalled, StepRetried, ToolCalled
 from hierplan.core.instrument import CallScope
+from hierplan.core.settings import RunSettings
 from hierplan.errors import HierplanError, ModelError, ToolError, stray_cancellation
 from hierplan.models.base import Model, ModelRequest, ModelResponse, ToolCall
 from hierplan.models.retry import RetryingModel, RetryPolicy
+from hierplan.models.tokens import estimate_input_tokens
+from hierplan.pricing import PicoRates
 from hierplan.records import TOOL_TEXT_LIMIT, CallRecord, ToolCallRecord
 from hierplan.tools.base import Tool, result_text
 
@@ -41,28 +44,19 @@ def node_model(node: NodeContext) -> Model:
     base = node.base_model
     for instrument in node.run.instruments:
         base = instrument.wrap_model(base, node)
-    settings = node.run.settings
-    policy = RetryPolicy(
+    accounted = AccountedModel(base, node)
+    return RetryingModel(accounted, node.run.retry_policy, accounted.retried)
+
+
+def retry_policy(settings: RunSettings) -> RetryPolicy:
+    """How a run's model calls are retried (its ``model_retries``, ``retry_backoff_s`` and
+    ``model_retry_max_delay_s``)."""
+    return RetryPolicy(
         settings.model_retries,
         settings.retry_backoff_s,
         settings.model_retry_max_delay_s,
         "model_retry_max_delay_s",
     )
-
-    def retried(attempt: int, exc: ModelError, delay: float) -> None:
-        bus = node.run.bus
-        if bus.wants("step_retried"):
-            bus.emit(
-                StepRetried(
-                    run_id=bus.run_id,
-                    path=node.path,
-                    attempt=attempt,
-                    error=str(exc),
-                    delay_s=delay,
-                )
-            )
-
-    return RetryingModel(AccountedModel(base, node), policy, retried)
 
 
 class AccountedModel:
@@ -98,13 +92,28 @@ class AccountedModel:
         """Whether the wrapped model is simulated."""
         return self.inner.simulated
 
+    def retried(self, attempt: int, exc: ModelError, delay: float) -> None:
+        """Report a retry of the node's call (a ``step_retried`` event)."""
+        node = self.node
+        bus = node.run.bus
+        if bus.wants("step_retried"):
+            bus.emit(
+                StepRetried(
+                    run_id=bus.run_id,
+                    path=node.path,
+                    attempt=attempt,
+                    error=str(exc),
+                    delay_s=delay,
+                )
+            )
+
     async def request(self, request: ModelRequest) -> ModelResponse:
         """One attempt: scopes, the call, its outcome, the record (see the module docstring)."""
         self.attempt = self.attempt + 1 if request is self._last else 1
         self._last = request
         node = self.node
         run = node.run
-        estimate = calls.input_estimate(request, node.base_model)
+        estimate = estimate_input_tokens(request, node.base_model)
         scopes: list[CallScope] = []
         sent = request
         started, t0 = time.time(), time.perf_counter()
@@ -118,11 +127,13 @@ class AccountedModel:
             # Refused before it went out (a budget), or cancelled while a scope waited.
             await _end(scopes, calls.not_made(sent, exc))
             raise
+        rates = run.pricing.rates(node.base_model.priced_as)
         try:
-            outcome = await self._send(sent, estimate)
-        except BaseException as exc:  # an interrupt (Ctrl-C) or the like: nothing to count
-            await _end(scopes, calls.not_made(sent, exc))
-            raise
+            response = await self.inner.request(sent)
+        except BaseException as exc:
+            outcome = self._failure(sent, estimate, exc, rates)
+        else:
+            outcome = calls.answered(sent, estimate, response, rates)
         await _end(scopes, outcome)
         self._record(outcome, started, time.perf_counter() - t0)
         error = outcome.error
@@ -136,27 +147,25 @@ class AccountedModel:
             ) from error
         raise error
 
-    async def _send(self, request: ModelRequest, estimate: int) -> CallOutcome:
-        """Send the request and count what came back (an answer, an error, a cut)."""
-        rates = self.node.run.pricing.rates(self.node.base_model.priced_as)
-        try:
-            response = await self.inner.request(request)
-        except anyio.get_cancelled_exc_class() as exc:
+    def _failure(
+        self, request: ModelRequest, estimate: int, exc: BaseException, rates: PicoRates | None
+    ) -> CallOutcome:
+        """What a call that raised ``exc`` counts for (a cut, a failure, or no call at all)."""
+        if isinstance(exc, anyio.get_cancelled_exc_class()):
             return calls.cut_short(request, estimate, exc, rates)
-        except ModelError as exc:
+        if isinstance(exc, ModelError):
             return calls.failed(request, estimate, exc, rates)
-        except HierplanError as exc:
-            return calls.not_made(request, exc)  # a test double's own error: no call was made
-        except Exception as exc:
-            # A user's function raising ValueError, a connection's OSError: a failed call, as
-            # transient as a provider's server error when it is an OSError.
-            error = ModelError(
-                f"model {self.node.base_model.name!r} raised {type(exc).__name__}: {exc}",
-                retryable=isinstance(exc, OSError),
-            )
-            error.__cause__ = exc
-            return calls.failed(request, estimate, error, rates)
-        return calls.answered(request, estimate, response, rates)
+        if isinstance(exc, HierplanError) or not isinstance(exc, Exception):
+            # A test double's own error, or an interrupt (Ctrl-C): no call to count.
+            return calls.not_made(request, exc)
+        # A user's function raising ValueError, a connection's OSError: a failed call, as
+        # transient as a provider's server error when it is an OSError.
+        error = ModelError(
+            f"model {self.node.base_model.name!r} raised {type(exc).__name__}: {exc}",
+            retryable=isinstance(exc, OSError),
+        )
+        error.__cause__ = exc
+        return calls.failed(request, estimate, error, rates)
 
     def _record(self, outcome: CallOutcome, started: float, duration: float) -> None:
         if not outcome.made:
@@ -203,13 +212,18 @@ class AccountedModel:
 
 
 async def _end(scopes: list[CallScope], outcome: CallOutcome) -> None:
-    """End the scopes in reverse order. Shielded: a budget must settle what a cancelled call
-    held, or its ledger would keep the reservation open."""
+    """End the scopes in reverse order: shielded when the call was cancelled, since a budget
+    must still settle what it held (a ledger that waits for I/O would be cancelled at once)."""
     if not scopes:
         return
-    with anyio.CancelScope(shield=True):
-        for scope in reversed(scopes):
-            await scope.end(outcome)
+    error = outcome.error
+    if error is not None and isinstance(error, anyio.get_cancelled_exc_class()):
+        with anyio.CancelScope(shield=True):
+            for scope in reversed(scopes):
+                await scope.end(outcome)
+        return
+    for scope in reversed(scopes):
+        await scope.end(outcome)
 
 
 async def call_tool(

@@ -64,6 +64,7 @@ class RunContext:
         self.tool_executor = ToolExecutor()
         self.llm_executor = LLMExecutor()
         self.leaf_limiter = Slots(settings.concurrency)
+        self.retry_policy = calls.retry_policy(settings)
         self.active_leaves = 0
         self.peak_leaves = 0
         # The run sets the scope while its nodes run; cancel() ends the run as "cancelled".
@@ -121,7 +122,17 @@ class NodeContext:
     """One node's context: its record, parent, step, tools and model (see the module
     docstring)."""
 
-    __slots__ = ("_model", "allowed_tools", "parent", "record", "run", "state", "step")
+    __slots__ = (
+        "_model",
+        "_work",
+        "_work_of",
+        "allowed_tools",
+        "parent",
+        "record",
+        "run",
+        "state",
+        "step",
+    )
 
     def __init__(
         self,
@@ -139,6 +150,8 @@ class NodeContext:
         self.allowed_tools = allowed_tools
         self.state: dict[object, Any] = {}
         self._model: Model | None = None
+        self._work: StepWork | None = None
+        self._work_of: Step | None = None
 
     @property
     def path(self) -> str:
@@ -171,7 +184,10 @@ class NodeContext:
         step = self.step
         if step is None:
             return None
-        return step_work(step)
+        if self._work_of is not step:  # made once per step (a replan may give a new one)
+            self._work = step_work(step)
+            self._work_of = step
+        return self._work
 
     @property
     def base_model(self) -> Model:
