@@ -153,13 +153,15 @@ async def whole_run(leaves: int, repeats: int) -> dict[str, float]:
     async def measure(budget: bool) -> float:
         options: dict[str, Any] = {}
         if budget:
-            options = {"budget_tokens": 10**12, "budget_usd": 10**6.0}
+            options = {"budget": {"tokens": 10**12, "usd": 10**6.0}}
         started = time.process_time()
         result = await hierplan.run(
-            "A flat plan",
-            model=_flat_plan_model(leaves),
-            settings=settings,
-            pricing=PRICING,
+            hierplan.RunSpec(
+                goal="A flat plan",
+                model=_flat_plan_model(leaves),
+                settings=settings,
+                pricing=PRICING,
+            ),
             **options,
         )
         elapsed = time.process_time() - started

@@ -107,8 +107,7 @@ async def run_hierplan(dag: Dag) -> tuple[float, int]:
         strategy="dag",
         model=_model(dag),
         settings=RunSettings(max_steps=steps, concurrency=steps, plan_concurrency=steps),
-        budget_usd=1_000_000.0,
-        budget_tokens=10**13,
+        budget={"usd": 1_000_000.0, "tokens": 10**13},
     )
     elapsed = time.perf_counter() - started
     if result.status != "succeeded":

@@ -127,8 +127,7 @@ async def measure_hierplan(leaves: int) -> dict[str, Any]:
         strategy="hierarchical",
         model=_model(leaves, gate),
         settings=RunSettings(concurrency=leaves, plan_concurrency=max(leaves, 50)),
-        budget_usd=overhead.BUDGET_USD,
-        budget_tokens=overhead.BUDGET_TOKENS,
+        budget={"usd": overhead.BUDGET_USD, "tokens": overhead.BUDGET_TOKENS},
     )
     gc.collect()
     after = tracemalloc.take_snapshot()

@@ -154,9 +154,8 @@ async def hierplan_result(
         model=hierplan_model(leaves, leaf_s),
         tools=tools,
         settings=RunSettings(concurrency=leaves, plan_concurrency=max(leaves, PLAN_LIMIT)),
-        budget_usd=BUDGET_USD,
-        budget_tokens=BUDGET_TOKENS,
         listeners=listeners,
+        budget={"usd": BUDGET_USD, "tokens": BUDGET_TOKENS},
     )
     if result.status != "succeeded":
         raise RuntimeError(f"hierplan run ended {result.status}: {result.error}")

@@ -85,13 +85,13 @@ async def hierplan_side(n: int, budget: bool) -> tuple[float, float]:
     settings = RunSettings(
         strategy="hierarchical", max_depth=3, concurrency=n, plan_concurrency=50, max_retries=0
     )
-    options: dict[str, Any] = {"budget_tokens": 10**12, "budget_usd": 10.0**6} if budget else {}
+    options: dict[str, Any] = {"budget": {"tokens": 10**12, "usd": 10.0**6}} if budget else {}
     model = tree_model(n)
     if gc.isenabled():
         gc.collect()
     cpu, wall = time.process_time(), time.perf_counter()
     result = await hierplan.run(
-        "A tree", model=model, settings=settings, pricing=PRICING, **options
+        hierplan.RunSpec(goal="A tree", model=model, settings=settings, pricing=PRICING), **options
     )
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     leaves = sum(1 for node in result.nodes() if node.kind == "executor")

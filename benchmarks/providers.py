@@ -39,10 +39,11 @@ import anthropic
 import anyio
 import openai
 
+import hierplan
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-import hierplan  # noqa: E402
 from hierplan.agents.planner import PLAN_SCHEMA  # noqa: E402
 from hierplan.agents.prompts import (  # noqa: E402
     PlanPrompt,
@@ -304,14 +305,16 @@ async def one_run(
         server.faults.random(rate, seed=seed)
         result = await hierplan.run(
             scenario="data_migration",
-            model=MODELS[provider],
+            model=hierplan.ModelSpec(
+                name=MODELS[provider],
+                **{
+                    "base_url": server.base_url(provider),
+                    "api_key": KEY,
+                    "timeout_s": 0.3,
+                },
+            ),
             workdir=workdir,
             settings=hierplan.RunSettings(retry_backoff_s=0.05),
-            model_options={
-                "base_url": server.base_url(provider),
-                "api_key": KEY,
-                "timeout_s": 0.3,
-            },
             instruments=[ledger],
         )
         faults = server.failures()

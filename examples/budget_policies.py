@@ -23,10 +23,9 @@ def compare(budget_usd: float) -> list[dict[str, object]]:
         with tempfile.TemporaryDirectory() as workdir:
             result = hierplan.run_sync(
                 scenario="data_migration",
-                sim_latency_scale=0,
                 workdir=Path(workdir),
-                budget_usd=budget_usd,
-                allocation=allocation,
+                model=hierplan.Simulator(latency_scale=0),
+                budget={"usd": budget_usd, "allocation": allocation},
             )
         assert result.budget is not None
         verified = (result.verification or {}).get("summary", "")

@@ -23,9 +23,9 @@ def main(targets: list[str]) -> int:
     with setup as tracing:
         result = hierplan.run_sync(
             scenario="data_migration",
-            sim_latency_scale=0,
             workdir=out,
             instruments=tracing.instruments,
+            model=hierplan.Simulator(latency_scale=0),
         )
     result.write(out / "run.json")
     report = write_html(result, out / "report.html")

@@ -1,7 +1,8 @@
 """hierplan: hierarchical planner-executor agents with inspectable plans and exact budgets.
 
 >>> import hierplan
->>> result = hierplan.run_sync(scenario="data_migration", sim_latency_scale=0)  # doctest: +SKIP
+>>> fast = hierplan.Simulator(latency_scale=0)
+>>> result = hierplan.run_sync(scenario="data_migration", model=fast)  # doctest: +SKIP
 >>> result.status, result.totals()["cost_usd"]  # doctest: +SKIP
 ('succeeded', 0.0155)
 """
@@ -57,16 +58,11 @@ from hierplan.errors import (
 )
 from hierplan.hierarchy.context import NodeContext, RunContext
 from hierplan.hierarchy.gate import (
-    Approve,
     Approver,
     AutoApprove,
     CallbackApprover,
-    Decision,
-    Defer,
-    Edit,
     Gate,
     GateContext,
-    Reject,
     ReviewFunction,
 )
 from hierplan.hierarchy.strategies import STRATEGIES
@@ -80,16 +76,18 @@ from hierplan.models import (
     Usage,
 )
 from hierplan.models.scripted import ResponseFunction, plan_response, text_response, tool_response
+from hierplan.plans.decisions import Approve, Decision, Defer, Edit, Reject
 from hierplan.plans.plan import Plan, Step, critical_path, topological_order, validate_plan
 from hierplan.pricing import Price, PriceTable
 from hierplan.records import NodeRecord, RunResult
 from hierplan.review import ConsoleReviewer, PauseForReview, PolicyApprover, ReviewPolicy
 from hierplan.runner.handle import EventStream, RunHandle, start
 from hierplan.runner.models import resolve_model
-from hierplan.runner.resume import ResumeOptions, resume, resume_sync
+from hierplan.runner.resume import ResumeOptions, resume, resume_sync, start_resume
 from hierplan.runner.run import RunOptions, run, run_sync
+from hierplan.runner.spec import BudgetSpec, ModelSpec, RunSpec
 from hierplan.simulator.model import SimulatedModel
-from hierplan.simulator.profiles import NoiseProfile
+from hierplan.simulator.profiles import NoiseProfile, Simulator
 from hierplan.tools.base import Tool, Toolset, tool
 from hierplan.tracing.otel import Tracing
 
@@ -131,6 +129,7 @@ __all__ = [
     "BudgetOverrun",
     "BudgetReserved",
     "BudgetSettled",
+    "BudgetSpec",
     "CallOutcome",
     "CallScope",
     "CallbackApprover",
@@ -159,6 +158,7 @@ __all__ = [
     "ModelError",
     "ModelRequest",
     "ModelResponse",
+    "ModelSpec",
     "NodeContext",
     "NodeFinished",
     "NodeRecord",
@@ -186,10 +186,12 @@ __all__ = [
     "RunOptions",
     "RunResult",
     "RunSettings",
+    "RunSpec",
     "RunStarted",
     "RunView",
     "ScriptedModel",
     "SimulatedModel",
+    "Simulator",
     "Step",
     "StepEnv",
     "StepFailed",
@@ -219,6 +221,7 @@ __all__ = [
     "run",
     "run_sync",
     "start",
+    "start_resume",
     "text_response",
     "tool",
     "tool_response",

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+import hierplan
 from hierplan.agents.prompts import parse_plan_prompt
 from hierplan.core.events import NodeStarted, RunEvent
 from hierplan.models.base import ModelRequest, ModelResponse
@@ -120,7 +121,6 @@ def run_kwargs(**extra: Any) -> dict[str, Any]:
     """Arguments for a quick, noise-free data-migration run."""
     return {
         "scenario": "data_migration",
-        "sim_profile": "ideal",
-        "sim_latency_scale": 0,
+        "model": hierplan.Simulator(profile="ideal", latency_scale=0),
         **extra,
     }

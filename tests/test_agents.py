@@ -383,7 +383,7 @@ async def test_global_leaf_limit_holds_across_sub_plans() -> None:
         ],
     }
     model = ScriptedModel([plan_response(root), sub, sub, sub, sub])
-    result = await hierplan.run("g", model=model, tools=[work], concurrency=3)
+    result = await hierplan.run("g", model=model, tools=[work], settings={"concurrency": 3})
     assert result.status == "succeeded"
     assert peak == 3 and result.stats["peak_concurrent_leaves"] == 3
 

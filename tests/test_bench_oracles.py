@@ -61,10 +61,8 @@ async def test_large_tasks_are_decomposed_by_hierarchical_and_as_needed() -> Non
     depths = {}
     for strategy in ("dag", "hierarchical", "as-needed"):
         env = suite.environment(task, latency_scale=0)
-        result = await hierplan.run(
-            env.goal, tools=env.tools, oracle=suite.oracle(), strategy=strategy,
-            sim_profile="ideal", sim_latency_scale=0,
-        )  # fmt: skip
+        model = hierplan.Simulator(latency_scale=0, profile="ideal", oracle=suite.oracle())
+        result = await hierplan.run(env.goal, tools=env.tools, strategy=strategy, model=model)
         assert env.verify(result.answer).ok
         depths[strategy] = max(n.depth for n in result.nodes())
     assert depths["dag"] == 2

@@ -358,13 +358,15 @@ def _check_run(
 
     async def main() -> RunResult:
         return await hierplan.run(
-            "Plan part 1",
+            hierplan.RunSpec(
+                goal="Plan part 1",
+                model=planner,
+                executor_model=executor,
+                settings=settings_,
+                pricing=pricing,
+            ),
             listeners=[seen.append],
-            model=planner,
-            executor_model=executor,
             tools=[echo],
-            settings=settings_,
-            pricing=pricing,
             instruments=[instrument],
         )
 

@@ -47,7 +47,7 @@ from hierplan.core.settings import RunSettings
 from hierplan.core.views import NodeView
 from hierplan.errors import BudgetExceeded, ModelError, UserInputError
 from hierplan.hierarchy.context import NodeContext, RunContext
-from hierplan.hierarchy.gate import Approve, GateContext
+from hierplan.hierarchy.gate import GateContext
 from hierplan.models.base import (
     Message,
     Model,
@@ -61,6 +61,7 @@ from hierplan.models.base import (
 )
 from hierplan.models.scripted import FunctionModel, ScriptedModel, plan_response
 from hierplan.models.tokens import estimate_request_tokens
+from hierplan.plans.decisions import Approve
 from hierplan.plans.plan import Plan, Step
 from hierplan.pricing import Price, PriceTable, with_anthropic_cache_writes
 from hierplan.records import NodeKind, NodeRecord, RunResult
@@ -179,7 +180,7 @@ async def test_max_tokens_is_lowered_to_fit_and_a_call_below_the_floor_is_not_ma
         assert model.calls == 2
     # What to change, named for the command line and for the library both.
     assert "--budget-tokens / --budget-usd" in str(refused.value)
-    assert "budget_tokens= / budget_usd= in the library" in str(refused.value)
+    assert "--budget-tokens / --budget-usd (budget= in the library)" in str(refused.value)
     assert node.record.budget is not None
     assert node.record.budget["lowered"] == 1 and node.record.budget["refused"] == 1
     assert node.record.budget["spent_tokens"] == 2 * (input_tokens + 10)
@@ -355,7 +356,9 @@ async def test_without_a_budget_a_reply_without_usage_is_recorded_at_its_worst_c
     model = ScriptedModel(
         [plan_response(plan), ModelResponse(text="ok")], report_usage=False, priced_as="test:model"
     )
-    result = await hierplan.run("g", model=model, strategy="plan-execute", pricing=PRICING)
+    result = await hierplan.run(
+        hierplan.RunSpec(goal="g", model=model, pricing=PRICING), strategy="plan-execute"
+    )
     calls = [c for node in result.nodes() for c in node.calls]
     assert len(calls) == 2 and result.budget is None
     settings = hierplan.RunSettings()
@@ -642,19 +645,21 @@ async def test_a_usd_budget_on_an_unpriced_model_fails_before_anything_runs(
 ) -> None:
     model = ScriptedModel([ModelResponse(text="done")])
     with pytest.raises(UserInputError) as caught:
-        await hierplan.run("say done", model=model, strategy="react", budget_usd=0.5)
+        await hierplan.run("say done", model=model, strategy="react", budget={"usd": 0.5})
     message = str(caught.value)
     assert "'scripted'" in message and "--price-in/--price-out" in message
     assert "--budget-tokens" in message and "\n" not in message
     assert model.requests == []
     # the same run with a price given, or a token budget only, runs
     priced = await hierplan.run(
-        "say done",
-        model=ScriptedModel([ModelResponse(text="done")]),
+        hierplan.RunSpec(
+            goal="say done",
+            model=ScriptedModel([ModelResponse(text="done")]),
+            price_in=1.0,
+            price_out=2.0,
+            budget={"usd": 0.5},
+        ),
         strategy="react",
-        budget_usd=0.5,
-        price_in=1.0,
-        price_out=2.0,
     )
     assert priced.status == "succeeded"
     assert priced.budget is not None and priced.budget["spent"]["usd"] > 0
@@ -662,7 +667,7 @@ async def test_a_usd_budget_on_an_unpriced_model_fails_before_anything_runs(
         "say done",
         model=ScriptedModel([ModelResponse(text="done")]),
         strategy="react",
-        budget_tokens=10_000,
+        budget={"tokens": 10_000},
     )
     assert tokens_only.status == "succeeded"
     assert tokens_only.budget is not None and tokens_only.budget["usd_tracked"] is False
@@ -671,24 +676,25 @@ async def test_a_usd_budget_on_an_unpriced_model_fails_before_anything_runs(
 
 async def test_bad_budget_options_are_refused_with_one_line_errors() -> None:
     model = ScriptedModel([])
-    cases: list[tuple[dict[str, Any], str]] = [
-        ({"budget_tokens": -5}, "whole number"),
-        ({"budget_usd": -1.0}, "finite number"),
-        ({"budget_usd": 1.0, "allocation": "greedy"}, "unknown allocation 'greedy'"),
-        ({"budget_usd": 1.0, "price_in": 1.0}, "give both --price-in and --price-out"),
-        ({"budget_usd": 1.0, "price_in": -1.0, "price_out": 1.0}, "--price-in must be"),
+    cases: list[tuple[dict[str, Any], dict[str, Any], str]] = [
+        ({"tokens": -5}, {}, "whole number"),
+        ({"usd": -1.0}, {}, "finite number"),
+        ({"usd": 1.0, "allocation": "greedy"}, {}, "unknown allocation 'greedy'"),
+        ({"usd": 1.0}, {"price_in": 1.0}, "give both --price-in and --price-out"),
+        ({"usd": 1.0}, {"price_in": -1.0, "price_out": 1.0}, "--price-in must be"),
     ]
-    for options, expected in cases:
+    for budget, prices, expected in cases:
+        spec = hierplan.RunSpec(goal="g", model=model, strategy="react", **prices)
         with pytest.raises(UserInputError, match=expected):
-            await hierplan.run("g", model=model, strategy="react", **options)
+            await hierplan.run(spec, budget=budget)
     assert model.requests == []
 
 
 async def test_a_run_takes_one_budget_not_two() -> None:
     model = ScriptedModel([])
     budget = BudgetInstrument(Budget(usd=0.5))
-    with pytest.raises(UserInputError, match="budget_usd/budget_tokens or a BudgetInstrument"):
-        await hierplan.run("g", model=model, instruments=[budget], budget_tokens=1000)
+    with pytest.raises(UserInputError, match="give budget= or a BudgetInstrument"):
+        await hierplan.run("g", model=model, instruments=[budget], budget={"tokens": 1000})
     with pytest.raises(UserInputError, match="2 BudgetInstruments"):
         await hierplan.run("g", model=model, instruments=[budget, BudgetInstrument(Budget(usd=1))])
     assert model.requests == []
@@ -784,12 +790,14 @@ async def _overshoot_run(
     calls: list[str], instruments: list[Instrument] | None = None
 ) -> RunResult:
     return await hierplan.run(
-        OVERSHOOT_GOAL,
-        model=_plan_model(OVERSHOOT_PLAN),
-        executor_model=_delegating_executor(calls, full=True),
+        hierplan.RunSpec(
+            goal=OVERSHOOT_GOAL,
+            model=_plan_model(OVERSHOOT_PLAN),
+            executor_model=_delegating_executor(calls, full=True),
+            settings=OVERSHOOT_SETTINGS,
+            pricing=PRICING,
+        ),
         tools=[lookup],
-        settings=OVERSHOOT_SETTINGS,
-        pricing=PRICING,
         instruments=instruments or [],
     )
 
@@ -843,13 +851,15 @@ async def test_an_exhausted_node_stops_its_siblings_go_on_and_the_run_ends_parti
     }
     calls: list[str] = []
     result = await hierplan.run(
-        "Migrate three tables",
-        model=_plan_model(plans),
-        executor_model=_delegating_executor(calls),
+        hierplan.RunSpec(
+            goal="Migrate three tables",
+            model=_plan_model(plans),
+            executor_model=_delegating_executor(calls),
+            settings=RunSettings(strategy="dag", executor_max_tokens=200, planner_max_tokens=300),
+            pricing=PRICING,
+            budget={"tokens": 3_500},
+        ),
         tools=[lookup],
-        settings=RunSettings(strategy="dag", executor_max_tokens=200, planner_max_tokens=300),
-        pricing=PRICING,
-        budget_tokens=3_500,
     )
     by_step = {n.step_id: n for n in result.nodes() if n.step_id}
     assert by_step["huge"].status == "budget_exhausted"
@@ -888,15 +898,17 @@ async def test_a_replan_that_leaves_the_same_work_after_a_budget_failure_ends_th
         return ModelResponse(text=json.dumps(data), output=data, usage=Usage(200, 100))
 
     result = await hierplan.run(
-        goal,
-        model=_priced(FunctionModel(respond, name="planner")),
-        executor_model=_delegating_executor([]),
-        tools=[lookup],
-        settings=RunSettings(
-            strategy=strategy, executor_max_tokens=200, planner_max_tokens=300, max_replans=5
+        hierplan.RunSpec(
+            goal=goal,
+            model=_priced(FunctionModel(respond, name="planner")),
+            executor_model=_delegating_executor([]),
+            settings=RunSettings(
+                strategy=strategy, executor_max_tokens=200, planner_max_tokens=300, max_replans=5
+            ),
+            pricing=PRICING,
+            budget={"tokens": 7_000},
         ),
-        pricing=PRICING,
-        budget_tokens=7_000,
+        tools=[lookup],
     )
     assert len(asked) == len(result.tree.plan_versions) == plans
     assert "step 'huge' failed" in (asked[-1] or "")
@@ -918,13 +930,15 @@ async def test_when_the_planner_cannot_afford_to_replan_the_run_ends_partial() -
         ]
     }
     result = await hierplan.run(
-        "Copy two tables",
-        model=_plan_model(plans),
-        executor_model=_delegating_executor([]),
+        hierplan.RunSpec(
+            goal="Copy two tables",
+            model=_plan_model(plans),
+            executor_model=_delegating_executor([]),
+            settings=RunSettings(strategy="dag", executor_max_tokens=200, planner_max_tokens=1_000),
+            pricing=PRICING,
+            budget={"tokens": 2_600},
+        ),
         tools=[lookup],
-        settings=RunSettings(strategy="dag", executor_max_tokens=200, planner_max_tokens=1_000),
-        pricing=PRICING,
-        budget_tokens=2_600,
     )
     assert result.status == "partial" and not result.answer_complete
     assert result.tree.status == "partial"
@@ -937,11 +951,10 @@ async def test_when_the_planner_cannot_afford_to_replan_the_run_ends_partial() -
 
 async def test_a_budget_too_small_for_the_first_plan_ends_partial_without_a_traceback() -> None:
     result = await hierplan.run(
-        "Copy two tables",
-        model=_plan_model({}),
+        hierplan.RunSpec(
+            goal="Copy two tables", model=_plan_model({}), pricing=PRICING, budget={"tokens": 50}
+        ),
         strategy="hierarchical",
-        pricing=PRICING,
-        budget_tokens=50,
     )
     assert result.status == "partial"
     assert result.tree.status == "budget_exhausted"
@@ -994,14 +1007,15 @@ async def test_allocation_policies_split_what_the_parent_has_left(
     allocation: str, expected: tuple[float, float]
 ) -> None:
     result = await hierplan.run(
-        "Root",
-        model=_plan_model(_shares_plan()),
-        executor_model=_delegating_executor([]),
+        hierplan.RunSpec(
+            goal="Root",
+            model=_plan_model(_shares_plan()),
+            executor_model=_delegating_executor([]),
+            settings=RunSettings(strategy="hierarchical", plan_concurrency=1, max_depth=2),
+            pricing=PRICING,
+            budget={"tokens": 100_000, "allocation": allocation},
+        ),
         tools=[lookup],
-        settings=RunSettings(strategy="hierarchical", plan_concurrency=1, max_depth=2),
-        pricing=PRICING,
-        budget_tokens=100_000,
-        allocation=allocation,
     )
     assert result.status == "succeeded", result.error
     root = result.tree
@@ -1052,14 +1066,15 @@ class _TriesABadEditThenApproves:
 
 async def test_shares_follow_the_approved_plan_not_an_edit_the_validators_refused() -> None:
     result = await hierplan.run(
-        "Root",
-        model=_plan_model(_shares_plan()),
-        executor_model=_delegating_executor([]),
+        hierplan.RunSpec(
+            goal="Root",
+            model=_plan_model(_shares_plan()),
+            executor_model=_delegating_executor([]),
+            settings=RunSettings(strategy="hierarchical", plan_concurrency=1, max_depth=2),
+            pricing=PRICING,
+            budget={"tokens": 100_000, "allocation": "weighted"},
+        ),
         tools=[lookup],
-        settings=RunSettings(strategy="hierarchical", plan_concurrency=1, max_depth=2),
-        pricing=PRICING,
-        budget_tokens=100_000,
-        allocation="weighted",
         approver=_TriesABadEditThenApproves(),
     )
     assert result.status == "succeeded", result.error
@@ -1093,10 +1108,10 @@ async def test_cancelling_a_run_from_outside_releases_every_reservation() -> Non
 
             async def go() -> None:
                 await hierplan.run(
-                    "Root",
-                    model=_priced(FunctionModel(hang)),
+                    hierplan.RunSpec(
+                        goal="Root", model=_priced(FunctionModel(hang)), pricing=PRICING
+                    ),
                     strategy="dag",
-                    pricing=PRICING,
                     instruments=[instrument],
                 )
 
@@ -1120,9 +1135,9 @@ async def test_demo_with_a_tiny_budget_ends_partial_within_budget_and_says_what_
     budget_usd = 0.01
     result = await hierplan.run(
         scenario="data_migration",
-        sim_latency_scale=0,
         workdir=tmp_path,
-        budget_usd=budget_usd,
+        model=hierplan.Simulator(latency_scale=0),
+        budget={"usd": budget_usd},
     )
     assert result.status == "partial" and not result.answer_complete
     assert result.budget is not None
@@ -1150,7 +1165,10 @@ async def test_the_shown_error_of_a_run_out_of_budget_ends_with_what_to_raise(
     tmp_path: Path,
 ) -> None:
     result = await hierplan.run(
-        scenario="data_migration", sim_latency_scale=0, workdir=tmp_path, budget_usd=0.01
+        scenario="data_migration",
+        workdir=tmp_path,
+        model=hierplan.Simulator(latency_scale=0),
+        budget={"usd": 0.01},
     )
     assert result.error is not None and "larger budget" in result.error
     console = Console(width=100, record=True)
@@ -1188,7 +1206,7 @@ def test_cli_run_with_a_budget_and_view(tmp_path: Path) -> None:
         (["--budget-usd", "0.01", "--model", "sim:unpriced-model"], "no price is known"),
         (["--budget-usd", "0.01", "--allocation", "greedy"], "unknown allocation"),
         (["--budget-usd", "0.01", "--price-in", "1"], "give both --price-in"),
-        (["--budget-usd", "1e300"], "--budget-usd (budget_usd= in the library): a USD budget"),
+        (["--budget-usd", "1e300"], "--budget-usd (budget={'usd': ...} in the library): a USD"),
         (["--budget-usd", "1", "--model", "sim:unpriced-model"], "tokens only (--budget-tokens"),
     ],
 )
@@ -1294,11 +1312,12 @@ async def test_a_budget_over_a_real_sdk_holds_and_refused_calls_never_leave(
     with WireServer(backend) as server:
         result = await hierplan.run(
             scenario="data_migration",
-            model=MODELS[provider],
+            model=hierplan.ModelSpec(
+                name=MODELS[provider], **model_options(server, provider, timeout_s=5.0)
+            ),
             workdir=tmp_path,
             settings=RunSettings(retry_backoff_s=0.01),
-            model_options=model_options(server, provider, timeout_s=5.0),
-            budget_usd=budget_usd,
+            budget={"usd": budget_usd},
         )
         hits = server.count()
     made = [c for n in result.nodes() for c in n.calls]
@@ -1333,8 +1352,7 @@ async def test_a_paused_run_resumes_with_what_its_budget_has_left(tmp_path: Path
         tools=[recording_tool(calls)],
         approver=PolicyApprover(PauseForReview(), "root"),
         checkpoint_dir=tmp_path,
-        budget_tokens=limit,
-        allocation="weighted",
+        budget={"tokens": limit, "allocation": "weighted"},
     )
     assert paused.status == "paused"
     assert paused.budget is not None
@@ -1405,7 +1423,9 @@ async def test_without_a_budget_impossible_usage_is_recorded_as_the_nearest_poss
     plan = {"goal": "g", "steps": [{"id": "a", "title": "A", "instruction": "say ok"}]}
     odd = ModelResponse(text="ok", usage=Usage(10, 5, cached_input_tokens=1_000))
     model = ScriptedModel([plan_response(plan), odd], priced_as="test:model")
-    result = await hierplan.run("g", model=model, strategy="plan-execute", pricing=PRICING)
+    result = await hierplan.run(
+        hierplan.RunSpec(goal="g", model=model, pricing=PRICING), strategy="plan-execute"
+    )
     call = result.tree.children[0].calls[0]
     assert call.flags == ["invalid_usage"] and call.usage == Usage(10, 5, cached_input_tokens=10)
     assert call.cost_usd == pytest.approx((10 * 1.0 + 5 * 4.0) / 1e6)
@@ -1452,19 +1472,21 @@ async def test_one_instrument_keeps_concurrent_runs_apart() -> None:
 
     async def run_a() -> None:
         results["a"] = await hierplan.run(
-            "Root",
-            model=_two_step_model(b_done),
+            hierplan.RunSpec(
+                goal="Root",
+                model=_two_step_model(b_done),
+                pricing=PriceTable({"test:model": cheap}),
+            ),
             strategy="dag",
-            pricing=PriceTable({"test:model": cheap}),
             instruments=[instrument],
         )
 
     async def run_b() -> None:
         results["b"] = await hierplan.run(
-            "Root",
-            model=_two_step_model(),
+            hierplan.RunSpec(
+                goal="Root", model=_two_step_model(), pricing=PriceTable({"test:model": dear})
+            ),
             strategy="dag",
-            pricing=PriceTable({"test:model": dear}),
             instruments=[instrument],
         )
         b_done.set()
@@ -1492,10 +1514,14 @@ async def test_one_instrument_serves_runs_one_after_another() -> None:
     unpriced = _two_step_model()
     unpriced.priced_as = "test:unpriced"
     first = await hierplan.run(
-        "Root", model=unpriced, strategy="dag", pricing=PRICING, instruments=[instrument]
+        hierplan.RunSpec(goal="Root", model=unpriced, pricing=PRICING),
+        strategy="dag",
+        instruments=[instrument],
     )
     second = await hierplan.run(
-        "Root", model=_two_step_model(), strategy="dag", pricing=PRICING, instruments=[instrument]
+        hierplan.RunSpec(goal="Root", model=_two_step_model(), pricing=PRICING),
+        strategy="dag",
+        instruments=[instrument],
     )
     assert first.budget is not None and second.budget is not None
     assert first.budget["usd_tracked"] is False and first.budget["spent"]["usd"] is None
@@ -1514,17 +1540,19 @@ async def test_one_instrument_serves_runs_one_after_another() -> None:
 @pytest.mark.parametrize(
     ("given", "named"),
     [
-        ({"budget_usd": float("nan")}, "--budget-usd (budget_usd= in the library): a USD budget"),
-        ({"budget_usd": -1.0}, "--budget-usd (budget_usd= in the library): a USD budget"),
-        ({"budget_tokens": -5}, "--budget-tokens (budget_tokens= in the library): a token budget"),
-        ({"budget_tokens": 1.5}, "--budget-tokens (budget_tokens= in the library): a token"),
+        ({"usd": float("nan")}, "--budget-usd (budget={'usd': ...} in the library): a USD"),
+        ({"usd": -1.0}, "--budget-usd (budget={'usd': ...} in the library): a USD budget"),
+        ({"tokens": -5}, "--budget-tokens (budget={'tokens': ...} in the library): a token"),
+        ({"tokens": 1.5}, "--budget-tokens (budget={'tokens': ...} in the library): a token"),
     ],
 )
 async def test_a_bad_run_budget_names_the_option_that_set_it(
     given: dict[str, Any], named: str
 ) -> None:
     with pytest.raises(UserInputError) as refused:
-        await hierplan.run("Root", model=_two_step_model(), pricing=PRICING, **given)
+        await hierplan.run(
+            hierplan.RunSpec(goal="Root", model=_two_step_model(), pricing=PRICING), budget=given
+        )
     assert named in str(refused.value)
     assert "must be" in str(refused.value)
 
@@ -1542,12 +1570,14 @@ async def test_the_summary_sums_usd_without_drift() -> None:
         return ModelResponse(text="done", usage=Usage(200, 20))
 
     result = await hierplan.run(
-        "root",
+        hierplan.RunSpec(
+            goal="root",
+            model=FunctionModel(respond),
+            price_in=0.3,
+            price_out=1.1,
+            budget={"usd": 1.0},
+        ),
         strategy="dag",
-        model=FunctionModel(respond),
-        budget_usd=1.0,
-        price_in=0.3,
-        price_out=1.1,
     )
     assert result.status == "succeeded", result.error
     assert result.budget is not None

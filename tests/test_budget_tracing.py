@@ -25,8 +25,7 @@ async def test_budget_events_and_figures_reach_the_trace() -> None:
     scripted = ScriptedRun()
     result = await hierplan.run(
         instruments=[telemetry.tracing()],
-        budget_usd=1.0,
-        budget_tokens=1_000_000,
+        budget={"usd": 1.0, "tokens": 1_000_000},
         **scripted.run_options(),
     )
     assert result.status == "succeeded", result.error
@@ -75,7 +74,7 @@ async def test_a_call_cut_short_by_its_step_deadline_is_traced_as_recorded_and_s
         model=FunctionModel(answer, name="test-model", priced_as="openai:gpt-5-mini"),
         settings=hierplan.RunSettings(step_timeout_s=0.2, max_retries=0, max_replans=0),
         instruments=[telemetry.tracing()],
-        budget_tokens=100_000,
+        budget={"tokens": 100_000},
     )
     spans = telemetry.finished()
     check_cost_invariants(result, spans)

@@ -32,10 +32,10 @@ def _start(delay_s: float, latency: float = 0.0, **options: Any) -> hierplan.Run
     """A capitals run; tools take ``delay_s``, model calls ``latency`` x 10 ms."""
     return hierplan.start(
         goal_for(GROUPS),
-        oracle=CapitalsOracle(),
         tools=local_tools(delay_s),
-        sim_profile=SLOW_IDEAL,
-        sim_latency_scale=latency,
+        model=hierplan.Simulator(
+            latency_scale=latency, profile=SLOW_IDEAL, oracle=CapitalsOracle()
+        ),
         **options,
     )
 
@@ -163,10 +163,8 @@ async def test_the_cancelled_record_keeps_what_finished(tmp_path: Path) -> None:
 
     async with hierplan.start(
         goal_for(GROUPS, 20, 22),
-        oracle=CapitalsOracle(),
         tools=[lookup, add],
-        sim_profile="ideal",
-        sim_latency_scale=0,
+        model=hierplan.Simulator(latency_scale=0, profile="ideal", oracle=CapitalsOracle()),
     ) as handle:
         events: list[RunEvent] = []
         async for event in handle.events():
@@ -284,7 +282,7 @@ async def test_a_model_raising_a_stray_cancellation_fails_the_call_and_the_budge
         model=FunctionModel(respond, priced_as="openai:gpt-5-mini"),
         strategy="dag",
         settings=hierplan.RunSettings(max_retries=0, max_replans=0),
-        budget_usd=1.0,
+        budget={"usd": 1.0},
     )
     assert result.status == "failed"
     step = result.tree.children[0]

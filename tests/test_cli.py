@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from hierplan.cli import SETTING_FLAGS, app
+from hierplan.cli import app
+from hierplan.cli.options import SETTING_FLAGS
 from hierplan.runner.goals import GOAL_FILE_KEYS, settings_from_assignments
 
 runner = CliRunner()
@@ -491,15 +492,16 @@ def test_a_run_record_that_cannot_be_written_is_reported_after_the_run_is_shown(
 def test_flags_that_cannot_work_are_refused_before_anything_runs(tmp_path: Path) -> None:
     from rich.console import Console
 
-    from hierplan.cli import _model_options
+    from hierplan.cli.run import model_choice
     from hierplan.errors import UserInputError
     from hierplan.review.console import ConsoleReviewer
+    from hierplan.runner.spec import ModelSpec
 
     with pytest.raises(UserInputError, match="--base-url 'notaurl' is not a URL"):
-        _model_options("openai:gpt-5-mini", "notaurl", None)
-    assert _model_options("openai:gpt-5-mini", "http://localhost:8000/v1", None) == {
-        "base_url": "http://localhost:8000/v1"
-    }
+        model_choice("openai:gpt-5-mini", base_url="notaurl")
+    given = model_choice("openai:gpt-5-mini", base_url="http://localhost:8000/v1")
+    assert isinstance(given, ModelSpec)
+    assert given.adapter_options() == {"base_url": "http://localhost:8000/v1"}
     # An editor setting that is no command is discarded with a message, not a crash.
     for setting in ('"my editor', "   "):
         assert ConsoleReviewer(Console(), editor=setting).editor_command() == []

@@ -73,7 +73,11 @@ async def test_a_run_shown_by_the_display_counts_every_step() -> None:
     model = ScriptedModel([plan_response(plan), text_response("A"), text_response("B")])
     try:
         result = await hierplan.run(
-            "two steps", strategy="dag", model=model, budget_tokens=100_000, listeners=[display]
+            "two steps",
+            strategy="dag",
+            model=model,
+            listeners=[display],
+            budget={"tokens": 100_000},
         )
     finally:
         display.stop()

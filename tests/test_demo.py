@@ -31,7 +31,9 @@ def _tables(path: Path) -> dict[str, tuple[int, str]]:
 
 @pytest.mark.anyio
 async def test_demo_migrates_every_row(tmp_path: Path) -> None:
-    result = await hierplan.run(scenario="data_migration", sim_latency_scale=0, workdir=tmp_path)
+    result = await hierplan.run(
+        scenario="data_migration", workdir=tmp_path, model=hierplan.Simulator(latency_scale=0)
+    )
     assert result.status == "succeeded", result.error
     assert result.simulated
     assert result.verification is not None and result.verification["ok"]

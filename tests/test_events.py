@@ -44,10 +44,8 @@ GROUPS = [["france", "japan"], ["peru", "chile"]]
 async def _capitals(**options: Any) -> hierplan.RunResult:
     return await hierplan.run(
         goal_for(GROUPS),
-        oracle=CapitalsOracle(),
         tools=local_tools(),
-        sim_profile="ideal",
-        sim_latency_scale=0,
+        model=hierplan.Simulator(latency_scale=0, profile="ideal", oracle=CapitalsOracle()),
         **options,
     )
 
@@ -82,10 +80,9 @@ async def test_scenario_run_events_with_noise_and_replans(tmp_path: Path) -> Non
     events: list[RunEvent] = []
     result = await hierplan.run(
         scenario="data_migration",
-        sim_latency_scale=0,
-        sim_profile="weak",
         workdir=tmp_path,
         listeners=[events.append],
+        model=hierplan.Simulator(latency_scale=0, profile="weak"),
     )
     check_events(events, result)
     replans = [e for e in events if isinstance(e, Replanned)]
@@ -152,10 +149,8 @@ async def test_runs_without_listeners_build_no_events(monkeypatch: pytest.Monkey
     monkeypatch.setattr(planning, "PlanProposed", forbidden)
     result = await hierplan.run(
         goal_for(GROUPS),
-        oracle=CapitalsOracle(),
         tools=local_tools(),
-        sim_profile="ideal",
-        sim_latency_scale=0,
+        model=hierplan.Simulator(latency_scale=0, profile="ideal", oracle=CapitalsOracle()),
     )
     assert result.status == "succeeded"
     with pytest.raises(AssertionError, match="an event was built"):
@@ -245,14 +240,14 @@ async def test_a_listener_gets_only_its_event_types_and_the_others_are_not_built
     monkeypatch.setattr(nodes, "NodeStarted", forbidden)
     monkeypatch.setattr(planning, "PlanProposed", forbidden)
     listener = _OnlyFinished()
-    result = await _capitals(budget_usd=1.0, listeners=[listener])
+    result = await _capitals(budget={"usd": 1.0}, listeners=[listener])
     assert result.status == "succeeded", result.error
     assert set(listener.seen) == {"node_finished"}
     assert len(listener.seen) == sum(1 for _ in result.tree.walk())
     # One listener that takes everything, and the same events are built and delivered again.
     everything: list[RunEvent] = []
     with pytest.raises(AssertionError, match="no listener takes"):
-        await _capitals(budget_usd=1.0, listeners=[_OnlyFinished(), everything.append])
+        await _capitals(budget={"usd": 1.0}, listeners=[_OnlyFinished(), everything.append])
 
 
 def test_event_types_that_no_run_emits_are_refused_with_the_list_of_types() -> None:
@@ -319,7 +314,7 @@ async def test_budget_events_bracket_every_model_call() -> None:
 
 @pytest.mark.anyio
 async def test_a_budget_too_small_shows_in_exhausted_events() -> None:
-    result, events = await _capitals_run(budget_tokens=3000)
+    result, events = await _capitals_run(budget={"tokens": 3000})
     assert result.status == "partial"
     check_events(events, result)
     exhausted = [e for e in events if isinstance(e, BudgetExhausted)]
@@ -438,7 +433,7 @@ async def test_the_error_a_run_raises_for_a_group_is_the_one_to_act_on_with_the_
     import anyio
 
     from hierplan.errors import ModelAuthError
-    from hierplan.runner.run import _escaping
+    from hierplan.runner.execute import _escaping
 
     cancelled = anyio.get_cancelled_exc_class()
     refused = ModelAuthError("HTTP 401")
@@ -524,11 +519,9 @@ async def test_a_run_goes_on_and_succeeds_past_a_listener_that_raises_on_every_e
     with caplog.at_level(logging.ERROR, logger="hierplan"):
         result = await hierplan.run(
             goal_for(GROUPS),
-            oracle=CapitalsOracle(),
             tools=local_tools(),
-            sim_profile="ideal",
-            sim_latency_scale=0,
             listeners=[broken, events.append],
+            model=hierplan.Simulator(latency_scale=0, profile="ideal", oracle=CapitalsOracle()),
         )
     assert result.status == "succeeded", result.error
     check_events(events, result)

@@ -23,8 +23,9 @@ from hierplan import (
     Step,
     tool,
 )
-from hierplan.hierarchy.gate import Decision, Gate
+from hierplan.hierarchy.gate import Gate
 from hierplan.models.scripted import plan_response
+from hierplan.plans.decisions import Decision
 from hierplan.tools.base import Toolbox
 
 pytestmark = pytest.mark.anyio

@@ -21,10 +21,8 @@ def capitals(delay_s: float = 0.0, **options: Any) -> hierplan.RunHandle:
     """A handle on a three-level capitals run whose tools take ``delay_s`` each."""
     return hierplan.start(
         goal_for(GROUPS),
-        oracle=CapitalsOracle(),
         tools=local_tools(delay_s),
-        sim_profile="ideal",
-        sim_latency_scale=0,
+        model=hierplan.Simulator(latency_scale=0, profile="ideal", oracle=CapitalsOracle()),
         **options,
     )
 
@@ -133,7 +131,11 @@ async def test_an_error_inside_the_run_reaches_the_caller() -> None:
 @pytest.mark.anyio
 async def test_run_id_is_known_before_the_run_and_used_by_it() -> None:
     handle = hierplan.start(
-        "anything", model=ScriptedModel([ModelResponse(text="not a plan")] * 2), run_id="abc"
+        hierplan.RunSpec(
+            goal="anything",
+            model=ScriptedModel([ModelResponse(text="not a plan")] * 2),
+            run_id="abc",
+        )
     )
     assert handle.run_id == "abc"
     async with handle:

@@ -68,14 +68,14 @@ async def test_fifty_concurrent_runs_with_own_settings_and_budgets_do_not_interf
         # each run: its own countries, numbers, tools (with their own delays) and settings
         group = [COUNTRIES[(i + k) % len(COUNTRIES)] for k in range(4)]
         async with hierplan.start(
-            goal_for([group], a=i, b=1000),
-            oracle=CapitalsOracle(),
+            hierplan.RunSpec(
+                goal=goal_for([group], a=i, b=1000),
+                settings=_settings(i),
+                run_id=f"run-{i}",
+                model=hierplan.Simulator(latency_scale=0, profile="ideal", oracle=CapitalsOracle()),
+                budget={"tokens": _budget_tokens(i)},
+            ),
             tools=local_tools(0.001 * (i % 5)),
-            settings=_settings(i),
-            budget_tokens=_budget_tokens(i),
-            sim_profile="ideal",
-            sim_latency_scale=0,
-            run_id=f"run-{i}",
         ) as handle:
             events[i] = [event async for event in handle.events()]
             results[i] = await handle.result()
@@ -119,7 +119,9 @@ async def test_concurrent_scenario_runs_get_their_own_directories(
 
     async def one(seed: int) -> None:
         result = await hierplan.run(
-            scenario=CapitalsScenario(), seed=seed, sim_profile="ideal", sim_latency_scale=0
+            scenario=CapitalsScenario(),
+            model=hierplan.Simulator(latency_scale=0, profile="ideal"),
+            settings={"seed": seed},
         )
         results.append(result)
 
@@ -141,11 +143,9 @@ async def test_concurrent_runs_trace_to_their_own_tracer_providers() -> None:
     async def one(i: int) -> None:
         results[i] = await hierplan.run(
             goal_for([["france", "peru"]], a=i, b=1),
-            oracle=CapitalsOracle(),
             tools=local_tools(0.002),
-            sim_profile="ideal",
-            sim_latency_scale=0,
             instruments=[telemetries[i].tracing()],
+            model=hierplan.Simulator(latency_scale=0, profile="ideal", oracle=CapitalsOracle()),
         )
 
     async with anyio.create_task_group() as tg:

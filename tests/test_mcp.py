@@ -105,11 +105,9 @@ async def test_executors_call_mcp_tools_in_a_three_level_run(server: MCPServerSt
     events: list[RunEvent] = []
     result = await hierplan.run(
         goal_for([["france", "japan"], ["peru"]], 20, 22),
-        oracle=CapitalsOracle(),
-        tools=[server],  # opened for this run, closed after it
-        sim_profile="ideal",
-        sim_latency_scale=0,
+        tools=[server],
         listeners=[events.append],
+        model=hierplan.Simulator(latency_scale=0, profile="ideal", oracle=CapitalsOracle()),
     )
     assert result.status == "succeeded", result.error
     assert {n.depth for n in result.nodes()} == {1, 2, 3}
@@ -217,12 +215,10 @@ async def test_a_server_killed_mid_run_fails_its_steps_and_the_planner_replans(
             tg.start_soon(kill_when_waiting)
             result = await hierplan.run(
                 "Look up a capital and wait for the server",
-                oracle=oracle,
                 strategy="dag",
                 tools=[*tools, note],
-                sim_profile="ideal",
-                sim_latency_scale=0,
                 listeners=[listen],
+                model=hierplan.Simulator(latency_scale=0, profile="ideal", oracle=oracle),
             )
         took = time.perf_counter() - started
     assert took < 10  # the server's tool would have taken 30 s: nothing waited for it
@@ -298,11 +294,9 @@ async def test_streamable_http_server(http_server: tuple[str, anyio.abc.Process]
     events: list[RunEvent] = []
     result = await hierplan.run(
         goal_for([["peru", "chile"]], 1, 2),
-        oracle=CapitalsOracle(),
         tools=[server],
-        sim_profile="ideal",
-        sim_latency_scale=0,
         listeners=[events.append],
+        model=hierplan.Simulator(latency_scale=0, profile="ideal", oracle=CapitalsOracle()),
     )
     assert result.status == "succeeded", result.error
     assert "Lima" in result.answer and "Santiago" in result.answer
@@ -372,11 +366,9 @@ async def test_cancelling_a_run_stops_its_mcp_server(server: MCPServerStdio) -> 
     before = asyncio.all_tasks()
     async with hierplan.start(
         "Wait on the server",
-        oracle=_WaitOracle(),
         strategy="dag",
         tools=[server],
-        sim_profile="ideal",
-        sim_latency_scale=0,
+        model=hierplan.Simulator(latency_scale=0, profile="ideal", oracle=_WaitOracle()),
     ) as handle:
         async for event in handle.events():
             if event.type == "node_started" and getattr(event, "step_id", None) == "wait":

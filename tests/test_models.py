@@ -329,7 +329,7 @@ async def test_a_malformed_answer_of_a_users_function_fails_the_step_saying_what
         model=_answering(bad),
         strategy="dag",
         settings=RunSettings(max_retries=0, max_replans=0),
-        budget_usd=budget_usd,
+        budget={"usd": budget_usd},
     )
     assert result.status == "failed"
     step = result.tree.children[0]

@@ -23,8 +23,8 @@ import hierplan
 from hierplan import Approve, CallbackApprover, Defer, Edit, GateContext, Plan, Reject
 from hierplan.agents.prompts import parse_step_prompt
 from hierplan.core.events import NodeStarted
+from hierplan.durable.checkpoint import CHECKPOINT_FILE, PENDING_DIR, RESUMING_FILE
 from hierplan.errors import UserInputError
-from hierplan.hierarchy.pause import CHECKPOINT_FILE, PENDING_DIR, RESUMING_FILE
 from hierplan.models.base import ModelRequest, ModelResponse
 from hierplan.models.scripted import FunctionModel
 from hierplan.plans.plan import Step, load_plan
@@ -386,8 +386,8 @@ async def test_a_hand_edited_checkpoint_is_refused_clearly_and_stays_resumable(
     path = tmp_path / CHECKPOINT_FILE
     saved = path.read_text()
     edits = [
-        (("invocation", "budget", "budget_euro"), 1, r"budget has what a run does not take"),
-        (("invocation", "settings", "max_depth"), "two", r"settings are invalid \(max_depth: "),
+        (("spec", "budget"), {"euro": 1}, r"the checkpoint's run is invalid \(budget.euro: "),
+        (("spec", "settings", "max_depth"), "two", r"settings are invalid \(max_depth: "),
         (("results", "1.1"), {"output": None}, r"not a hierplan checkpoint .*first, at results"),
         (
             ("workflow_span",),
@@ -414,10 +414,13 @@ async def test_a_hand_edited_checkpoint_is_refused_clearly_and_stays_resumable(
 @pytest.mark.parametrize(
     ("written_by", "problem"),
     [
-        ("newer", r"checkpoint format 2; this hierplan reads format 1: it was written by a newer"),
+        (
+            "newer",
+            r"checkpoint format 3; this hierplan reads formats 1 and 2: it was written by a newer",
+        ),
         (
             "older",
-            r"checkpoint format 0; this hierplan reads format 1: resume it with the hierplan",
+            r"checkpoint format 0; this hierplan reads formats 1 and 2: resume it with the",
         ),
     ],
 )
@@ -431,10 +434,10 @@ async def test_a_checkpoint_of_another_format_says_so_whatever_its_fields(
     saved = path.read_text()
     data = json.loads(saved)
     if written_by == "newer":
-        data.update(format=2, plans={})  # a field this hierplan does not know
+        data.update(format=3, plans={})  # a field this hierplan does not know
     else:
         data["format"] = 0
-        del data["invocation"]  # a field this hierplan needs
+        del data["spec"]  # a field this hierplan needs
     path.write_text(json.dumps(data))
     with pytest.raises(UserInputError, match=problem):
         await hierplan.resume(tmp_path, Approve(), **common)
@@ -451,14 +454,14 @@ async def test_of_two_resumes_started_together_the_second_says_the_first_took_th
     calls: list[str] = []
     common: dict[str, Any] = {"model": fanout_planner(2), "tools": [recording_tool(calls)]}
     await hierplan.run(ROOT_GOAL, approver=PauseForReview(), checkpoint_dir=tmp_path, **common)
-    prepare = resume_module.run_arguments
+    prepare = resume_module.resumed_spec
 
-    def other_resume_claims_it_first(*args: Any) -> dict[str, Any]:
+    def other_resume_claims_it_first(*args: Any) -> hierplan.RunSpec:
         # Another process renames the checkpoint after this one has read it.
         (tmp_path / CHECKPOINT_FILE).rename(tmp_path / RESUMING_FILE)
         return prepare(*args)
 
-    monkeypatch.setattr(resume_module, "run_arguments", other_resume_claims_it_first)
+    monkeypatch.setattr(resume_module, "resumed_spec", other_resume_claims_it_first)
     with pytest.raises(UserInputError, match=r"another resume of .* took its checkpoint first"):
         await hierplan.resume(tmp_path, Approve(), **common)
     assert (tmp_path / RESUMING_FILE).exists() and calls == []  # the other resume's, untouched
@@ -474,7 +477,8 @@ async def test_an_edited_copy_kept_beside_the_pending_plans_is_not_deleted(tmp_p
     mine.write_text((pending / "1.yaml").read_text().replace("Collect part 2", "Collect part 9"))
     (pending / "notes.yaml").write_text("why: part 2 is wrong\n")
     done = await hierplan.resume(tmp_path, Edit(load_plan(mine), by="alice"), **common)
-    assert done.status == "succeeded" and calls == ["Collect part 1", "Collect part 9"]
+    # The two steps run at once: the order of their calls is the scheduler's, not the plan's.
+    assert done.status == "succeeded" and sorted(calls) == ["Collect part 1", "Collect part 9"]
     assert not (pending / "1.yaml").exists()
     assert sorted(p.name for p in pending.iterdir()) == ["1-mine.yaml", "notes.yaml"]
 
@@ -493,12 +497,12 @@ async def test_each_nodes_budget_counts_what_it_spent_before_and_after_pauses(
     tmp_path: Path, source_db: Path
 ) -> None:
     straight_dir = migration_dir(source_db, tmp_path / "straight")
-    straight = await hierplan.run(budget_usd=0.05, **run_kwargs(workdir=straight_dir))
+    straight = await hierplan.run(budget={"usd": 0.05}, **run_kwargs(workdir=straight_dir))
     paused_dir = migration_dir(source_db, tmp_path / "paused")
     result = await hierplan.run(
         approver=PolicyApprover(PauseForReview(), "all"),
         checkpoint_dir=paused_dir,
-        budget_usd=0.05,
+        budget={"usd": 0.05},
         **run_kwargs(workdir=paused_dir),
     )
     pauses = 0
@@ -551,11 +555,9 @@ def _unbalanced(run: hierplan.RunResult) -> list[tuple[str, str, float, float, f
 async def test_each_nodes_allocation_is_what_it_spent_and_released_over_all_resumes(
     tmp_path: Path, source_db: Path, review_policy: str | None, allocation: str
 ) -> None:
-    budget: dict[str, Any] = {"budget_usd": 0.03, "budget_tokens": 200_000}
+    budget: dict[str, Any] = {"usd": 0.03, "tokens": 200_000, "allocation": allocation}
     straight_dir = migration_dir(source_db, tmp_path / "straight")
-    straight = await hierplan.run(
-        allocation=allocation, **budget, **run_kwargs(workdir=straight_dir)
-    )
+    straight = await hierplan.run(budget=budget, **run_kwargs(workdir=straight_dir))
     assert straight.status == "succeeded" and _unbalanced(straight) == []
     paused_dir = migration_dir(source_db, tmp_path / "paused")
     approver = (
@@ -566,8 +568,7 @@ async def test_each_nodes_allocation_is_what_it_spent_and_released_over_all_resu
     result = await hierplan.run(
         approver=approver,
         checkpoint_dir=paused_dir,
-        allocation=allocation,
-        **budget,
+        budget=budget,
         **run_kwargs(workdir=paused_dir),
     )
     # One pause: the resumed run approves the later plans; else each sub-plan pauses it.

@@ -107,7 +107,9 @@ def test_a_bare_name_two_providers_share_has_no_price() -> None:
 def test_the_simulator_priced_as_a_bare_model_name_reports_its_cost(tmp_path: Path) -> None:
     # --model sim:gpt-5-mini left every call unpriced and the run's cost at zero
     result = hierplan.run_sync(
-        scenario="data_migration", model="sim:gpt-5-mini", sim_latency_scale=0, workdir=tmp_path
+        scenario="data_migration",
+        model=hierplan.Simulator(latency_scale=0, priced_as="gpt-5-mini"),
+        workdir=tmp_path,
     )
     totals = result.totals()
     assert totals["unpriced_calls"] == 0 and totals["cost_usd"] > 0

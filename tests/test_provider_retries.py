@@ -44,9 +44,10 @@ async def mini_run(
 ) -> RunResult:
     return await hierplan.run(
         GOAL,
-        model=MODELS[provider],
+        model=hierplan.ModelSpec(
+            name=MODELS[provider], **model_options(server, provider, timeout_s=timeout_s)
+        ),
         settings=hierplan.RunSettings(retry_backoff_s=0, **settings),
-        model_options=model_options(server, provider, timeout_s=timeout_s),
     )
 
 
@@ -126,9 +127,8 @@ async def test_retry_after_is_honoured(provider: str) -> None:
         started = time.perf_counter()
         result = await hierplan.run(
             GOAL,
-            model=MODELS[provider],
+            model=hierplan.ModelSpec(name=MODELS[provider], **model_options(server, provider)),
             settings=hierplan.RunSettings(retry_backoff_s=0),
-            model_options=model_options(server, provider),
             listeners=[events.append],
         )
         elapsed = time.perf_counter() - started
@@ -174,9 +174,10 @@ async def test_an_attempt_that_could_not_connect_counts_for_nothing(provider: st
     # The server has stopped: its port refuses connections, so no request went out.
     result = await hierplan.run(
         GOAL,
-        model=MODELS[provider],
+        model=hierplan.ModelSpec(
+            name=MODELS[provider], **{"base_url": base_url, "api_key": "test-key", "timeout_s": 2.0}
+        ),
         settings=hierplan.RunSettings(model_retries=0),
-        model_options={"base_url": base_url, "api_key": "test-key", "timeout_s": 2.0},
     )
     assert result.status == "failed"
     assert result.error is not None and "connection failed" in result.error
@@ -227,9 +228,10 @@ async def test_every_attempt_passes_through_the_instruments(provider: str) -> No
         server.faults.script(["rate_limit", "truncated", None, "malformed"])
         result = await hierplan.run(
             GOAL,
-            model=MODELS[provider],
+            model=hierplan.ModelSpec(
+                name=MODELS[provider], **model_options(server, provider, timeout_s=0.4)
+            ),
             settings=hierplan.RunSettings(retry_backoff_s=0),
-            model_options=model_options(server, provider, timeout_s=0.4),
             instruments=[counter],
         )
         hits = server.count()
@@ -271,12 +273,8 @@ async def test_one_client_serves_planner_and_executor_and_given_models_stay_open
 ) -> None:
     async with closes_counted(monkeypatch) as closed:
         with WireServer(script()) as server:
-            result = await hierplan.run(
-                GOAL,
-                model=MODELS["openai"],
-                executor_model=MODELS["openai"],
-                model_options=model_options(server, "openai"),
-            )
+            spec = hierplan.ModelSpec(name=MODELS["openai"], **model_options(server, "openai"))
+            result = await hierplan.run(GOAL, model=spec, executor_model=spec)
             assert result.status == "succeeded" and closed == [MODELS["openai"]]
             mine = OpenAIModel("gpt-5-mini", api_key="test-key", base_url=server.openai_base_url)
             server.backend.script.extend([Reply(output=PLAN), Reply(text="hello")])  # type: ignore[attr-defined]

@@ -41,10 +41,11 @@ async def migrate(
 ) -> RunResult:
     return await hierplan.run(
         scenario="data_migration",
-        model=MODELS[provider],
+        model=hierplan.ModelSpec(
+            name=MODELS[provider], **model_options(server, provider, timeout_s=timeout_s)
+        ),
         workdir=workdir,
         settings=hierplan.RunSettings(retry_backoff_s=0.01, **settings),
-        model_options=model_options(server, provider, timeout_s=timeout_s),
         listeners=listeners or [],
     )
 
@@ -154,9 +155,10 @@ async def test_a_whole_run_on_a_model_that_thinks(scenario: tuple[Path, Scenario
     with WireServer(OracleBackend(env.oracle, thinking=True)) as server:
         result = await hierplan.run(
             scenario="data_migration",
-            model="anthropic:claude-sonnet-5",
+            model=hierplan.ModelSpec(
+                name="anthropic:claude-sonnet-5", **model_options(server, "anthropic")
+            ),
             workdir=workdir,
-            model_options=model_options(server, "anthropic"),
         )
         assert server.count() == len(calls(result))
     assert_migrated(result)

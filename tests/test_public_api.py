@@ -17,6 +17,8 @@ EXPECTED = {
     "NodeRecord", "STRATEGIES", "Instrument", "RunContext", "NodeContext", "Tracing",
     # the seam instruments, planners and executors see
     "RunView", "NodeView", "StepEnv", "CallScope", "CallOutcome",
+    # what a run is
+    "RunSpec", "BudgetSpec", "ModelSpec", "Simulator", "start_resume",
     # events
     "RunEvent", "AnyEvent", "parse_event", "RunStarted", "NodeStarted", "NodeFinished",
     "PlanProposed", "PlanDecided", "Replanned", "StepRetried", "ToolCalled", "ModelCalled",

@@ -60,7 +60,9 @@ def _one_record() -> RunResult:
 
     plan = {"goal": "g", "steps": [{"id": "a", "title": "A", "instruction": "say ok"}]}
     model = ScriptedModel([plan_response(plan), ModelResponse(text="ok")])
-    return anyio.run(lambda: hierplan.run("g", model=model, price_in=0.1, price_out=0.3))
+    return anyio.run(
+        lambda: hierplan.run(hierplan.RunSpec(goal="g", model=model, price_in=0.1, price_out=0.3))
+    )
 
 
 def _recorded() -> RunResult:
@@ -72,8 +74,8 @@ def _recorded() -> RunResult:
 @given(
     text=st.text(),
     # Records keep pico-dollars; run.json writes USD floats, which hold every whole
-    # pico-dollar exactly up to 2**53 of them (about $9,007 a figure).
-    cost=st.integers(min_value=0, max_value=2**53),
+    # pico-dollar exactly up to 10**15 of them ($1,000 a figure; beyond, to the float's precision).
+    cost=st.integers(min_value=0, max_value=10**15),
 )
 def test_run_json_holds_any_text_and_cost_exactly(text: str, cost: int) -> None:
     """run.json is JSON that reads back to the record's dict, whatever text a model or a user
@@ -267,10 +269,8 @@ async def test_cost_rollups_equal_the_sum_of_the_calls_costs_in_any_order() -> N
             *[ModelResponse(text="ok", usage=Usage(100_001 * (i + 1), 7)) for i in range(3)],
         ]
     )
-    result = await hierplan.run(
-        "g", model=model, strategy="dag", listeners=[events.append],
-        price_in=0.1, price_out=0.3,
-    )  # fmt: skip
+    spec = hierplan.RunSpec(goal="g", model=model, price_in=0.1, price_out=0.3)
+    result = await hierplan.run(spec, strategy="dag", listeners=[events.append])
     costs = [e.cost_usd for e in events if isinstance(e, ModelCalled) and e.cost_usd is not None]
     assert len(costs) == 4
     # Costs are whole pico-dollars, summed exactly: each figure is the nearest float to the

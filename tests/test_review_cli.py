@@ -22,8 +22,8 @@ from typer.testing import CliRunner
 import hierplan as hierplan_api
 from hierplan.agents.prompts import parse_plan_prompt
 from hierplan.cli import app
+from hierplan.durable.checkpoint import CHECKPOINT_FILE, PENDING_DIR, RESUMING_FILE
 from hierplan.durable.lock import RUN_LOCK, lock_directory
-from hierplan.hierarchy.pause import CHECKPOINT_FILE, PENDING_DIR, RESUMING_FILE
 from hierplan.models.base import ModelRequest, ModelResponse
 from hierplan.models.scripted import FunctionModel
 from hierplan.review import PauseForReview

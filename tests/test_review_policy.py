@@ -180,12 +180,14 @@ async def test_a_usd_policy_without_a_run_budget_reviews_the_sub_goals_estimated
         return Approve(by="person")
 
     result = await hierplan.run(
-        ROOT_GOAL,
-        model=fanout_planner(3),
+        hierplan.RunSpec(
+            goal=ROOT_GOAL,
+            model=fanout_planner(3),
+            price_in=None if price_out is None else 0.25,
+            price_out=price_out,
+        ),
         tools=[recording_tool([])],
         approver=PolicyApprover(CallbackApprover(reviewer), "usd>0.005"),
-        price_in=None if price_out is None else 0.25,
-        price_out=price_out,
     )
     assert result.status == "succeeded", result.error
     assert sorted(seen) == reviewed
@@ -357,8 +359,7 @@ async def test_a_budget_policy_weighs_each_subgoal_by_what_it_may_spend(allocati
         tools=[recording_tool(calls)],
         strategy="hierarchical",
         approver=PolicyApprover(CallbackApprover(reviewer), "tokens>100"),
-        budget_tokens=1_000_000,
-        allocation=allocation,
+        budget={"tokens": 1_000_000, "allocation": allocation},
     )
     assert result.status == "succeeded", result.error
     assert sorted(reviewed) == ["1", "1.1", "1.2", "1.3"]

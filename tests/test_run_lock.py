@@ -26,9 +26,9 @@ from hierplan.batch.journal import LOCK as BATCH_LOCK
 from hierplan.batch.journal import Journal
 from hierplan.cli import app
 from hierplan.core.events import RunEvent
+from hierplan.durable.checkpoint import CHECKPOINT_FILE, PENDING_DIR, RESUMING_FILE
 from hierplan.durable.lock import RUN_LOCK, lock_directory
 from hierplan.errors import ModelAuthError, UserInputError
-from hierplan.hierarchy.pause import CHECKPOINT_FILE, PENDING_DIR, RESUMING_FILE
 from hierplan.models.base import ModelRequest, ModelResponse
 from hierplan.models.scripted import FunctionModel
 from hierplan.review import PauseForReview
@@ -41,8 +41,8 @@ PAUSED = 3
 CLI_HOLDS = """
 import sys
 from pathlib import Path
-from hierplan.cli import _holding
-with _holding(Path(sys.argv[1]), otherwise=""):
+from hierplan.cli.running import holding
+with holding(Path(sys.argv[1]), otherwise=""):
     print("held", flush=True)
     sys.stdin.read()
 """
@@ -318,9 +318,10 @@ def test_batch_goals_that_run_with_a_checkpoint_dir_lock_it_under_the_batch_lock
     run_stand_in = batch.run_fn
     seen: list[tuple[str, str, str]] = []
 
-    async def in_a_directory(goal: str | None, **kwargs: Any) -> Any:
+    async def in_a_directory(spec: hierplan.RunSpec, **kwargs: Any) -> Any:
         # Goals 1 and 2 share a directory, 3 and 4 have one each.
-        goal_id = kwargs["run_id"]
+        goal_id = spec.run_id
+        assert goal_id is not None
         run_dir = out / "goals" / {"line-2": "line-1"}.get(goal_id, goal_id)
 
         def watch(event: RunEvent) -> None:
@@ -328,7 +329,7 @@ def test_batch_goals_that_run_with_a_checkpoint_dir_lock_it_under_the_batch_lock
             seen.append((goal_id, *locks))
 
         listeners = [*kwargs.pop("listeners", ()), watch]
-        return await run_stand_in(goal, checkpoint_dir=run_dir, listeners=listeners, **kwargs)
+        return await run_stand_in(spec, checkpoint_dir=run_dir, listeners=listeners, **kwargs)
 
     batch.run_fn = in_a_directory
     summary = anyio.run(run_batch, batch)

@@ -11,21 +11,27 @@ from review_support import ROOT_GOAL, fanout_planner, recording_tool
 
 import hierplan
 from hierplan import Approve, PauseForReview
-from hierplan.hierarchy.pause import CHECKPOINT_FILE
+from hierplan.durable.checkpoint import CHECKPOINT_FILE
 
 # What resume decides from the checkpoint, not its caller.
-DECIDED_BY_THE_CHECKPOINT = {"run_id", "checkpoint_dir", "restore"}
+DECIDED_BY_THE_CHECKPOINT = {"checkpoint_dir"}
 
 
-def _keyword_options(function: object) -> set[str]:
-    parameters = inspect.signature(function).parameters.values()  # type: ignore[arg-type]
-    return {p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
-
-
-def test_the_typed_options_are_exactly_runs_keyword_options() -> None:
-    run_options = _keyword_options(hierplan.run)
-    assert hierplan.RunOptions.__optional_keys__ == run_options
-    resumed = (run_options - DECIDED_BY_THE_CHECKPOINT) | {"node", "version", "drop_checkpoint"}
+def test_run_takes_a_spec_or_a_goal_and_at_most_a_dozen_options() -> None:
+    (goal, options) = inspect.signature(hierplan.run).parameters.values()
+    assert goal.name == "goal" and options.kind is inspect.Parameter.VAR_KEYWORD
+    run_options = hierplan.RunOptions.__optional_keys__
+    assert len(run_options) <= 12
+    # Every field of a spec but the goal is an option or only a spec's.
+    given_beside = {"tools", "approver", "instruments", "listeners", "checkpoint_dir"}
+    spec_fields = set(hierplan.RunSpec.model_fields) | {"strategy"}
+    assert run_options - given_beside <= spec_fields
+    resumed = (run_options - DECIDED_BY_THE_CHECKPOINT) | {
+        "node",
+        "version",
+        "drop_checkpoint",
+        "extra",
+    }
     assert hierplan.ResumeOptions.__optional_keys__ == resumed
 
 
@@ -35,12 +41,12 @@ def test_run_sync_refuses_a_misspelt_option_naming_the_nearest() -> None:
 
 
 def test_start_refuses_a_misspelt_option_at_the_call() -> None:
-    with pytest.raises(TypeError, match=r"start\(\) .* 'budget_usdd': did you mean 'budget_usd'"):
-        hierplan.start("greet", budget_usdd=0.5)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"start\(\) .* 'budgt': did you mean 'budget'"):
+        hierplan.start("greet", budgt={"usd": 0.5})  # type: ignore[call-arg]
 
 
 def test_an_option_near_none_lists_what_is_taken() -> None:
-    with pytest.raises(TypeError, match=r"'zzz': it takes allocation, approver, budget_tokens"):
+    with pytest.raises(TypeError, match=r"'zzz': it takes approver, budget, checkpoint_dir"):
         hierplan.run_sync("greet", zzz=1)  # type: ignore[call-arg]
 
 
@@ -64,7 +70,7 @@ async def test_resume_refuses_a_misspelt_option_before_touching_the_run_director
     with pytest.raises(TypeError, match=r"resume\(\) .* 'tool': did you mean 'tools'\?"):
         await hierplan.resume(tmp_path, Approve(), model=model, tool=tools)  # type: ignore[call-arg]
     # run_id is run's, not resume's: the checkpoint says which run goes on
-    with pytest.raises(TypeError, match=r"'run_id': it takes allocation"):
+    with pytest.raises(TypeError, match=r"'run_id': it takes approver, budget"):
         await hierplan.resume(tmp_path, Approve(), model=model, tools=tools, run_id="x")  # type: ignore[call-arg]
     with pytest.raises(TypeError, match=r"resume_sync\(\) .* 'nod': did you mean 'node'\?"):
         hierplan.resume_sync(tmp_path, Approve(), nod="1")  # type: ignore[call-arg]
@@ -80,7 +86,10 @@ async def test_every_path_argument_takes_a_str(
 ) -> None:
     monkeypatch.chdir(tmp_path)  # relative str paths, as a user types them
     result = await hierplan.run(
-        scenario="data_migration", workdir="work/mig", sim_latency_scale=0, seed=1
+        scenario="data_migration",
+        workdir="work/mig",
+        model=hierplan.Simulator(latency_scale=0),
+        settings={"seed": 1},
     )
     assert result.status == "succeeded", result.error
     assert (tmp_path / "work" / "mig").is_dir()

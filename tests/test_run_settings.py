@@ -68,15 +68,17 @@ def test_the_bounds_themselves_are_accepted() -> None:
 def test_a_python_override_says_how_to_set_it() -> None:
     saved = hierplan.RunSettings(retry_backoff_s=1.0)
     with pytest.raises(UserInputError, match=r"max_depth: .*--set NAME=VALUE"):
-        hierplan.run_sync("g", settings=saved, max_depth=99)
+        hierplan.run_sync("g", settings={**saved.model_dump(), "max_depth": 99})
 
 
 def test_settings_of_another_type_are_refused_saying_what_to_give() -> None:
-    with pytest.raises(TypeError, match=r"settings must be a hierplan.RunSettings, not dict"):
-        hierplan.run_sync(scenario="data_migration", settings={"seed": 1})  # type: ignore[arg-type]
+    with pytest.raises(
+        TypeError, match=r"settings must be a hierplan.RunSettings or a mapping of its fields"
+    ):
+        hierplan.run_sync(scenario="data_migration", settings=["seed"])  # type: ignore[arg-type]
     for scale in ("fast", True, None):
         with pytest.raises(UserInputError, match=r"latency scale must be a finite number >= 0"):
-            hierplan.run_sync(scenario="data_migration", sim_latency_scale=scale)  # type: ignore[arg-type]
+            hierplan.Simulator(latency_scale=scale)
 
 
 def test_the_command_line_refuses_an_infinite_delay_on_one_line() -> None:

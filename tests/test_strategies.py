@@ -45,9 +45,15 @@ def plan(*steps: Step, goal: str = "the goal") -> Plan:
     return Plan(goal=goal, steps=list(steps))
 
 
-async def go(model: ScriptedModel, strategy: str, **kwargs: Any) -> RunResult:
-    kwargs.setdefault("settings", hierplan.RunSettings(retry_backoff_s=0))
-    result = await hierplan.run("the goal", model=model, strategy=strategy, tools=TOOLS, **kwargs)
+async def go(model: ScriptedModel, strategy: str, **settings: Any) -> RunResult:
+    """Run ``the goal`` on ``model`` with ``strategy`` and the run ``settings`` given."""
+    result = await hierplan.run(
+        "the goal",
+        model=model,
+        strategy=strategy,
+        tools=TOOLS,
+        settings={"retry_backoff_s": 0, **settings},
+    )
     model.assert_complete()
     return result
 
@@ -205,7 +211,7 @@ async def test_when_replanning_fails_the_approved_plan_goes_on_without_it() -> N
     )
     cyclic = plan(s("p", "q"), s("q", "p"))
     model = ScriptedModel([plan_response(first)] + [plan_response(cyclic)] * 3)
-    result = await go(model, "dag", settings=hierplan.RunSettings(retry_backoff_s=0, max_retries=0))
+    result = await go(model, "dag", max_retries=0)
     # y failed while w ran; v (after w) was held back for the replan, which never came
     statuses = {c.step_id: c.status for c in result.tree.children}
     assert statuses == {

@@ -75,9 +75,9 @@ def migration() -> Iterator[tuple[hierplan.RunResult, list[ReadableSpan]]]:
     with tempfile.TemporaryDirectory() as where:
         result = hierplan.run_sync(
             scenario="data_migration",
-            sim_latency_scale=0,
             workdir=Path(where),
             instruments=[telemetry.tracing()],
+            model=hierplan.Simulator(latency_scale=0),
         )
     # The simulator's noise can make a demo run fail now and then; its trace must add up all
     # the same, so any outcome is fine here.
@@ -133,8 +133,8 @@ async def test_chat_spans_count_a_reply_as_the_record_does(
         "greet",
         model=model,
         strategy="dag",
-        budget_tokens=budget_tokens,
         instruments=[telemetry.tracing()],
+        budget={"tokens": budget_tokens},
     )
     assert result.status == "succeeded", result.error
     spans = telemetry.finished()
@@ -167,9 +167,9 @@ async def test_a_failed_call_with_impossible_usage_counts_the_nearest_possible(
         "greet",
         model=model,
         strategy="dag",
-        budget_tokens=budget_tokens,
         settings=hierplan.RunSettings(max_retries=0, max_replans=0),
         instruments=[telemetry.tracing()],
+        budget={"tokens": budget_tokens},
     )
     (call,) = result.tree.find("1.1").calls
     assert call.usage == Usage(0, 7) and call.cost_usd is not None and call.cost_usd > 0
@@ -308,7 +308,7 @@ async def test_the_workflow_span_says_the_run_s_status_beside_its_root_s(
     telemetry = Telemetry()
     result = await hierplan.run(
         instruments=[telemetry.tracing()],
-        budget_tokens=budget_tokens,
+        budget={"tokens": budget_tokens},
         **ScriptedRun().run_options(),
     )
     assert (result.status, result.tree.status) == (run_status, root_status), result.error
@@ -431,7 +431,9 @@ async def test_content_is_recorded_only_on_opt_in_and_secrets_never() -> None:
         telemetry = Telemetry()
         scripted = ScriptedRun()
         options = scripted.run_options()
-        options["goal"] = f"Sum and report (key {SECRET})"
+        options["goal"] = options["goal"].model_copy(
+            update={"goal": f"Sum and report (key {SECRET})"}
+        )
         await hierplan.run(instruments=[telemetry.tracing(capture_content=capture)], **options)
         spans = telemetry.finished()
         text = json.dumps([dict(s.attributes or {}) for s in spans], default=str)
@@ -558,7 +560,7 @@ async def test_one_instrument_traces_concurrent_runs_apart() -> None:
 
     async def one(run_id: str) -> None:
         options = ScriptedRun().run_options()
-        options["run_id"] = run_id
+        options["goal"] = options["goal"].model_copy(update={"run_id": run_id})
         results[run_id] = await hierplan.run(instruments=[tracing], **options)
 
     async with anyio.create_task_group() as tg:

@@ -297,7 +297,10 @@ def test_the_level_budget_column_shows_the_run_budget_figures_the_terminal_shows
     # more than the run's limit): the record's per-level allocated and spent, with a note on
     # why a level's allocations may add up to more than the run's limit.
     result = hierplan.run_sync(
-        scenario="data_migration", sim_latency_scale=0, budget_tokens=50_000_000, workdir=tmp_path
+        scenario="data_migration",
+        workdir=tmp_path,
+        model=hierplan.Simulator(latency_scale=0),
+        budget={"tokens": 50_000_000},
     )
     page = render_html(result)
     table = page[page.index('id="levels"') : page.index("</table>", page.index('id="levels"'))]

@@ -40,10 +40,9 @@ async def test_a_run_on_a_real_provider_is_traced(
     with WireServer(OracleBackend(env.oracle)) as server:
         result = await hierplan.run(
             scenario="data_migration",
-            model=MODELS[provider],
+            model=hierplan.ModelSpec(name=MODELS[provider], **model_options(server, provider)),
             workdir=workdir,
             settings=hierplan.RunSettings(retry_backoff_s=0.01),
-            model_options=model_options(server, provider),
             instruments=[telemetry.tracing(capture_content=True)],
         )
         hits = server.count()
@@ -90,11 +89,12 @@ async def test_a_reply_without_usage_counts_anthropics_tool_use_prompt_in_span_a
         server.faults.script(["no_usage"])
         result = await hierplan.run(
             "greet",
-            model=MODELS["anthropic"],
+            model=hierplan.ModelSpec(
+                name=MODELS["anthropic"], **model_options(server, "anthropic")
+            ),
             strategy="dag",
-            budget_tokens=budget_tokens,
-            model_options=model_options(server, "anthropic"),
             instruments=[Keep(), telemetry.tracing()],
+            budget={"tokens": budget_tokens},
         )
     assert result.status == "succeeded", result.error
     spans = telemetry.finished()
@@ -128,8 +128,9 @@ ANTHROPIC_CHECK = textwrap.dedent(
         result = hierplan.run_sync(
             "say done",
             strategy="react",
-            model=MODELS["anthropic"],
-            model_options=model_options(server, "anthropic"),
+            model=hierplan.ModelSpec(
+                name=MODELS["anthropic"], **model_options(server, "anthropic")
+            ),
             instruments=[tracing],
         )
     assert result.status == "succeeded", result.error

@@ -13,7 +13,7 @@ from tracing_support import ScriptedRun, Telemetry
 
 import hierplan
 from hierplan import Approve, CallbackApprover, Defer, GateContext, Plan
-from hierplan.hierarchy.pause import CHECKPOINT_FILE
+from hierplan.durable.checkpoint import CHECKPOINT_FILE
 from hierplan.tracing.otel import Tracing
 
 pytestmark = pytest.mark.anyio

@@ -178,14 +178,16 @@ class ScriptedRun:
 
     def run_options(self) -> dict[str, Any]:
         """Keyword arguments of :func:`hierplan.run` for this run."""
-        from hierplan import RunSettings
+        from hierplan import RunSettings, RunSpec
 
         return {
-            "goal": "Sum and report",
-            "model": self.model,
+            "goal": RunSpec(
+                goal="Sum and report",
+                model=self.model,
+                settings=RunSettings(retry_backoff_s=0, max_depth=3),
+                run_id="scripted",
+            ),
             "tools": self.tools(),
-            "settings": RunSettings(retry_backoff_s=0, max_depth=3),
-            "run_id": "scripted",
         }
 
 

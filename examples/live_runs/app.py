@@ -78,15 +78,24 @@ class Runs:
     async def start(self, request: RunRequest) -> hierplan.RunHandle:
         """Start a run; bad input raises :class:`hierplan.UserInputError` here."""
         assert self.group is not None, "the service is not running"
-        options = request.model_dump(exclude_none=True)
         # The demo's scenario only when no goal is given: a goal alone is the client's own
         # goal, not one to run on the scenario's tools.
         default = None if request.goal is not None else "data_migration"
-        scenario = options.pop("scenario", default)
-        if scenario is not None:
-            options["scenario"] = self.scenarios.get(scenario, scenario)
+        scenario = request.scenario or default
+        settings = request.model_dump(include={"seed", "max_depth", "concurrency"})
         run_id = uuid.uuid4().hex[:12]
-        handle = hierplan.start(run_id=run_id, workdir=self.workdir / run_id, **options)
+        spec = hierplan.RunSpec(
+            goal=request.goal,
+            scenario=None if scenario is None else self.scenarios.get(scenario, scenario),
+            strategy=request.strategy,
+            settings={k: v for k, v in settings.items() if v is not None},
+            model=hierplan.Simulator(
+                profile=request.sim_profile, latency_scale=request.sim_latency_scale
+            ),
+            run_id=run_id,
+            workdir=self.workdir / run_id,
+        )
+        handle = hierplan.start(spec)
         started: hierplan.RunHandle = await self.group.start(self._own, handle)
         self.handles[run_id] = started
         finished = [rid for rid, h in self.handles.items() if h.done]

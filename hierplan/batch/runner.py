@@ -17,10 +17,14 @@ from hierplan.budgets.instrument import BudgetInstrument
 from hierplan.core.instrument import Instrument
 from hierplan.core.settings import RunSettings
 from hierplan.errors import HierplanError
+from hierplan.models.base import parse_model_string
 from hierplan.pricing import PriceTable
 from hierplan.records import RunResult
-from hierplan.runner.models import is_simulated, priced_as_of, provider_options, with_price
+from hierplan.runner.models import priced_as_of, with_price
 from hierplan.runner.run import run
+from hierplan.runner.spec import ModelChoice, ModelSpec, RunSpec, is_simulated
+from hierplan.simulator.oracle import Oracle
+from hierplan.simulator.profiles import Simulator
 from hierplan.units import pico_to_usd
 
 RunFunction = Callable[..., Awaitable[RunResult]]
@@ -56,23 +60,36 @@ class RunOptions:
         """The options :meth:`to_dict` wrote."""
         return cls(**data)
 
-    def model_options(self, model: str) -> dict[str, Any]:
-        """The model options of a goal on ``model``: ``--base-url`` and ``--timeout`` reach
-        provider models only (a goal on the simulator in a batch of provider goals keeps its
+    def model_choice(self, model: str, oracle: Oracle | None) -> ModelChoice:
+        """A goal's model: the simulator with the batch's knobs (on ``oracle``, a benchmark
+        task's), or a provider's model with ``--base-url`` and ``--timeout`` (which reach
+        provider models only: a goal on the simulator in a batch of provider goals keeps its
         simulator)."""
         if is_simulated(model):
-            return {}
-        return provider_options(self.base_url, self.timeout)
+            return Simulator(
+                profile=self.sim_profile,
+                latency_scale=self.sim_latency_scale,
+                priced_as=parse_model_string(model).name or None,
+                oracle=oracle,
+            )
+        return ModelSpec(name=model, base_url=self.base_url, timeout_s=self.timeout)
 
-    def run_extras(self, model: str) -> dict[str, Any]:
-        """The arguments of :func:`hierplan.run` these flags add for a goal on ``model``: only
-        those given, so a run function that wraps ``run`` sees none it did not ask for."""
-        extras: dict[str, Any] = {}
-        if model_options := self.model_options(model):
-            extras["model_options"] = model_options
-        if self.price_in is not None or self.price_out is not None:
-            extras |= {"price_in": self.price_in, "price_out": self.price_out}
-        return extras
+    def run_spec(
+        self, goal: BatchGoal, workdir: Path, text: str | None, oracle: Oracle | None
+    ) -> RunSpec:
+        """The spec of ``goal``'s run (``text``: its goal, a benchmark task's when it names
+        one), working in ``workdir``."""
+        spec = goal.spec
+        return RunSpec(
+            goal=text,
+            scenario=spec.scenario,
+            model=self.model_choice(spec.model or self.model, oracle),
+            settings=self.settings(goal),
+            price_in=self.price_in,
+            price_out=self.price_out,
+            workdir=workdir / "work" if spec.scenario else None,
+            run_id=goal.id,
+        )
 
     def pricing(self, goals: Iterable[BatchGoal], base: PriceTable | None = None) -> PriceTable:
         """``base`` (the built-in prices by default) with ``--price-in``/``--price-out`` set
@@ -141,26 +158,19 @@ async def run_goal(
         budget_options=GOAL_BUDGET_OPTIONS,
     )
     task_env: TaskEnv | None = None
-    extra: dict[str, Any] = {}
+    oracle: Oracle | None = None
     try:
         if spec.suite is not None and spec.task is not None:
             suite = get_suite(spec.suite)
             task_env = suite.environment(
                 suite_task(spec.suite, spec.task), latency_scale=options.sim_latency_scale
             )
-            extra = {"tools": task_env.tools, "oracle": suite.oracle()}
-        extra |= options.run_extras(spec.model or options.model)
+            oracle = suite.oracle()
+        text = task_env.goal if task_env is not None else spec.goal
         result = await run_fn(
-            task_env.goal if task_env is not None else spec.goal,
-            scenario=spec.scenario,
-            model=spec.model or options.model,
-            settings=options.settings(goal),
+            options.run_spec(goal, workdir, text, oracle),
+            tools=() if task_env is None else task_env.tools,
             instruments=[*instruments, budgeting],
-            sim_profile=options.sim_profile,
-            sim_latency_scale=options.sim_latency_scale,
-            workdir=workdir / "work" if spec.scenario else None,
-            run_id=goal.id,
-            **extra,
         )
         if task_env is not None:
             # The suite's verifier checks the world (or the gold answer), as the bench does.

@@ -36,9 +36,11 @@ from hierplan.files import make_directory, write_atomic
 from hierplan.models.base import Model, ToolCall, close_model, parse_model_string
 from hierplan.records import RunResult
 from hierplan.runner.models import SIMULATOR_ONLY, check_base_url, resolve_model
-from hierplan.runner.run import run
+from hierplan.runner.run import execute
+from hierplan.runner.spec import ModelChoice, RunSpec, is_simulated
 from hierplan.simulator.model import SimulatedModel
-from hierplan.simulator.profiles import PROFILES, NoiseProfile
+from hierplan.simulator.oracle import Oracle
+from hierplan.simulator.profiles import PROFILES, NoiseProfile, Simulator
 
 RESULTS = "results.jsonl"
 MANIFEST = "bench.json"
@@ -151,7 +153,7 @@ def check_config(config: BenchConfig) -> None:
 
 
 @dataclass(slots=True, frozen=True)
-class RunSpec:
+class BenchRun:
     """One run of the benchmark."""
 
     suite: Suite
@@ -165,7 +167,7 @@ class RunSpec:
         return (self.suite.name, self.task.task_id, self.seed, self.strategy)
 
 
-def plan_runs(config: BenchConfig) -> list[RunSpec]:
+def plan_runs(config: BenchConfig) -> list[BenchRun]:
     """Every run, task-major so that paired runs finish close together."""
     specs = []
     for name in config.suites:
@@ -173,7 +175,7 @@ def plan_runs(config: BenchConfig) -> list[RunSpec]:
         for task in suite.generate(config.tasks, config.task_seed):
             for seed in range(config.seeds):
                 for strategy in config.strategies:
-                    specs.append(RunSpec(suite, task, seed, strategy))
+                    specs.append(BenchRun(suite, task, seed, strategy))
     return specs
 
 
@@ -192,7 +194,7 @@ class ToolCounter(Instrument):
 
 
 def run_record(
-    spec: RunSpec,
+    spec: BenchRun,
     result: RunResult,
     tool_calls: int,
     success: bool,
@@ -273,40 +275,48 @@ def simulator_seed(task_id: str, seed: int) -> int:
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
-async def run_one(spec: RunSpec, config: BenchConfig, model: str | Model) -> dict[str, Any]:
+async def run_one(spec: BenchRun, config: BenchConfig, model: str | Model) -> dict[str, Any]:
     """Run one (suite, task, seed, strategy) and verify it."""
     env = spec.suite.environment(spec.task, latency_scale=config.latency_scale)
     counter = ToolCounter()
     seed = simulator_seed(spec.task.task_id, spec.seed)
-    if isinstance(model, SimulatedModel):
-        # One simulator shared by every run would draw with one seed for all of them and carry
-        # its draw counts from run to run, so that a run's noise would depend on the runs
-        # before it: each run gets a simulator of its own, seeded as for model "sim".
-        model = SimulatedModel(
-            spec.suite.oracle(),
-            profile=model.profile,
-            seed=seed,
-            priced_as=model.priced_as,
-            latency_scale=model.latency_scale,
-        )
     settings = RunSettings.model_validate(
         {"strategy": spec.strategy, "seed": seed}
         | ({"max_depth": config.max_depth} if config.max_depth is not None else {})
         | dict(config.run_settings)
     )
-    result = await run(
-        env.goal,
-        tools=env.tools,
-        model=model,
+    run_spec = RunSpec(
+        goal=env.goal,
+        model=_bench_model(model, config, spec.suite.oracle()),
         settings=settings,
-        oracle=spec.suite.oracle(),
-        sim_profile=config.profile,
-        sim_latency_scale=config.latency_scale,
-        instruments=[counter],
         run_id=f"{spec.task.task_id}-s{spec.seed}-{spec.strategy}",
     )
+    result = await execute(run_spec, tools=env.tools, instruments=[counter])
     verdict = env.verify(result.answer)
     return run_record(spec, result, counter.calls, verdict.ok, verdict.summary, config, model)
+
+
+def _bench_model(model: str | Model, config: BenchConfig, oracle: Oracle) -> ModelChoice:
+    """The model of one run. A simulator is each run's own (one shared by every run would
+    draw with one seed for all of them and carry its draw counts from run to run, so that a
+    run's noise would depend on the runs before it), on the suite's oracle, seeded by the
+    run's settings: a :class:`SimulatedModel` given lends it its profile, priced-as model and
+    latency scale."""
+    if isinstance(model, SimulatedModel):
+        return Simulator(
+            profile=model.profile,
+            latency_scale=model.latency_scale,
+            priced_as=model.priced_as,
+            oracle=oracle,
+        )
+    if isinstance(model, str) and is_simulated(model):
+        return Simulator(
+            profile=config.profile,
+            latency_scale=config.latency_scale,
+            priced_as=parse_model_string(model).name or None,
+            oracle=oracle,
+        )
+    return model
 
 
 def load_results(path: Path) -> list[dict[str, Any]]:
@@ -463,7 +473,7 @@ async def _run_all(
 
     with (out / RESULTS).open("a", encoding="utf-8") as sink:
 
-        async def one(spec: RunSpec) -> None:
+        async def one(spec: BenchRun) -> None:
             async with limiter:
                 try:
                     record = await run_one(spec, config, chosen)
@@ -510,7 +520,7 @@ def _run_error(group: BaseExceptionGroup[Any]) -> HierplanError | None:
 
 
 def _failed_record(
-    spec: RunSpec, config: BenchConfig, exc: Exception, model: str | Model
+    spec: BenchRun, config: BenchConfig, exc: Exception, model: str | Model
 ) -> dict[str, Any]:
     """A run of ``model`` that raised instead of returning a result (counted as a failure);
     it names the model the runs used, which ``run_bench(model=...)`` may give instead of the

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from hierplan.budgets.instrument import RunBudget
 
 # Where a user sets a run's budget, named in the message of a call the budget refused.
-BUDGET_OPTIONS = "--budget-tokens / --budget-usd (budget_tokens= / budget_usd= in the library)"
+BUDGET_OPTIONS = "--budget-tokens / --budget-usd (budget= in the library)"
 
 
 class CallCounts:

@@ -52,41 +52,42 @@ def unknown_price_message(priced_as: str) -> str:
     """The one-line error for a USD budget on a model without a price."""
     return (
         f"no price is known for model {priced_as!r}, so a USD budget cannot be enforced: give "
-        "its price with --price-in/--price-out (USD per million tokens; price_in=/price_out= "
-        "in the library), or budget in tokens only (--budget-tokens; budget_tokens= in the "
-        "library)"
+        "its price with --price-in/--price-out (USD per million tokens; RunSpec(price_in=..., "
+        "price_out=...) in the library), or budget in tokens only (--budget-tokens; "
+        "budget={'tokens': ...} in the library)"
     )
 
 
 # Where a user sets each part of a run's budget, named in the messages about a bad value.
 _BUDGET_OPTION = MappingProxyType(
     {
-        "tokens": "--budget-tokens (budget_tokens= in the library)",
-        "usd": "--budget-usd (budget_usd= in the library)",
+        "tokens": "--budget-tokens (budget={'tokens': ...} in the library)",
+        "usd": "--budget-usd (budget={'usd': ...} in the library)",
     }
 )
 
 
-def run_budget(tokens: int | None, usd: float | None) -> Budget:
-    """The :class:`Budget` of ``run(budget_tokens=..., budget_usd=...)``; a bad value raises
+def run_budget(tokens: int | float | None, usd: float | None) -> Budget:
+    """The :class:`Budget` of a run's :class:`~hierplan.BudgetSpec`; a bad value raises
     :class:`UserInputError` naming the option that set it."""
     for key, given in (("tokens", {"tokens": tokens}), ("usd", {"usd": usd})):
         try:
-            Budget(**given)
+            Budget(**given)  # any value: it is checked here
         except UserInputError as exc:
             raise UserInputError(f"{_BUDGET_OPTION[key]}: {exc}") from None
+    assert tokens is None or isinstance(tokens, int)  # Budget refuses a token count of 1.5
     return Budget(tokens, usd)
 
 
 def prepare_budget(
     *,
     budget_usd: float | None,
-    budget_tokens: int | None,
+    budget_tokens: int | float | None,
     allocation: str,
     pricing: PriceTable,
     models: list[str],
 ) -> BudgetInstrument | None:
-    """The instrument for ``run(budget_usd=..., budget_tokens=...)``, checked before anything
+    """The instrument for a run's budget (``usd``, ``tokens``), checked before anything
     runs: bad values and unknown prices under a USD budget raise :class:`UserInputError`."""
     if allocation not in ALLOCATIONS:
         raise UserInputError(

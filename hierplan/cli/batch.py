@@ -24,14 +24,26 @@ from hierplan.batch.display import BatchDisplay, summary_table
 from hierplan.batch.runner import RunOptions
 from hierplan.budgets.budget import ALLOCATIONS, MAX_BUDGET_TOKENS, Budget
 from hierplan.budgets.redis_ledger import check_reachable
-from hierplan.cli.options import BaseUrlOpt, PriceInOpt, PriceOutOpt, TimeoutOpt, out_option
+from hierplan.cli.options import (
+    AllocationOpt,
+    BaseUrlOpt,
+    LatencyOpt,
+    ModelOpt,
+    PriceInOpt,
+    PriceOutOpt,
+    ProfileOpt,
+    StrategyOpt,
+    TimeoutOpt,
+    TraceOpt,
+    fail,
+    out_option,
+)
 from hierplan.core.settings import MAX_SEED, STRATEGY_NAMES
 from hierplan.errors import HierplanError, UserInputError
 from hierplan.runner.goals import settings_from_assignments
 from hierplan.runner.models import check_base_url
 from hierplan.simulator.profiles import PROFILES
 from hierplan.tracing.setup import (
-    TRACE_HELP,
     TraceSetup,
     configure_tracing,
     export_problems_in_one_line,
@@ -50,12 +62,6 @@ VisibilityOpt = Annotated[
         help="Seconds before a goal whose worker died is delivered again (> the longest goal).",
     ),
 ]
-TraceOpt = Annotated[list[str] | None, typer.Option("--trace", metavar="TARGET", help=TRACE_HELP)]
-
-
-def _fail(message: str, code: int = 2) -> NoReturn:
-    Console(stderr=True).print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
 
 
 def _pico(usd: float | None) -> int | None:
@@ -102,15 +108,6 @@ GoalTokensOpt = Annotated[
         help="Token cap of a goal that sets none.",
     ),
 ]
-ModelOpt = Annotated[
-    str, typer.Option("--model", "-m", help="Default model: sim, openai:<m>, anthropic:<m>.")
-]
-StrategyOpt = Annotated[
-    str, typer.Option("--strategy", "-s", help=f"Default strategy: {', '.join(STRATEGY_NAMES)}.")
-]
-AllocationOpt = Annotated[
-    str, typer.Option("--allocation", help="Default: equal, weighted or on-demand.")
-]
 SeedOpt = Annotated[
     int,
     typer.Option(
@@ -120,13 +117,6 @@ SeedOpt = Annotated[
         help="The batch's simulator seed: a goal without a seed of its own gets one derived "
         "from it and the goal's id.",
     ),
-]
-ProfileOpt = Annotated[
-    str, typer.Option("--sim-profile", help=f"Simulator noise: {', '.join(PROFILES)}.")
-]
-LatencyOpt = Annotated[
-    float,
-    typer.Option("--sim-latency-scale", min=0.0, help="Scale simulated latency (0 = none)."),
 ]
 
 
@@ -219,7 +209,7 @@ def batch_command(
     except HierplanError as exc:
         if tracing is not None:
             tracing.shutdown()
-        _fail(str(exc))
+        fail(str(exc))
     _run(batch, tracing)
 
 
@@ -281,9 +271,9 @@ def _run(batch: Batch, tracing: TraceSetup | None) -> NoReturn:
                 if tracing is not None:
                     tracing.shutdown()
     except HierplanError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except KeyboardInterrupt:
-        _fail(f"interrupted; continue with: {resume_command(config)}", 130)
+        fail(f"interrupted; continue with: {resume_command(config)}", 130)
     console.print(summary_table(summary))
     console.print(
         f"journal: {config.out / 'journal.sqlite'}  summary: {config.out / 'summary.json'}  "
@@ -336,7 +326,7 @@ def worker_command(
     try:
         tracing = configure_tracing(trace)
     except HierplanError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     try:
         run_worker(
             broker,
@@ -346,7 +336,7 @@ def worker_command(
             instruments=tracing.instruments if tracing is not None else None,
         )
     except HierplanError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     finally:
         if tracing is not None:
             tracing.shutdown()

@@ -39,12 +39,19 @@ from hierplan.bench.report import (
     write_csv,
 )
 from hierplan.bench.suites import SUITE_NAMES
-from hierplan.cli.options import BaseUrlOpt, TimeoutOpt, out_option
+from hierplan.cli.options import (
+    BaseUrlOpt,
+    LatencyOpt,
+    ModelOpt,
+    ProfileOpt,
+    TimeoutOpt,
+    out_option,
+)
 from hierplan.core.settings import STRATEGY_NAMES
 from hierplan.errors import HierplanError, UserInputError
 from hierplan.files import new_directory, write_atomic
 from hierplan.runner.goals import settings_from_assignments
-from hierplan.simulator.profiles import PROFILES, NoiseProfile, get_profile
+from hierplan.simulator.profiles import NoiseProfile, get_profile
 
 # CLI flag -> NoiseProfile field, for the explicit simulator parameters.
 NOISE_FLAGS: Mapping[str, str] = MappingProxyType(
@@ -103,12 +110,6 @@ StrategiesOpt = Annotated[
 ]
 TasksOpt = Annotated[int, typer.Option("--tasks", help="Tasks per suite.")]
 SeedsOpt = Annotated[int, typer.Option("--seeds", help="Seeds per task (simulator noise).")]
-ModelOpt = Annotated[
-    str,
-    typer.Option(
-        "--model", "-m", help="sim, sim:<priced-as model>, openai:<model> or anthropic:<model>."
-    ),
-]
 ConcurrencyOpt = Annotated[int, typer.Option("--concurrency", "-c", help="Runs at once.")]
 OutOpt = Annotated[Path | None, out_option("Output directory (default runs/bench-<time>).")]
 ResumeOpt = Annotated[
@@ -124,12 +125,6 @@ MaxDepthOpt = Annotated[
 ]
 PlotOpt = Annotated[
     bool, typer.Option("--plot/--no-plot", help="Write cost_vs_success.png (needs matplotlib).")
-]
-ProfileOpt = Annotated[
-    str, typer.Option("--sim-profile", help=f"Simulator noise: {', '.join(PROFILES)}.")
-]
-LatencyScaleOpt = Annotated[
-    float, typer.Option("--sim-latency-scale", help="Scale simulated latency (0 = none).")
 ]
 
 
@@ -164,7 +159,7 @@ def bench_command(
     set_: SetOpt = None,
     plot: PlotOpt = True,
     sim_profile: ProfileOpt = "typical",
-    sim_latency_scale: LatencyScaleOpt = 1.0,
+    sim_latency_scale: LatencyOpt = 1.0,
     sim_plan_error_rate: Annotated[float | None, _noise_option("sim_plan_error_rate")] = None,
     sim_plan_error_per_step: Annotated[
         float | None, _noise_option("sim_plan_error_per_step")

@@ -11,44 +11,22 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-import typer
 from rich.console import Console
 from rich.text import Text
 
+from hierplan.durable.checkpoint import PENDING_DIR, pending_versions
 from hierplan.errors import UserInputError
-from hierplan.hierarchy.gate import Approve, Approver, AutoApprove, Decision, Edit, Reject
-from hierplan.hierarchy.pause import PENDING_DIR, pending_versions
+from hierplan.hierarchy.gate import Approver, AutoApprove
+from hierplan.plans.decisions import Approve, Decision, Edit, Reject
 from hierplan.plans.plan import load_plan
 from hierplan.records import RunResult
 from hierplan.review.console import ConsoleReviewer
-from hierplan.review.policy import POLICY_HELP, PauseForReview, PolicyApprover, ReviewPolicy
+from hierplan.review.policy import PauseForReview, PolicyApprover, ReviewPolicy
 from hierplan.review.render import diff_view
 from hierplan.view.console import RunConsole
 
-ReviewOpt = Annotated[
-    bool,
-    typer.Option(
-        "--review", help="Review plans here before they run: approve, edit, reject or quit."
-    ),
-]
-PauseOpt = Annotated[
-    bool,
-    typer.Option(
-        "--pause-for-review",
-        help="Do not ask here: pause at the first plan that needs review, save it in the run "
-        "directory and exit with status 3; continue with hierplan resume.",
-    ),
-]
-PolicyOpt = Annotated[
-    str,
-    typer.Option(
-        "--review-policy",
-        help=f"Which plans are reviewed: {POLICY_HELP} (the root plan and sub-goals whose "
-        "budget exceeds it).",
-    ),
-]
 EXIT_PAUSED = 3
 ReviewMode = Literal["auto", "console", "pause"]
 

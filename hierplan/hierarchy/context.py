@@ -21,9 +21,10 @@ from hierplan.core.events import EventBus
 from hierplan.core.instrument import Instrument
 from hierplan.core.settings import RunSettings
 from hierplan.core.views import PlanNeeds, Resumed, SpanIds, StepWork
+from hierplan.durable.restore import Restore
 from hierplan.hierarchy import calls
 from hierplan.hierarchy.gate import Gate
-from hierplan.hierarchy.pause import PauseControl, Restore
+from hierplan.hierarchy.pause import PauseControl
 from hierplan.hierarchy.scheduler import Slots
 from hierplan.models.base import Model, ModelRequest, ModelResponse, ToolSpec
 from hierplan.plans.plan import Plan, Step
@@ -60,7 +61,9 @@ class RunContext:
         self.bus = bus or EventBus(run_id)
         self.gate = gate or Gate()
         self.planner = planner or LLMPlanner()
-        self.pause = PauseControl(restore)
+        # A resumed run: what to continue from (see hierplan.durable.restore).
+        self.restore = restore
+        self.pause = PauseControl(None if restore is None else restore.results)
         self.tool_executor = ToolExecutor()
         self.llm_executor = LLMExecutor()
         self.leaf_limiter = Slots(settings.concurrency)
@@ -89,10 +92,7 @@ class RunContext:
     @property
     def resumed(self) -> Resumed | None:
         """What a resumed run carries over from before its pause (``None`` for a new run)."""
-        restore = self.pause.restore
-        if restore is None:
-            return None
-        return restore.resumed
+        return None if self.restore is None else self.restore.resumed
 
     def cancel(self) -> bool:
         """Stop the run from outside: every node task is cancelled, the record says cancelled.

@@ -20,16 +20,23 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
 from pydantic import ValidationError
 
+from hierplan.durable.checkpoint import pending_versions
+from hierplan.durable.restore import Restore
 from hierplan.errors import ToolArgsError, UserInputError, field_problems, is_positive_seconds
+from hierplan.plans.decisions import Approve, Decision, Defer, Edit, Reject
 from hierplan.plans.plan import Plan, PlanDiff, PlanProblem, Step, step_refs, validate_plan
+from hierplan.records import NodeRecord
 from hierplan.tools.base import Toolbox
+
+if TYPE_CHECKING:
+    from hierplan.hierarchy.context import RunContext
 
 T = TypeVar("T")
 
@@ -102,43 +109,6 @@ class GateContext:
             found = tuple(str(p) for p in problems)
             self.refused.append(RefusedEdit(plan, found, time.time(), by))
         return problems
-
-
-@dataclass(slots=True, frozen=True)
-class Approve:
-    """Run the plan as proposed."""
-
-    by: str = "auto"
-    note: str = ""
-
-
-@dataclass(slots=True, frozen=True)
-class Edit:
-    """Run ``plan`` instead (it is validated again)."""
-
-    plan: Plan
-    by: str = "callback"
-    note: str = ""
-
-
-@dataclass(slots=True, frozen=True)
-class Reject:
-    """Do not run the plan; ``reason`` goes back to the planner."""
-
-    reason: str
-    by: str = "callback"
-
-
-@dataclass(slots=True, frozen=True)
-class Defer:
-    """No decision now: the run pauses, keeps the plan, and waits for ``hierplan resume``."""
-
-    by: str = "pause"
-    note: str = ""
-
-
-Decision = Approve | Edit | Reject | Defer
-"""What an approver returns for a plan: approve, edit, reject or defer it."""
 
 
 class Approver(Protocol):
@@ -432,3 +402,64 @@ def _schema_checked(plan: Plan) -> tuple[Plan, list[str]]:
 
 def _with_problems(ctx: GateContext, problems: list[str]) -> GateContext:
     return replace(ctx, problems=tuple(problems))
+
+
+def check_decisions(run: RunContext, restore: Restore, *, flat: bool) -> None:
+    """Check the outside decisions before a resumed run starts anything.
+
+    Each must be for a pending plan; an edited plan must pass the gate's validators for its
+    node. Raises :class:`UserInputError` naming what is wrong.
+    """
+    missing = sorted(set(restore.spec.get("tools", [])) - run.toolbox.names())
+    if missing:
+        raise UserInputError(
+            f"the paused run used tools that are not given now: {', '.join(missing)}; pass the "
+            "same tools to resume"
+        )
+    pending = {
+        node.path: (node, version) for node, version in pending_versions(restore.record.tree)
+    }
+    for path, decision in restore.decisions.items():
+        if path not in pending:
+            raise UserInputError(
+                f"node {path} has no pending plan; pending: {', '.join(pending) or 'none'}"
+            )
+        if not isinstance(decision, Edit):
+            continue
+        node, version = pending[path]
+        ctx = GateContext(
+            path=path,
+            goal=node.goal,
+            depth=node.depth,
+            max_depth=node.depth if flat else run.settings.max_depth,
+            max_steps=run.settings.max_steps,
+            allowed_tools=_allowed_tools(restore.record.tree, path, run.toolbox.names()),
+            toolbox=run.toolbox,
+            version=version.version + 1,
+            reason="edit",
+            previous=version.plan,
+        )
+        problems = run.gate.validate(decision.plan, ctx)
+        if problems:
+            raise UserInputError(
+                f"the edited plan for node {path} is invalid: "
+                + "; ".join(str(p) for p in problems)
+                + ". Nothing was resumed: fix the plan and run hierplan resume again"
+            )
+
+
+def _allowed_tools(tree: NodeRecord, path: str, names: frozenset[str]) -> frozenset[str]:
+    """The tools node ``path`` may use: every tool, narrowed by each step's ``tools`` above it."""
+    allowed = names
+    parent = tree
+    parts = path.split(".")
+    for depth in range(2, len(parts) + 1):
+        child = parent.find(".".join(parts[:depth]))
+        for version in reversed(parent.plan_versions):
+            step = version.plan.step_map().get(child.step_id or "")
+            if step is not None and step.instruction == child.goal:
+                if step.tools is not None:
+                    allowed = allowed & frozenset(step.tools)
+                break
+        parent = child
+    return allowed

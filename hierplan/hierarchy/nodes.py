@@ -29,6 +29,7 @@ import anyio.lowlevel
 
 from hierplan.core.events import NodeFinished, NodeStarted, StepRetried
 from hierplan.core.results import StepResult
+from hierplan.durable.restore import Restore
 from hierplan.errors import (
     BudgetExceeded,
     HierplanError,
@@ -326,6 +327,25 @@ class _Children:
                     _finish(child, "cancelled", error=f"dropped by plan version {version}")
                 del self.by_step[step_id]
 
+    def restore(self, restore: Restore, plan: Plan) -> dict[str, StepResult]:
+        """Go on with the children a paused run left for ``plan`` (see
+        :meth:`~hierplan.durable.restore.Restore.children`); the results of those that
+        finished."""
+        found = restore.children(self.node.record, plan)
+        if found is None:
+            return {}
+        node = self.node
+        again, done = found
+        for step_id, record in again.items():
+            step = plan.step(step_id)
+            allowed = node.allowed_tools
+            if step.tools is not None:
+                allowed = allowed & frozenset(step.tools)
+            self.by_step[step_id] = NodeContext(
+                node.run, record, parent=node, step=step, allowed_tools=allowed
+            )
+        return done
+
     def retire(self, ids: Mapping[str, str] | list[str], reason: str | None = None) -> None:
         """Mark children that will not run as cancelled, with why."""
         items = ids.items() if isinstance(ids, Mapping) else ((i, reason or "not run") for i in ids)
@@ -367,9 +387,8 @@ async def execute_plan(
     settings = node.run.settings
     children = _Children(node)
     done: dict[str, StepResult] = {}
-    restored = node.run.pause.restore_children(node, plan)
-    if restored is not None:
-        children.by_step, done = restored
+    if node.run.restore is not None:
+        done = children.restore(node.run.restore, plan)
     # Counted from the record, not from zero: replans made before a pause still count after
     # the run resumes (max_replans is per node, however many times the run was paused).
     replans = sum(1 for v in node.record.plan_versions if v.reason == "replan")
@@ -584,7 +603,10 @@ async def run_as_needed_node(
 ) -> StepResult:
     """ADaPT: attempt the step directly; decompose it into a plan only if the attempt fails."""
     async with node_lifecycle(node):
-        start, earlier = node.run.pause.as_needed_start(node)
+        restore = node.run.restore
+        start, earlier = (
+            ("attempt", None) if restore is None else restore.as_needed_start(node.record)
+        )
         feedback: str | None = None
         if start == "plan" and not node.record.plan_versions:
             feedback = "A direct attempt at this goal failed; decompose it into smaller steps."

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from hierplan.core.events import PlanDecided, PlanProposed, Replanned
 from hierplan.core.results import StepResult
+from hierplan.durable.restore import PlanState, invalid_feedback, rejection_feedback
 from hierplan.errors import (
     ModelAuthError,
     ModelError,
@@ -25,7 +26,6 @@ from hierplan.errors import (
 )
 from hierplan.hierarchy.context import NodeContext
 from hierplan.hierarchy.gate import GateContext, GateOutcome
-from hierplan.hierarchy.pause import PlanState, invalid_feedback, rejection_feedback
 from hierplan.plans.plan import Plan, diff_plans
 from hierplan.records import DecisionRecord, PlanVersion
 
@@ -224,10 +224,11 @@ async def obtain_plan(
     """
     settings = node.run.settings
     pause = node.run.pause
+    restore = node.run.restore
     invalid = rejections = 0
     reason = "initial" if previous is None else "replan"
     pending: PlanVersion | None = None
-    restored = pause.plan_state(node)
+    restored = None if restore is None else restore.plan_state(node.record)
     if restored is not None:
         if restored.approved is not None:
             return restored.approved
@@ -242,7 +243,8 @@ async def obtain_plan(
                 decision = None
             else:
                 version, pending = pending, None
-                plan, decision = version.plan, pause.restore_decision(node.path)
+                assert restore is not None  # only a restored node has a pending version
+                plan, decision = version.plan, restore.decision_for(node.path)
             outcome = await node.run.gate.review(
                 plan, _gate_context(node, plan, version, previous, policy), decision
             )
@@ -283,9 +285,10 @@ def _resumed_context(
     node: NodeContext, restored: PlanState
 ) -> tuple[Plan | None, Mapping[str, StepResult] | None, str]:
     """``previous``, ``progress`` and the next version's reason for a restored node."""
-    if restored.previous is None:
+    restore = node.run.restore
+    if restored.previous is None or restore is None:
         return None, None, "retry"
-    return restored.previous, node.run.pause.done_for(node, restored.previous), "replan"
+    return restored.previous, restore.done_for(node.record, restored.previous), "replan"
 
 
 def _record_refused(node: NodeContext, plan: Plan, outcome: GateOutcome) -> None:

@@ -37,15 +37,8 @@ from rich.text import Text
 
 from hierplan.errors import UserInputError
 from hierplan.files import DataTextError, parse_data_text
-from hierplan.hierarchy.gate import (
-    Approve,
-    Decision,
-    Defer,
-    Edit,
-    GateContext,
-    Reject,
-    in_daemon_thread,
-)
+from hierplan.hierarchy.gate import GateContext, in_daemon_thread
+from hierplan.plans.decisions import Approve, Decision, Defer, Edit, Reject
 from hierplan.plans.plan import Plan, plan_from_data, plan_to_yaml
 from hierplan.review.render import diff_view, plan_review_tree, review_view
 

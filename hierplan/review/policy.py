@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from hierplan.errors import UserInputError
-from hierplan.hierarchy.gate import Approve, Approver, Decision, Defer, GateContext
+from hierplan.hierarchy.gate import Approver, GateContext
+from hierplan.plans.decisions import Approve, Decision, Defer
 from hierplan.plans.plan import Plan
 
 PolicyScope = Literal["root", "all", "usd", "tokens"]

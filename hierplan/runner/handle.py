@@ -26,20 +26,21 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import TracebackType
-from typing import Any, Unpack
+from typing import Unpack
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
-from hierplan.core.events import RunEvent, RunFinished
+from hierplan.core.events import Listener, RunEvent, RunFinished
 from hierplan.core.instrument import Instrument
 from hierplan.core.views import RunView
 from hierplan.hierarchy.context import RunContext
 from hierplan.records import NodeRecord, RunResult
-from hierplan.runner.run import RUN_OPTIONS, RunOptions, refuse_unknown_options, run
+from hierplan.runner.run import RUN_OPTIONS, RunOptions, execute, refuse_unknown_options, run_spec
+from hierplan.runner.spec import RunSpec
 
 
 class EventStream:
@@ -90,10 +91,12 @@ class RunHandle:
     Made by :func:`start`; use it as an async context manager. ``run_id`` is known at once.
     """
 
-    def __init__(self, goal: str | None, options: dict[str, Any]) -> None:
-        self.run_id: str = options.pop("run_id", None) or uuid.uuid4().hex[:12]
+    def __init__(self, launch: Launch, run_id: str, goal: str = "", strategy: str = "") -> None:
+        self.run_id = run_id
+        self._launch = launch
+        # What a run cancelled before it started is recorded with.
         self._goal = goal
-        self._options = options
+        self._strategy = strategy
         self._log: list[RunEvent] = []
         self._wakeup: anyio.Event | None = None
         self._finished = False
@@ -102,6 +105,7 @@ class RunHandle:
         self._error_seen = False
         self._done: anyio.Event | None = None
         self._ctx: RunContext | None = None
+        self._attached = False
         self._cancel_requested = False
         self._outer: anyio.CancelScope | None = None
         self._started: TaskStatus[None] | None = None
@@ -120,6 +124,11 @@ class RunHandle:
     def event_count(self) -> int:
         """How many events the run has emitted so far."""
         return len(self._log)
+
+    @property
+    def started(self) -> bool:
+        """Whether the run's nodes started (a run cancelled before that ran nothing)."""
+        return self._attached
 
     @property
     def done(self) -> bool:
@@ -207,9 +216,6 @@ class RunHandle:
     async def _main(self, *, task_status: TaskStatus[None]) -> None:
         self._started = task_status
         self._done_event()
-        options = dict(self._options)
-        listeners: Sequence[Any] = options.pop("listeners", ())
-        instruments: Sequence[Instrument] = options.pop("instruments", ())
         result: RunResult | None = None
         try:
             # Shielded: only cancel() stops the run, so that it always ends with a record
@@ -218,13 +224,7 @@ class RunHandle:
                 self._outer = outer
                 if self._cancel_requested:
                     outer.cancel()
-                result = await run(
-                    self._goal,
-                    run_id=self.run_id,
-                    listeners=[*listeners, self._record],
-                    instruments=[*instruments, _Attach(self)],
-                    **options,
-                )
+                result = await self._launch(self._record, _Attach(self))
             if result is None:  # cancelled before its nodes started
                 result = self._cancelled_before_start()
             self._result = result
@@ -242,6 +242,8 @@ class RunHandle:
 
     def _attach(self, ctx: RunContext) -> None:
         self._ctx = ctx
+        self._attached = True
+        self.run_id = ctx.run_id  # a resumed run's, read from its checkpoint
         if self._cancel_requested:
             ctx.cancel()
         self._signal_started()
@@ -274,7 +276,7 @@ class RunHandle:
         return self._done
 
     def _cancelled_before_start(self) -> RunResult:
-        goal = self._goal or str(self._options.get("scenario") or "")
+        goal = self._goal
         now = time.time()
         tree = NodeRecord(
             path="1",
@@ -296,7 +298,7 @@ class RunHandle:
         return RunResult(
             run_id=self.run_id,
             goal=goal,
-            strategy=str(self._options.get("strategy") or ""),
+            strategy=self._strategy,
             model="",
             simulated=False,
             status="cancelled",
@@ -309,7 +311,11 @@ class RunHandle:
         )
 
 
-def start(goal: str | None = None, **options: Unpack[RunOptions]) -> RunHandle:
+Launch = Callable[[Listener, Instrument], Awaitable[RunResult]]
+"""How a handle starts its run: with its own listener and instrument added to the run's."""
+
+
+def start(goal: str | RunSpec | None = None, **options: Unpack[RunOptions]) -> RunHandle:
     """Start a run and get a handle on it; takes the same arguments as :func:`hierplan.run`.
 
     >>> async with hierplan.start(scenario="data_migration") as handle:  # doctest: +SKIP
@@ -324,4 +330,25 @@ def start(goal: str | None = None, **options: Unpack[RunOptions]) -> RunHandle:
     raises :class:`TypeError` here, at once.
     """
     refuse_unknown_options("start", options, RUN_OPTIONS)
-    return RunHandle(goal, dict(options))
+    given = goal.run_id if isinstance(goal, RunSpec) else None
+    run_id = given or uuid.uuid4().hex[:12]
+
+    async def launch(listener: Listener, instrument: Instrument) -> RunResult:
+        spec = run_spec(goal, **options).model_copy(update={"run_id": run_id})
+        return await execute(
+            spec,
+            tools=options.get("tools", ()),
+            approver=options.get("approver"),
+            instruments=[*options.get("instruments", ()), instrument],
+            listeners=[*options.get("listeners", ()), listener],
+            checkpoint_dir=options.get("checkpoint_dir"),
+        )
+
+    shown = goal.goal if isinstance(goal, RunSpec) else goal
+    scenario = options.get("scenario") or (goal.scenario if isinstance(goal, RunSpec) else None)
+    return RunHandle(
+        launch,
+        run_id,
+        goal=shown or (str(getattr(scenario, "name", scenario or ""))),
+        strategy=str(options.get("strategy") or ""),
+    )

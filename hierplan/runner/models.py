@@ -1,19 +1,31 @@
-"""The models of a run: model strings resolved to models (the simulator on the run's oracle,
-provider adapters opened once and closed after), and the price each model is charged at."""
+"""The models of a run: what a spec names (a model string, a provider's :class:`ModelSpec`,
+the :class:`~hierplan.Simulator`, or a model object) resolved to models, provider adapters
+opened once and closed after, and the price each model is charged at."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
-from urllib.parse import urlsplit
 
 from hierplan.errors import UserInputError
 from hierplan.models import provider_model
 from hierplan.models.base import Model, close_model, parse_model_string
 from hierplan.pricing import Price, PriceTable, with_anthropic_cache_writes
+from hierplan.runner.spec import ModelChoice, ModelSpec, RunSpec, check_base_url, is_simulated
 from hierplan.simulator.model import SimulatedModel
 from hierplan.simulator.oracle import Oracle
-from hierplan.simulator.profiles import DEFAULT_SIMULATED_PRICED_AS, NoiseProfile
+from hierplan.simulator.profiles import DEFAULT_SIMULATED_PRICED_AS, NoiseProfile, Simulator
+
+__all__ = [
+    "SIMULATOR_ONLY",
+    "Models",
+    "check_base_url",
+    "is_simulated",
+    "priced_as_of",
+    "provider_spec",
+    "resolve_model",
+    "with_price",
+]
 
 
 def resolve_model(
@@ -47,15 +59,18 @@ def resolve_model(
     )
 
 
-def priced_as_of(spec: str | Model, priced_as: str | None = None) -> str:
-    """The model whose price applies to a model string (built with the ``priced_as`` model
-    option, if any) or to a model, without building it."""
-    if not isinstance(spec, str):
-        return spec.priced_as
-    parsed = parse_model_string(spec)
+def priced_as_of(model: ModelChoice) -> str:
+    """The model whose price applies to ``model``, without building it."""
+    if isinstance(model, Simulator):
+        return model.priced_as or DEFAULT_SIMULATED_PRICED_AS
+    if isinstance(model, ModelSpec):
+        return model.priced_as or str(parse_model_string(model.name))
+    if not isinstance(model, str):
+        return model.priced_as
+    parsed = parse_model_string(model)
     if parsed.provider == "sim":
-        return parsed.name or priced_as or DEFAULT_SIMULATED_PRICED_AS
-    return priced_as or str(parsed)
+        return parsed.name or DEFAULT_SIMULATED_PRICED_AS
+    return str(parsed)
 
 
 def with_price(
@@ -77,28 +92,40 @@ def with_price(
     return pricing
 
 
-class _Models:
-    """The models a run resolves from strings: one provider model (and SDK client) per model
-    string, opened before anything else and closed when the run ends."""
+def run_pricing(spec: RunSpec) -> PriceTable:
+    """The price table of a run: the spec's (or the built-in one), with its price override
+    set for the run's models."""
+    executor = spec.model if spec.executor_model is None else spec.executor_model
+    priced = [priced_as_of(spec.model), priced_as_of(executor)]
+    return with_price(spec.pricing or PriceTable(), spec.price_in, spec.price_out, priced)
 
-    def __init__(self, **options: Any) -> None:
-        self.options = options
+
+class Models:
+    """The models a run resolves: one provider adapter (and SDK client) per model, opened
+    before anything else and closed when the run ends; the simulator built on the run's
+    oracle and seed."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
         self.opened: dict[str, Model] = {}
 
-    def open_providers(self, *specs: str | Model | None) -> None:
-        """Resolve the provider models among ``specs`` now (keys are checked here)."""
-        for spec in specs:
-            if isinstance(spec, str) and parse_model_string(spec).provider != "sim":
-                self.get(spec, None)
+    def open_providers(self, *choices: ModelChoice | None) -> None:
+        """Open the provider models among ``choices`` now (API keys are checked here)."""
+        for choice in choices:
+            if choice is not None and not is_simulated(choice) and not _is_model(choice):
+                self.get(choice, None)
 
-    def get(self, spec: str | Model, oracle: Oracle | None) -> Model:
-        """The model for ``spec``; a simulator is built anew on ``oracle`` each time."""
-        if isinstance(spec, str) and spec in self.opened:
-            return self.opened[spec]
-        built = resolve_model(spec, oracle=oracle, **self.options)
-        if isinstance(spec, str) and built.provider != "sim":
-            self.opened[spec] = built
-        return built
+    def get(self, choice: ModelChoice, oracle: Oracle | None) -> Model:
+        """The model for ``choice``; a simulator is built anew on ``oracle`` each time."""
+        if _is_model(choice):
+            return choice  # type: ignore[return-value]
+        if isinstance(choice, Simulator) or is_simulated(choice):
+            return _simulator(choice, oracle, self.seed)
+        spec = provider_spec(choice)
+        key = spec.model_dump_json()
+        if key not in self.opened:
+            self.opened[key] = provider_model(spec.name, **spec.adapter_options())
+        return self.opened[key]
 
     async def aclose(self) -> None:
         """Close what was opened (models passed in as objects are their owner's to close)."""
@@ -106,35 +133,36 @@ class _Models:
             await close_model(opened)
 
 
+def provider_spec(choice: ModelChoice) -> ModelSpec:
+    """``choice`` (a provider's model string or spec) as a :class:`ModelSpec`."""
+    if isinstance(choice, ModelSpec):
+        return choice
+    assert isinstance(choice, str)
+    return ModelSpec(name=choice)
+
+
+def _is_model(choice: object) -> bool:
+    return not isinstance(choice, str | ModelSpec | Simulator)
+
+
+def _simulator(choice: ModelChoice, oracle: Oracle | None, seed: int) -> Model:
+    config = choice if isinstance(choice, Simulator) else Simulator(priced_as=_priced(choice))
+    return SimulatedModel(
+        config.oracle or oracle,
+        profile=config.profile,
+        seed=seed,
+        latency_scale=config.latency_scale,
+        priced_as=config.priced_as or DEFAULT_SIMULATED_PRICED_AS,
+    )
+
+
+def _priced(choice: ModelChoice) -> str | None:
+    assert isinstance(choice, str)
+    return parse_model_string(choice).name or None
+
+
 SIMULATOR_ONLY = (
     "--base-url and --timeout apply to real models (--model openai:<model> or "
     "anthropic:<model>), not to the simulator"
 )
 """Why ``--base-url``/``--timeout`` are refused when only the simulator would answer."""
-
-
-def check_base_url(base_url: str) -> str:
-    """``base_url`` if it is an http(s) URL with a host; else a :class:`UserInputError`."""
-    parts = urlsplit(base_url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UserInputError(
-            f"--base-url {base_url!r} is not a URL: give one like http://localhost:8000/v1"
-        )
-    return base_url
-
-
-def provider_options(base_url: str | None, timeout: float | None) -> dict[str, Any]:
-    """The model options (``base_url``, ``timeout_s``) ``--base-url`` and ``--timeout`` give,
-    for :func:`hierplan.run`'s ``model_options``."""
-    options: dict[str, Any] = {}
-    if base_url is not None:
-        options["base_url"] = check_base_url(base_url)
-    if timeout is not None:
-        options["timeout_s"] = timeout
-    return options
-
-
-def is_simulated(model: str) -> bool:
-    """Whether the model string names the offline simulator (``sim`` or ``sim:<priced-as>``),
-    by the same reading of its provider as a run (``simple:x`` is no model, not the simulator)."""
-    return model.partition(":")[0].strip().lower() == "sim"

@@ -14,33 +14,41 @@ started (bad input, files that cannot be opened again, an interrupt), the checkp
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, Unpack
+from typing import Any, TypedDict, Unpack
 
 import anyio
 from pydantic import ValidationError
 
+from hierplan.core.events import Listener
 from hierplan.core.instrument import Instrument
 from hierplan.core.settings import RunSettings
 from hierplan.core.views import RunView
-from hierplan.durable.lock import holding_run_directory
-from hierplan.errors import UserInputError, first_problem
-from hierplan.files import StrPath
-from hierplan.hierarchy.gate import Approve, Decision, Defer, Edit, Reject
-from hierplan.hierarchy.pause import (
+from hierplan.durable.checkpoint import (
     CHECKPOINT_FILE,
     RESUMING_FILE,
     Checkpoint,
     check_edit_goals,
+    checkpoint_run_id,
     clear_checkpoint,
     load_checkpoint,
     pending_versions,
 )
+from hierplan.durable.lock import holding_run_directory
+from hierplan.errors import UserInputError, first_problem
+from hierplan.files import StrPath
+from hierplan.hierarchy.gate import Approver
 from hierplan.models.provider import one_line
+from hierplan.plans.decisions import Approve, Decision, Defer, Edit, Reject
 from hierplan.plans.plan import Plan
 from hierplan.records import NodeRecord, RunResult
-from hierplan.runner.run import ResumableRunOptions, refuse_unknown_options, run
+from hierplan.runner.handle import RunHandle
+from hierplan.runner.run import execute, refuse_unknown_options, run_spec
+from hierplan.runner.spec import BudgetSpec, ModelChoice, RunSpec, loaded_choice
+from hierplan.scenarios import Scenario
+from hierplan.tools.base import Tool, Toolset
 
 
 def decisions_for(
@@ -96,35 +104,40 @@ def _check_version(tree: NodeRecord, node: str | None, version: int) -> None:
         )
 
 
-def run_arguments(
-    checkpoint: Checkpoint, overrides: dict[str, Any], run_dir: Path
-) -> dict[str, Any]:
-    """The arguments of :func:`hierplan.run` that continue the checkpoint's run, saved in
-    ``run_dir`` (a relative work directory is taken from there)."""
-    inv = checkpoint.invocation
-    if inv.get("model") is None and "model" not in overrides:
+def resumed_spec(checkpoint: Checkpoint, options: Mapping[str, Any], run_dir: Path) -> RunSpec:
+    """The spec that continues the checkpoint's run, saved in ``run_dir`` (a relative work
+    directory is taken from there), with the run ``options`` given to the resume laid over it
+    (model objects, which a checkpoint cannot keep, among them)."""
+    saved = checkpoint.spec
+    model = loaded_choice(saved.get("model"))
+    executor = loaded_choice(saved.get("executor_model"))
+    if model is None and options.get("model") is None:
         raise UserInputError("the paused run used a model object, not a name: pass model=")
-    if inv.get("executor_model_object") and "executor_model" not in overrides:
+    if (
+        executor is None
+        and saved.get("executor_model") is not None
+        and options.get("executor_model") is None
+    ):
         raise UserInputError("the paused run used an executor model object: pass executor_model=")
-    workdir = inv.get("workdir")
-    kwargs: dict[str, Any] = {
-        "goal": inv.get("goal"),
-        "scenario": inv.get("scenario"),
-        "model": inv.get("model"),
-        "executor_model": inv.get("executor_model"),
-        "settings": _saved_settings(inv.get("settings")),
-        "sim_profile": inv.get("sim_profile", "typical"),
-        "sim_latency_scale": inv.get("sim_latency_scale", 1.0),
-        "workdir": None if workdir is None else run_dir / str(workdir),
-        "model_options": inv.get("model_options") or None,
-        **_saved_budget(inv.get("budget")),  # the same budget, less what was spent before
-    }
-    kwargs.update(overrides)
-    return kwargs
-
-
-# What a checkpoint's invocation may say about the budget (hierplan.run's own arguments).
-_BUDGET_KEYS = frozenset({"budget_usd", "budget_tokens", "allocation", "price_in", "price_out"})
+    workdir = saved.get("workdir")
+    try:
+        base = RunSpec(
+            goal=saved.get("goal"),
+            scenario=saved.get("scenario"),
+            settings=_saved_settings(saved.get("settings")),
+            model=model or "sim",
+            executor_model=executor,
+            budget=saved.get("budget"),  # the same budget, less what was spent before
+            price_in=saved.get("price_in"),
+            price_out=saved.get("price_out"),
+            workdir=None if workdir is None else run_dir / str(workdir),
+        )
+    except ValidationError as exc:
+        raise UserInputError(
+            f"the checkpoint's run is invalid ({first_problem(exc, 'spec')}); was "
+            f"{CHECKPOINT_FILE} edited by hand?"
+        ) from None
+    return run_spec(base, **options)
 
 
 def _saved_settings(saved: Any) -> RunSettings:
@@ -137,28 +150,29 @@ def _saved_settings(saved: Any) -> RunSettings:
         ) from None
 
 
-def _saved_budget(saved: Any) -> dict[str, Any]:
-    if saved is None:
-        return {}
-    if not isinstance(saved, dict) or not set(saved) <= _BUDGET_KEYS:
-        unknown = sorted(set(saved) - _BUDGET_KEYS) if isinstance(saved, dict) else saved
-        raise UserInputError(
-            f"the checkpoint's budget has what a run does not take ({unknown}); was "
-            f"{CHECKPOINT_FILE} edited by hand?"
-        )
-    return dict(saved)
-
-
-class ResumeOptions(ResumableRunOptions, total=False):
+class ResumeOptions(TypedDict, total=False):
     """The keyword options of :func:`hierplan.resume` and :func:`hierplan.resume_sync`:
-    ``node``, ``version`` and ``drop_checkpoint`` (see :func:`hierplan.resume`), and the
-    :func:`hierplan.run` options a resumed run takes. ``run_id``, ``checkpoint_dir`` and
-    ``restore`` are not among them: the checkpoint decides those. A misspelt option raises
-    :class:`TypeError` naming the nearest one, before the checkpoint is touched."""
+    ``node``, ``version``, ``drop_checkpoint`` and ``extra`` (see :func:`hierplan.resume`), and
+    the
+    :func:`hierplan.run` options a resumed run takes (all but ``checkpoint_dir``: the
+    checkpoint decides it). A misspelt option raises :class:`TypeError` naming the nearest
+    one, before the checkpoint is touched."""
 
     node: str | None
     version: int | None
     drop_checkpoint: bool
+    extra: dict[str, Any]
+    scenario: str | Scenario | None
+    strategy: str | None
+    model: ModelChoice | None
+    executor_model: ModelChoice | None
+    tools: Iterable[Tool | Toolset]
+    settings: RunSettings | Mapping[str, Any] | None
+    budget: BudgetSpec | Mapping[str, Any] | None
+    approver: Approver | None
+    instruments: Sequence[Instrument]
+    listeners: Sequence[Listener]
+    workdir: StrPath | None
 
 
 RESUME_OPTIONS: frozenset[str] = ResumeOptions.__optional_keys__
@@ -191,19 +205,48 @@ async def resume(
     When the run ends without pausing again, the checkpoint it resumed from is deleted, unless
     ``drop_checkpoint`` is ``False``: then it stays as ``checkpoint.resuming.json`` until the
     caller has saved the run's record and calls :func:`drop_used_checkpoint` (a record that
-    cannot be saved does not lose the run).
+    cannot be saved does not lose the run). ``extra`` is kept with the checkpoint if the run
+    pauses again (by default, what the paused run kept).
 
     >>> result = await hierplan.resume(Path("runs/mig"), Approve(by="alice"))  # doctest: +SKIP
     """
     # Before the lock is taken: a misspelt option must leave the directory as it was.
     refuse_unknown_options("resume", options, RESUME_OPTIONS)
     _check_decision(decision)
-    run_dir = Path(run_dir)
+    return await _resumed(Path(run_dir), decision, options)
+
+
+def start_resume(
+    run_dir: StrPath, decision: Decision | None = None, **options: Unpack[ResumeOptions]
+) -> RunHandle:
+    """:func:`resume`, with a handle on the resumed run as :func:`hierplan.start` gives one
+    on a new run: its events, its result, and a way to cancel it.
+
+    >>> async with hierplan.start_resume("runs/mig", Approve()) as handle:  # doctest: +SKIP
+    ...     result = await handle.result()
+    """
+    refuse_unknown_options("start_resume", options, RESUME_OPTIONS)
+    _check_decision(decision)
+
+    async def launch(listener: Listener, instrument: Instrument) -> RunResult:
+        return await _resumed(Path(run_dir), decision, options, listener, instrument)
+
+    return RunHandle(launch, checkpoint_run_id(Path(run_dir)))
+
+
+async def _resumed(
+    run_dir: Path,
+    decision: Decision | None,
+    options: Mapping[str, Any],
+    listener: Listener | None = None,
+    instrument: Instrument | None = None,
+) -> RunResult:
+    """The resume itself (see :func:`resume`), with a handle's listener and instrument."""
     node = options.get("node")
     version = options.get("version")
     drop_checkpoint = options.get("drop_checkpoint", True)
-    overrides = {
-        k: v for k, v in options.items() if k not in ("node", "version", "drop_checkpoint")
+    overrides: dict[str, Any] = {
+        k: v for k, v in options.items() if k not in ("node", "version", "drop_checkpoint", "extra")
     }
     # Held before the checkpoint is read: a run or resume writing the directory may replace it.
     with holding_run_directory(run_dir):
@@ -212,8 +255,7 @@ async def resume(
         check_edit_goals(restore.record.tree, restore.decisions)
         if version is not None:
             _check_version(restore.record.tree, node, version)
-        kwargs = run_arguments(checkpoint, overrides, run_dir)
-        kwargs.setdefault("checkpoint_extra", checkpoint.extra)
+        spec = resumed_spec(checkpoint, overrides, run_dir)
         saved = run_dir / CHECKPOINT_FILE
         resuming = run_dir / RESUMING_FILE
         try:
@@ -225,9 +267,21 @@ async def resume(
                 "first; this one changed nothing"
             ) from None
         started = _Started()
-        kwargs["instruments"] = [*(kwargs.get("instruments") or ()), started]
+        added = [started] if instrument is None else [started, instrument]
         try:
-            result = await run(checkpoint_dir=run_dir, restore=restore, **kwargs)
+            result = await execute(
+                spec,
+                tools=overrides.get("tools", ()),
+                approver=overrides.get("approver"),
+                instruments=[*overrides.get("instruments", ()), *added],
+                listeners=[
+                    *overrides.get("listeners", ()),
+                    *([] if listener is None else [listener]),
+                ],
+                checkpoint_dir=run_dir,
+                checkpoint_extra=options.get("extra", checkpoint.extra),
+                restore=restore,
+            )
         except BaseException as exc:
             if started.started and not isinstance(exc, UserInputError):
                 raise  # steps may have run: the checkpoint is not valid as it was

@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hierplan.errors import UserInputError
 
@@ -162,3 +163,46 @@ def check_latency_scale(latency_scale: object) -> None:
 
 
 DEFAULT_SIMULATED_PRICED_AS = "openai:gpt-5-mini"
+
+
+class Simulator(BaseModel):
+    """The offline simulator as a run's model, with its own knobs.
+
+    >>> fast = Simulator(latency_scale=0)
+    >>> hierplan.run_sync(scenario="data_migration", model=fast)  # doctest: +SKIP
+
+    ``profile`` is a noise profile (a name of :data:`PROFILES` or a :class:`NoiseProfile`);
+    ``latency_scale`` multiplies its latency (0: none, CPU time only); ``priced_as`` is the
+    real model whose prices its usage is charged at. ``oracle`` answers for the goal: by
+    default the scenario's or benchmark suite's; the run's ``seed`` (a run setting) seeds its
+    noise.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    profile: str | NoiseProfile = "typical"
+    latency_scale: float = 1.0
+    priced_as: str | None = None
+    oracle: Any = Field(default=None, exclude=True, repr=False)
+
+    @field_validator("profile")
+    @classmethod
+    def _known_profile(cls, value: str | NoiseProfile) -> str | NoiseProfile:
+        if isinstance(value, str):
+            get_profile(value)  # a clear error naming the profiles
+        return value
+
+    @field_validator("latency_scale", mode="before")
+    @classmethod
+    def _finite_scale(cls, value: object) -> object:
+        check_latency_scale(value)
+        return value
+
+    def noise(self) -> NoiseProfile:
+        """The noise profile itself."""
+        return get_profile(self.profile) if isinstance(self.profile, str) else self.profile
+
+    @property
+    def name(self) -> str:
+        """The model string it stands for (``sim`` or ``sim:<priced-as>``)."""
+        return "sim" if self.priced_as is None else f"sim:{self.priced_as}"
