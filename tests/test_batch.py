@@ -855,11 +855,11 @@ def test_a_delivery_that_fails_records_the_goal_failed_and_returns_its_grant(
     import redis
     from redis_support import require_redis
 
-    from hierplan.batch.celery_backend import _Worker, done_key, goal_key, work_on_goal
+    from hierplan.batch.celery_backend import WorkerState, done_key, goal_key, work_on_goal
     from hierplan.budgets.redis_ledger import RedisLedger
 
     server = require_redis()
-    worker = _Worker()
+    worker = WorkerState()
     worker.workdir = tmp_path
     gone = RedisLedger(server.url)
     client = gone.client
@@ -891,7 +891,7 @@ def test_a_delivery_that_fails_records_the_goal_failed_and_returns_its_grant(
 def test_a_delivery_that_cannot_reach_redis_is_delivered_again() -> None:
     from redis_support import free_port
 
-    from hierplan.batch.celery_backend import WORKER, _goal_task
+    from hierplan.batch.celery_backend.worker import WORKER, _goal_task
 
     class Retried(Exception):
         pass
@@ -914,12 +914,12 @@ def test_a_settlement_lost_by_redis_still_lets_the_goal_finish(
     import redis
     from redis_support import require_redis
 
-    from hierplan.batch.celery_backend import _Worker, goal_key, work_on_goal
+    from hierplan.batch.celery_backend import WorkerState, goal_key, work_on_goal
     from hierplan.budgets.budget import Reservation
     from hierplan.budgets.redis_ledger import RedisLedger
 
     server = require_redis()
-    worker = _Worker()
+    worker = WorkerState()
     worker.workdir = tmp_path
     settle = RedisLedger.settle
     lost: list[Reservation] = []
@@ -1007,7 +1007,7 @@ def _celery_batch_on_a_worker_thread(
 
     from redis_support import require_redis
 
-    from hierplan.batch.celery_backend import QUEUE, _Worker, work_on_goal
+    from hierplan.batch.celery_backend import QUEUE, WorkerState, work_on_goal
     from hierplan.batch.core import execute, prepare
     from hierplan.budgets.redis_ledger import connect
 
@@ -1021,7 +1021,7 @@ def _celery_batch_on_a_worker_thread(
     config.broker = url
     batch = prepare(config)
     batch.display = display  # type: ignore[assignment]
-    worker = _Worker()
+    worker = WorkerState()
     worker.workdir = tmp_path / "worker"
 
     def work() -> None:
