@@ -897,6 +897,10 @@ def test_a_delivery_that_cannot_reach_redis_is_delivered_again() -> None:
         pass
 
     class Task:
+        class request:  # as Celery names it: the task's current message
+            id = "task-1"
+            retries = 0
+
         def retry(self, *, exc: Exception, countdown: float) -> Exception:
             return Retried(exc)
 

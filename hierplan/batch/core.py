@@ -57,6 +57,9 @@ class BatchConfig:
     resume: bool = False
     broker: str | None = None
     visibility_timeout: float = 3600.0
+    # Seconds a running Celery goal's lease lasts without its worker's heartbeat before the goal
+    # is queued again; None: $HIERPLAN_BATCH_LEASE_S, else 30 (see celery_backend.lease).
+    lease_s: float | None = None
     instruments: Sequence[Instrument] = ()
     run_fn: RunFunction = run  # how one goal runs (local backend): hierplan.run, or a wrapper
     # The flags given on the command line (``--concurrency``...), which a resume checks against
@@ -223,6 +226,10 @@ def prepare(config: BatchConfig, pricing: PriceTable | None = None) -> Batch:
     """Validate everything and open the journal; nothing is written if anything is wrong."""
     if config.budget.concurrency < 1:
         raise UserInputError("--concurrency must be at least 1")
+    if config.backend == "celery":
+        from hierplan.batch.celery_backend.lease import lease_seconds
+
+        lease_seconds(config.lease_s)  # a bad lease is refused before anything is written
     if config.resume:
         return _reopen(config, pricing or PriceTable())
     goals = load_goals(config.goals_path, default_model=config.options.model)

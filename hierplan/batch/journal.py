@@ -280,6 +280,14 @@ class Journal:
                 (grant[0], grant[1], account, time.time(), goal_id),
             )
 
+    def count_attempts(self, goal_id: str, attempts: int) -> None:
+        """The goal has been attempted ``attempts`` times (counted where it ran: a Celery goal
+        delivered again after its worker died); the count never goes down."""
+        with self.transaction() as db:
+            db.execute(
+                "UPDATE goals SET attempts = MAX(attempts, ?) WHERE id = ?", (attempts, goal_id)
+            )
+
     def progress(self, goal_id: str, held: tuple[int, int], spent: tuple[int, int]) -> None:
         """What the goal's running attempt holds for calls in flight, and has spent."""
         with self.transaction() as db:

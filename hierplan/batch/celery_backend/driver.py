@@ -6,12 +6,15 @@ journals each finished goal in ``DIR``; when every goal is final it deletes the 
 
 from __future__ import annotations
 
+import uuid
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
 
+from hierplan.batch.celery_backend.lease import REQUEUE, lease_key, lease_seconds
 from hierplan.batch.celery_backend.protocol import (
+    FINAL,
     QUEUE,
     TASK_NAME,
     done_key,
@@ -58,15 +61,18 @@ async def run_celery(batch: Batch) -> None:
         "root": root.id,
         "options": batch.meta["options"],
         "budget": batch.meta["budget"],
+        "lease_s": lease_seconds(config.lease_s),
     }
     concurrency = batch.budget.concurrency
+    runs: dict[str, int] = {}  # deliveries that started each goal, as last journaled
     while pending or following:
         while pending and len(following) < concurrency:
             goal = pending.pop(0)
             # Sent, then journaled, with no await in between (Ctrl-C cancels at an await): a
             # goal journaled as running always has its message, or a resume would wait for it
             # for ever. A kill between the two leaves it pending with its message sent; the
-            # resume sends it again, and the later delivery fences out the earlier one.
+            # resume sends it again, and the later delivery is dropped while the earlier one
+            # holds its lease (or takes the goal over once that lapsed).
             app.send_task(TASK_NAME, args=[{**payload, "goal": goal.to_json()}], queue=QUEUE)
             batch.journal.start(goal.id, (None, None))
             following[goal.id] = goal
@@ -77,13 +83,52 @@ async def run_celery(batch: Batch) -> None:
         if not await anyio.to_thread.run_sync(client.exists, ledger.account_key(root)):
             # Its goals' messages went with it: waiting for them would never end.
             raise UserInputError(_ledger_lost(batch))
-        for goal_id, state in states:
-            if state.get("state") in ("succeeded", "failed", "skipped"):
+        for goal_id, state, leased in states:
+            _count_attempts(batch, goal_id, state, runs)
+            if state.get("state") in FINAL:
                 _journal_final(batch, following.pop(goal_id), state)
                 # The journal holds the record now: Redis keeps only the goal's figures, or
                 # a long batch's records would fill its memory (nothing there expires).
                 await anyio.to_thread.run_sync(client.hdel, goal_key(namespace, goal_id), "record")
+            elif state.get("state") in HELD and not leased:
+                goal = following[goal_id]
+                await anyio.to_thread.run_sync(_requeue, app, client, payload, goal)
     await forget_ledger(batch, ledger, root.id)
+
+
+HELD = ("claimed", "running", "waiting")
+"""The states of a goal that a delivery holds, under a lease its worker renews."""
+
+
+def _requeue(app: Any, client: Any, payload: dict[str, Any], goal: BatchGoal) -> bool:
+    """Send ``goal`` to the queue again: the delivery that held it let its lease lapse (its
+    worker died, or lost Redis for a whole lease). Returns whether the goal was queued again.
+
+    Sent first, then marked queued for the new task (by the script ``REQUEUE`` of
+    :mod:`~hierplan.batch.celery_backend.lease`, which finds the lease still lapsed,
+    atomically): a driver stopped between the two leaves a message that claims the goal (its
+    lease has lapsed) and a resume that sends another (dropped while the first holds the
+    goal). A message sent while the lease was renewed meanwhile, or the goal finished, is
+    dropped when it is delivered."""
+    namespace = payload["namespace"]
+    task_id = uuid.uuid4().hex
+    app.send_task(
+        TASK_NAME, args=[{**payload, "goal": goal.to_json()}], queue=QUEUE, task_id=task_id
+    )
+    mark = client.register_script(REQUEUE)
+    keys = [goal_key(namespace, goal.id), lease_key(namespace, goal.id)]
+    return bool(mark(keys=keys, args=[task_id]))
+
+
+def _count_attempts(
+    batch: Batch, goal_id: str, state: dict[str, str], journaled: dict[str, int]
+) -> None:
+    """Journal how many deliveries have started the goal so far, each one an attempt (the
+    first is the attempt journaled when the goal was sent); ``journaled`` keeps what was."""
+    runs = int(state.get("runs") or 0)
+    if runs > max(1, journaled.get(goal_id, 0)):
+        batch.journal.count_attempts(goal_id, runs)
+        journaled[goal_id] = runs
 
 
 async def _root_account(batch: Batch, ledger: RedisLedger) -> RedisAccount:
@@ -165,20 +210,28 @@ def _wait_for_news(client: Any, namespace: str) -> None:
         client.delete(key)
 
 
-def _states(client: Any, namespace: str, goal_ids: list[str]) -> list[tuple[str, dict[str, str]]]:
+GoalState = tuple[str, dict[str, str], bool]
+"""A goal's id, its hash in Redis, and whether a delivery's lease on it holds."""
+
+
+def _states(client: Any, namespace: str, goal_ids: list[str]) -> list[GoalState]:
     pipe = client.pipeline(transaction=False)
     for goal_id in goal_ids:
         pipe.hgetall(goal_key(namespace, goal_id))
-    return list(zip(goal_ids, pipe.execute(), strict=True))
+        pipe.exists(lease_key(namespace, goal_id))
+    replies = pipe.execute()
+    return [
+        (goal_id, replies[2 * i], bool(replies[2 * i + 1])) for i, goal_id in enumerate(goal_ids)
+    ]
 
 
-def _running(ledger: RedisLedger, states: list[tuple[str, dict[str, str]]]) -> tuple[int, int]:
+def _running(ledger: RedisLedger, states: list[GoalState]) -> tuple[int, int]:
     """What the goals not yet final hold and have spent on the workers, with what their
     earlier deliveries spent, in tokens and pico-dollars."""
     tokens = pico = 0
     pipe = ledger.client.pipeline(transaction=False)
-    for _, state in states:
-        if state.get("state") in ("succeeded", "failed", "skipped"):
+    for _, state, _ in states:
+        if state.get("state") in FINAL:
             continue  # journaled now, with its spend
         tokens += int(state.get("prior_tokens") or 0)
         pico += int(state.get("prior_pico") or 0)

@@ -14,18 +14,43 @@ TASK_NAME = "hierplan.batch.goal"
 QUEUE = "hierplan"
 CELERY_INSTALL_HINT = "pip install 'hierplan[celery]'"
 
-# KEYS: the goal's hash, the batch's root account. A delivery of a batch whose keys are gone
-# (it finished and deleted them, or Redis lost them) writes nothing: the driver is done, or says
-# the ledger was lost.
+# KEYS: the goal's hash, the batch's root account, the goal's lease. ARGV: fence, worker, task
+# id, retries, lease in milliseconds. A delivery of a batch whose keys are gone (it finished and
+# deleted them, or Redis lost them) writes nothing: the driver is done, or says the ledger was
+# lost. While another delivery's lease holds, this one is dropped ('leased'): it is a copy of a
+# message whose delivery still runs (the broker restored it after its visibility timeout, or a
+# resumed driver sent the goal again). A retry of the task that holds the goal (more retries than
+# its claim had) goes on as that delivery; so does the task the driver queued the goal for after
+# its lease lapsed. Once the lease has lapsed, any delivery claims the goal: the one holding it is
+# presumed dead, fenced out, and its account is written off by the new one.
 CLAIM = r"""
 local g = KEYS[1]
 if redis.call('EXISTS', KEYS[2]) == 0 then return 'gone' end
 local state = redis.call('HGET', g, 'state')
 if state == 'succeeded' or state == 'failed' or state == 'skipped' then return 'final' end
+local retries = tonumber(redis.call('HGET', g, 'owner_retries') or '-1')
+local mine = redis.call('HGET', g, 'owner') == ARGV[3] and tonumber(ARGV[4]) > retries
+if state == 'queued' then
+  if not mine then return 'leased' end
+elseif redis.call('EXISTS', KEYS[3]) == 1 and not mine then
+  return 'leased'
+end
 local old = redis.call('HGET', g, 'account')
 if old and old ~= '' then redis.call('SADD', g .. ':old', old) end
-redis.call('HSET', g, 'fence', ARGV[1], 'account', '', 'state', 'claimed', 'worker', ARGV[2])
+redis.call('HSET', g, 'fence', ARGV[1], 'account', '', 'state', 'claimed', 'worker', ARGV[2],
+  'owner', ARGV[3], 'owner_retries', ARGV[4])
 redis.call('HINCRBY', g, 'deliveries', 1)
+redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[5])
+return 'ok'
+"""
+
+# KEYS: the goal's hash. ARGV: fence, the goal's account. The delivery that holds the fence
+# starts running the goal: counted in 'runs', which the journal keeps as the goal's attempts.
+START = r"""
+local g = KEYS[1]
+if redis.call('HGET', g, 'fence') ~= ARGV[1] then return 'superseded' end
+redis.call('HSET', g, 'account', ARGV[2], 'state', 'running')
+redis.call('HINCRBY', g, 'runs', 1)
 return 'ok'
 """
 
@@ -39,9 +64,9 @@ end
 return 'ok'
 """
 
-# KEYS: the goal's hash, the batch's list of finished goals. ARGV: fence, goal id, then
-# field/value pairs to set if the fence still holds. A goal left in a final state is announced
-# on the list, which wakes the driver.
+# KEYS: the goal's hash, the batch's list of finished goals, the goal's lease. ARGV: fence, goal
+# id, then field/value pairs to set if the fence still holds. A goal left in a final state is
+# announced on the list, which wakes the driver, and needs its lease no more.
 FENCED_SET = r"""
 local g = KEYS[1]
 if redis.call('HGET', g, 'fence') ~= ARGV[1] then return 'superseded' end
@@ -49,6 +74,7 @@ for i = 3, #ARGV, 2 do redis.call('HSET', g, ARGV[i], ARGV[i + 1]) end
 local state = redis.call('HGET', g, 'state')
 if state == 'succeeded' or state == 'failed' or state == 'skipped' then
   redis.call('RPUSH', KEYS[2], ARGV[2])
+  redis.call('DEL', KEYS[3])
 end
 return 'ok'
 """

@@ -15,6 +15,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,11 +25,13 @@ import anyio.from_thread
 import anyio.to_thread
 
 from hierplan.batch.budget import BatchBudget, GoalLedger, goal_cap, goal_minimum, grant_goal
+from hierplan.batch.celery_backend.lease import DEFAULT_LEASE_S, Heartbeat, Lease, lease_key
 from hierplan.batch.celery_backend.protocol import (
     CLAIM,
     COUNT_OLD,
     FENCED_SET,
     QUEUE,
+    START,
     TASK_NAME,
     done_key,
     goal_key,
@@ -48,7 +51,7 @@ ERROR_RETRY_S = 5.0  # a delivery that could not reach Redis tries again after t
 
 
 class WorkerState:
-    """Per-process state of a worker: its portal, Redis clients and settings."""
+    """Per-process state of a worker: its portal, Redis clients, heartbeat and settings."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -58,6 +61,7 @@ class WorkerState:
         self.workdir = Path(tempfile.gettempdir()) / f"hierplan-worker-{os.getpid()}"
         self.instruments: list[Instrument] = []
         self.name = f"{socket.gethostname()}:{os.getpid()}"
+        self.heartbeat = Heartbeat()
 
     def get_portal(self) -> anyio.from_thread.BlockingPortal:
         """The process's one portal, started on first use."""
@@ -86,11 +90,22 @@ class WorkerState:
 WORKER = WorkerState()
 
 
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """Which message a delivery of a goal is: its Celery task's id, and how many times that
+    task was retried (a retry goes on with the goal its task holds; a copy of a message that
+    the broker restored does not, while the delivery it copies keeps its lease)."""
+
+    task_id: str
+    retries: int = 0
+
+
 def _goal_task(task: Any, payload: dict[str, Any]) -> str:
     """The Celery task: run one goal in the process's portal (the goal waits when its grant
     must wait for other goals' budgets to come back)."""
+    delivery = Delivery(str(task.request.id), int(task.request.retries or 0))
     try:
-        outcome = WORKER.get_portal().call(partial(work_on_goal, payload, WORKER))
+        outcome = WORKER.get_portal().call(partial(work_on_goal, payload, WORKER, delivery))
     except Exception as exc:
         # Redis could not be reached to record the goal. Acknowledged as failed, the message
         # would be gone while the driver waits for the goal: it is delivered again instead,
@@ -101,32 +116,56 @@ def _goal_task(task: Any, payload: dict[str, Any]) -> str:
     return outcome
 
 
-async def work_on_goal(payload: dict[str, Any], worker: WorkerState) -> str:
-    """Claim, write off earlier deliveries, get a grant, run, close, finish (fenced).
+async def work_on_goal(
+    payload: dict[str, Any], worker: WorkerState, delivery: Delivery | None = None
+) -> str:
+    """Claim (with a lease the worker's heartbeat renews), write off earlier deliveries, get a
+    grant, run, close, finish (fenced). ``delivery``: the message this is (a fresh one if not
+    given).
 
     A failure of this delivery itself (the batch's ledger gone from Redis, a Redis error
     mid-way) is recorded as the goal's failure, fenced like any outcome: the driver follows
     the goal until it is final, and the message is acknowledged either way."""
-    ledger = worker.ledger(payload["redis"], payload["namespace"])
+    delivery = delivery or Delivery(uuid.uuid4().hex)
+    namespace = payload["namespace"]
+    ledger = worker.ledger(payload["redis"], namespace)
     client = ledger.client
     goal = BatchGoal.from_json(payload["goal"])
-    key = goal_key(payload["namespace"], goal.id)
+    key, leased = goal_key(namespace, goal.id), lease_key(namespace, goal.id)
     fence = uuid.uuid4().hex
+    # A message of an older driver names no lease: it gets the default.
+    lease = Lease(client, key, leased, fence, float(payload.get("lease_s") or DEFAULT_LEASE_S))
 
     def fenced_set(*fields: str) -> Any:
-        keys = [key, done_key(payload["namespace"])]
+        keys = [key, done_key(namespace), leased]
         return client.register_script(FENCED_SET)(keys=keys, args=[fence, goal.id, *fields])
 
     claim = partial(
         client.register_script(CLAIM),
-        keys=[key, ledger.account_key(payload["root"])],
-        args=[fence, worker.name],
+        keys=[key, ledger.account_key(payload["root"]), leased],
+        args=[fence, worker.name, delivery.task_id, delivery.retries, int(lease.seconds * 1000)],
     )
     claimed = await anyio.to_thread.run_sync(claim)
-    if claimed == "final":
+    if claimed in ("final", "leased"):
         return "duplicate"
     if claimed == "gone":
         return "gone"
+    worker.heartbeat.hold(lease)
+    try:
+        return await _run_delivery(payload, worker, ledger, goal, fence, fenced_set)
+    finally:
+        worker.heartbeat.release(lease)
+
+
+async def _run_delivery(
+    payload: dict[str, Any],
+    worker: WorkerState,
+    ledger: RedisLedger,
+    goal: BatchGoal,
+    fence: str,
+    fenced_set: Callable[..., Any],
+) -> str:
+    """The goal claimed under ``fence``: run it, or record this delivery's own failure."""
     opened: list[RedisAccount] = []
     try:
         return await _run_claimed(payload, worker, ledger, goal, fence, opened, fenced_set)
@@ -170,12 +209,17 @@ async def _run_claimed(
     minimum = goal_minimum(goal, options.model, options.pricing([goal]), options.settings(goal))
     decision, account, grant = await grant_goal(ledger, root, goal.id, cap, minimum)
     if decision == "wait":
+        # The task is retried in a moment; its claim has just set the lease, which covers the
+        # gap (the retry claims the goal as this task's; if its worker dies first, the lease
+        # lapses and the driver queues the goal again).
+        await anyio.to_thread.run_sync(fenced_set, "state", "waiting")
         return "wait"
     if decision == "skip" or not isinstance(account, RedisAccount):
         done = _finish_fields(GoalOutcome("skipped", "not_started", _SKIP_REASON, None), (0, 0))
         return str(await anyio.to_thread.run_sync(fenced_set, *done))
     opened.append(account)
-    started = await anyio.to_thread.run_sync(fenced_set, "account", account.id, "state", "running")
+    start = client.register_script(START)
+    started = await anyio.to_thread.run_sync(partial(start, keys=[key], args=[fence, account.id]))
     if started != "ok":
         await ledger.write_off(account)
         return "superseded"
@@ -185,7 +229,7 @@ async def _run_claimed(
         GoalLedger(ledger, account),
         inner_budget(grant, cap),
         # A directory per delivery: a goal delivered again while an earlier delivery still
-        # runs (it outlived the visibility timeout) must not set up its files over that one's.
+        # runs (presumed dead when its lease lapsed) must not set up its files over that one's.
         worker.workdir / payload["namespace"] / goal.id / fence[:12],
         worker.instruments,
     )
