@@ -1370,6 +1370,39 @@ def _damage_sql(statement: str) -> Any:
         (_damage_sql("UPDATE goals SET state = 'bogus' WHERE position = 1"), "no known state"),
         (_damage_sql("UPDATE goals SET goal = '{\"id\"' WHERE position = 1"), "goal row 2"),
         (_damage_sql("DROP TABLE goals"), "no such table: goals"),
+        # Amounts: each kind of bad one, named with its goal and field (not a traceback, not a
+        # spend that a negative or text amount lowers).
+        (
+            _damage_sql(f"UPDATE goals SET spent_pico = {2**63 - 1} WHERE position = 0"),
+            "goal row 1 ('line-1') has spent_pico 9,223,372,036,854,775,807, which takes the "
+            "batch's spend past the 9,223,372,036,854,775,807 pico-dollars",
+        ),
+        (
+            _damage_sql("UPDATE goals SET spent_pico = -5 WHERE position = 1"),
+            "goal row 2 ('line-2') has spent_pico -5, not a whole number of pico-dollars >= 0",
+        ),
+        (
+            _damage_sql("UPDATE goals SET spent_pico = 'lots' WHERE position = 1"),
+            "goal row 2 ('line-2') has spent_pico 'lots', not a whole number",
+        ),
+        (
+            _damage_sql("UPDATE goals SET prior_tokens = 2.5 WHERE position = 1"),
+            "goal row 2 ('line-2') has prior_tokens 2.5, not a whole number of tokens >= 0",
+        ),
+        (
+            _damage_sql("UPDATE goals SET held_pico = x'00' WHERE position = 0"),
+            "goal row 1 ('line-1') has held_pico b'\\x00', not a whole number",
+        ),
+        (
+            _damage_sql("UPDATE goals SET attempts = 'twice' WHERE position = 0"),
+            "goal row 1 ('line-1') has attempts 'twice', not a whole number of attempts",
+        ),
+        (
+            _damage_sql(
+                "UPDATE meta SET value = json_set(value, '$.pico', '5') WHERE key = 'budget'"
+            ),
+            "its budget's pico '5' is not a batch's",
+        ),
     ],
 )
 def test_a_damaged_batch_journal_is_refused_naming_the_file_and_what_is_wrong(

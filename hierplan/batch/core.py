@@ -29,7 +29,13 @@ from hierplan.batch.budget import (
 )
 from hierplan.batch.display import BatchDisplay, Tally
 from hierplan.batch.goals import BatchGoal, GoalsFile, goals_digest, load_goals
-from hierplan.batch.journal import FINAL_STATES, Journal, damaged_journal, open_journal
+from hierplan.batch.journal import (
+    FINAL_STATES,
+    LARGEST_AMOUNT,
+    Journal,
+    damaged_journal,
+    open_journal,
+)
 from hierplan.batch.runner import GoalOutcome, RunFunction, RunOptions, inner_budget, run_goal
 from hierplan.budgets.budget import Fixed, LocalLedger
 from hierplan.core.instrument import Instrument
@@ -168,7 +174,7 @@ class Batch:
 
 # The journal keeps amounts as SQLite integers (64-bit): pico-dollars reach that at about
 # $9.2 million.
-_MOST = 2**63 - 1
+_MOST = LARGEST_AMOUNT
 
 
 def _check_amounts(budget: BatchBudget, goals: Sequence[BatchGoal]) -> None:

@@ -20,7 +20,7 @@ import sqlite3
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,52 @@ STATES = ("pending", "running", *FINAL_STATES)
 META_KEYS = ("goals_path", "goals_digest", "backend", "namespace", "budget", "options")
 """The settings every batch's journal holds."""
 _BUDGET_KEYS = ("tokens", "pico", "concurrency", "goal_tokens", "goal_pico")
+LARGEST_AMOUNT = 2**63 - 1
+"""The largest amount the journal counts: SQLite's integers are 64-bit (in pico-dollars, about
+$9.2 million)."""
+# A goal's counts and amounts, in the order a damaged one is reported.
+_AMOUNTS = (
+    "attempts",
+    "spent_tokens",
+    "spent_pico",
+    "held_tokens",
+    "held_pico",
+    "prior_tokens",
+    "prior_pico",
+)
+_UNITS = {"attempts": "attempts", "tokens": "tokens", "pico": "pico-dollars"}
+
+
+def _unit(name: str) -> str:
+    return _UNITS[name.rsplit("_", 1)[-1]]
+
+
+@dataclass(slots=True)
+class _Spend:
+    """The batch's spend as :meth:`Journal.spent` adds it up (every goal's spent, held and
+    prior), in Python's integers, with the largest amount of each unit and where it is."""
+
+    totals: dict[str, int] = field(default_factory=lambda: {"tokens": 0, "pico": 0})
+    largest: dict[str, tuple[int, str]] = field(default_factory=dict)
+
+    def add(self, where: str, name: str, value: int) -> None:
+        dimension = name.rsplit("_", 1)[-1]
+        if dimension not in self.totals:
+            return  # attempts: counted, not spent
+        self.totals[dimension] += value
+        if value >= self.largest.get(dimension, (-1, ""))[0]:
+            self.largest[dimension] = (value, f"{where} has {name} {value:,}")
+
+    def beyond_count(self) -> str | None:
+        """What is wrong if the spend passes what SQLite's integers count (the sums would
+        fail), naming the largest amount of that unit, the likeliest damage."""
+        for dimension, total in self.totals.items():
+            if total > LARGEST_AMOUNT:
+                return (
+                    f"{self.largest[dimension][1]}, which takes the batch's spend past the "
+                    f"{LARGEST_AMOUNT:,} {_UNITS[dimension]} the journal can count"
+                )
+        return None
 
 
 def damaged_journal(path: Path, problem: str) -> UserInputError:
@@ -173,13 +219,21 @@ class Journal:
         budget = meta["budget"]
         if not isinstance(budget, dict) or set(budget) != set(_BUDGET_KEYS):
             raise damaged_journal(self.path, "its budget is not one a batch writes")
+        for key, value in budget.items():
+            least = 1 if key == "concurrency" else 0
+            unlimited = value is None and key != "concurrency"
+            if not unlimited and not (type(value) is int and least <= value <= LARGEST_AMOUNT):
+                raise damaged_journal(self.path, f"its budget's {key} {value!r} is not a batch's")
         if not isinstance(meta["options"], dict):
             raise damaged_journal(self.path, "its options are not one a batch writes")
 
     def _check_goals(self) -> None:
-        cursor = self.db.execute("SELECT position, id, goal, state FROM goals ORDER BY position")
+        cursor = self.db.execute(
+            f"SELECT position, id, goal, state, {', '.join(_AMOUNTS)} FROM goals ORDER BY position"
+        )
         count = 0
-        for count, (position, goal_id, goal, state) in enumerate(cursor, 1):
+        spend = _Spend()
+        for count, (position, goal_id, goal, state, *amounts) in enumerate(cursor, 1):
             where = f"goal row {count} ({goal_id!r})"
             if position != count - 1:
                 raise damaged_journal(self.path, f"{where} is out of place (rows are missing)")
@@ -189,8 +243,17 @@ class Journal:
                 raise damaged_journal(self.path, f"{where} holds no goal a batch writes") from None
             if state not in STATES:
                 raise damaged_journal(self.path, f"{where} is in no known state ({state!r})")
+            for name, value in zip(_AMOUNTS, amounts, strict=True):
+                if type(value) is not int or value < 0:
+                    raise damaged_journal(
+                        self.path,
+                        f"{where} has {name} {value!r}, not a whole number of {_unit(name)} >= 0",
+                    )
+                spend.add(where, name, value)
         if count == 0:
             raise damaged_journal(self.path, "it holds no goals")
+        if problem := spend.beyond_count():
+            raise damaged_journal(self.path, problem)
 
     # -- the batch -----------------------------------------------------------------------
 
