@@ -855,11 +855,11 @@ def test_a_delivery_that_fails_records_the_goal_failed_and_returns_its_grant(
     import redis
     from redis_support import require_redis
 
-    from hierplan.batch.celery_backend import _Worker, done_key, goal_key, work_on_goal
+    from hierplan.batch.celery_backend import WorkerState, done_key, goal_key, work_on_goal
     from hierplan.budgets.redis_ledger import RedisLedger
 
     server = require_redis()
-    worker = _Worker()
+    worker = WorkerState()
     worker.workdir = tmp_path
     gone = RedisLedger(server.url)
     client = gone.client
@@ -891,12 +891,16 @@ def test_a_delivery_that_fails_records_the_goal_failed_and_returns_its_grant(
 def test_a_delivery_that_cannot_reach_redis_is_delivered_again() -> None:
     from redis_support import free_port
 
-    from hierplan.batch.celery_backend import WORKER, _goal_task
+    from hierplan.batch.celery_backend.worker import WORKER, _goal_task
 
     class Retried(Exception):
         pass
 
     class Task:
+        class request:  # as Celery names it: the task's current message
+            id = "task-1"
+            retries = 0
+
         def retry(self, *, exc: Exception, countdown: float) -> Exception:
             return Retried(exc)
 
@@ -914,12 +918,12 @@ def test_a_settlement_lost_by_redis_still_lets_the_goal_finish(
     import redis
     from redis_support import require_redis
 
-    from hierplan.batch.celery_backend import _Worker, goal_key, work_on_goal
+    from hierplan.batch.celery_backend import WorkerState, goal_key, work_on_goal
     from hierplan.budgets.budget import Reservation
     from hierplan.budgets.redis_ledger import RedisLedger
 
     server = require_redis()
-    worker = _Worker()
+    worker = WorkerState()
     worker.workdir = tmp_path
     settle = RedisLedger.settle
     lost: list[Reservation] = []
@@ -1007,7 +1011,7 @@ def _celery_batch_on_a_worker_thread(
 
     from redis_support import require_redis
 
-    from hierplan.batch.celery_backend import QUEUE, _Worker, work_on_goal
+    from hierplan.batch.celery_backend import QUEUE, WorkerState, work_on_goal
     from hierplan.batch.core import execute, prepare
     from hierplan.budgets.redis_ledger import connect
 
@@ -1021,7 +1025,7 @@ def _celery_batch_on_a_worker_thread(
     config.broker = url
     batch = prepare(config)
     batch.display = display  # type: ignore[assignment]
-    worker = _Worker()
+    worker = WorkerState()
     worker.workdir = tmp_path / "worker"
 
     def work() -> None:
@@ -1366,6 +1370,39 @@ def _damage_sql(statement: str) -> Any:
         (_damage_sql("UPDATE goals SET state = 'bogus' WHERE position = 1"), "no known state"),
         (_damage_sql("UPDATE goals SET goal = '{\"id\"' WHERE position = 1"), "goal row 2"),
         (_damage_sql("DROP TABLE goals"), "no such table: goals"),
+        # Amounts: each kind of bad one, named with its goal and field (not a traceback, not a
+        # spend that a negative or text amount lowers).
+        (
+            _damage_sql(f"UPDATE goals SET spent_pico = {2**63 - 1} WHERE position = 0"),
+            "goal row 1 ('line-1') has spent_pico 9,223,372,036,854,775,807, which takes the "
+            "batch's spend past the 9,223,372,036,854,775,807 pico-dollars",
+        ),
+        (
+            _damage_sql("UPDATE goals SET spent_pico = -5 WHERE position = 1"),
+            "goal row 2 ('line-2') has spent_pico -5, not a whole number of pico-dollars >= 0",
+        ),
+        (
+            _damage_sql("UPDATE goals SET spent_pico = 'lots' WHERE position = 1"),
+            "goal row 2 ('line-2') has spent_pico 'lots', not a whole number",
+        ),
+        (
+            _damage_sql("UPDATE goals SET prior_tokens = 2.5 WHERE position = 1"),
+            "goal row 2 ('line-2') has prior_tokens 2.5, not a whole number of tokens >= 0",
+        ),
+        (
+            _damage_sql("UPDATE goals SET held_pico = x'00' WHERE position = 0"),
+            "goal row 1 ('line-1') has held_pico b'\\x00', not a whole number",
+        ),
+        (
+            _damage_sql("UPDATE goals SET attempts = 'twice' WHERE position = 0"),
+            "goal row 1 ('line-1') has attempts 'twice', not a whole number of attempts",
+        ),
+        (
+            _damage_sql(
+                "UPDATE meta SET value = json_set(value, '$.pico', '5') WHERE key = 'budget'"
+            ),
+            "its budget's pico '5' is not a batch's",
+        ),
     ],
 )
 def test_a_damaged_batch_journal_is_refused_naming_the_file_and_what_is_wrong(

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +14,7 @@ import httpx2
 import pytest
 from capitals import CapitalsScenario
 from eventcheck import check_events
-from liveservice import example_app, parse_sse, serve
+from liveservice import APP, example_app, free_port, parse_sse, serve
 
 from hierplan.core.events import RunFinished, parse_event
 
@@ -128,3 +133,115 @@ async def test_quiet_streams_get_keepalive_comments(tmp_path: Path) -> None:
         await client.post(f"/runs/{slow['run_id']}/cancel")
     events = [f["event"] for f in parse_sse(lines)]
     assert events[0] == "run_started" and "node_started" in events
+
+
+@pytest.mark.anyio
+async def test_the_service_keeps_the_work_directories_of_its_newest_runs_only(
+    tmp_path: Path,
+) -> None:
+    """A data_migration run leaves 26 MB in its directory: the service keeps those of its
+    newest finished runs (5 by default), so its work directory does not grow with every run."""
+    for keep, runs in ((None, 7), (1, 3)):
+        where = tmp_path / f"keep-{keep}"
+        app = example_app(where, SCENARIOS, **({} if keep is None else {"keep_workdirs": keep}))
+        started: list[str] = []
+        async with serve(app) as base, httpx2.AsyncClient(base_url=base, timeout=30) as client:
+            for _ in range(runs):
+                run_id = (await client.post("/runs", json=FAST)).json()["run_id"]
+                await _events(client, run_id)  # to its end
+                started.append(run_id)
+        # The service has stopped: every run has ended and been tidied up after.
+        kept = sorted(p.name for p in (where / "runs").iterdir())
+        assert kept == sorted(started[-(keep or 5) :])
+        assert all((where / "runs" / run_id / "facts.txt").exists() for run_id in kept)
+
+
+class _Watcher(threading.Thread):
+    """A client that streams a run's events from the service until the stream ends."""
+
+    def __init__(self, base: str, run_id: str) -> None:
+        super().__init__(daemon=True)
+        self.base, self.run_id = base, run_id
+        self.lines: list[str] = []
+        self.running = threading.Event()
+
+    def run(self) -> None:
+        url = f"{self.base}/runs/{self.run_id}/events"
+        try:
+            with httpx2.Client(timeout=None) as client, client.stream("GET", url) as response:
+                for line in response.iter_lines():
+                    self.lines.append(line)
+                    if line == "event: node_started":
+                        self.running.set()
+        except httpx2.TransportError:
+            self.lines.append(": the connection broke")
+
+
+def _start_service(tmp_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """The example service as its own process, as `python examples/live_runs/app.py` starts
+    it; its base URL once it answers."""
+    port = free_port()
+    log = (tmp_path / "service.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, str(APP), "--port", str(port), "--workdir", str(tmp_path / "runs")],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            httpx2.get(f"{base}/runs/none", timeout=5)
+            return process, base
+        except httpx2.TransportError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                raise AssertionError((tmp_path / "service.log").read_text()) from None
+            time.sleep(0.1)
+
+
+def test_sigterm_cancels_the_runs_and_ends_their_streams(tmp_path: Path) -> None:
+    """A client streaming a run does not keep the service up: on SIGTERM every run is
+    cancelled, each stream ends with its run's ``cancelled`` and ``end``, and the process
+    exits (without waiting for the runs to finish, or the clients to leave)."""
+    process, base = _start_service(tmp_path)
+    try:
+        # data_migration at the simulator's latency: each run goes on for a minute or more.
+        run_ids = [httpx2.post(f"{base}/runs", json={}, timeout=30).json()["run_id"] for _ in "ab"]
+        watchers = [_Watcher(base, run_id) for run_id in run_ids]
+        for watcher in watchers:
+            watcher.start()
+        for watcher in watchers:
+            assert watcher.running.wait(60), watcher.lines
+        process.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        for watcher in watchers:
+            watcher.join(60)
+        streams_ended = time.monotonic() - signalled
+        process.wait(60)
+        exited = time.monotonic() - signalled
+        print(f"\nSIGTERM: streams ended after {streams_ended:.1f} s, exit after {exited:.1f} s")
+        for watcher in watchers:
+            frames = parse_sse(watcher.lines)
+            assert frames[-1] == {"event": "end", "data": "{}"}, watcher.lines[-5:]
+            finished = parse_event(frames[-2]["data"])
+            assert finished.type == "run_finished"
+            assert finished.status == "cancelled"  # type: ignore[attr-defined]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.anyio
+async def test_a_stopping_service_cancels_its_runs_and_starts_no_more(tmp_path: Path) -> None:
+    app = example_app(tmp_path, SCENARIOS)
+    async with serve(app) as base, httpx2.AsyncClient(base_url=base, timeout=30) as client:
+        slow = (await client.post("/runs", json={**FAST, "scenario": "slow-capitals"})).json()
+        app.state.runs.stop()
+        refused = await client.post("/runs", json=FAST)
+        assert refused.status_code == 503
+        assert refused.json() == {"error": "the service is stopping: it starts no new runs"}
+        frames = await _events(client, slow["run_id"])
+        assert parse_event(frames[-2]["data"]).status == "cancelled"  # type: ignore[attr-defined]

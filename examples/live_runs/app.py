@@ -22,21 +22,34 @@ The API:
 
 Runs belong to the service's task group (they go on when a browser leaves) and each works in
 its own directory under ``--workdir``. The service forgets the oldest finished runs beyond
-``max_runs``.
+``max_runs``, and removes the directories of finished runs beyond the newest
+``--keep-workdirs`` (a ``data_migration`` run leaves 26 MB in its own).
+
+SIGTERM or Ctrl-C stops the service at once: every run is cancelled (it ends ``cancelled``,
+with its record), each event stream ends with its run, and the process exits. Without that,
+uvicorn would wait for every streaming client to leave before the runs were told to stop.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import threading
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager, suppress
+from functools import partial
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
+import anyio.to_thread
+import uvicorn
 from anyio.abc import TaskGroup, TaskStatus
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
@@ -66,18 +79,28 @@ class RunRequest(BaseModel):
 
 
 class Runs:
-    """The service's runs: started in its task group, kept by id (the newest ``limit``)."""
+    """The service's runs: started in its task group, kept by id (the newest ``limit``), each
+    in a directory of its own under ``workdir`` (those of the newest ``keep_workdirs`` finished
+    runs are kept)."""
 
-    def __init__(self, workdir: Path, scenarios: Mapping[str, Scenario], limit: int) -> None:
+    def __init__(
+        self, workdir: Path, scenarios: Mapping[str, Scenario], limit: int, keep_workdirs: int
+    ) -> None:
         self.workdir = workdir
         self.scenarios = dict(scenarios)
         self.limit = limit
+        self.keep_workdirs = keep_workdirs
         self.handles: OrderedDict[str, hierplan.RunHandle] = OrderedDict()
         self.group: TaskGroup | None = None
+        self.stopping = False
+        self._finished: deque[str] = deque()  # run ids whose directories are kept, oldest first
+        self._token: anyio.lowlevel.EventLoopToken | None = None
 
     async def start(self, request: RunRequest) -> hierplan.RunHandle:
         """Start a run; bad input raises :class:`hierplan.UserInputError` here."""
         assert self.group is not None, "the service is not running"
+        if self.stopping:
+            raise Stopping("the service is stopping: it starts no new runs")
         # The demo's scenario only when no goal is given: a goal alone is the client's own
         # goal, not one to run on the scenario's tools.
         default = None if request.goal is not None else "data_migration"
@@ -103,6 +126,36 @@ class Runs:
             del self.handles[rid]  # forget the oldest finished runs, never a running one
         return started
 
+    def stop(self) -> None:
+        """Start no more runs and cancel every one running: each ends ``cancelled`` (with its
+        record), and so its event streams end."""
+        self.stopping = True
+        for handle in list(self.handles.values()):
+            handle.cancel()
+
+    def stop_from_signal(self) -> None:
+        """:meth:`stop`, from a signal handler: one runs between any two steps of the event
+        loop's own code, so the runs are cancelled from the loop, through a thread that hands
+        the call to it."""
+        token = self._token
+        if token is None:
+            return  # not serving yet: nothing has started
+
+        def hand_over() -> None:
+            with suppress(RuntimeError):  # the loop has ended meanwhile: nothing is left to stop
+                anyio.from_thread.run_sync(self.stop, token=token)
+
+        threading.Thread(target=hand_over, name="stop-runs", daemon=True).start()
+
+    @asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        """The service's life: its runs go in its task group, and stop when it stops."""
+        async with anyio.create_task_group() as group:
+            self.group = group
+            self._token = anyio.lowlevel.current_token()  # where a signal's stop is handed
+            yield
+            self.stop()
+
     async def _own(
         self, handle: hierplan.RunHandle, *, task_status: TaskStatus[hierplan.RunHandle]
     ) -> None:
@@ -110,6 +163,19 @@ class Runs:
             task_status.started(handle)
             with suppress(Exception):  # a run's error stays with its handle
                 await handle.result()
+        await self._tidy(handle.run_id)
+
+    async def _tidy(self, run_id: str) -> None:
+        """A run has ended: remove the directories of the finished runs beyond the newest
+        ``keep_workdirs`` (the run's record stays with its handle)."""
+        self._finished.append(run_id)
+        while len(self._finished) > self.keep_workdirs:
+            old = self.workdir / self._finished.popleft()
+            await anyio.to_thread.run_sync(partial(shutil.rmtree, old, ignore_errors=True))
+
+
+class Stopping(Exception):
+    """A run asked for while the service stops."""
 
 
 def create_app(
@@ -118,18 +184,12 @@ def create_app(
     scenarios: Mapping[str, Scenario] | None = None,
     max_runs: int = 100,
     keepalive_s: float = 15.0,
+    keep_workdirs: int = 5,
 ) -> Starlette:
     """The service. ``scenarios`` adds scenarios by name to the built-in ones; event streams
-    send a comment line after ``keepalive_s`` seconds without an event."""
-    runs = Runs(workdir, scenarios or {}, max_runs)
-
-    @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with anyio.create_task_group() as group:
-            runs.group = group
-            yield
-            for handle in runs.handles.values():
-                handle.cancel()  # the service stops: so do its runs
+    send a comment line after ``keepalive_s`` seconds without an event; the directories of the
+    newest ``keep_workdirs`` finished runs are kept, older ones removed."""
+    runs = Runs(workdir, scenarios or {}, max_runs, keep_workdirs)
 
     async def page(request: Request) -> Response:
         return HTMLResponse(PAGE.read_text(encoding="utf-8"))
@@ -147,6 +207,8 @@ def create_app(
             return _error(400, f"{where}: {first['msg']}")
         except hierplan.HierplanError as exc:
             return _error(400, str(exc))
+        except Stopping as exc:
+            return _error(503, str(exc))
         return JSONResponse(
             {"run_id": handle.run_id, "events": f"/runs/{handle.run_id}/events"}, 201
         )
@@ -192,7 +254,7 @@ def create_app(
             Route("/runs/{run_id}/events", events),
             Route("/runs/{run_id}/cancel", cancel, methods=["POST"]),
         ],
-        lifespan=lifespan,
+        lifespan=runs.lifespan,
     )
     app.state.runs = runs
     return app
@@ -226,16 +288,44 @@ async def _sse(handle: hierplan.RunHandle, since: int, keepalive_s: float) -> As
     yield "event: end\ndata: {}\n\n"
 
 
+class StoppingServer(uvicorn.Server):
+    """uvicorn, whose signal handler also stops the service's runs: uvicorn itself waits for
+    open connections to close before it lets the app stop, and a run's event stream stays open
+    until its run ends."""
+
+    def __init__(self, config: uvicorn.Config, runs: Runs) -> None:
+        super().__init__(config)
+        self.runs = runs
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """Stop the runs, then the server, as uvicorn does (a second Ctrl-C forces it)."""
+        super().handle_exit(sig, frame)
+        self.runs.stop_from_signal()
+
+
+GRACE_S = 10
+"""Seconds uvicorn waits for responses to end once the runs are cancelled (a client that no
+longer reads its stream does not keep the service up)."""
+
+
 def main() -> None:
     """Serve on loopback (``--host``/``--port``), runs under ``--workdir``."""
-    import uvicorn
-
     parser = argparse.ArgumentParser(description="Start hierplan runs and watch them live.")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--workdir", type=Path, default=Path("runs/service"))
+    parser.add_argument(
+        "--keep-workdirs",
+        type=int,
+        default=5,
+        help="keep the directories of this many finished runs (default 5)",
+    )
     args = parser.parse_args()
-    uvicorn.run(create_app(args.workdir), host=args.host, port=args.port)
+    if args.keep_workdirs < 0:
+        parser.error("--keep-workdirs must be 0 or more")
+    app = create_app(args.workdir, keep_workdirs=args.keep_workdirs)
+    config = uvicorn.Config(app, host=args.host, port=args.port, timeout_graceful_shutdown=GRACE_S)
+    StoppingServer(config, app.state.runs).run()
 
 
 if __name__ == "__main__":

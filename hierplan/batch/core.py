@@ -29,7 +29,15 @@ from hierplan.batch.budget import (
 )
 from hierplan.batch.display import BatchDisplay, Tally
 from hierplan.batch.goals import BatchGoal, GoalsFile, goals_digest, load_goals
-from hierplan.batch.journal import FINAL_STATES, Journal, damaged_journal, open_journal
+from hierplan.batch.journal import (
+    FINAL_STATES,
+    LARGEST_AMOUNT,
+    WITHHELD,
+    Journal,
+    damaged_journal,
+    open_journal,
+    url_as_journaled,
+)
 from hierplan.batch.runner import GoalOutcome, RunFunction, RunOptions, inner_budget, run_goal
 from hierplan.budgets.budget import Fixed, LocalLedger
 from hierplan.core.instrument import Instrument
@@ -57,6 +65,9 @@ class BatchConfig:
     resume: bool = False
     broker: str | None = None
     visibility_timeout: float = 3600.0
+    # Seconds a running Celery goal's lease lasts without its worker's heartbeat before the goal
+    # is queued again; None: $HIERPLAN_BATCH_LEASE_S, else 30 (see celery_backend.lease).
+    lease_s: float | None = None
     instruments: Sequence[Instrument] = ()
     run_fn: RunFunction = run  # how one goal runs (local backend): hierplan.run, or a wrapper
     # The flags given on the command line (``--concurrency``...), which a resume checks against
@@ -165,7 +176,7 @@ class Batch:
 
 # The journal keeps amounts as SQLite integers (64-bit): pico-dollars reach that at about
 # $9.2 million.
-_MOST = 2**63 - 1
+_MOST = LARGEST_AMOUNT
 
 
 def _check_amounts(budget: BatchBudget, goals: Sequence[BatchGoal]) -> None:
@@ -214,6 +225,8 @@ def _changed_on_resume(config: BatchConfig, meta: dict[str, Any]) -> list[str]:
     defaults, options = RunOptions().to_dict(), meta.get("options", {})
     for key, value in config.options.to_dict().items():
         flag = "--set" if key == "run_settings" else "--" + key.replace("_", "-")
+        if key == "base_url":  # the journal keeps it without credentials, which may change
+            value = url_as_journaled(value)
         if differs(flag, value, defaults[key], options.get(key, defaults[key])):
             changed.append(flag)
     return changed
@@ -223,6 +236,10 @@ def prepare(config: BatchConfig, pricing: PriceTable | None = None) -> Batch:
     """Validate everything and open the journal; nothing is written if anything is wrong."""
     if config.budget.concurrency < 1:
         raise UserInputError("--concurrency must be at least 1")
+    if config.backend == "celery":
+        from hierplan.batch.celery_backend.lease import lease_seconds
+
+        lease_seconds(config.lease_s)  # a bad lease is refused before anything is written
     if config.resume:
         return _reopen(config, pricing or PriceTable())
     goals = load_goals(config.goals_path, default_model=config.options.model)
@@ -284,6 +301,7 @@ def _reopen(config: BatchConfig, pricing: PriceTable) -> Batch:
                 "budget and options it was started with (kept in its journal); leave them out, "
                 "or start a new batch with another --out"
             )
+        _give_back_withheld(config, meta)
         options = _journal_options(journal, meta)
         model = options.model
         goals = load_goals(config.goals_path, default_model=model)
@@ -297,6 +315,20 @@ def _reopen(config: BatchConfig, pricing: PriceTable) -> Batch:
         journal.close()
         raise
     return Batch(config, goals, journal, meta)
+
+
+def _give_back_withheld(config: BatchConfig, meta: dict[str, Any]) -> None:
+    """Put the ``--base-url`` given to a resume in the batch's settings (in memory) where the
+    journal kept it without its credentials; without one, the resume is refused."""
+    withheld = meta.get(WITHHELD)
+    if not isinstance(withheld, list) or "--base-url" not in withheld:
+        return
+    if config.options.base_url is None:
+        raise UserInputError(
+            f"cannot resume {config.out} without --base-url: its URL held credentials, which "
+            "the journal does not keep; give --base-url again, as the batch was started"
+        )
+    meta["options"] = {**meta["options"], "base_url": config.options.base_url}
 
 
 def _journal_options(journal: Journal, meta: dict[str, Any]) -> RunOptions:

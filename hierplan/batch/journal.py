@@ -16,13 +16,15 @@ billed), stays spent as ``prior``.
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
 from hierplan.batch.goals import BatchGoal
 from hierplan.durable.lock import BATCH_LOCK, DirectoryLock, lock_directory
@@ -37,6 +39,114 @@ STATES = ("pending", "running", *FINAL_STATES)
 META_KEYS = ("goals_path", "goals_digest", "backend", "namespace", "budget", "options")
 """The settings every batch's journal holds."""
 _BUDGET_KEYS = ("tokens", "pico", "concurrency", "goal_tokens", "goal_pico")
+LARGEST_AMOUNT = 2**63 - 1
+"""The largest amount the journal counts: SQLite's integers are 64-bit (in pico-dollars, about
+$9.2 million)."""
+# A goal's counts and amounts, in the order a damaged one is reported.
+_AMOUNTS = (
+    "attempts",
+    "spent_tokens",
+    "spent_pico",
+    "held_tokens",
+    "held_pico",
+    "prior_tokens",
+    "prior_pico",
+)
+_UNITS = {"attempts": "attempts", "tokens": "tokens", "pico": "pico-dollars"}
+
+
+def _unit(name: str) -> str:
+    return _UNITS[name.rsplit("_", 1)[-1]]
+
+
+@dataclass(slots=True)
+class _Spend:
+    """The batch's spend as :meth:`Journal.spent` adds it up (every goal's spent, held and
+    prior), in Python's integers, with the largest amount of each unit and where it is."""
+
+    totals: dict[str, int] = field(default_factory=lambda: {"tokens": 0, "pico": 0})
+    largest: dict[str, tuple[int, str]] = field(default_factory=dict)
+
+    def add(self, where: str, name: str, value: int) -> None:
+        dimension = name.rsplit("_", 1)[-1]
+        if dimension not in self.totals:
+            return  # attempts: counted, not spent
+        self.totals[dimension] += value
+        if value >= self.largest.get(dimension, (-1, ""))[0]:
+            self.largest[dimension] = (value, f"{where} has {name} {value:,}")
+
+    def beyond_count(self) -> str | None:
+        """What is wrong if the spend passes what SQLite's integers count (the sums would
+        fail), naming the largest amount of that unit, the likeliest damage."""
+        for dimension, total in self.totals.items():
+            if total > LARGEST_AMOUNT:
+                return (
+                    f"{self.largest[dimension][1]}, which takes the batch's spend past the "
+                    f"{LARGEST_AMOUNT:,} {_UNITS[dimension]} the journal can count"
+                )
+        return None
+
+
+# -- credentials are not journaled ----------------------------------------------------------
+#
+# A stand-in for the project's shared redaction of URLs, which will replace it: the journal
+# keeps the settings of a batch for as long as its directory lives, and a --base-url can carry
+# a password or a key.
+
+_REDACTED = "REDACTED"
+# Names of query parameters whose values are secrets (api_key, access_token, X-Amz-Signature...).
+_SECRET_NAME = re.compile(
+    r"key|token|secret|passw|pwd|auth|credential|session|signature|^sig$", re.IGNORECASE
+)
+WITHHELD = "withheld"
+"""The setting that lists the flags whose values the journal keeps without their credentials
+(a resume must give them again)."""
+
+
+def _redact_url_credentials(url: str) -> str:
+    """``url`` without its user info (``user:password@`` becomes ``REDACTED@``) and with the
+    value of every query or fragment parameter whose name looks secret replaced by
+    ``REDACTED``; a text that is not a URL is withheld whole."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return _REDACTED
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = f"{_REDACTED}@{netloc.rsplit('@', 1)[1]}"
+    return urlunsplit(
+        parts._replace(
+            netloc=netloc,
+            query=_redact_parameters(parts.query),
+            fragment=_redact_parameters(parts.fragment),
+        )
+    )
+
+
+def _redact_parameters(text: str) -> str:
+    pieces = []
+    for piece in text.split("&"):
+        name, equals, _ = piece.partition("=")
+        secret = equals and _SECRET_NAME.search(unquote_plus(name))
+        pieces.append(f"{name}={_REDACTED}" if secret else piece)
+    return "&".join(pieces)
+
+
+def url_as_journaled(url: str | None) -> str | None:
+    """``url`` as the journal keeps it: without user info or secret-looking parameters."""
+    return None if url is None else _redact_url_credentials(url)
+
+
+def _journaled_settings(meta: dict[str, Any]) -> dict[str, Any]:
+    """The batch's settings as the journal keeps them: ``--base-url`` without credentials,
+    and, when that took any away, the flag named in :data:`WITHHELD`."""
+    options = meta.get("options")
+    if not isinstance(options, dict) or options.get("base_url") is None:
+        return meta
+    kept = url_as_journaled(options["base_url"])
+    if kept == options["base_url"]:
+        return meta
+    return {**meta, "options": {**options, "base_url": kept}, WITHHELD: ["--base-url"]}
 
 
 def damaged_journal(path: Path, problem: str) -> UserInputError:
@@ -173,13 +283,21 @@ class Journal:
         budget = meta["budget"]
         if not isinstance(budget, dict) or set(budget) != set(_BUDGET_KEYS):
             raise damaged_journal(self.path, "its budget is not one a batch writes")
+        for key, value in budget.items():
+            least = 1 if key == "concurrency" else 0
+            unlimited = value is None and key != "concurrency"
+            if not unlimited and not (type(value) is int and least <= value <= LARGEST_AMOUNT):
+                raise damaged_journal(self.path, f"its budget's {key} {value!r} is not a batch's")
         if not isinstance(meta["options"], dict):
             raise damaged_journal(self.path, "its options are not one a batch writes")
 
     def _check_goals(self) -> None:
-        cursor = self.db.execute("SELECT position, id, goal, state FROM goals ORDER BY position")
+        cursor = self.db.execute(
+            f"SELECT position, id, goal, state, {', '.join(_AMOUNTS)} FROM goals ORDER BY position"
+        )
         count = 0
-        for count, (position, goal_id, goal, state) in enumerate(cursor, 1):
+        spend = _Spend()
+        for count, (position, goal_id, goal, state, *amounts) in enumerate(cursor, 1):
             where = f"goal row {count} ({goal_id!r})"
             if position != count - 1:
                 raise damaged_journal(self.path, f"{where} is out of place (rows are missing)")
@@ -189,17 +307,27 @@ class Journal:
                 raise damaged_journal(self.path, f"{where} holds no goal a batch writes") from None
             if state not in STATES:
                 raise damaged_journal(self.path, f"{where} is in no known state ({state!r})")
+            for name, value in zip(_AMOUNTS, amounts, strict=True):
+                if type(value) is not int or value < 0:
+                    raise damaged_journal(
+                        self.path,
+                        f"{where} has {name} {value!r}, not a whole number of {_unit(name)} >= 0",
+                    )
+                spend.add(where, name, value)
         if count == 0:
             raise damaged_journal(self.path, "it holds no goals")
+        if problem := spend.beyond_count():
+            raise damaged_journal(self.path, problem)
 
     # -- the batch -----------------------------------------------------------------------
 
     def create(self, meta: dict[str, Any], goals: Sequence[BatchGoal]) -> None:
-        """Write a new batch: its settings and every goal, pending."""
+        """Write a new batch: its settings (without the credentials of a URL, see
+        :func:`url_as_journaled`) and every goal, pending."""
         with self.transaction() as db:
             db.executemany(
                 "INSERT INTO meta (key, value) VALUES (?, ?)",
-                [(k, json.dumps(v)) for k, v in meta.items()],
+                [(k, json.dumps(v)) for k, v in _journaled_settings(meta).items()],
             )
             db.executemany(
                 "INSERT INTO goals (id, position, goal) VALUES (?, ?, ?)",
@@ -278,6 +406,14 @@ class Journal:
                 "grant_pico = ?, held_tokens = 0, held_pico = 0, spent_tokens = 0, "
                 "spent_pico = 0, account = ?, started_at = ? WHERE id = ?",
                 (grant[0], grant[1], account, time.time(), goal_id),
+            )
+
+    def count_attempts(self, goal_id: str, attempts: int) -> None:
+        """The goal has been attempted ``attempts`` times (counted where it ran: a Celery goal
+        delivered again after its worker died); the count never goes down."""
+        with self.transaction() as db:
+            db.execute(
+                "UPDATE goals SET attempts = MAX(attempts, ?) WHERE id = ?", (attempts, goal_id)
             )
 
     def progress(self, goal_id: str, held: tuple[int, int], spent: tuple[int, int]) -> None:

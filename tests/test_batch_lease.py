@@ -1,0 +1,134 @@
+"""Leases of Celery goals, against Redis: one delivery holds a goal at a time, a goal whose
+lease lapsed is queued again, and what a dead delivery spent is counted once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from redis_support import require_redis
+
+from hierplan.batch import RunOptions, parse_goals
+from hierplan.batch.celery_backend import Delivery, WorkerState, goal_key, lease_key, work_on_goal
+from hierplan.batch.celery_backend.lease import REQUEUE, Lease, lease_seconds
+from hierplan.batch.celery_backend.protocol import CLAIM, START
+from hierplan.budgets.budget import Fixed
+from hierplan.budgets.redis_ledger import RedisLedger
+from hierplan.errors import UserInputError
+
+
+def _payload(url: str, namespace: str, root: str) -> dict[str, Any]:
+    goal = parse_goals('{"suite": "game24", "task": 0, "id": "g"}')[0]
+    budget = {"tokens": None, "pico": 10**12, "concurrency": 1}
+    return {
+        "redis": url,
+        "namespace": namespace,
+        "root": root,
+        "options": RunOptions(sim_latency_scale=0).to_dict(),
+        "budget": {**budget, "goal_tokens": None, "goal_pico": None},
+        "goal": goal.to_json(),
+        "lease_s": 60,
+    }
+
+
+class _Goal:
+    """The goal ``g`` of a batch in Redis, and the scripts a delivery and the driver run on it."""
+
+    def __init__(self) -> None:
+        self.ledger = RedisLedger(require_redis().url)
+        self.client = self.ledger.client
+        self.root = anyio.run(self.ledger.open, "batch", None, Fixed(None, 10**12))
+        self.key = goal_key(self.ledger.namespace, "g")
+        self.lease = lease_key(self.ledger.namespace, "g")
+
+    def claim(self, task_id: str, retries: int, fence: str) -> str:
+        keys = [self.key, self.ledger.account_key(self.root), self.lease]
+        args: list[str | int] = [fence, "worker", task_id, retries, 60_000]
+        return str(self.client.register_script(CLAIM)(keys=keys, args=args))
+
+    def requeue(self, task_id: str) -> int:
+        requeue = self.client.register_script(REQUEUE)
+        return int(requeue(keys=[self.key, self.lease], args=[task_id]))
+
+    def field(self, name: str) -> str | None:
+        value = self.client.hget(self.key, name)
+        return None if value is None else str(value)
+
+
+def test_one_delivery_holds_a_goal_and_a_lapsed_lease_hands_it_to_the_task_queued_for_it() -> None:
+    goal = _Goal()
+    try:
+        assert goal.claim("t1", 0, "f1") == "ok"
+        assert goal.client.pttl(goal.lease) > 0  # the claim took the lease
+        # A copy of t1's message (the broker restored it after its visibility timeout), or a
+        # second message of the goal (a resumed driver sent it again): dropped, t1 goes on.
+        assert goal.claim("t1", 0, "f2") == "leased"
+        assert goal.claim("t2", 0, "f3") == "leased"
+        assert goal.field("fence") == "f1"
+        # t1 retried (its grant had to wait): the same delivery goes on under a new fence.
+        assert goal.claim("t1", 1, "f4") == "ok"
+        assert goal.requeue("t3") == 0  # the lease holds: nothing to queue again
+        assert Lease(goal.client, goal.key, goal.lease, "f1", 60).renew() is False  # fenced out
+        assert Lease(goal.client, goal.key, goal.lease, "f4", 60).renew() is True
+        goal.client.delete(goal.lease)  # t1's worker died: its lease lapses
+        assert goal.requeue("t3") == 1
+        assert goal.requeue("t4") == 0  # queued once, not at every look of the driver
+        assert goal.field("state") == "queued"
+        # The dead worker's retry, restored later, is dropped: t3 is the goal's message now.
+        assert goal.claim("t1", 2, "f5") == "leased"
+        assert goal.claim("t3", 0, "f6") == "ok"
+        assert (goal.field("owner"), goal.field("fence")) == ("t3", "f6")
+    finally:
+        goal.ledger.drop()
+
+
+def test_a_dead_deliverys_spend_is_counted_once_when_its_goal_runs_again(tmp_path: Path) -> None:
+    goal = _Goal()
+    ledger = goal.ledger
+    try:
+        # A delivery claims the goal, is granted an account, has a call in flight, and dies.
+        assert goal.claim("t1", 0, "f1") == "ok"
+        account = anyio.run(ledger.open, "g", goal.root, Fixed(None, 10**10))
+        held = anyio.run(ledger.reserve, account, 100, 12_345, "planning")
+        assert held is not None
+        start = goal.client.register_script(START)
+        assert start(keys=[goal.key], args=["f1", account.id]) == "ok"
+        goal.client.delete(goal.lease)  # its lease lapses
+        assert goal.requeue("t2") == 1
+        worker = WorkerState()
+        worker.workdir = tmp_path
+        payload = _payload(require_redis().url, ledger.namespace, goal.root.id)
+        assert anyio.run(work_on_goal, payload, worker, Delivery("t2")) == "ok"
+        state = goal.client.hgetall(goal.key)
+        assert state["state"] == "succeeded" and state["runs"] == "2"
+        # The dead delivery's call counts at what it held, once; the goal's spend is both
+        # deliveries', and the batch's root holds exactly that.
+        assert int(state["prior_pico"]) == 12_345
+        root = anyio.run(ledger.balance, goal.root)
+        assert (root.granted_pico, root.reserved_pico) == (0, 0)
+        assert root.spent_pico == int(state["prior_pico"]) + int(state["spent_pico"])
+        assert not goal.client.exists(goal.lease)  # a final goal needs no lease
+        # The dead delivery's message, restored by the broker later, finds the goal final.
+        assert anyio.run(work_on_goal, payload, worker, Delivery("t1")) == "duplicate"
+        assert anyio.run(ledger.balance, goal.root).spent_pico == root.spent_pico
+    finally:
+        ledger.drop()
+
+
+def test_a_lease_is_a_number_of_seconds_from_the_config_or_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("HIERPLAN_BATCH_LEASE_S", raising=False)
+    assert lease_seconds() == 30.0
+    assert lease_seconds(5) == 5.0
+    monkeypatch.setenv("HIERPLAN_BATCH_LEASE_S", "12.5")
+    assert lease_seconds() == 12.5
+    assert lease_seconds(4) == 4.0  # the config's own wins
+    for bad in ("soon", "0.2", "nan", "inf"):
+        monkeypatch.setenv("HIERPLAN_BATCH_LEASE_S", bad)
+        with pytest.raises(UserInputError, match="HIERPLAN_BATCH_LEASE_S must be a number"):
+            lease_seconds()
+    with pytest.raises(UserInputError, match="the lease must be"):
+        lease_seconds(0)
