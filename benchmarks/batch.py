@@ -36,7 +36,8 @@ from typing import Any
 import anyio
 
 from hierplan.batch import BatchBudget, BatchConfig, RunOptions, run_batch
-from hierplan.budgets.budget import Fixed, Ledger, LocalLedger
+from hierplan.budgets.budget import Fixed
+from hierplan.budgets.ledger import Ledger, LocalLedger
 from hierplan.budgets.redis_ledger import RedisLedger, connect
 from hierplan.units import usd_to_pico
 

@@ -32,8 +32,9 @@ import anyio
 
 import hierplan
 from hierplan.agents.prompts import parse_plan_prompt
-from hierplan.budgets.budget import Budget, Draw, Fixed, LocalLedger
+from hierplan.budgets.budget import Budget, Draw, Fixed
 from hierplan.budgets.instrument import BudgetInstrument
+from hierplan.budgets.ledger import LocalLedger
 from hierplan.core.settings import RunSettings
 from hierplan.hierarchy.context import NodeContext, RunContext
 from hierplan.models.base import Message, ModelRequest, ModelResponse

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from hierplan.agents.executor import LLMExecutor, ToolExecutor
 from hierplan.agents.planner import LLMPlanner
-from hierplan.budgets.budget import Budget, Ledger, LocalLedger
+from hierplan.budgets.budget import Budget
 from hierplan.budgets.instrument import BudgetInstrument
+from hierplan.budgets.ledger import Ledger, LocalLedger
 from hierplan.core.calls import CallOutcome
 from hierplan.core.events import (
     AnyEvent,

@@ -274,12 +274,6 @@ class PriceTable:
             found = self._rates[model] = None if price is None else price.pico_rates()
             return found
 
-    def pico_cost(self, model: str, usage: Usage) -> int | None:
-        """The cost of ``usage`` on ``model`` in pico-dollars, or ``None`` when the price is
-        unknown: what records, budgets and traces all count a call at."""
-        rates = self.rates(model)
-        return None if rates is None else rates.cost(usage)
-
     def models(self) -> list[str]:
         """Every model string in the table."""
         return sorted(self._prices)

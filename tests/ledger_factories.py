@@ -11,8 +11,8 @@ from typing import Any
 
 from redis_support import redis_available, redis_ledger
 
-from hierplan.budgets.budget import Ledger, LocalLedger
 from hierplan.budgets.instrument import BudgetInstrument, RunBudget
+from hierplan.budgets.ledger import Ledger, LocalLedger
 from hierplan.core.views import RunView
 
 LEDGERS: dict[str, Callable[[], Ledger]] = {"local": LocalLedger}

@@ -630,7 +630,7 @@ def test_a_dropped_redis_ledger_refuses_its_accounts_and_writes_nothing() -> Non
 def test_the_redis_ledger_counts_exactly_on_both_sides_of_its_arithmetic_shortcut() -> None:
     from redis_support import require_redis
 
-    from hierplan.budgets.budget import Ledger, LocalLedger
+    from hierplan.budgets.ledger import Ledger, LocalLedger
     from hierplan.budgets.redis_ledger import RedisLedger
 
     server = require_redis()

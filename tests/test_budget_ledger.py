@@ -8,15 +8,8 @@ from __future__ import annotations
 import pytest
 from ledger_factories import LEDGERS
 
-from hierplan.budgets.budget import (
-    Budget,
-    Draw,
-    Fixed,
-    Ledger,
-    LedgerError,
-    Share,
-    step_weights,
-)
+from hierplan.budgets.budget import Budget, Draw, Fixed, LedgerError, Share, step_weights
+from hierplan.budgets.ledger import Ledger
 from hierplan.core.views import StepWork
 from hierplan.errors import BudgetExceeded, UserInputError
 from hierplan.hierarchy.context import step_work

@@ -26,7 +26,8 @@ from ledger_factories import LEDGERS, RecordingBudget
 
 import hierplan
 from hierplan.agents.prompts import parse_plan_prompt, parse_step_prompt
-from hierplan.budgets.budget import Account, Budget, Draw, Fixed, Grant, Ledger, Share
+from hierplan.budgets.budget import Account, Budget, Draw, Fixed, Grant, Share
+from hierplan.budgets.ledger import Ledger
 from hierplan.core.events import BudgetReserved, BudgetSettled, RunEvent
 from hierplan.core.settings import RunSettings
 from hierplan.errors import ModelError

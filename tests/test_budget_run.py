@@ -23,17 +23,9 @@ import hierplan
 from hierplan.agents.planner import PLAN_SCHEMA
 from hierplan.agents.prompts import parse_plan_prompt, parse_step_prompt
 from hierplan.budgets import calls as budget_calls
-from hierplan.budgets.budget import (
-    Account,
-    Balance,
-    Budget,
-    Grant,
-    Ledger,
-    LocalLedger,
-    Outstanding,
-    Reservation,
-)
+from hierplan.budgets.budget import Account, Balance, Budget, Grant, Reservation
 from hierplan.budgets.instrument import BudgetInstrument
+from hierplan.budgets.ledger import Ledger, LocalLedger, Outstanding
 from hierplan.cli import app
 from hierplan.core.events import (
     BudgetExhausted,

@@ -33,7 +33,8 @@ from hierplan.core.events import (
 from hierplan.core.settings import RunSettings
 from hierplan.core.views import NodeView
 from hierplan.errors import ToolError, UserInputError
-from hierplan.hierarchy import nodes, planning
+from hierplan.hierarchy import leaf as nodes
+from hierplan.hierarchy import planning
 from hierplan.models.base import ToolCall
 from hierplan.models.scripted import plan_response
 from hierplan.plans.plan import diff_plans

@@ -612,7 +612,7 @@ def test_tracing_alone_builds_no_events_its_spans_already_show(
 ) -> None:
     # Node starts and ends, model and tool calls are spans already: with tracing the only
     # listener the run does not build those events, and the span tree is whole without them.
-    from hierplan.hierarchy import nodes
+    from hierplan.hierarchy import leaf as nodes
 
     def forbidden(*args: object, **kwargs: object) -> None:
         raise AssertionError("a span-like event was built for tracing")

@@ -1,6 +1,6 @@
 """One global budget for a batch: the batch is the parent of every goal's budget.
 
-The batch ledger (a :class:`~hierplan.budgets.budget.LocalLedger`, or a
+The batch ledger (a :class:`~hierplan.budgets.ledger.LocalLedger`, or a
 :class:`~hierplan.budgets.redis_ledger.RedisLedger` shared by Celery workers) holds a root
 account with the batch's budget. Before a goal starts, it is **granted** an allocation: an
 account of its own, opened under the root with a :class:`~hierplan.budgets.budget.Fixed` grant:
@@ -38,18 +38,9 @@ from typing import Literal
 from hierplan.agents import planner
 from hierplan.agents.prompts import PlanPrompt, render_plan_prompt
 from hierplan.batch.goals import BatchGoal
-from hierplan.budgets.budget import (
-    Account,
-    Balance,
-    Fixed,
-    Grant,
-    Ledger,
-    LedgerError,
-    LocalLedger,
-    Outstanding,
-    Reservation,
-)
+from hierplan.budgets.budget import Account, Balance, Fixed, Grant, LedgerError, Reservation
 from hierplan.budgets.instrument import DEFAULT_MIN_OUTPUT_FRACTION, unknown_price_message
+from hierplan.budgets.ledger import Ledger, LocalLedger, Outstanding
 from hierplan.core.settings import RunSettings
 from hierplan.errors import BudgetExceeded, UserInputError
 from hierplan.models.base import ModelRequest, Phase, parse_model_string
@@ -264,7 +255,6 @@ class GoalLedger(Ledger):
         self.account = account
         self.on_change = on_change
         self._mirrors: dict[Reservation, Reservation] = {}
-        self.refused_by_batch = 0
 
     async def open(self, name: str, parent: Account | None, grant: Grant) -> Account:
         """See :meth:`Ledger.open` (the run's own accounts are local)."""
@@ -285,7 +275,6 @@ class GoalLedger(Ledger):
             self.inner.settle_now(local, 0, 0, used=False)
             raise
         if mirror is None:
-            self.refused_by_batch += 1
             self.inner.settle_now(local, 0, 0, used=False)
             return None
         self._mirrors[local] = mirror

@@ -39,7 +39,8 @@ from hierplan.batch.journal import (
     url_as_journaled,
 )
 from hierplan.batch.runner import GoalOutcome, RunFunction, RunOptions, inner_budget, run_goal
-from hierplan.budgets.budget import Fixed, LocalLedger
+from hierplan.budgets.budget import Fixed
+from hierplan.budgets.ledger import LocalLedger
 from hierplan.core.instrument import Instrument
 from hierplan.errors import UserInputError
 from hierplan.files import write_atomic

@@ -14,13 +14,11 @@ from hierplan.budgets.budget import (
     Budget,
     Draw,
     Fixed,
-    Ledger,
     LedgerError,
-    LocalLedger,
-    Outstanding,
     Reservation,
     Share,
 )
+from hierplan.budgets.ledger import Ledger, LocalLedger, Outstanding
 from hierplan.pricing import Price, PriceTable
 from hierplan.units import PICO_PER_USD, pico_to_usd, usd_to_pico
 

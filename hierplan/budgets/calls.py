@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hierplan.budgets.budget import Account, LocalLedger, Reservation
+from hierplan.budgets.budget import Account, Reservation
+from hierplan.budgets.ledger import LocalLedger
 from hierplan.core.calls import CallOutcome
 from hierplan.core.events import BudgetExhausted, BudgetOverrun, BudgetReserved, BudgetSettled
 from hierplan.core.instrument import CallScope
@@ -48,19 +49,18 @@ class CallCounts:
 class BudgetCallScope(CallScope):
     """One attempt of a model call under the node's budget (see the module docstring)."""
 
-    __slots__ = ("budget", "node", "rate_in", "rate_out", "requested", "reservation")
+    __slots__ = ("budget", "node", "rate_in", "rate_out", "reservation")
 
     def __init__(self, budget: RunBudget, node: NodeView) -> None:
         self.budget = budget
         self.node = node
         self.reservation: Reservation | None = None
-        self.requested = 0
         self.rate_in, self.rate_out = budget.worst_case_rates(node.base_model.priced_as)
 
     async def start(self, request: ModelRequest, estimate: int) -> ModelRequest:
         """Reserve the call's worst case, lowering ``max_tokens`` to fit, or refuse it."""
         account = self.budget.account(self.node)
-        self.requested = wanted = request.max_tokens
+        wanted = request.max_tokens
         tokens, pico = estimate + wanted, estimate * self.rate_in + wanted * self.rate_out
         ledger = self.budget.ledger
         # The in-memory ledger is called directly, not through its coroutine: one call of

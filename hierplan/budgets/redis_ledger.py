@@ -1,9 +1,9 @@
-"""The :class:`~hierplan.budgets.budget.Ledger` contract on Redis, for many processes and machines.
+"""The :class:`~hierplan.budgets.ledger.Ledger` contract on Redis, for many processes and machines.
 
 Every operation is one Lua script (see :mod:`hierplan.budgets.redis_scripts`), and Redis runs a
 script from its first line to its last with no other command in between: a reservation's check
 and its update are atomic across every process that shares the ledger, the way
-:class:`~hierplan.budgets.budget.LocalLedger`'s are within one event loop. The scripts keep the
+:class:`~hierplan.budgets.ledger.LocalLedger`'s are within one event loop. The scripts keep the
 same figures as the local ledger (see :class:`~hierplan.budgets.budget.Balance`) in one Redis
 hash per account.
 
@@ -35,12 +35,11 @@ from hierplan.budgets.budget import (
     Draw,
     Fixed,
     Grant,
-    Ledger,
     LedgerError,
-    Outstanding,
     Reservation,
     Share,
 )
+from hierplan.budgets.ledger import Ledger, Outstanding
 from hierplan.budgets.redis_scripts import SCRIPTS
 from hierplan.errors import BudgetExceeded, UserInputError
 from hierplan.models.base import Phase

@@ -78,7 +78,7 @@ def _noise_option(flag: str) -> Any:
     return typer.Option(help=f"{field.description} Overrides the profile.")
 
 
-def _fail(message: str) -> NoReturn:
+def fail(message: str) -> NoReturn:
     Console(stderr=True).print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
@@ -206,15 +206,25 @@ def bench_command(
                 f"unknown --baseline {baseline!r}: choose from {', '.join(STRATEGY_NAMES)}"
             )
     except HierplanError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     try:
         where = out or new_directory(
             Path("runs"), time.strftime("bench-%Y%m%d-%H%M%S"), "the benchmark"
         )
     except HierplanError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     records = _run(console, config, where, resume)
     command = _command(config, where, baseline, sim_profile, overrides)
+    _notes(console, records, baseline, config)
+    _report(
+        console, records, where, baseline if baseline in config.strategies else None, command, plot
+    )
+
+
+def _notes(
+    console: Console, records: list[dict[str, Any]], baseline: str, config: BenchConfig
+) -> None:
+    """What the tables cannot say: no baseline run, runs that raised, calls of no price."""
     if baseline not in config.strategies:
         _note(console, f"no paired differences: the baseline {baseline} was not among the "
               "strategies run (add it to --strategies, or choose another --baseline)")  # fmt: skip
@@ -225,9 +235,6 @@ def bench_command(
     if unpriced:
         _note(console, f"{unpriced} of {len(records)} runs made calls of no known price: their "
               "cost is unknown and left out of the cost figures")  # fmt: skip
-    _report(
-        console, records, where, baseline if baseline in config.strategies else None, command, plot
-    )
 
 
 def _note(console: Console, text: str) -> None:
@@ -294,7 +301,7 @@ def _run(console: Console, config: BenchConfig, out: Path, resume: bool) -> list
     finally:
         if shown:
             progress.stop()
-    _fail(problem)
+    fail(problem)
 
 
 def _command(

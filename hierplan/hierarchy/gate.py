@@ -316,14 +316,6 @@ class Gate:
         self.validators = tuple(validators)
         self.max_edit_rounds = max_edit_rounds
 
-    def with_validator(self, validator: Validator) -> Gate:
-        """A gate with one more validator (budgets add a feasibility check this way)."""
-        return Gate(
-            self.approver,
-            validators=(*self.validators, validator),
-            max_edit_rounds=self.max_edit_rounds,
-        )
-
     def validate(self, plan: Plan, ctx: GateContext) -> list[PlanProblem]:
         """Every problem every validator finds."""
         problems: list[PlanProblem] = []

@@ -24,11 +24,8 @@ from hierplan.core.results import StepResult
 from hierplan.core.settings import STRATEGY_NAMES
 from hierplan.errors import UserInputError
 from hierplan.hierarchy.context import NodeContext
-from hierplan.hierarchy.nodes import (
-    run_as_needed_node,
-    run_planner_node,
-    run_task_node,
-)
+from hierplan.hierarchy.leaf import run_task_node
+from hierplan.hierarchy.nodes import run_as_needed_node, run_planner_node
 from hierplan.hierarchy.planning import PlanPolicy
 from hierplan.plans.plan import Step
 from hierplan.records import NodeKind

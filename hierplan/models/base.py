@@ -9,7 +9,7 @@ sit on the hot path of every leaf; they are validated at the edges (plan parsing
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -20,7 +20,6 @@ from hierplan.units import Usage
 
 Role = Literal["system", "user", "assistant", "tool"]
 Phase = Literal["planning", "execution"]
-PHASES: tuple[Phase, Phase] = ("planning", "execution")
 
 
 @dataclass(slots=True, frozen=True)
@@ -185,14 +184,3 @@ def system(text: str) -> Message:
 def user(text: str) -> Message:
     """A user message."""
     return Message("user", text)
-
-
-def request_text(messages: Sequence[Message]) -> str:
-    """All text of a conversation, used for token estimates."""
-    parts: list[str] = []
-    for m in messages:
-        parts.append(m.content)
-        for call in m.tool_calls:
-            parts.append(call.name)
-            parts.append(repr(dict(call.arguments)))
-    return "\n".join(parts)

@@ -18,11 +18,10 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from hierplan.models.base import ModelRequest, ModelResponse, OutputSchema, ToolSpec
-from hierplan.units import Usage
+from hierplan.models.base import ModelRequest, OutputSchema, ToolSpec
 
 if TYPE_CHECKING:
-    from hierplan.errors import ModelError
+    pass
 
 CHARS_PER_TOKEN = 4
 MESSAGE_OVERHEAD_TOKENS = 4
@@ -121,76 +120,3 @@ def estimate_input_tokens(request: ModelRequest, model: object = None) -> int:
     if hidden is not None:
         total += int(hidden(request))
     return total
-
-
-def counted_usage(
-    response: ModelResponse,
-    request: ModelRequest,
-    input_tokens: int | None = None,
-    model: object = None,
-) -> Usage:
-    """The usage ``response`` counts for, set on it and flagged where it is not what the model
-    reported: a reply without usage counts at the request's worst case (``input_tokens``, by
-    default its estimate on ``model``, plus ``max_tokens``; flag ``no_usage``), never as free;
-    impossible usage (negative counts, more cache reads and writes than input) as the nearest
-    possible one (flag ``invalid_usage``)."""
-    usage, flag = usage_counted(response, request, input_tokens, model)
-    if flag is None:
-        return usage
-    response.usage = usage
-    if flag not in response.flags:  # an adapter may have flagged it already
-        response.flags.append(flag)
-    return usage
-
-
-def usage_counted(
-    response: ModelResponse,
-    request: ModelRequest,
-    input_tokens: int | None = None,
-    model: object = None,
-) -> tuple[Usage, str | None]:
-    """What :func:`counted_usage` would count ``response`` for, and its flag (``no_usage``,
-    ``invalid_usage`` or ``None``), without changing the response: for those who see the reply
-    before the call is recorded and must count it the same way."""
-    reported = response.usage
-    if reported is None:
-        return worst_case(request, input_tokens, model), "no_usage"
-    return _possible(reported)
-
-
-def failed_usage(
-    error: ModelError,
-    request: ModelRequest,
-    input_tokens: int | None = None,
-    model: object = None,
-) -> tuple[Usage | None, str | None]:
-    """What a call that failed with ``error`` counts for, and its flag: the usage the error
-    reported (impossible usage as the nearest possible one, flag ``invalid_usage``, as the
-    budget settles it, so that the record and the trace never show a negative cost); the
-    request's worst case (``input_tokens``, by default its estimate on ``model``, plus
-    ``max_tokens``; flag ``no_usage``) when the provider may have billed the request without
-    reporting usage (``error.unknown_usage``); ``None`` when the call used nothing."""
-    reported = error.usage
-    if reported is None:
-        if error.unknown_usage:
-            return worst_case(request, input_tokens, model), "no_usage"
-        return None, None
-    usage, flag = _possible(reported)
-    return usage, "no_usage" if flag is None and error.unknown_usage else flag
-
-
-def worst_case(
-    request: ModelRequest, input_tokens: int | None = None, model: object = None
-) -> Usage:
-    """The most ``request`` can use: ``input_tokens`` (by default its estimate on ``model``,
-    see :func:`estimate_input_tokens`) plus ``max_tokens``: what its budget reservation holds,
-    and what a call counts for when the provider may have billed it without saying how
-    much."""
-    worst = estimate_input_tokens(request, model) if input_tokens is None else input_tokens
-    return Usage(worst, request.max_tokens)
-
-
-def _possible(reported: Usage) -> tuple[Usage, str | None]:
-    """``reported`` made possible, flagged ``invalid_usage`` when that changed it."""
-    usage = reported.possible()
-    return usage, None if usage is reported else "invalid_usage"

@@ -198,10 +198,6 @@ class Simulator(BaseModel):
         check_latency_scale(value)
         return value
 
-    def noise(self) -> NoiseProfile:
-        """The noise profile itself."""
-        return get_profile(self.profile) if isinstance(self.profile, str) else self.profile
-
     @property
     def name(self) -> str:
         """The model string it stands for (``sim`` or ``sim:<priced-as>``)."""
