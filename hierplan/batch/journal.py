@@ -23,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
@@ -52,7 +53,9 @@ _AMOUNTS = (
     "prior_tokens",
     "prior_pico",
 )
-_UNITS = {"attempts": "attempts", "tokens": "tokens", "pico": "pico-dollars"}
+# The unit each checked figure counts in, named in the message about a bad one (read-only:
+# shared by every journal).
+_UNITS = MappingProxyType({"attempts": "attempts", "tokens": "tokens", "pico": "pico-dollars"})
 
 
 def _unit(name: str) -> str:

@@ -221,6 +221,7 @@ class RunBudget:
         self.usd_tracked = True
         self.root: Account | None = None
         self.root_balance: Balance | None = None
+        self._worst_case: dict[str, tuple[int, int]] = {}
         # A resumed run goes on with what the paused part left: both parts share the budget.
         resumed = run.resumed
         self.resumed = resumed is not None
@@ -233,6 +234,7 @@ class RunBudget:
         """Fail closed: a USD budget needs a price for every model (``priced_as``) of the run;
         without one, a model without a price only means that USD spend is not known."""
         self.pricing = pricing
+        self._worst_case.clear()
         for priced_as in models:
             if pricing.rates(priced_as) is not None:
                 continue
@@ -243,8 +245,13 @@ class RunBudget:
     def worst_case_rates(self, priced_as: str) -> tuple[int, int]:
         """Pico-dollars per input and per output token of ``priced_as`` (0 without a price):
         what a call's worst case is reserved at."""
-        rates = self.pricing.rates(priced_as)
-        return (0, 0) if rates is None else (rates.input, rates.output)
+        found = self._worst_case.get(priced_as)
+        if found is None:
+            rates = self.pricing.rates(priced_as)
+            found = self._worst_case[priced_as] = (
+                (0, 0) if rates is None else (rates.input, rates.output)
+            )
+        return found
 
     def usd(self, pico: int) -> float | None:
         """``pico`` as USD, or ``None`` when the run's USD spend is not known."""

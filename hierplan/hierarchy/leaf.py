@@ -1,9 +1,15 @@
-"""hierplan.hierarchy.leaf."""
+"""A node's life, and a leaf step's run.
+
+:class:`NodeLifecycle` marks a node running, opens every instrument's node scope, and closes
+the record whatever happens (success, failure, cancellation). :func:`run_task_node` runs one
+step as an executor node: each attempt under the run-wide leaf limit and the step's deadline,
+retried with backoff while the failure says that trying again may help.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from types import TracebackType
 from typing import Any
@@ -59,11 +65,7 @@ class NodeLifecycle:
                 scope = instrument.node_scope(node)
                 if scope is not None:
                     scopes.append(scope)
-            if len(scopes) == 1:  # the common case (a budget, say) without an exit stack's cost
-                await scopes[0].__aenter__()
-                self.scope = scopes[0]
-            elif scopes:
-                self.scope = await _enter_all(scopes)
+            self.scope = await _enter_all(scopes)
         except BaseException as exc:
             self._failed(exc)
             self._ended()
@@ -136,7 +138,17 @@ class NodeLifecycle:
 node_lifecycle = NodeLifecycle
 
 
-async def _enter_all(scopes: list[AbstractAsyncContextManager[None]]) -> AsyncExitStack:
+async def _enter_all(
+    scopes: list[AbstractAsyncContextManager[None]],
+) -> AbstractAsyncContextManager[Any] | None:
+    """Enter ``scopes`` in order, as one scope (``None`` when there are none)."""
+    if not scopes:
+        return None
+    if len(scopes) == 1:
+        # The usual case (a budget's scope): entered as it is, not through an exit stack,
+        # which costs a leaf about 4 % of its instructions (benchmarks/instructions.py).
+        await scopes[0].__aenter__()
+        return scopes[0]
     stack = AsyncExitStack()
     try:
         for scope in scopes:
@@ -145,10 +157,6 @@ async def _enter_all(scopes: list[AbstractAsyncContextManager[None]]) -> AsyncEx
         await stack.__aexit__(type(exc), exc, exc.__traceback__)
         raise
     return stack
-
-
-class _DeadlinePassed(Exception):
-    """The step's own deadline passed (told apart from a TimeoutError the executor raises)."""
 
 
 def _as_step_failure(exc: Exception) -> StepFailed:
@@ -171,16 +179,15 @@ def _finish(
         record.error = error
 
 
-def _execute_step(
+async def _execute_step(
     node: NodeContext, step: Step, inputs: Mapping[str, StepResult], react: bool
-) -> Awaitable[StepResult]:
-    """The executor's coroutine for the step (returned, not awaited here: one frame less)."""
+) -> StepResult:
+    """Do the step: call its tool directly, or run an executor's tool-calling loop."""
     run = node.run
     if step.tool is not None and step.args is not None:
-        return run.tool_executor.execute(node, step.tool, step.args, inputs)
-    context = "" if node.parent is None else node.parent.record.goal
-    return run.llm_executor.execute(
-        node, step.instruction, inputs, context=context, only_tool=step.tool, react=react
+        return await run.tool_executor.execute(node, step.tool, step.args, inputs)
+    return await run.llm_executor.execute(
+        node, step.instruction, inputs, context=node.context, only_tool=step.tool, react=react
     )
 
 
@@ -196,66 +203,71 @@ async def run_task_node(
     run = node.run
     settings = run.settings
     retries = settings.max_retries if max_retries is None else max_retries
-    timeout = settings.step_timeout_s
-    limiter = run.leaf_limiter
-    pause = run.pause
-    if pause.pausing:
-        await pause.wait_if_paused()
-    pause.work_started()  # not a `with pause.working()`: this runs for every leaf
-    try:
+    if run.pause.pausing:
+        await run.pause.wait_if_paused()
+    with run.pause.working():
         async with NodeLifecycle(node):
             attempt = 0
             while True:
                 attempt += 1
                 node.record.attempts = attempt
-                # Each attempt holds a slot of the run-wide leaf limit, under the step's
-                # deadline. Inline rather than in a helper coroutine, which would stay on
-                # every waiting leaf's stack (memory at 100,000 leaves in flight).
-                await limiter.acquire()
-                run.leaf_started()
                 try:
-                    if timeout is None:
-                        result = await _execute_step(node, step, inputs, react)
-                    else:
-                        with anyio.CancelScope(deadline=anyio.current_time() + timeout) as scope:
-                            result = await _execute_step(node, step, inputs, react)
-                        if scope.cancelled_caught:  # the deadline passed
-                            raise _DeadlinePassed
-                except _DeadlinePassed:
-                    failure = StepFailed(f"step timed out after {timeout:g} s", retryable=True)
-                except TimeoutError as exc:
-                    # A timeout of the executor's own (a model client's), not the step's
-                    # deadline: it fails the attempt with its own message, which may also come
-                    # when the step has no deadline at all.
-                    failure = StepFailed(f"TimeoutError: {exc}", retryable=True)
-                except (UnexpectedModelCall, ModelAuthError):
-                    raise
-                except HierplanError as exc:
-                    failure = _as_step_failure(exc)
-                else:
-                    _finish(node, "succeeded", output=result.text)
-                    pause.finished(node.path, result)
-                    return result
-                finally:
-                    run.leaf_finished()
-                    limiter.release()
-                if not failure.retryable or attempt > retries:
-                    _finish(node, failure.status, error=str(failure))
-                    raise failure
-                # Capped: with many retries the doubling would otherwise reach hours.
-                delay = min(
-                    settings.retry_max_delay_s, settings.retry_backoff_s * 2.0 ** (attempt - 1)
-                )
-                if run.bus.wants("step_retried"):
-                    run.bus.emit(
-                        StepRetried(
-                            run_id=run.run_id,
-                            path=node.path,
-                            attempt=attempt,
-                            error=str(failure),
-                            delay_s=delay,
-                        )
-                    )
-                await anyio.sleep(delay)
+                    result = await _attempt(node, step, inputs, react)
+                except StepFailed as failure:
+                    if not failure.retryable or attempt > retries:
+                        _finish(node, failure.status, error=str(failure))
+                        raise
+                    await _before_retry(node, attempt, failure)
+                    continue
+                _finish(node, "succeeded", output=result.text)
+                run.pause.finished(node.path, result)
+                return result
+
+
+async def _attempt(
+    node: NodeContext, step: Step, inputs: Mapping[str, StepResult], react: bool
+) -> StepResult:
+    """One attempt at the step, holding a slot of the run-wide leaf limit, under the step's
+    deadline; a failure is a :class:`StepFailed` that says whether to try again."""
+    run = node.run
+    timeout = run.settings.step_timeout_s
+    await run.leaf_limiter.acquire()
+    run.leaf_started()
+    try:
+        if timeout is None:
+            return await _execute_step(node, step, inputs, react)
+        with anyio.CancelScope(deadline=anyio.current_time() + timeout):
+            return await _execute_step(node, step, inputs, react)
+        # Only a deadline that passed gets here: the scope swallowed its cancellation.
+        raise StepFailed(f"step timed out after {timeout:g} s", retryable=True)
+    except TimeoutError as exc:
+        # A timeout of the executor's own (a model client's), not the step's deadline: it
+        # fails the attempt with its own message, which may also come when the step has no
+        # deadline at all.
+        raise StepFailed(f"TimeoutError: {exc}", retryable=True) from exc
+    except (UnexpectedModelCall, ModelAuthError, StepFailed):
+        raise
+    except HierplanError as exc:
+        raise _as_step_failure(exc) from exc
     finally:
-        pause.work_ended()
+        run.leaf_finished()
+        run.leaf_limiter.release()
+
+
+async def _before_retry(node: NodeContext, attempt: int, failure: StepFailed) -> None:
+    """Wait before the next attempt: the backoff doubles with each one, up to a cap (with many
+    retries the doubling would otherwise reach hours)."""
+    run = node.run
+    settings = run.settings
+    delay = min(settings.retry_max_delay_s, settings.retry_backoff_s * 2.0 ** (attempt - 1))
+    if run.bus.wants("step_retried"):
+        run.bus.emit(
+            StepRetried(
+                run_id=run.run_id,
+                path=node.path,
+                attempt=attempt,
+                error=str(failure),
+                delay_s=delay,
+            )
+        )
+    await anyio.sleep(delay)

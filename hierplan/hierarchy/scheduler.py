@@ -18,7 +18,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 import anyio
-from anyio.abc import TaskGroup
 
 from hierplan.core.results import StepResult
 from hierplan.errors import StepFailed
@@ -103,31 +102,66 @@ async def run_dag(
     """
     if max_running is not None and max_running < 1:
         raise ValueError(f"max_running must be at least 1, not {max_running}")
-    dag = _DagRun(plan, run_step, done, failed, max_running, stop_on_failure)
+    outcome = DagOutcome(results=dict(done or {}), failed=dict(failed or {}))
+    results = outcome.results
+    graph = _Graph(plan, outcome)
+    steps, waiting, dependents, ready = graph.steps, graph.waiting, graph.dependents, graph.ready
+    running = 0
+    stopping = False
+
+    def start_ready() -> None:
+        nonlocal running
+        while ready and not stopping and (max_running is None or running < max_running):
+            running += 1
+            step = ready.popleft()
+            # The step's id names the task: anyio would otherwise build the same long
+            # qualified name anew for every one of (possibly 100,000) tasks.
+            tg.start_soon(run_one, step, name=step.id)
+
+    async def run_one(step: Step) -> None:
+        nonlocal stopping, running
+        try:
+            if stopping:  # a step failed before this task's first turn: start nothing new
+                return
+            result = await run_step(step, {d: results[d] for d in step.depends_on})
+        except StepFailed as exc:
+            outcome.failed[step.id] = exc
+            if stop_on_failure:
+                stopping = True
+            else:
+                graph.cancel_dependents(step.id, f"dependency {step.id!r} failed")
+        else:
+            results[step.id] = result
+            if not stopping:
+                for sid in dependents[step.id]:
+                    waiting[sid] -= 1
+                    if (
+                        waiting[sid] == 0
+                        and sid not in outcome.cancelled
+                        and sid not in outcome.failed
+                    ):
+                        ready.append(steps[sid])
+        finally:
+            running -= 1
+        start_ready()  # nothing starts once stopping
+
     async with anyio.create_task_group() as tg:
-        dag.start_ready(tg)
-    return dag.finished()
+        start_ready()
+    outcome.not_started = [
+        s.id
+        for s in plan.steps
+        if s.id not in results and s.id not in outcome.failed and s.id not in outcome.cancelled
+    ]
+    return outcome
 
 
-class _DagRun:
-    """One run of a plan's DAG: which steps wait on how many dependencies, which are ready,
-    how many run (see :func:`run_dag`)."""
+class _Graph:
+    """Who waits on whom in one run of a plan: how many unfinished dependencies each step
+    has, the steps that depend on each, and the steps ready to start (those with none)."""
 
-    def __init__(
-        self,
-        plan: Plan,
-        run_step: RunStep,
-        done: Mapping[str, StepResult] | None,
-        failed: Mapping[str, StepFailed] | None,
-        max_running: int | None,
-        stop_on_failure: bool,
-    ) -> None:
-        self.plan = plan
-        self.run_step = run_step
-        self.max_running = max_running
-        self.stop_on_failure = stop_on_failure
-        self.outcome = outcome = DagOutcome(results=dict(done or {}), failed=dict(failed or {}))
+    def __init__(self, plan: Plan, outcome: DagOutcome) -> None:
         results = outcome.results
+        self.outcome = outcome
         self.steps = {s.id: s for s in plan.steps}
         self.waiting: dict[str, int] = {}
         self.dependents: dict[str, list[str]] = {s.id: [] for s in plan.steps}
@@ -144,8 +178,6 @@ class _DagRun:
             for s in plan.steps
             if s.id not in results and self.waiting[s.id] == 0 and s.id not in outcome.failed
         )
-        self.running = 0
-        self.stopping = False
         for step_id in outcome.failed:
             self.cancel_dependents(step_id, f"dependency {step_id!r} failed")
 
@@ -158,59 +190,3 @@ class _DagRun:
             if sid not in outcome.cancelled and sid not in outcome.results:
                 outcome.cancelled[sid] = reason
                 stack.extend(self.dependents[sid])
-
-    def start_ready(self, tg: TaskGroup) -> None:
-        """Start ready steps, up to the limit (none once stopping)."""
-        limit = self.max_running
-        while self.ready and not self.stopping and (limit is None or self.running < limit):
-            self.running += 1
-            step = self.ready.popleft()
-            # The step's id names the task: anyio would otherwise build the same long
-            # qualified name anew for every one of (possibly 100,000) tasks.
-            tg.start_soon(self.run_one, step, tg, name=step.id)
-
-    async def run_one(self, step: Step, tg: TaskGroup) -> None:
-        """Run ``step``; then its dependents that are ready start."""
-        outcome = self.outcome
-        results = outcome.results
-        try:
-            if self.stopping:  # a step failed before this task's first turn: start nothing new
-                return
-            result = await self.run_step(step, {d: results[d] for d in step.depends_on})
-        except StepFailed as exc:
-            outcome.failed[step.id] = exc
-            if self.stop_on_failure:
-                self.stopping = True
-            else:
-                self.cancel_dependents(step.id, f"dependency {step.id!r} failed")
-        else:
-            results[step.id] = result
-            if not self.stopping:
-                self._unblock(step.id)
-        finally:
-            self.running -= 1
-        self.start_ready(tg)  # nothing starts once stopping
-
-    def _unblock(self, step_id: str) -> None:
-        """``step_id`` is done: a dependent that waited on it alone is ready."""
-        outcome = self.outcome
-        for sid in self.dependents[step_id]:
-            self.waiting[sid] -= 1
-            if (
-                self.waiting[sid] == 0
-                and sid not in outcome.cancelled
-                and sid not in outcome.failed
-            ):
-                self.ready.append(self.steps[sid])
-
-    def finished(self) -> DagOutcome:
-        """The outcome, with the steps that never started."""
-        outcome = self.outcome
-        outcome.not_started = [
-            s.id
-            for s in self.plan.steps
-            if s.id not in outcome.results
-            and s.id not in outcome.failed
-            and s.id not in outcome.cancelled
-        ]
-        return outcome
