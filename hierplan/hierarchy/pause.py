@@ -45,7 +45,7 @@ class PauseControl:
     def working(self) -> PauseControl:
         """Count a leaf step or a planning round as running work: ``with pause.working():``
         (a plain, not async, scope; a class of its own rather than a generator, which costs a
-        leaf about 1 % of its instructions, benchmarks/instructions.py)."""
+        leaf about 3 % of its instructions, benchmarks/instructions.py)."""
         return self
 
     def __enter__(self) -> None:
