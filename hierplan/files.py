@@ -1,8 +1,12 @@
-"""Reading YAML and JSON text that no one vouches for (plan files, goal files, a reviewer's
-edit): :func:`parse_data_text` returns the data or raises a :class:`DataTextError` that says in
-one line what is wrong. Strict where PyYAML and ``json`` are lenient: a key given twice,
-aliases that expand without bound or contain themselves, and values that cannot be converted
-are refused, with their line; unquoted dates stay text, as in JSON.
+"""Files: reading what a user gives and writing what a run leaves.
+
+- :func:`read_text_file` reads a plan or goal file, refusing more than
+  :data:`MAX_TEXT_FILE_BYTES`; :func:`parse_data_text` and :func:`parse_yaml_or_json` read YAML
+  and JSON text that no one vouches for, strict where PyYAML and ``json`` are lenient (a key
+  given twice, aliases that expand without bound, values that cannot be converted are refused
+  with their line; unquoted dates stay text, as in JSON), with one line that says what is wrong.
+- :func:`write_atomic` writes a file whole or not at all; :func:`make_directory` and
+  :func:`new_directory` make directories, saying why one cannot be made.
 """
 
 from __future__ import annotations

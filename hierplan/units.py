@@ -1,4 +1,5 @@
-"""hierplan.units."""
+"""The units every layer counts in: :class:`Usage` (the tokens of a model call) and
+pico-dollars (10^-12 USD, whole numbers, so that sums of costs are exact)."""
 
 from __future__ import annotations
 

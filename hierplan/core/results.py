@@ -1,12 +1,9 @@
-"""hierplan.core.results."""
+"""What a step produced (:class:`StepResult`): handed to the steps that depend on it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    pass
+from typing import Any
 
 
 @dataclass(slots=True, frozen=True)

@@ -1,4 +1,5 @@
-"""hierplan.core.settings."""
+"""The settings of a run (:class:`RunSettings`): its strategy, limits, retries, deadlines and
+token caps, each with a default and a range."""
 
 from __future__ import annotations
 

@@ -16,12 +16,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hierplan.models.base import ModelRequest, OutputSchema, ToolSpec
-
-if TYPE_CHECKING:
-    pass
 
 CHARS_PER_TOKEN = 4
 MESSAGE_OVERHEAD_TOKENS = 4

@@ -1,4 +1,5 @@
-"""hierplan.plans.decisions."""
+"""The decisions on a plan: approve it, run an edited version instead, reject it with a reason
+for the planner, or defer it (the run pauses until someone decides)."""
 
 from __future__ import annotations
 
