@@ -23,13 +23,14 @@ $(DEV_STAMP): pyproject.toml | $(BIN)/python
 demo: $(STAMP)
 	$(BIN)/hierplan demo
 
-## test: ruff, mypy --strict (package, tests, benchmarks, examples, docs), a strict build of
-## the documentation site, and pytest (creates .venv if missing)
+## test: ruff, the import contracts (lint-imports), mypy --strict (package, tests, benchmarks,
+## examples, docs), a strict build of the documentation site, and pytest (creates .venv if missing)
 test: lint typecheck docs-build pytest
 
 # ruff format also checks the Python code blocks of the Markdown files (README.md, docs/*.md).
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check hierplan tests $(wildcard benchmarks examples) docs
+	$(BIN)/lint-imports
 	$(BIN)/ruff format --check hierplan tests $(wildcard benchmarks examples) README.md docs
 
 typecheck: $(DEV_STAMP)
