@@ -42,6 +42,7 @@ from hierplan.core.instrument import CallScope, Instrument
 from hierplan.core.views import NodeView, RunView
 from hierplan.errors import BudgetExceeded, UserInputError
 from hierplan.models.base import ModelRequest
+from hierplan.models.counting import RESERVATIONS, Reservation
 from hierplan.pricing import PriceTable
 from hierplan.records import NodeRecord
 from hierplan.units import PICO_PER_USD
@@ -86,6 +87,7 @@ def prepare_budget(
     budget_tokens: int | float | None,
     allocation: str,
     pricing: PriceTable,
+    reservation: str = "exact",
     models: list[str],
 ) -> BudgetInstrument | None:
     """The instrument for a run's budget (``usd``, ``tokens``), checked before anything
@@ -94,9 +96,17 @@ def prepare_budget(
         raise UserInputError(
             f"unknown allocation {allocation!r}: choose one of {', '.join(ALLOCATIONS)}"
         )
+    if reservation not in RESERVATIONS:
+        raise UserInputError(
+            f"unknown reservation {reservation!r}: choose one of {', '.join(RESERVATIONS)}"
+        )
     if budget_usd is None and budget_tokens is None:
         return None
-    instrument = BudgetInstrument(run_budget(budget_tokens, budget_usd), allocation=allocation)
+    instrument = BudgetInstrument(
+        run_budget(budget_tokens, budget_usd),
+        allocation=allocation,
+        reservation=reservation,
+    )
     instrument.check_prices(pricing, models)
     return instrument
 
@@ -112,6 +122,8 @@ class BudgetInstrument(Instrument):
     lowered to fit a call. ``parent`` funds each run's root account from an account of
     ``ledger`` (a batch's global budget), instead of a fresh root. ``budget_options`` is where
     a user sets this budget, named in the message of a call the budget refused.
+    ``reservation`` is how a call's input is counted before it goes out (``exact``, ``bound``
+    or ``estimate``; see :mod:`hierplan.models.counting`).
 
     The instrument holds only this configuration: one instrument may serve many runs, at once
     or one after another, and each run gets its own :class:`RunBudget` (its root account, its
@@ -131,6 +143,7 @@ class BudgetInstrument(Instrument):
         min_output_fraction: float = DEFAULT_MIN_OUTPUT_FRACTION,
         parent: Account | None = None,
         budget_options: str = BUDGET_OPTIONS,
+        reservation: Reservation = "exact",
     ) -> None:
         if allocation not in ALLOCATIONS:
             raise UserInputError(
@@ -149,6 +162,7 @@ class BudgetInstrument(Instrument):
         self.min_output_fraction = min_output_fraction
         self.parent = parent
         self.budget_options = budget_options
+        self.reservation = reservation
         # Keys of this instrument's entries in a node's state (which is the run's own).
         self.shares_key = object()
         self.counts_key = object()

@@ -29,7 +29,6 @@ from hierplan.core.settings import RunSettings
 from hierplan.errors import HierplanError, ModelError, ToolError, stray_cancellation
 from hierplan.models.base import Model, ModelRequest, ModelResponse, ToolCall
 from hierplan.models.retry import RetryingModel, RetryPolicy
-from hierplan.models.tokens import estimate_input_tokens
 from hierplan.pricing import PicoRates
 from hierplan.records import TOOL_TEXT_LIMIT, CallRecord, ToolCallRecord
 from hierplan.tools.base import Tool, result_text
@@ -113,7 +112,7 @@ class AccountedModel:
         self._last = request
         node = self.node
         run = node.run
-        estimate = estimate_input_tokens(request, node.base_model)
+        estimate = node.count_input(request)
         scopes: list[CallScope] = []
         sent = request
         started, t0 = time.time(), time.perf_counter()

@@ -27,6 +27,8 @@ from hierplan.hierarchy.gate import Gate
 from hierplan.hierarchy.pause import PauseControl
 from hierplan.hierarchy.scheduler import Slots
 from hierplan.models.base import Model, ModelRequest, ModelResponse, ToolSpec
+from hierplan.models.counting import InputCounter
+from hierplan.models.tokens import estimate_input_tokens
 from hierplan.plans.plan import Plan, Step
 from hierplan.pricing import PriceTable
 from hierplan.records import NodeKind, NodeRecord, PlanVersion, RunStatus
@@ -66,6 +68,12 @@ class RunContext:
         self.pause = PauseControl(None if restore is None else restore.results)
         self.tool_executor = ToolExecutor()
         self.llm_executor = LLMExecutor()
+        # How the input of a planner's and an executor's calls is counted before they go out
+        # (what a budget reserves): the estimate unless the run's budget says otherwise.
+        self.counters: tuple[InputCounter, InputCounter] = (
+            estimate_input_tokens,
+            estimate_input_tokens,
+        )
         self.leaf_limiter = Slots(settings.concurrency)
         self.retry_policy = calls.retry_policy(settings)
         self.active_leaves = 0
@@ -203,6 +211,13 @@ class NodeContext:
         if self._model is None:
             self._model = calls.node_model(self)
         return self._model
+
+    def count_input(self, request: ModelRequest) -> int:
+        """The input tokens of ``request`` on this node's model, counted as the run's budget
+        reserves them (see :mod:`hierplan.models.counting`)."""
+        counters = self.run.counters
+        counter = counters[0] if self.record.kind == "planner" else counters[1]
+        return counter(request, self.base_model)
 
     def forget_model(self) -> None:
         """Drop the wrapped model once the node has finished. Wrappers refer back to their

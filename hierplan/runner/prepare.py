@@ -20,6 +20,7 @@ from hierplan.files import make_directory
 from hierplan.hierarchy.context import RunContext
 from hierplan.hierarchy.gate import Approver, Gate
 from hierplan.models.base import Model
+from hierplan.models.counting import InputCounter, Reservation, input_counter
 from hierplan.pricing import PriceTable
 from hierplan.runner.models import priced_as_of
 from hierplan.runner.spec import RunSpec, is_simulated
@@ -106,6 +107,7 @@ def with_budget(
         budget_usd=None if budget is None else budget.usd,
         budget_tokens=None if budget is None else budget.tokens,
         allocation="equal" if budget is None else budget.allocation,
+        reservation="exact" if budget is None else budget.reservation,
         pricing=pricing,
         models=[priced_as_of(spec.model), priced_as_of(executor)],
     )
@@ -141,7 +143,7 @@ def run_context(
     bus = EventBus(run_id)
     for listener in listeners:
         bus.subscribe(listener)
-    return RunContext(
+    ctx = RunContext(
         run_id=run_id,
         settings=settings,
         toolbox=Toolbox(prepared.tools),
@@ -152,6 +154,23 @@ def run_context(
         bus=bus,
         gate=gate,
         restore=restore,
+    )
+    budget = next((i for i in instruments if isinstance(i, BudgetInstrument)), None)
+    if budget is not None:
+        ctx.counters = (
+            _counter(budget.reservation, ctx.planner_model),
+            _counter(budget.reservation, ctx.executor_model),
+        )
+    return ctx
+
+
+def _counter(reservation: Reservation, model: Model) -> InputCounter:
+    """How a budget of ``reservation`` counts the input of calls to ``model``."""
+    return input_counter(
+        reservation,
+        model.provider,
+        model.name.partition(":")[2],
+        custom_server=bool(getattr(model, "base_url", None)),
     )
 
 

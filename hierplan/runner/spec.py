@@ -26,6 +26,7 @@ from hierplan.errors import UserInputError, field_problems
 from hierplan.hierarchy.gate import Gate
 from hierplan.hierarchy.strategies import get_strategy
 from hierplan.models.base import Model, parse_model_string
+from hierplan.models.counting import Reservation
 from hierplan.plans.plan import MAX_GOAL_CHARS
 from hierplan.pricing import PriceTable
 from hierplan.scenarios import Scenario
@@ -81,7 +82,9 @@ provider's :class:`ModelSpec`, or the :class:`~hierplan.Simulator` with its knob
 
 class BudgetSpec(BaseModel):
     """A run's budget: at most ``usd`` dollars and ``tokens`` tokens (``None``: unlimited),
-    split among sub-goals by ``allocation`` (``equal``, ``weighted`` or ``on-demand``). The
+    split among sub-goals by ``allocation`` (``equal``, ``weighted`` or ``on-demand``), each
+    call's input reserved by ``reservation`` (``exact``, ``bound`` or ``estimate``: see
+    :mod:`hierplan.models.counting`). The
     amounts are checked when the run starts (finite, not negative, at most
     :data:`~hierplan.budgets.budget.MAX_BUDGET_USD` and ``MAX_BUDGET_TOKENS``), with a message
     that names the option that set them."""
@@ -92,6 +95,7 @@ class BudgetSpec(BaseModel):
     # A float too, so that 1.5 tokens is refused by the budget's own check, which says why.
     tokens: int | float | None = None
     allocation: str = "equal"
+    reservation: Reservation = "exact"
 
     @property
     def limited(self) -> bool:
