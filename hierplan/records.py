@@ -368,8 +368,9 @@ class RunResult:
         Steps replaced or dropped by a replan are not listed; the plan that replaced them is.
         Each entry has four keys: ``path`` (the node's path, or ``<planner path>:<step id>``
         for a step that never started), ``goal`` (the node's goal or the step's title),
-        ``status`` (``failed``, ``cancelled``, ``budget_exhausted``, ``not started``, ...) and
-        ``reason`` (the error, or the status when there is none).
+        ``status`` (``failed``, ``cancelled``, ``budget_exhausted``, ``not started``, ...;
+        ``left out`` for the part of a goal a plan says it leaves out) and ``reason`` (the
+        error, or the status when there is none).
         """
         out: list[dict[str, str]] = []
         stack = [self.tree]
@@ -381,6 +382,8 @@ class RunResult:
             if plan is None:
                 out.append(_undone(node.path, node.goal, node.status, node.error))
                 continue
+            if plan.left_out:
+                out.append(_undone(node.path, node.goal, "left out", plan.left_out))
             latest = {c.step_id: c for c in node.children if c.step_id is not None}
             below: list[NodeRecord] = []
             for step in plan.steps:

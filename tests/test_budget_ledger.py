@@ -102,6 +102,47 @@ async def test_share_carves_from_what_the_parent_has_left(ledger: Ledger) -> Non
     assert (out.reservations, out.tokens, out.pico, out.accounts) == (0, 0, 0, 0)
 
 
+async def test_a_top_up_moves_what_the_parent_has_free_and_comes_back_on_close(
+    ledger: Ledger,
+) -> None:
+    root = await ledger.open("1", None, Fixed(1_000, usd_to_pico(1.0)))
+    child = await ledger.open("1.1", root, Share(0.25, 0.25))
+    sibling = await ledger.open("1.2", root, Share(0.5, 0.5))
+    assert await ledger.available(child) == (250, usd_to_pico(0.25))
+    assert await ledger.top_up(child, 300, usd_to_pico(0.3))
+    assert await ledger.available(child) == (550, usd_to_pico(0.55))
+    assert await ledger.available(root) == (75, usd_to_pico(0.075))
+    # more than the parent has free: nothing moves
+    assert not await ledger.top_up(child, 76, 0)
+    assert await ledger.available(child) == (550, usd_to_pico(0.55))
+    held = await ledger.reserve(child, 500, usd_to_pico(0.5), "execution")
+    assert held is not None
+    await ledger.settle(held, 100, usd_to_pico(0.1))
+    closed = await ledger.close(child)
+    assert (closed.limit_tokens, closed.allocated_tokens, closed.released_tokens) == (550, 550, 450)
+    assert closed.balanced
+    assert await ledger.available(root) == (525, usd_to_pico(0.525))
+    # a root, a closed account and an account that draws take no top-up
+    drawing = await ledger.open("1.3", root, Draw(0.5))
+    assert not await ledger.top_up(root, 1, 0)
+    assert not await ledger.top_up(child, 1, 0)
+    assert not await ledger.top_up(drawing, 1, 0)
+    with pytest.raises(LedgerError, match="cannot be negative"):
+        await ledger.top_up(sibling, -1, 0)
+    for account in (drawing, sibling):
+        await ledger.close(account)
+    assert (await ledger.close(root)).balanced
+
+
+async def test_a_top_up_moves_only_limited_dimensions(ledger: Ledger) -> None:
+    root = await ledger.open("1", None, Fixed(None, usd_to_pico(1.0)))
+    child = await ledger.open("1.1", root, Share(0.5, 0.5))
+    assert await ledger.top_up(child, 10**9, usd_to_pico(0.25))
+    assert await ledger.available(child) == (None, usd_to_pico(0.75))
+    await ledger.close(child)
+    assert await ledger.available(root) == (None, usd_to_pico(1.0))
+
+
 async def test_draw_takes_from_the_parent_per_call_and_is_capped(ledger: Ledger) -> None:
     root = await ledger.open("1", None, Fixed(1_000, None))
     a = await ledger.open("1.1", root, Draw(0.6))

@@ -25,7 +25,8 @@ COUNTRIES = sorted(CAPITALS)
 ALLOWED_MUTABLE = {
     # Handed to provider SDKs as the structured-output schema: it must be a real dict, and
     # adapters cache their rewrite of it by identity. Nothing writes to it.
-    "hierplan.agents.planner.PLAN_SCHEMA",
+    "hierplan.agents.prompts.PLAN_SCHEMA",
+    "hierplan.agents.planner.PLAN_SCHEMA",  # the same object, imported
     # Token estimates of tool specs and output schemas by the object's identity: a memo of a
     # pure function of frozen objects (each entry holds its object, so an id is not reused).
     # A run reads from it what it would compute; it cannot change what another run reads.

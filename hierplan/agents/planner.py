@@ -17,20 +17,18 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from hierplan.agents.prompts import PLAN_OUTPUT_NAME, PlanPrompt, progress_summary
-from hierplan.agents.prompts import render_plan_prompt as _render
+from hierplan.agents.costs import planning_request, prompt_budget
+from hierplan.agents.prompts import PLAN_OUTPUT as PLAN_OUTPUT
+from hierplan.agents.prompts import PLAN_SCHEMA as PLAN_SCHEMA  # re-exported: where tests look
+from hierplan.agents.prompts import PlanPrompt, progress_summary
 from hierplan.errors import PlanParseError, field_problems
-from hierplan.models.base import Message, ModelRequest, ModelResponse, OutputSchema
+from hierplan.models.base import Message, ModelRequest, ModelResponse
 from hierplan.models.provider import json_problem, loads_json
 from hierplan.plans.plan import Plan
 
 if TYPE_CHECKING:
     from hierplan.core.views import StepEnv
 
-PLAN_SCHEMA: dict[str, Any] = Plan.model_json_schema()
-PLAN_OUTPUT = OutputSchema(PLAN_OUTPUT_NAME, PLAN_SCHEMA)
-"""The structured output of every planning call: one object, so that its token estimate is
-computed once (see :func:`~hierplan.models.tokens.estimate_request_tokens`)."""
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.S)
 
 
@@ -135,13 +133,14 @@ class LLMPlanner:
         )
 
     async def _ask(self, node: StepEnv, prompt: PlanPrompt, purpose: str) -> Plan:
-        messages = _render(prompt, node.tool_specs())
-        request = ModelRequest(
-            messages=messages,
-            output_schema=PLAN_OUTPUT,
-            max_tokens=node.settings.planner_max_tokens,
-            phase="planning",
-            node_path=node.path,
+        tools = node.tool_specs()
+        await prompt_budget(node, prompt, tools)
+        request = planning_request(
+            prompt,
+            tools,
+            PLAN_OUTPUT,
+            node.settings.planner_max_tokens,
+            path=node.path,
             purpose=purpose,
         )
         for attempt in range(self.repair_attempts + 1):

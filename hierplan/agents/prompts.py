@@ -14,9 +14,14 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from hierplan.models.base import Message, ToolSpec
+from hierplan.models.base import Message, OutputSchema, ToolSpec
+from hierplan.plans.plan import Plan
 
 PLAN_OUTPUT_NAME = "plan"
+PLAN_SCHEMA: dict[str, Any] = Plan.model_json_schema()
+PLAN_OUTPUT = OutputSchema(PLAN_OUTPUT_NAME, PLAN_SCHEMA)
+"""The structured output of every planning call: one object, so that its token estimate is
+computed once (see :func:`~hierplan.models.tokens.estimate_request_tokens`)."""
 FAILED_PREFIX = "FAILED:"
 
 PLANNER_SYSTEM = """\
@@ -30,7 +35,8 @@ that is exactly "$<id>" is replaced by the output of step <id> (it must be a dep
 without dependencies between them run in parallel, so only add the dependencies that are real.
 The output of the steps no other step depends on is the answer. A sub-goal may carry
 "estimate_usd" or "estimate_tokens", your guess of what it will cost. Use only the tools listed.
-Answer with the JSON object only."""
+If a BUDGET is given, the plan must fit it; when it cannot do the whole goal, plan the part that
+matters most and say in "left_out" what is left out and why. Answer with the JSON object only."""
 
 EXECUTOR_SYSTEM = """\
 You are an executor of one step of a plan. Use the tools to do the step; call several tools at
@@ -41,6 +47,41 @@ REACT_SYSTEM = """\
 You are an agent that reaches a goal by thinking and acting with tools, one observation at a time.
 Call tools as needed; call several at once when they are independent. When the goal is reached,
 answer with the result and no tool calls. If you cannot reach it, answer "FAILED: <reason>"."""
+
+
+@dataclass(slots=True, frozen=True)
+class PlanBudget:
+    """What a planner's node may still spend and what a call costs at least, as its prompt
+    states them (``None``: not limited, or not known). ``left_*`` is what is left once this
+    planning call's input is paid; ``answer_tokens`` is the most the budget lets this call
+    write, and ``answer_usd`` what each token of it costs."""
+
+    left_usd: float | None
+    left_tokens: int | None
+    planning_usd: float | None
+    planning_tokens: int | None
+    executor_usd: float | None
+    executor_tokens: int | None
+    answer_tokens: int
+    answer_usd: float | None = None
+
+    def fits(self, planning_calls: int, executor_calls: int, answer_tokens: int = 0) -> bool:
+        """Whether that many sub-goals' planning calls and executor calls, after an answer of
+        ``answer_tokens``, fit what is left."""
+        for left, plan, execute, answer in (
+            (self.left_usd, self.planning_usd, self.executor_usd, self.answer_usd),
+            (self.left_tokens, self.planning_tokens, self.executor_tokens, 1),
+        ):
+            if left is None:
+                continue
+            need = (
+                planning_calls * (plan or 0)
+                + executor_calls * (execute or 0)
+                + answer_tokens * (answer or 0)
+            )
+            if need > left:
+                return False
+        return True
 
 
 @dataclass(slots=True)
@@ -57,6 +98,7 @@ class PlanPrompt:
     progress: dict[str, str] = field(default_factory=dict)
     failure: str | None = None
     feedback: str | None = None
+    budget: PlanBudget | None = None
 
     @property
     def allow_subgoals(self) -> bool:
@@ -116,11 +158,75 @@ def render_plan_prompt(p: PlanPrompt, tools: Sequence[ToolSpec]) -> tuple[Messag
             "Revise the plan. Steps in PROGRESS are done: copy them unchanged (same id, tool, "
             "args and dependencies) to keep their results; give a step a new id to redo it."
         )
+    if p.budget is not None:
+        parts.append(render_budget(p.budget))
     if p.failure:
         parts.append(f"FAILURE: {one_line(p.failure)}")
     if p.feedback:
         parts.append(f"FEEDBACK: {p.feedback}")
     return (Message("system", PLANNER_SYSTEM), Message("user", "\n\n".join(parts)))
+
+
+def _amount(usd: float | None, tokens: int | None) -> str:
+    parts = []
+    if usd is not None:
+        parts.append(f"${usd:.6f}")
+    if tokens is not None:
+        parts.append(f"{tokens:,} tokens")
+    return " / ".join(parts) or "no limit"
+
+
+def render_budget(b: PlanBudget) -> str:
+    """The ``BUDGET:`` line of a planner prompt."""
+    price = "" if b.answer_usd is None else f" at ${b.answer_usd * 1e6:.4f} per million"
+    return (
+        f"BUDGET: left {_amount(b.left_usd, b.left_tokens)}; "
+        f"a sub-goal's planning call at least {_amount(b.planning_usd, b.planning_tokens)}; "
+        f"an executor call at least {_amount(b.executor_usd, b.executor_tokens)}; "
+        "a direct tool step (a tool and its args) nothing; "
+        f"this answer at most {b.answer_tokens:,} tokens{price}. A plan whose least cost is "
+        "more than what is left after this answer is refused: fewer sub-goals, direct tool "
+        "steps and less depth cost less."
+    )
+
+
+_BUDGET = re.compile(
+    r"^BUDGET: left (?P<left>[^;]+); a sub-goal's planning call at least (?P<plan>[^;]+); "
+    r"an executor call at least (?P<exec>[^;]+); .*?this answer at most (?P<answer>[\d,]+) "
+    r"tokens(?: at \$(?P<price>[\d.]+) per million)?",
+    re.M,
+)
+_USD = re.compile(r"\$(\d+(?:\.\d+)?)")
+_TOKENS = re.compile(r"([\d,]+) tokens")
+
+
+def _parse_amount(text: str) -> tuple[float | None, int | None]:
+    usd = _USD.search(text)
+    tokens = _TOKENS.search(text)
+    return (
+        None if usd is None else float(usd.group(1)),
+        None if tokens is None else int(tokens.group(1).replace(",", "")),
+    )
+
+
+def parse_budget(text: str) -> PlanBudget | None:
+    """The :class:`PlanBudget` of a planner prompt's text, or ``None`` when it states none."""
+    match = _BUDGET.search(text)
+    if match is None:
+        return None
+    left = _parse_amount(match.group("left"))
+    plan = _parse_amount(match.group("plan"))
+    execute = _parse_amount(match.group("exec"))
+    return PlanBudget(
+        left_usd=left[0],
+        left_tokens=left[1],
+        planning_usd=plan[0],
+        planning_tokens=plan[1],
+        executor_usd=execute[0],
+        executor_tokens=execute[1],
+        answer_tokens=int(match.group("answer").replace(",", "")),
+        answer_usd=None if match.group("price") is None else float(match.group("price")) / 1e6,
+    )
 
 
 def render_step_prompt(p: StepPrompt) -> tuple[Message, ...]:
@@ -184,6 +290,7 @@ def parse_plan_prompt(messages: Sequence[Message]) -> PlanPrompt | None:
         progress=_json_block(text, "PROGRESS") or {},
         failure=_line(text, "FAILURE"),
         feedback=None if feedback is None else feedback.strip(),
+        budget=parse_budget(text),
     )
 
 

@@ -300,6 +300,10 @@ class GoalLedger(Ledger):
                 await self.outer.release(mirror)
         await self._changed()
 
+    async def top_up(self, account: Account, tokens: int, pico: int) -> bool:
+        """See :meth:`Ledger.top_up` (within the run's own tree: the goal's grant is fixed)."""
+        return self.inner.top_up_now(account, tokens, pico)
+
     async def close(self, account: Account) -> Balance:
         """See :meth:`Ledger.close`."""
         return self.inner.close_now(account)

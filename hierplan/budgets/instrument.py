@@ -39,6 +39,7 @@ from hierplan.budgets.resumed import (
     _continued,
 )
 from hierplan.core.instrument import CallScope, Instrument
+from hierplan.core.spend import Funds
 from hierplan.core.views import NodeView, RunView
 from hierplan.errors import BudgetExceeded, UserInputError
 from hierplan.models.base import ModelRequest
@@ -210,6 +211,21 @@ class BudgetInstrument(Instrument):
         if work is not None and work.direct:
             return None
         return _NodeBudget(self.for_run(node.run), node)
+
+    async def funds(self, node: NodeView) -> Funds | None:
+        """What the node's account could reserve now, with the run's prices and floor."""
+        budget = self.for_run(node.run)
+        account = self.account(node)
+        tokens, pico = await budget.ledger.available(account)
+        run = node.run
+        return Funds(
+            tokens=tokens,
+            pico=pico,
+            usd_tracked=budget.usd_tracked,
+            planner_rates=budget.worst_case_rates(run.planner_model.priced_as),
+            executor_rates=budget.worst_case_rates(run.executor_model.priced_as),
+            min_output_fraction=self.min_output_fraction,
+        )
 
     def account(self, node: NodeView) -> Account:
         """The account a node's calls are charged to: its own, else its nearest ancestor's."""

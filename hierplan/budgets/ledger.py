@@ -63,6 +63,14 @@ class Ledger(ABC):
         """Release the whole reservation: the call used nothing."""
 
     @abstractmethod
+    async def top_up(self, account: Account, tokens: int, pico: int) -> bool:
+        """Move ``tokens`` and ``pico`` from what the parent of ``account`` has free into the
+        account's allocation (and limit), if they fit there; ``False`` (nothing moved) when
+        they do not, or when the account does not hold an allocation of its own (a root, an
+        account that draws). Only limited dimensions move. Closing the account returns them
+        with the rest."""
+
+    @abstractmethod
     async def close(self, account: Account) -> Balance:
         """Close an account with nothing in flight; its unspent allocation returns to the
         parent. Returns its final balance."""
@@ -178,6 +186,10 @@ class LocalLedger(Ledger):
         """See :meth:`Ledger.release`."""
         self.settle_now(reservation, 0, 0, used=False)
 
+    async def top_up(self, account: Account, tokens: int, pico: int) -> bool:
+        """See :meth:`Ledger.top_up`."""
+        return self.top_up_now(account, tokens, pico)
+
     async def close(self, account: Account) -> Balance:
         """See :meth:`Ledger.close`."""
         return self.close_now(account)
@@ -291,6 +303,27 @@ class LocalLedger(Ledger):
                 break
             _returned(a, held_t, held_p, tokens, pico)
             a = a.up
+
+    def top_up_now(self, account: Account, tokens: int, pico: int) -> bool:
+        """:meth:`top_up` without the coroutine."""
+        acc = self._local(account)
+        up = acc.up
+        if up is None or not acc.fixed or acc.closed:
+            return False
+        if tokens < 0 or pico < 0:
+            raise LedgerError(f"a top-up cannot be negative ({tokens} tokens, {pico} pico)")
+        tokens = 0 if acc.limit_t is None else tokens
+        pico = 0 if acc.limit_p is None else pico
+        if not self._fits(up, tokens, pico):
+            return False
+        self._take(up, tokens, pico, grant=True)
+        if acc.limit_t is not None:
+            acc.limit_t += tokens
+            acc.alloc_t += tokens
+        if acc.limit_p is not None:
+            acc.limit_p += pico
+            acc.alloc_p += pico
+        return True
 
     def close_now(self, account: Account) -> Balance:
         """:meth:`close` without the coroutine."""

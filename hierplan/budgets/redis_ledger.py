@@ -121,6 +121,7 @@ class RedisLedger(Ledger):
         self._close = register(SCRIPTS["close"])
         self._available = register(SCRIPTS["available"])
         self._write_off = register(SCRIPTS["write_off"])
+        self._top_up = register(SCRIPTS["top_up"])
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -220,6 +221,15 @@ class RedisLedger(Ledger):
         await self._call(
             self._settle, reservation.id, str(tokens), str(pico), "1" if used else "0", shield=True
         )
+
+    async def top_up(self, account: Account, tokens: int, pico: int) -> bool:
+        """See :meth:`Ledger.top_up`."""
+        if tokens < 0 or pico < 0:
+            raise LedgerError(f"a top-up cannot be negative ({tokens} tokens, {pico} pico)")
+        reply = await self._call(
+            self._top_up, self._id(account), _amount(tokens), _amount(pico), shield=True
+        )
+        return str(reply) == "1"
 
     async def close(self, account: Account) -> Balance:
         """See :meth:`Ledger.close`."""

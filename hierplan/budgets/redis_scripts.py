@@ -324,6 +324,26 @@ end
 return close(id)
 """
 
+# ARGV: ns, account id, tokens, pico. Returns '1' when moved, '0' when not.
+TOP_UP = r"""
+local id = ARGV[2]
+local gone = missing(id)
+if gone then return gone end
+local k = key(id)
+local parent = limit(k, 'parent')
+if get(k, 'closed') == '1' or get(k, 'fixed') ~= '1' or not parent then return '0' end
+local lt, lp = limit(k, 'lt'), limit(k, 'lp')
+local t, p = ARGV[3], ARGV[4]
+if lt == nil then t = '0' end
+if lp == nil then p = '0' end
+if not fits(parent, t, p) then return '0' end
+take(parent, t, p, true)
+if lt then redis.call('HSET', k, 'lt', add(lt, t)) end
+if lp then redis.call('HSET', k, 'lp', add(lp, p)) end
+inc(k, 'at', t); inc(k, 'ap', p)
+return '1'
+"""
+
 SCRIPTS: Mapping[str, str] = MappingProxyType(
     {
         "open": PRELUDE + OPEN,
@@ -332,5 +352,6 @@ SCRIPTS: Mapping[str, str] = MappingProxyType(
         "close": PRELUDE + CLOSE,
         "available": PRELUDE + AVAILABLE,
         "write_off": PRELUDE + WRITE_OFF,
+        "top_up": PRELUDE + TOP_UP,
     }
 )

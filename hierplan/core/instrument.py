@@ -16,6 +16,7 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from typing import Any
 
 from hierplan.core.calls import CallOutcome
+from hierplan.core.spend import Funds
 from hierplan.core.views import NodeView, RunView
 from hierplan.models.base import Model, ModelRequest, ToolCall
 
@@ -65,6 +66,11 @@ class Instrument:
 
     def call_scope(self, node: NodeView, request: ModelRequest) -> CallScope | None:
         """A scope around one attempt of a model call of ``node``, or ``None``."""
+        return None
+
+    async def funds(self, node: NodeView) -> Funds | None:
+        """What ``node`` may still spend under this instrument (a budget's), or ``None`` when
+        it sets no limit: what its planner is told and its plans are checked against."""
         return None
 
 

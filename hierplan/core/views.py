@@ -13,13 +13,14 @@ fill in (``budget``, ``flags``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from hierplan.core.events import EventBus
 from hierplan.core.settings import RunSettings
+from hierplan.core.spend import Cost, Spending
 from hierplan.models.base import Model, ModelRequest, ModelResponse, ToolSpec
 from hierplan.pricing import PriceTable
 from hierplan.records import NodeRecord, RunStatus
@@ -61,10 +62,12 @@ class StepWork(NamedTuple):
 @dataclass(slots=True, frozen=True)
 class PlanNeeds:
     """The model-using steps of a node's current plan that have not started yet, with their
-    estimates: what a budget splits the node's money by. ``version`` is the plan version."""
+    estimates: what a budget splits the node's money by. ``version`` is the plan version;
+    ``least`` the least each step of the plan costs, when a budget check computed it."""
 
     version: int
     steps: Mapping[str, StepWork]
+    least: Mapping[str, Cost] = field(default_factory=dict)
 
 
 class RunView(Protocol):
@@ -229,6 +232,11 @@ class StepEnv(Protocol):
 
     async def call_model(self, request: ModelRequest) -> ModelResponse:
         """Call the node's model (retried, budgeted, recorded and traced)."""
+        ...
+
+    async def spending(self) -> Spending | None:
+        """What the node may still spend and how its budget costs a call (``None`` when no
+        budget limits it)."""
         ...
 
     async def call_tool(

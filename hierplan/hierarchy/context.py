@@ -11,6 +11,8 @@ executor works in.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import partial
+from types import MappingProxyType
 from typing import Any
 
 import anyio
@@ -20,6 +22,7 @@ from hierplan.agents.planner import LLMPlanner
 from hierplan.core.events import EventBus
 from hierplan.core.instrument import Instrument
 from hierplan.core.settings import RunSettings
+from hierplan.core.spend import Cost, Spending
 from hierplan.core.views import PlanNeeds, Resumed, SpanIds, StepWork
 from hierplan.durable.restore import Restore
 from hierplan.hierarchy import calls
@@ -140,6 +143,7 @@ class NodeContext:
         "run",
         "state",
         "step",
+        "step_costs",
     )
 
     def __init__(
@@ -158,6 +162,9 @@ class NodeContext:
         self.allowed_tools = allowed_tools
         self.state: dict[object, Any] = {}
         self._model: Model | None = None
+        # The least cost of each step of the node's approved plan, when a budget limits it:
+        # the floor of each step's share under the ``need`` allocation.
+        self.step_costs: Mapping[str, Cost] = _NO_COSTS
         self._work: StepWork | None = None
         self._work_of: Step | None = None
 
@@ -219,6 +226,21 @@ class NodeContext:
         counter = counters[0] if self.record.kind == "planner" else counters[1]
         return counter(request, self.base_model)
 
+    async def spending(self) -> Spending | None:
+        """What this node may still spend, from the first instrument that limits it, with how
+        its budget counts a request's input (see :mod:`hierplan.core.spend`)."""
+        run = self.run
+        for instrument in run.instruments:
+            funds = await instrument.funds(self)
+            if funds is not None:
+                planning, execution = run.counters
+                return Spending(
+                    funds,
+                    partial(planning, model=run.planner_model),
+                    partial(execution, model=run.executor_model),
+                )
+        return None
+
     def forget_model(self) -> None:
         """Drop the wrapped model once the node has finished. Wrappers refer back to their
         node, so without this a finished node's context would wait for the garbage collector
@@ -240,7 +262,7 @@ class NodeContext:
             if work.direct or (started and step.id != include):
                 continue
             steps[step.id] = work
-        return PlanNeeds(len(versions), steps)
+        return PlanNeeds(len(versions), steps, self.step_costs)
 
     def tool(self, name: str, allowed: frozenset[str] | None = None) -> Tool:
         """The tool ``name`` if this node (or the narrower ``allowed``) may call it."""
@@ -279,6 +301,9 @@ class NodeContext:
         if step is not None and step.tools is not None:
             allowed = allowed & frozenset(step.tools)
         return NodeContext(self.run, record, parent=self, step=step, allowed_tools=allowed)
+
+
+_NO_COSTS: Mapping[str, Cost] = MappingProxyType({})
 
 
 def step_work(step: Step) -> StepWork:

@@ -89,6 +89,9 @@ class GateContext:
     usd_per_token: float | None = None
     """The dearest USD price of one token among the run's models (``None`` when one has no
     price): what reads a planner's token estimate as dollars."""
+    budget_check: Callable[[Plan], list[PlanProblem]] | None = None
+    """The node's budget check (see :class:`~hierplan.agents.costs.BudgetCheck`), when a
+    budget limits it."""
 
     @property
     def is_root(self) -> bool:
@@ -287,7 +290,15 @@ def _args_problems(step: Step, toolbox: Toolbox, *, has_refs: bool) -> list[Plan
     return out
 
 
-DEFAULT_VALIDATORS: tuple[Validator, ...] = (structure_validator, args_validator)
+def budget_validator(plan: Plan, ctx: GateContext) -> list[PlanProblem]:
+    """The plan's least cost fits what its node has left (only under a budget, and only for a
+    plan whose structure is sound: the cost of a broken plan means nothing)."""
+    if ctx.budget_check is None or structure_validator(plan, ctx):
+        return []
+    return ctx.budget_check(plan)
+
+
+DEFAULT_VALIDATORS: tuple[Validator, ...] = (structure_validator, args_validator, budget_validator)
 
 
 @dataclass(slots=True)

@@ -314,8 +314,25 @@ def _carry_over(old: Plan, new: Plan, done: Mapping[str, StepResult]) -> dict[st
 
 def _succeed(node: NodeContext, plan: Plan, done: Mapping[str, StepResult]) -> StepResult:
     answer = _answer(plan, done)
-    _finish(node, "succeeded", output=answer)
+    left_out = _left_out(node, plan)
+    if left_out:
+        # Every step did its work, but the plan (or a sub-goal's) did not cover the whole goal:
+        # the node is partial, and says what is missing; its parent goes on with the result.
+        _finish(node, "partial", output=answer, error="left out: " + "; ".join(left_out))
+    else:
+        _finish(node, "succeeded", output=answer)
     return StepResult(answer, answer)
+
+
+def _left_out(node: NodeContext, plan: Plan) -> list[str]:
+    """What the plan says it leaves out, and what its sub-goals left out of theirs."""
+    found = [plan.left_out] if plan.left_out else []
+    latest = {c.step_id: c for c in node.record.children if c.step_id is not None}
+    for step in plan.steps:
+        child = latest.get(step.id)
+        if child is not None and child.status == "partial" and child.error:
+            found.append(f"{child.path}: {child.error.removeprefix('left out: ')}")
+    return found
 
 
 def _give_up(

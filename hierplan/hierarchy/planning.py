@@ -13,8 +13,10 @@ from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
+from hierplan.agents.costs import BudgetCheck
 from hierplan.core.events import PlanDecided, PlanProposed, Replanned
 from hierplan.core.results import StepResult
+from hierplan.core.spend import Cost
 from hierplan.durable.restore import PlanState, invalid_feedback, rejection_feedback
 from hierplan.errors import (
     ModelAuthError,
@@ -28,6 +30,7 @@ from hierplan.hierarchy.context import NodeContext
 from hierplan.hierarchy.gate import GateContext, GateOutcome
 from hierplan.plans.plan import Plan, diff_plans
 from hierplan.records import DecisionRecord, PlanVersion
+from hierplan.units import usd_to_pico
 
 
 @dataclass(slots=True, frozen=True)
@@ -48,7 +51,12 @@ class PlanPolicy:
 
 
 def _gate_context(
-    node: NodeContext, plan: Plan, version: PlanVersion, previous: Plan | None, policy: PlanPolicy
+    node: NodeContext,
+    plan: Plan,
+    version: PlanVersion,
+    previous: Plan | None,
+    policy: PlanPolicy,
+    check: BudgetCheck | None,
 ) -> GateContext:
     settings = node.run.settings
     if previous is None and version.version > 1:
@@ -69,6 +77,7 @@ def _gate_context(
         step=node.step,
         simulated=node.run.planner_model.simulated,
         usd_per_token=_dearest_token_price(node),
+        budget_check=check,
     )
 
 
@@ -245,11 +254,14 @@ async def obtain_plan(
                 version, pending = pending, None
                 assert restore is not None  # only a restored node has a pending version
                 plan, decision = version.plan, restore.decision_for(node.path)
+            check = await _budget_check(node, progress)
             outcome = await node.run.gate.review(
-                plan, _gate_context(node, plan, version, previous, policy), decision
+                plan, _gate_context(node, plan, version, previous, policy, check), decision
             )
             _decide(node, version, outcome)
             _record_refused(node, plan, outcome)
+            if check is not None and outcome.kind in ("approved", "edited"):
+                node.step_costs = check.least(outcome.plan)[1]
         if outcome.kind == "pending":
             await pause.hold()
         if outcome.kind == "approved":
@@ -265,6 +277,8 @@ async def obtain_plan(
         if outcome.kind == "invalid":
             invalid += 1
             if invalid > settings.max_invalid_plans:
+                if check is not None and check.refused:
+                    raise StepFailed(_no_plan_fits(node, check), status="budget_exhausted")
                 raise StepFailed(
                     f"the planner proposed {invalid} invalid plans; last problems: "
                     + "; ".join(outcome.problems)
@@ -279,6 +293,39 @@ async def obtain_plan(
                 )
             feedback = rejection_feedback(outcome.note)
         reason = "retry"
+
+
+async def _budget_check(
+    node: NodeContext, progress: Mapping[str, StepResult] | None
+) -> BudgetCheck | None:
+    """The budget check of the node's next plan, when a budget limits the node: what it has
+    left now (its planning calls have settled), the steps done counting nothing."""
+    spending = await node.spending()
+    if spending is None:
+        return None
+    return BudgetCheck(node, spending, done=progress or ())
+
+
+def _no_plan_fits(node: NodeContext, check: BudgetCheck) -> str:
+    """Why a node ends when no plan its planner wrote fits its budget, with the budget that
+    would have done: what it had used so far and the least cost of the cheapest plan."""
+    spending, cheapest = check.spending, check.cheapest_refused
+    assert cheapest is not None
+    figures = node.record.budget or {}
+    tokens, pico = spending.left
+    used_t = (figures.get("limit_tokens") or 0) - (tokens or 0)
+    limit_usd = figures.get("limit_usd")
+    used_p = 0 if limit_usd is None else usd_to_pico(limit_usd) - (pico or 0)
+    smallest = spending.text(Cost(max(0, used_t) + cheapest.tokens, max(0, used_p) + cheapest.pico))
+    where = (
+        f"give the run a budget of at least {smallest}"
+        if node.parent is None
+        else f"this sub-goal would have needed a budget of {smallest}: give the run more"
+    )
+    return (
+        f"no plan fits this node's budget: the cheapest plan proposed needs at least "
+        f"{spending.text(cheapest)} and {spending.left_text()} is left; {where}"
+    )
 
 
 def _resumed_context(

@@ -132,6 +132,14 @@ class Plan(BaseModel):
     )
     steps: list[Step] = Field(description="The steps; together they form a DAG.")
     rationale: str = Field(default="", max_length=4000, description="Why this plan.")
+    left_out: str = Field(
+        default="",
+        max_length=2000,
+        description=(
+            "What of the goal this plan does not do, and why (a budget that cannot pay for all "
+            "of it); empty when the plan reaches the whole goal."
+        ),
+    )
 
     def step(self, step_id: str) -> Step:
         """The step with id ``step_id``."""

@@ -112,6 +112,8 @@ async def _run_nodes(
             ctx.pause.scope = pause_scope
             try:
                 answer = (await chosen.run(root)).text
+                if record.status == "partial":  # done, but the plan left part of the goal out
+                    status, error = "partial", record.error
             except StepFailed as exc:
                 status = _run_status(record)
                 answer = record.output or ""

@@ -88,6 +88,7 @@ def verify_migration(db: Databases) -> Verification:
         summary=summary,
         details={
             "tables": tables,
+            "tables_done": len(tables) - len(bad),
             "rows": rows,
             "foreign_key_violations": fk_violations,
             "rows_copied": db.stats.rows_copied,

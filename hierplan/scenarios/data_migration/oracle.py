@@ -8,6 +8,9 @@ target table gets a ``create_table`` step, a verification mismatch gets the copi
 that fix it. When a reviewer rejects its root plan, it proposes its other sound layout (index and
 verify each group of tables as soon as it is copied) instead of the same plan again; it does not
 read the reason, which only a real model can act on.
+
+Under a budget (the prompt's ``BUDGET:`` line) it writes a plan that fits what is left, as a
+careful model would (:mod:`~hierplan.scenarios.data_migration.layouts`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import networkx as nx
 from hierplan.agents.prompts import PlanPrompt, StepPrompt, one_line
 from hierplan.models.base import ToolCall
 from hierplan.plans.plan import Plan, Step
+from hierplan.scenarios.data_migration import layouts
 from hierplan.simulator.oracle import Action
 
 REJECTED_PREFIX = "The reviewer rejected"
@@ -42,10 +46,11 @@ _KINDS: Mapping[str, str] = {
     "copy": "Copy the rows of tables {t} into the target database, parents before children",
     "indexes": "Create the indexes of tables {t} in the target database",
     "verify": "Verify tables {t}: row counts, checksums and indexes match the source",
+    "migrate": "Migrate tables {t}: schema, rows and indexes, then verify them against the source",
 }
 _KINDS = MappingProxyType(_KINDS)  # read-only: shared by every run
 _PARSE = re.compile(
-    r"^(?P<kind>Create the schema of|Copy the rows of|Create the indexes of|Verify) tables "
+    r"^(?P<kind>Create the schema of|Copy the rows of|Create the indexes of|Verify|Migrate) tables "
     r"(?P<tables>[a-z0-9_]+(?:, [a-z0-9_]+)*)"
 )
 _KIND_OF: Mapping[str, str] = {
@@ -53,6 +58,7 @@ _KIND_OF: Mapping[str, str] = {
     "Copy the rows of": "copy",
     "Create the indexes of": "indexes",
     "Verify": "verify",
+    "Migrate": "migrate",
 }
 _KIND_OF = MappingProxyType(_KIND_OF)  # read-only: shared by every run
 _NO_TABLE = re.compile(r"has no table '([a-z0-9_]+)'")
@@ -97,7 +103,11 @@ class MigrationOracle:
             if prompt.allow_subgoals:
                 steps = self._per_group_steps() if rejected else self._root_steps()
             else:
-                steps = self._flat_steps()
+                steps = self.flat_steps()
+            left_out = ""
+            if prompt.budget is not None:
+                steps = layouts.root_within_budget(self, steps, prompt)
+                left_out = layouts.left_out(self, self.tables, steps)
             rationale = (
                 "Schema first, then data in foreign-key order; each group is indexed and "
                 "verified as soon as it is copied."
@@ -105,7 +115,7 @@ class MigrationOracle:
                 else "Schema first, then data in foreign-key order, then indexes, then "
                 "verification."
             )
-            return Plan(goal=goal, steps=steps, rationale=rationale)
+            return Plan(goal=goal, steps=steps, rationale=rationale, left_out=left_out)
         parsed = parse_instruction(goal)
         if parsed is None:
             return None
@@ -120,9 +130,13 @@ class MigrationOracle:
                     steps=fixed,
                     rationale="Fix what the failure reported, then check again.",
                 )
-        return Plan(goal=goal, steps=self._sub_steps(kind, tables))
+        steps = self.sub_steps(kind, tables)
+        if prompt.budget is None:
+            return Plan(goal=goal, steps=steps)
+        steps = layouts.sub_within_budget(self, kind, tables, steps, prompt)
+        return Plan(goal=goal, steps=steps, left_out=layouts.left_out(self, tables, steps))
 
-    def _group_parents(self) -> dict[str, list[str]]:
+    def group_parents(self) -> dict[str, list[str]]:
         where = {t: name for name, ts in self.groups for t in ts}
         out: dict[str, list[str]] = {}
         for name, ts in self.groups:
@@ -140,7 +154,7 @@ class MigrationOracle:
                 estimate_tokens=4000,
             )
         ]
-        group_parents = self._group_parents()
+        group_parents = self.group_parents()
         for name, ts in self.groups:
             steps.append(
                 Step(
@@ -201,7 +215,26 @@ class MigrationOracle:
             )
         return steps
 
-    def _flat_steps(self) -> list[Step]:
+    @staticmethod
+    def instruction(kind: str, tables: Sequence[str]) -> str:
+        """The sub-goal or step text for ``kind`` over ``tables``."""
+        return instruction(kind, tables)
+
+    @staticmethod
+    def verify_step(table: str) -> Step:
+        """A step that verifies ``table`` with the tool."""
+        return _task(f"verify_{table}", "verify_table", table)
+
+    def direct_steps(self, tables: Sequence[str]) -> list[Step]:
+        """Every tool called directly for ``tables``: create, copy (parents first), index and
+        verify each table. No model call is needed to run it."""
+        steps = [_task(f"create_{t}", "create_table", t) for t in tables]
+        steps += self._copy_steps(tables, extra_deps=lambda t: [f"create_{t}"])
+        steps += [_task(f"index_{t}", "create_indexes", t, [f"copy_{t}"]) for t in tables]
+        steps += [_task(f"verify_{t}", "verify_table", t, [f"index_{t}"]) for t in tables]
+        return steps
+
+    def flat_steps(self) -> list[Step]:
         steps = [
             Step(
                 id=f"create_{t}",
@@ -238,7 +271,7 @@ class MigrationOracle:
     def _copy_steps(self, tables: Sequence[str], extra_deps: object = None) -> list[Step]:
         inside = set(tables)
         out = []
-        for t in self._fk_order(tables):
+        for t in self.fk_order(tables):
             deps = [f"copy_{p}" for p in self.parents[t] if p in inside]
             if callable(extra_deps):
                 deps = [*extra_deps(t), *deps]
@@ -254,7 +287,7 @@ class MigrationOracle:
             )
         return out
 
-    def _fk_order(self, tables: Sequence[str]) -> list[str]:
+    def fk_order(self, tables: Sequence[str]) -> list[str]:
         graph: nx.DiGraph[str] = nx.DiGraph()
         graph.add_nodes_from(tables)
         for t in tables:
@@ -264,7 +297,7 @@ class MigrationOracle:
         order = {t: i for i, t in enumerate(self.tables)}
         return list(nx.lexicographical_topological_sort(graph, key=order.__getitem__))
 
-    def _sub_steps(self, kind: str, tables: Sequence[str]) -> list[Step]:
+    def sub_steps(self, kind: str, tables: Sequence[str]) -> list[Step]:
         if kind == "schema":
             return [
                 Step(
@@ -289,6 +322,8 @@ class MigrationOracle:
                 )
                 for t in tables
             ]
+        if kind == "migrate":
+            return self.direct_steps(tables)
         chunks = [(n, [t for t in ts if t in tables]) for n, ts in self.groups]
         return [
             Step(id=f"verify_{n}", title=f"Verify {n}", instruction=instruction("verify", ts))
@@ -319,7 +354,7 @@ class MigrationOracle:
             _depend(s, f"create_{s.id.removeprefix(prefix + '_')}")
             if s.id.removeprefix(prefix + "_") in missing
             else s
-            for s in self._sub_steps(kind, tables)
+            for s in self.sub_steps(kind, tables)
         ]
         return [*(_task(f"create_{t}", "create_table", t) for t in missing), *base]
 
@@ -334,13 +369,13 @@ class MigrationOracle:
                 ancestors.add(table)
                 stack.extend(self.parents[table])
         fixes = []
-        for t in self._fk_order(sorted(ancestors)):
+        for t in self.fk_order(sorted(ancestors)):
             deps = [f"fix_copy_{p}" for p in self.parents[t] if p in ancestors]
             fixes.append(_task(f"fix_copy_{t}", "copy_rows", t, deps))
         needed = [f"fix_copy_{p}" for t in orphans for p in self.parents[t]]
         base = [
             _depend(s, *needed) if s.id.removeprefix("copy_") in orphans else s
-            for s in self._sub_steps("copy", tables)
+            for s in self.sub_steps("copy", tables)
         ]
         return [*fixes, *base]
 
@@ -381,6 +416,8 @@ class MigrationOracle:
             return None
         if kind == "verify":
             return self._act_verify(tables, done)
+        if kind == "migrate":
+            return self._act_all(done, tables)
         tool = {"schema": "create_table", "copy": "copy_rows", "indexes": "create_indexes"}[kind]
         return self._act_tool(tool, tables, done) or Action(
             text=f"{tool} done for {', '.join(tables)}"
@@ -428,18 +465,24 @@ class MigrationOracle:
         count = f"{len(tables)} table" + ("" if len(tables) == 1 else "s")
         return Action(text=f"verified {count} ({rows:,} rows): counts, checksums and indexes match")
 
-    def _act_all(self, done: Sequence[tuple[ToolCall, str]]) -> Action:
-        if not any(c.name == "list_tables" for c, _ in done):
-            return Action(tool_calls=(ToolCall("call_0", "list_tables", {}),))
+    def _act_all(
+        self, done: Sequence[tuple[ToolCall, str]], tables: Sequence[str] | None = None
+    ) -> Action:
+        """Every table migrated by one executor (the whole goal, or a ``migrate`` step)."""
+        if tables is None:
+            if not any(c.name == "list_tables" for c, _ in done):
+                return Action(tool_calls=(ToolCall("call_0", "list_tables", {}),))
+            tables = self.tables
         for tool in ("create_table", "copy_rows", "create_indexes"):
-            action = self._act_tool(tool, self.tables, done)
+            action = self._act_tool(tool, tables, done)
             if action is not None:
                 return action
-        return self._act_verify(self.tables, done)
+        return self._act_verify(tables, done)
 
 
 _TOOL_TEXT: Mapping[str, tuple[str, str]] = {
     "create_table": ("Create {t}", "Create table {t} in the target"),
+    "verify_table": ("Verify {t}", "Verify table {t} against the source"),
     "copy_rows": ("Copy {t}", "Copy the rows of {t} into the target"),
     "create_indexes": ("Index {t}", "Create the indexes of {t}"),
 }
