@@ -31,6 +31,7 @@ from hierplan.files import (
     parse_yaml_or_json,
     read_text_file,
 )
+from hierplan.text import printable
 
 DEFAULT_MAX_STEPS = 50
 DEFAULT_MAX_DEPTH = 3
@@ -173,7 +174,9 @@ class PlanProblem:
     step: str | None = None
 
     def __str__(self) -> str:
-        return self.message
+        # Messages quote plan content with repr(), which escapes what a terminal would act on;
+        # a validator of someone else's may not: what is printed is printable either way.
+        return printable(self.message)
 
 
 def validate_plan(
