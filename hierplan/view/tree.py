@@ -418,6 +418,8 @@ def data_text(value: Any, limit: int = 60) -> str:
         return "(nested too deeply to show)"
 
 
+PLAN_TREE_STEPS = 200
+"""At most this many steps in a printed plan (``hierplan validate``, a run's root plan)."""
 LISTED_IDS = 10
 """At most this many step ids in one list of a printed step (its dependencies, its tools)."""
 
@@ -431,10 +433,12 @@ def id_list(ids: Sequence[str], limit: int = LISTED_IDS) -> str:
     return f"{shown} and {more:,} more" if more > 0 else shown
 
 
-def plan_tree(plan: Plan, *, title: str = "plan") -> Tree:
-    """A plan as a tree of steps with their dependencies and tools."""
+def plan_tree(plan: Plan, *, title: str = "plan", max_steps: int = PLAN_TREE_STEPS) -> Tree:
+    """A plan as a tree of steps with their dependencies and tools, its first ``max_steps``
+    steps and how many more there are (a plan of 10,000 steps takes seconds to draw and
+    thousands of lines to show; the file has them all)."""
     tree = Tree(Text(f"{title}: {short(plan.goal, 90)}", style="bold"))
-    for step in plan.steps:
+    for step in plan.steps[:max_steps]:
         label = Text()
         label.append(f"{plain(step.id)} ", style="bold")
         label.append(f"[{step.kind}] ", style="dim")
@@ -446,6 +450,9 @@ def plan_tree(plan: Plan, *, title: str = "plan") -> Tree:
         if step.depends_on:
             label.append(f"  after {id_list(step.depends_on)}", style="dim")
         tree.add(label)
+    hidden = len(plan.steps) - max_steps
+    if hidden > 0:
+        tree.add(Text(f"… {hidden:,} more steps", style="dim"))
     return tree
 
 
