@@ -1,23 +1,28 @@
 """Files: reading what a user gives and writing what a run leaves.
 
-- :func:`read_text_file` reads a plan or goal file, refusing more than
-  :data:`MAX_TEXT_FILE_BYTES`; :func:`parse_data_text` and :func:`parse_yaml_or_json` read YAML
-  and JSON text that no one vouches for, strict where PyYAML and ``json`` are lenient (a key
-  given twice, aliases that expand without bound, values that cannot be converted are refused
-  with their line; unquoted dates stay text, as in JSON), with one line that says what is wrong.
+- :func:`open_regular_file` opens a file to read, refusing at once what is not a regular file
+  (a FIFO would be waited on forever, a device read without end); :func:`read_text_file` reads
+  a plan or goal file so, refusing more than :data:`MAX_TEXT_FILE_BYTES`;
+  :func:`parse_data_text` and :func:`parse_yaml_or_json` read YAML and JSON text that no one
+  vouches for, strict where PyYAML and ``json`` are lenient (a key given twice, aliases that
+  expand without bound, YAML of more than :data:`MAX_YAML_VALUES` values, values that cannot be
+  converted are refused with their line; unquoted dates stay text, as in JSON), with one line
+  that says what is wrong.
 - :func:`write_atomic` writes a file whole or not at all; :func:`make_directory` and
   :func:`new_directory` make directories, saying why one cannot be made.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import stat
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any, BinaryIO, TypeAlias
 
 import yaml
 
@@ -365,20 +370,51 @@ def write_atomic(path: Path, text: str, *, durable: bool = True) -> None:
 
 
 # The largest plan or goal file read: far above any plan a run can hold (MAX_GOAL_CHARS per
-# text), and a bound on what /dev/zero, a pipe or a wrong file given by mistake can make us read.
+# text), and a bound on what a wrong file given by mistake can make us read.
 MAX_TEXT_FILE_BYTES = 16 * 1024 * 1024
+
+
+def open_regular_file(path: Path, what: str) -> BinaryIO:
+    """``path`` opened for reading in binary, or a :class:`UserInputError` saying why ``what``
+    cannot be read: also when it is not a regular file. A FIFO would block the open until a
+    writer came, forever if none does, and a device or a pipe may never end: such a file is
+    opened without blocking, looked at, and refused."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        with contextlib.suppress(OSError):  # a socket cannot be opened ("no such device")
+            _check_regular(os.stat(path).st_mode, path, what)
+        raise UserInputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    try:
+        _check_regular(os.fstat(fd).st_mode, path, what)
+        os.set_blocking(fd, True)  # a regular file never blocks; reads as usual from here
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _check_regular(mode: int, path: Path, what: str) -> None:
+    """Refuse a file of ``mode`` that is not a regular file."""
+    if stat.S_ISDIR(mode):
+        raise UserInputError(f"cannot read {what} {path}: it is a directory, not a file")
+    if not stat.S_ISREG(mode):
+        raise UserInputError(
+            f"{what} {path} is not a regular file (a pipe, a device or a socket, which may "
+            "never end): save its content to a file and give that"
+        )
 
 
 def read_text_file(path: Path, what: str) -> str:
     """A file's text (without the byte-order mark some editors put in front), or a
-    :class:`UserInputError` saying why ``what`` cannot be read: also when it holds more than
-    :data:`MAX_TEXT_FILE_BYTES` (read no further, so a device that never ends is refused too)."""
+    :class:`UserInputError` saying why ``what`` cannot be read: also when it is not a regular
+    file (see :func:`open_regular_file`) or holds more than :data:`MAX_TEXT_FILE_BYTES`."""
     limit = MAX_TEXT_FILE_BYTES
-    try:
-        with path.open("rb") as stream:
+    with open_regular_file(path, what) as stream:
+        try:
             data = stream.read(limit + 1)
-    except OSError as exc:
-        raise UserInputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+        except OSError as exc:
+            raise UserInputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
     if len(data) > limit:
         raise UserInputError(
             f"{what} {path} is larger than {limit:,} bytes, far more than a plan or a goal "

@@ -17,7 +17,7 @@ import pydantic_core
 from pydantic import BeforeValidator, Field, PlainSerializer, TypeAdapter, ValidationError
 
 from hierplan.errors import UserInputError, first_problem
-from hierplan.files import StrPath, make_directory, write_atomic
+from hierplan.files import StrPath, make_directory, open_regular_file, write_atomic
 from hierplan.models.base import Phase
 from hierplan.plans.plan import Plan, PlanDiff
 from hierplan.units import PICO_PER_USD, Usage
@@ -418,8 +418,10 @@ class RunResult:
         """Read a ``run.json``; a missing or malformed file raises :class:`UserInputError`."""
         path = Path(path)
         try:
-            # utf-8-sig: a byte-order mark that an editor put in front is not JSON
-            text = path.read_text(encoding="utf-8-sig")
+            # Not a pipe or a device, which may never end; utf-8-sig: a byte-order mark that an
+            # editor put in front is not JSON.
+            with open_regular_file(path, "run record") as stream:
+                text = stream.read().decode("utf-8-sig")
         except OSError as exc:
             raise UserInputError(f"cannot read {path}: {exc.strerror or exc}") from None
         except UnicodeDecodeError as exc:
