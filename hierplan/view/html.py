@@ -21,6 +21,7 @@ from pathlib import Path
 from hierplan.files import make_directory, write_atomic
 from hierplan.plans.plan import Plan, Step
 from hierplan.records import NodeRecord, PlanVersion, RunResult, subtree_costs
+from hierplan.redact import redact
 from hierplan.text import printable_lines
 from hierplan.units import PICO_PER_USD
 from hierplan.view.tree import ALLOCATED_NOTE, money, short
@@ -67,11 +68,12 @@ document.addEventListener('DOMContentLoaded', function () {
 
 
 def e(value: object) -> str:
-    """HTML-escape ``value`` (quotes too, so it is safe in attributes), with control,
-    bidirectional and surrogate characters shown as visible symbols: a NUL makes text tools take
-    the file for binary, the others reorder the text shown around them or cannot be written as
-    UTF-8. Tabs and line breaks stay: multi-line answers are shown as written."""
-    return escape(printable_lines(str(value)), quote=True)
+    """HTML-escape ``value`` (quotes too, so it is safe in attributes), with credentials taken
+    out (:func:`hierplan.redact.redact`) and control, bidirectional and surrogate characters
+    shown as visible symbols: a NUL makes text tools take the file for binary, the others
+    reorder the text shown around them or cannot be written as UTF-8. Tabs and line breaks
+    stay: multi-line answers are shown as written."""
+    return escape(printable_lines(redact(str(value))), quote=True)
 
 
 def _tokens(node: NodeRecord) -> int:

@@ -22,6 +22,7 @@ from rich.tree import Tree
 
 from hierplan.plans.plan import Plan
 from hierplan.records import DecisionRecord, NodeRecord, PlanVersion, RunResult
+from hierplan.redact import redact
 from hierplan.text import printable
 
 STATUS_STYLE: Mapping[str, str] = {
@@ -61,16 +62,16 @@ _ERROR_LIMIT = 1000  # characters of a run's error shown under the tree
 
 
 def plain(text: str) -> str:
-    r"""``text`` with its control characters replaced by visible symbols
-    (:func:`hierplan.text.printable`): text from a run (a model's answer, a tool's error, a plan
-    file) could otherwise move the cursor, clear the screen or retitle the window of the
-    terminal it is printed to, reorder what is shown around it, or stop the printing with a
-    character no encoding can write.
+    r"""``text`` as a report shows it: credentials taken out (:func:`hierplan.redact.redact`)
+    and its control characters replaced by visible symbols (:func:`hierplan.text.printable`):
+    text from a run (a model's answer, a tool's error, a plan file) could otherwise move the
+    cursor, clear the screen or retitle the window of the terminal it is printed to, reorder
+    what is shown around it, or stop the printing with a character no encoding can write.
 
     >>> plain("ok\x1b[2J")
     'ok␛[2J'
     """
-    return printable(text)
+    return printable(redact(text))
 
 
 def short(text: str, limit: int = 70) -> str:
