@@ -1,5 +1,39 @@
-"""``python -m hierplan`` runs the CLI."""
+"""The ``hierplan`` command's entry point; ``python -m hierplan`` runs it too.
 
-from hierplan.cli import main
+Importing the command line loads most of hierplan and the libraries it stands on, which takes
+most of a second. A Ctrl-C meanwhile raises ``KeyboardInterrupt`` in whatever module is being
+imported; :func:`main` is ready for it before that import starts (this module and the package
+import nothing heavy), so that it ends as an interrupted command does: one line, exit status
+130, no traceback.
+"""
 
-main()
+from __future__ import annotations
+
+import sys
+from typing import NoReturn
+
+EXIT_INTERRUPTED = 130
+"""The exit status after Ctrl-C (128 + SIGINT), as a shell reports an interrupted command."""
+
+
+def main() -> None:
+    """Run the ``hierplan`` command line (:func:`hierplan.cli.main`)."""
+    try:
+        from hierplan.cli import main as cli_main
+    except KeyboardInterrupt:
+        _interrupted(" before the command started: nothing ran")
+    try:
+        cli_main()
+    except KeyboardInterrupt:
+        # The command handles Ctrl-C during its work; this is one that came before it was
+        # ready (while its arguments were read, say), or after.
+        _interrupted("")
+
+
+def _interrupted(when: str) -> NoReturn:
+    sys.stderr.write(f"error: interrupted (Ctrl-C){when}\n")
+    sys.exit(EXIT_INTERRUPTED)
+
+
+if __name__ == "__main__":
+    main()

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from hierplan.text import printable
+
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
@@ -46,22 +48,29 @@ MAX_LISTED_PROBLEMS = 10
 
 def field_problems(exc: ValidationError, whole: str) -> str:
     """The fields a validation error found wrong, as ``loc: msg`` joined by ``; `` (``whole``
-    names the data itself), at most :data:`MAX_LISTED_PROBLEMS` of them and how many more."""
+    names the data itself), at most :data:`MAX_LISTED_PROBLEMS` of them and how many more.
+    Printable (:func:`hierplan.text.printable`): a field's name is the input's, and may hold
+    anything."""
     errors = exc.errors()
     listed = "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or whole}: {err['msg']}"
-        for err in errors[:MAX_LISTED_PROBLEMS]
+        f"{_where(err['loc'], whole)}: {err['msg']}" for err in errors[:MAX_LISTED_PROBLEMS]
     )
     more = len(errors) - MAX_LISTED_PROBLEMS
-    return f"{listed}; and {more} more" if more > 0 else listed
+    return printable(f"{listed}; and {more} more" if more > 0 else listed)
 
 
 def first_problem(exc: ValidationError, whole: str = "top level") -> str:
     """``"<where>: <what>"`` of the first error a pydantic validation found (``whole``: what
-    to call the input itself when the error is about all of it)."""
+    to call the input itself when the error is about all of it), printable."""
     first = exc.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or whole
-    return f"{where}: {first['msg']}"
+    return printable(f"{_where(first['loc'], whole)}: {first['msg']}")
+
+
+def _where(loc: Sequence[int | str], whole: str, limit: int = 100) -> str:
+    """A field's location, ``steps.0.title``, cut to ``limit`` characters: an unknown key is
+    named as the input spells it, at any length."""
+    where = ".".join(str(p) for p in loc) or whole
+    return where if len(where) <= limit else where[: limit - 3] + "..."
 
 
 def is_positive_seconds(value: object) -> bool:

@@ -1,23 +1,28 @@
 """Files: reading what a user gives and writing what a run leaves.
 
-- :func:`read_text_file` reads a plan or goal file, refusing more than
-  :data:`MAX_TEXT_FILE_BYTES`; :func:`parse_data_text` and :func:`parse_yaml_or_json` read YAML
-  and JSON text that no one vouches for, strict where PyYAML and ``json`` are lenient (a key
-  given twice, aliases that expand without bound, values that cannot be converted are refused
-  with their line; unquoted dates stay text, as in JSON), with one line that says what is wrong.
+- :func:`open_regular_file` opens a file to read, refusing at once what is not a regular file
+  (a FIFO would be waited on forever, a device read without end); :func:`read_text_file` reads
+  a plan or goal file so, refusing more than :data:`MAX_TEXT_FILE_BYTES`;
+  :func:`parse_data_text` and :func:`parse_yaml_or_json` read YAML and JSON text that no one
+  vouches for, strict where PyYAML and ``json`` are lenient (a key given twice, aliases that
+  expand without bound, YAML of more than :data:`MAX_YAML_VALUES` values, values that cannot be
+  converted are refused with their line; unquoted dates stay text, as in JSON), with one line
+  that says what is wrong.
 - :func:`write_atomic` writes a file whole or not at all; :func:`make_directory` and
   :func:`new_directory` make directories, saying why one cannot be made.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import stat
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any, BinaryIO, TypeAlias
 
 import yaml
 
@@ -34,16 +39,10 @@ class DataTextError(ValueError):
     ("plan file p.yaml" + " is nested too deeply to read")."""
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last
-    silently, so a second ``steps:`` would drop the first list unseen) and notes aliases."""
-
-    saw_alias = False
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            self.saw_alias = True
-        return super().compose_node(parent, index)
+class _Strict(yaml.constructor.SafeConstructor):
+    """A constructor that refuses a key given twice in one mapping (PyYAML keeps the last
+    silently, so a second ``steps:`` would drop the first list unseen) and says which value it
+    cannot convert, and where."""
 
     def construct_object(self, node: Any, deep: bool = False) -> Any:
         # PyYAML's constructors raise what Python raises on a value they cannot convert:
@@ -95,21 +94,25 @@ class _StrictLoader(yaml.SafeLoader):
 # refuses; "seed: 010" is 10, not octal 8; "1:30" and "1_000" are text, not 90 and 1000;
 # "no" and "off" are text, not false; "1e3" is a number, where YAML 1.1 reads text. Explicit
 # tags (!!timestamp, !!bool yes) still convert as they say.
+class _Resolver(yaml.resolver.Resolver):
+    """PyYAML's resolver with the plain scalars of JSON and YAML 1.2 (set up below)."""
+
+
 _YAML_1_1 = frozenset(f"tag:yaml.org,2002:{t}" for t in ("bool", "int", "float", "timestamp"))
-_StrictLoader.yaml_implicit_resolvers = {
+_Resolver.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in resolvers if tag not in _YAML_1_1]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 # In this order: a scalar takes the first resolver that matches ("10" is an int, not a float).
-_StrictLoader.add_implicit_resolver(
+_Resolver.add_implicit_resolver(
     "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
 )
-_StrictLoader.add_implicit_resolver(
+_Resolver.add_implicit_resolver(
     "tag:yaml.org,2002:int",
     re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"),
     list("-+0123456789"),
 )
-_StrictLoader.add_implicit_resolver(
+_Resolver.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(
         r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
@@ -127,7 +130,100 @@ def _yaml_1_2_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
     return int(value, 10)
 
 
-_StrictLoader.add_constructor("tag:yaml.org,2002:int", _yaml_1_2_int)
+_Strict.add_constructor("tag:yaml.org,2002:int", _yaml_1_2_int)
+
+# The most values (scalars, lists, mappings, aliases) a YAML text may hold. PyYAML keeps a node
+# of some 400 bytes for each while it reads (and the pure-Python reader takes 20 µs each): 16
+# MiB of "[a,a,a,...]" made 8 million of them, gigabytes. JSON, read by a faster reader into
+# plain values, has no such limit.
+MAX_YAML_VALUES = 1_000_000
+_VALUE_EVENTS = (yaml.ScalarEvent, yaml.AliasEvent, yaml.CollectionStartEvent)
+
+
+class _StrictLoader(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser,
+                    yaml.composer.Composer, _Strict, _Resolver):  # fmt: skip
+    """PyYAML's own reader, in Python (where PyYAML has no libyaml, and to say where a text is
+    not YAML): strict, counting the values and noting aliases as it composes."""
+
+    def __init__(self, text: str) -> None:
+        yaml.reader.Reader.__init__(self, text)
+        yaml.scanner.Scanner.__init__(self)
+        yaml.parser.Parser.__init__(self)
+        yaml.composer.Composer.__init__(self)
+        _Strict.__init__(self)
+        _Resolver.__init__(self)
+        self.values = 0
+        self.saw_alias = False
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self.saw_alias = True
+        self.values += 1
+        if self.values > MAX_YAML_VALUES:
+            raise DataTextError(_too_many_values())
+        return super().compose_node(parent, index)
+
+
+def _too_many_values() -> str:
+    return (
+        f"holds more than {MAX_YAML_VALUES:,} values, more than a plan or a goal needs: write "
+        "it as JSON (a .json file), which is read faster and in less memory"
+    )
+
+
+def _load_yaml_python(text: str) -> tuple[Any, bool]:
+    """The data of ``text`` and whether it has aliases, read by PyYAML's own reader."""
+    loader = _StrictLoader(text)
+    try:
+        return loader.get_single_data(), loader.saw_alias
+    finally:
+        loader.dispose()
+
+
+_load_yaml = _load_yaml_python
+if yaml.__with_libyaml__:
+    from yaml._yaml import CParser
+
+    class _CStrictLoader(CParser, _Strict, _Resolver):
+        """libyaml's reader (some five times faster than PyYAML's), constructed as strictly."""
+
+        def __init__(self, text: str) -> None:
+            CParser.__init__(self, text)
+            _Strict.__init__(self)
+            _Resolver.__init__(self)
+
+    def _load_yaml_libyaml(text: str) -> tuple[Any, bool]:
+        """The data of ``text`` and whether it has aliases, read by libyaml: its events are
+        counted first (refused past :data:`MAX_YAML_VALUES` before any node is made), then
+        the nodes composed and constructed."""
+        parser = CParser(text)
+        values, aliases = 0, False
+        try:
+            while (event := parser.get_event()) is not None:
+                if isinstance(event, _VALUE_EVENTS):
+                    values += 1
+                    aliases = aliases or isinstance(event, yaml.AliasEvent)
+                    if values > MAX_YAML_VALUES:
+                        raise DataTextError(_too_many_values())
+        finally:
+            parser.dispose()
+        loader = _CStrictLoader(text)
+        try:
+            return loader.get_single_data(), aliases
+        finally:
+            loader.dispose()
+
+    def _load_yaml_either(text: str) -> tuple[Any, bool]:
+        """libyaml's reading of ``text``; where libyaml finds it is not YAML, PyYAML's reading
+        (which says where, with the problem itself, more often), as before libyaml read."""
+        try:
+            return _load_yaml_libyaml(text)
+        except yaml.YAMLError as exc:
+            if "maximum nesting depth" in str(exc):
+                raise  # Python's recursion limit, far slower, would only say the same
+            return _load_yaml_python(text)
+
+    _load_yaml = _load_yaml_either
 
 
 def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -184,12 +280,8 @@ def parse_data_text(text: str, *, json_syntax: bool = False) -> Any:
     try:
         if json_syntax:
             return json.loads(text, object_pairs_hook=_json_object)
-        loader = _StrictLoader(text)
-        try:
-            data = loader.get_single_data()
-        finally:
-            loader.dispose()
-        if loader.saw_alias:
+        data, aliases = _load_yaml(text)
+        if aliases:
             _check_aliased_size(data)
         return data
     except DataTextError:
@@ -199,6 +291,8 @@ def parse_data_text(text: str, *, json_syntax: bool = False) -> Any:
             f"is not valid YAML/JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
         ) from None
     except yaml.YAMLError as exc:
+        if "maximum nesting depth" in str(exc):  # libyaml's limit, as Python's below
+            raise DataTextError("is nested too deeply to read") from None
         raise DataTextError(f"is not valid YAML/JSON: {_yaml_problem(exc)}") from None
     except RecursionError:
         raise DataTextError("is nested too deeply to read") from None
@@ -276,20 +370,51 @@ def write_atomic(path: Path, text: str, *, durable: bool = True) -> None:
 
 
 # The largest plan or goal file read: far above any plan a run can hold (MAX_GOAL_CHARS per
-# text), and a bound on what /dev/zero, a pipe or a wrong file given by mistake can make us read.
+# text), and a bound on what a wrong file given by mistake can make us read.
 MAX_TEXT_FILE_BYTES = 16 * 1024 * 1024
+
+
+def open_regular_file(path: Path, what: str) -> BinaryIO:
+    """``path`` opened for reading in binary, or a :class:`UserInputError` saying why ``what``
+    cannot be read: also when it is not a regular file. A FIFO would block the open until a
+    writer came, forever if none does, and a device or a pipe may never end: such a file is
+    opened without blocking, looked at, and refused."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        with contextlib.suppress(OSError):  # a socket cannot be opened ("no such device")
+            _check_regular(os.stat(path).st_mode, path, what)
+        raise UserInputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    try:
+        _check_regular(os.fstat(fd).st_mode, path, what)
+        os.set_blocking(fd, True)  # a regular file never blocks; reads as usual from here
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _check_regular(mode: int, path: Path, what: str) -> None:
+    """Refuse a file of ``mode`` that is not a regular file."""
+    if stat.S_ISDIR(mode):
+        raise UserInputError(f"cannot read {what} {path}: it is a directory, not a file")
+    if not stat.S_ISREG(mode):
+        raise UserInputError(
+            f"{what} {path} is not a regular file (a pipe, a device or a socket, which may "
+            "never end): save its content to a file and give that"
+        )
 
 
 def read_text_file(path: Path, what: str) -> str:
     """A file's text (without the byte-order mark some editors put in front), or a
-    :class:`UserInputError` saying why ``what`` cannot be read: also when it holds more than
-    :data:`MAX_TEXT_FILE_BYTES` (read no further, so a device that never ends is refused too)."""
+    :class:`UserInputError` saying why ``what`` cannot be read: also when it is not a regular
+    file (see :func:`open_regular_file`) or holds more than :data:`MAX_TEXT_FILE_BYTES`."""
     limit = MAX_TEXT_FILE_BYTES
-    try:
-        with path.open("rb") as stream:
+    with open_regular_file(path, what) as stream:
+        try:
             data = stream.read(limit + 1)
-    except OSError as exc:
-        raise UserInputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+        except OSError as exc:
+            raise UserInputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
     if len(data) > limit:
         raise UserInputError(
             f"{what} {path} is larger than {limit:,} bytes, far more than a plan or a goal "

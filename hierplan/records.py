@@ -17,12 +17,27 @@ import pydantic_core
 from pydantic import BeforeValidator, Field, PlainSerializer, TypeAdapter, ValidationError
 
 from hierplan.errors import UserInputError, first_problem
-from hierplan.files import StrPath, make_directory, write_atomic
+from hierplan.files import StrPath, make_directory, open_regular_file, write_atomic
 from hierplan.models.base import Phase
 from hierplan.plans.plan import Plan, PlanDiff
+from hierplan.redact import redact
+from hierplan.text import encodable, map_strings, replace_strings
 from hierplan.units import PICO_PER_USD, Usage
 
 RECORD_FORMAT = 1
+
+KEPT_AS_WRITTEN = frozenset(
+    {
+        # names that other fields refer to, which must read back as they were written
+        *("id", "depends_on", "step_id", "path", "run_id", "tool", "tools"),
+        *("added", "removed", "changed"),
+        # figures, which hold no free text: the bulk of a large record, skipped quickly
+        *("calls", "usage", "levels", "totals"),
+    }
+)
+"""The fields of ``run.json`` written as they are, never redacted: names that other fields
+refer to (step ids, node paths, tool names), so that the record reads back whole, and the
+figures of calls and rollups."""
 
 
 def _pico_from_usd(value: Any) -> Any:
@@ -404,10 +419,19 @@ class RunResult:
         return data
 
     def to_json(self) -> str:
-        """The record as indented JSON text (text in any script as it is: the file is UTF-8)."""
+        """The record as indented JSON text (text in any script as it is: the file is UTF-8),
+        with credentials taken out of its text (:func:`hierplan.redact.redact`): a key pasted
+        into a goal, or a URL with a password that an error quotes, is not kept in the file."""
+        data = self.to_dict()
+        replace_strings(data, redact, keep=KEPT_AS_WRITTEN)
         # pydantic-core's encoder rather than json.dumps, which with an indent runs Python's
         # pure-Python encoder: about 150 µs a node, more than the run's own orchestration.
-        return pydantic_core.to_json(self.to_dict(), indent=1).decode()
+        try:
+            return pydantic_core.to_json(data, indent=1).decode()
+        except pydantic_core.PydanticSerializationError:
+            # A lone surrogate (a model's JSON reply may hold "\ud800") has no UTF-8: it is
+            # written as U+FFFD, not left to fail the whole record.
+            return pydantic_core.to_json(map_strings(data, encodable), indent=1).decode()
 
     def write(self, path: StrPath) -> Path:
         """Write ``run.json`` atomically (a reader never sees half a file); returns the path."""
@@ -421,8 +445,10 @@ class RunResult:
         """Read a ``run.json``; a missing or malformed file raises :class:`UserInputError`."""
         path = Path(path)
         try:
-            # utf-8-sig: a byte-order mark that an editor put in front is not JSON
-            text = path.read_text(encoding="utf-8-sig")
+            # Not a pipe or a device, which may never end; utf-8-sig: a byte-order mark that an
+            # editor put in front is not JSON.
+            with open_regular_file(path, "run record") as stream:
+                text = stream.read().decode("utf-8-sig")
         except OSError as exc:
             raise UserInputError(f"cannot read {path}: {exc.strerror or exc}") from None
         except UnicodeDecodeError as exc:

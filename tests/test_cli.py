@@ -426,8 +426,7 @@ def test_a_plan_or_goal_file_too_large_or_without_end_is_refused_not_read_foreve
 
     result = runner.invoke(app, [*command, "/dev/zero"], env={"COLUMNS": "300"})
     assert result.exit_code == 2, result.output
-    limit = f"{plan_module.MAX_TEXT_FILE_BYTES:,}"
-    assert f"file /dev/zero is larger than {limit} bytes" in " ".join(result.output.split())
+    assert "file /dev/zero is not a regular file" in " ".join(result.output.split())
     big = tmp_path / "big.yaml"
     big.write_text("goal: g\nsteps: []\n# " + "x" * 2_000)
     monkeypatch.setattr(plan_module, "MAX_TEXT_FILE_BYTES", 1_000)

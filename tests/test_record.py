@@ -26,6 +26,8 @@ from hierplan.errors import UserInputError
 from hierplan.files import new_directory
 from hierplan.models.base import ModelResponse
 from hierplan.models.scripted import plan_response
+from hierplan.records import KEPT_AS_WRITTEN
+from hierplan.redact import redact, redact_data
 from hierplan.runner.goals import goal_from_data, load_goal_file
 from hierplan.units import Usage
 from hierplan.view.html import render_html
@@ -79,18 +81,19 @@ def _recorded() -> RunResult:
 )
 def test_run_json_holds_any_text_and_cost_exactly(text: str, cost: int) -> None:
     """run.json is JSON that reads back to the record's dict, whatever text a model or a user
-    gave (any script, control characters, quotes) and whatever cost a call had (in whole
-    pico-dollars, as records keep money; USD in the file)."""
+    gave (any script, control characters, quotes; what looks like a credential redacted) and
+    whatever cost a call had (in whole pico-dollars, as records keep money; USD in the file)."""
     result = _recorded()
     leaf = result.tree.children[0]
     leaf.goal, leaf.output, result.answer = text, text, text
     leaf.calls[0].cost_pico = cost
     written = result.to_json()
-    assert json.loads(written) == result.to_dict()
+    kept = redact_data(result.to_dict(), keep=KEPT_AS_WRITTEN)
+    assert json.loads(written) == kept
     with tempfile.TemporaryDirectory() as where:
         loaded = RunResult.load(result.write(Path(where) / "run.json"))
-    assert loaded.to_dict() == result.to_dict()
-    assert loaded.tree.children[0].goal == text
+    assert loaded.to_dict() == kept
+    assert loaded.tree.children[0].goal == redact(text)
     assert loaded.tree.children[0].calls[0].cost_pico == cost
 
 

@@ -27,13 +27,14 @@ every problem is reported with its line number; nothing runs until the whole fil
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, BinaryIO, Literal
 
 from pydantic import (
     BaseModel,
@@ -51,6 +52,7 @@ from hierplan.bench.suites import get_suite
 from hierplan.budgets.budget import ALLOCATIONS, MAX_BUDGET_TOKENS, MAX_BUDGET_USD
 from hierplan.core.settings import MAX_SEED, RunSettings, StrategyName
 from hierplan.errors import HierplanError, UserInputError
+from hierplan.files import MAX_TEXT_FILE_BYTES, open_regular_file
 from hierplan.models.base import ToolSpec, parse_model_string
 from hierplan.models.provider import RepeatedKeyError, json_problem, loads_json
 from hierplan.plans.plan import MAX_GOAL_CHARS
@@ -304,16 +306,25 @@ def parse_goals(
     Raises :class:`UserInputError` listing the problems (at most ``MAX_ERRORS_SHOWN`` of them,
     and how many more there are) if any line is invalid, or if there is no goal at all.
     """
+    # Lines end at "\n" only: str.splitlines would also split at U+2028 and the like, which
+    # JSON allows unescaped inside strings.
+    lines = enumerate(text.split("\n"), 1)
+    return _parse_lines(lines, source=source, default_model=default_model)
+
+
+def _parse_lines(
+    lines: Iterable[tuple[int, str | None]], *, source: str, default_model: str
+) -> list[BatchGoal]:
+    """:func:`parse_goals` of the numbered lines of a goals file (``None`` for a line too long
+    to have been read whole)."""
     errors: list[str] = []
     goals: list[BatchGoal] = []
     seen: dict[str, int] = {}
-    # Lines end at "\n" only: str.splitlines would also split at U+2028 and the like, which
-    # JSON allows unescaped inside strings.
-    for number, raw in enumerate(text.split("\n"), 1):
-        line = raw.strip()
-        if not line:
+    for number, raw in lines:
+        line = None if raw is None else raw.strip()
+        if line == "":
             continue
-        if len(line) > MAX_LINE_CHARS:
+        if line is None or len(line) > MAX_LINE_CHARS:
             errors.append(f"line {number}: longer than {MAX_LINE_CHARS:,} characters")
             continue
         try:
@@ -366,29 +377,78 @@ def parse_goals(
     return goals
 
 
-def _read_goals(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise UserInputError(f"cannot read goals file {path}: {exc.strerror or exc}") from None
+# The most bytes of one line read: a line of MAX_LINE_CHARS characters, each of up to four
+# bytes in UTF-8, its line end and a byte-order mark. A longer line is refused unread.
+MAX_LINE_BYTES = 4 * MAX_LINE_CHARS + 8
+
+
+def _raw_lines(stream: BinaryIO, path: Path, digest: Any) -> Iterator[tuple[int, bytes | None]]:
+    """The numbered lines of the goals file ``stream`` reads, as bytes, ``None`` for a line
+    longer than :data:`MAX_LINE_BYTES` (its bytes are skipped, not kept); every byte read goes
+    into ``digest``. A file larger than :data:`MAX_TEXT_FILE_BYTES` is refused on the way: a
+    goals file is read a line at a time, never whole, and never past that size."""
+    total = 0
+    for number in itertools.count(1):
+        raw = stream.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        whole = raw.endswith(b"\n") or len(raw) <= MAX_LINE_BYTES
+        while not raw.endswith(b"\n") and (more := stream.readline(MAX_LINE_BYTES)):
+            # the rest of a line too long to keep: read on to its end, counting its bytes
+            total += len(raw)
+            digest.update(raw)
+            raw = more
+            _check_size(total, path)
+        total += len(raw)
+        digest.update(raw)
+        _check_size(total, path)
+        yield number, raw if whole else None
+
+
+def _check_size(total: int, path: Path) -> None:
+    if total > MAX_TEXT_FILE_BYTES:
+        raise UserInputError(
+            f"goals file {path} is larger than {MAX_TEXT_FILE_BYTES:,} bytes: split it into "
+            "several batches, or check that it is the file you meant"
+        )
+
+
+def _decoded(
+    lines: Iterable[tuple[int, bytes | None]], path: Path
+) -> Iterator[tuple[int, str | None]]:
+    """The lines as text (a byte-order mark some editors write before the first line is not
+    part of a goal), or a :class:`UserInputError` naming the first line that is not UTF-8."""
+    for number, raw in lines:
+        if raw is None:
+            yield number, None
+            continue
+        try:
+            yield number, raw.decode("utf-8-sig" if number == 1 else "utf-8")
+        except UnicodeDecodeError as exc:
+            raise UserInputError(
+                f"goals file {path} is not UTF-8 text (line {number}, byte {exc.start + 1} of "
+                "the line cannot be decoded)"
+            ) from None
 
 
 def goals_digest(path: Path) -> str:
     """The digest :func:`load_goals` gives the file at ``path`` (read, not validated)."""
-    return hashlib.sha256(_read_goals(path)).hexdigest()
+    digest = hashlib.sha256()
+    with open_regular_file(path, "goals file") as stream:
+        for _ in _raw_lines(stream, path, digest):
+            pass
+    return digest.hexdigest()
 
 
 def load_goals(path: Path, *, default_model: str = "sim") -> GoalsFile:
-    """Read and validate a goals file (see :func:`parse_goals`)."""
-    data = _read_goals(path)
-    try:
-        text = data.decode("utf-8-sig")  # a byte-order mark some editors write is not a goal
-    except UnicodeDecodeError as exc:
-        raise UserInputError(
-            f"goals file {path} is not UTF-8 text (byte {exc.start} cannot be decoded)"
-        ) from None
-    goals = parse_goals(text, source=f"goals file {path}", default_model=default_model)
-    return GoalsFile(path, tuple(goals), hashlib.sha256(data).hexdigest())
+    """Read and validate a goals file (see :func:`parse_goals`), a line at a time: a file that
+    is not a regular file, is larger than :data:`~hierplan.files.MAX_TEXT_FILE_BYTES` or is
+    not UTF-8 is refused with a one-line error."""
+    digest = hashlib.sha256()
+    with open_regular_file(path, "goals file") as stream:
+        lines = _decoded(_raw_lines(stream, path, digest), path)
+        goals = _parse_lines(lines, source=f"goals file {path}", default_model=default_model)
+    return GoalsFile(path, tuple(goals), digest.hexdigest())
 
 
 def _json_type(value: Any) -> str:

@@ -35,6 +35,7 @@ from hierplan.errors import HierplanError, ModelAuthError, UserInputError
 from hierplan.files import make_directory, write_atomic
 from hierplan.models.base import Model, ToolCall, close_model, parse_model_string
 from hierplan.records import RunResult
+from hierplan.redact import redact, redact_data
 from hierplan.runner.models import SIMULATOR_ONLY, check_base_url, resolve_model
 from hierplan.runner.run import execute
 from hierplan.runner.spec import ModelChoice, RunSpec, is_simulated
@@ -75,14 +76,15 @@ class BenchConfig:
         return self.model.split(":", 1)[0] == "sim"
 
     def identity(self) -> dict[str, Any]:
-        """What must match for a resumed benchmark to continue this one."""
+        """What must match for a resumed benchmark to continue this one (``bench.json``), with
+        the credentials of a base URL redacted: the file is kept with the results."""
         return {
             "model": self.model,
             "profile": self.profile.model_dump() if self.simulated else None,
             "latency_scale": self.latency_scale,
             "task_seed": self.task_seed,
             "max_depth": self.max_depth,
-            **({"base_url": self.base_url} if self.base_url else {}),
+            **({"base_url": redact(self.base_url)} if self.base_url else {}),
             # Only when given: a benchmark made before --set existed resumes as it was.
             **({"run_settings": dict(self.run_settings)} if self.run_settings else {}),
         }
@@ -241,7 +243,8 @@ def run_record(
         "cost_usd": None if totals["unpriced_calls"] else totals["cost_usd"],
         "unpriced_calls": totals["unpriced_calls"],
         "params": spec.task.params,
-        "error": result.error,
+        # An error may quote the URL of a failed request, credentials and all.
+        "error": None if result.error is None else redact(result.error),
         "run_id": result.run_id,
     }
 
@@ -353,7 +356,8 @@ def _prepare_out(config: BenchConfig, out: Path, resume: bool) -> list[dict[str,
     if not results.exists():
         raise UserInputError(f"nothing to resume: {results} does not exist")
     try:
-        before = json.loads(manifest.read_text(encoding="utf-8"))
+        # Redacted as identity() is now: a file written before it redacted still matches.
+        before = redact_data(json.loads(manifest.read_text(encoding="utf-8")))
     except (OSError, json.JSONDecodeError):
         raise UserInputError(f"cannot resume: {manifest} is missing or unreadable") from None
     now = json.loads(json.dumps(config.identity()))
@@ -538,7 +542,7 @@ def _failed_record(
         "status": "error",
         "verification": "",
         "params": spec.task.params,
-        "error": f"{type(exc).__name__}: {exc}",
+        "error": redact(f"{type(exc).__name__}: {exc}"),
         "finished_at": time.time(),
     }
 

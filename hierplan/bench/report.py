@@ -35,6 +35,7 @@ from hierplan.bench.stats import (
 from hierplan.core.settings import STRATEGY_NAMES
 from hierplan.errors import UserInputError
 from hierplan.files import write_atomic
+from hierplan.redact import redact
 
 # (key, label); "success" is a proportion, the rest are means.
 METRICS: tuple[tuple[str, str], ...] = (
@@ -364,7 +365,8 @@ def _paired_table(suite: str, rows: Sequence[PairedRow], summary: Summary) -> Ta
 
 
 def markdown(summary: Summary, command: str | None = None) -> str:
-    """The summary as Markdown: a table per suite and its paired differences."""
+    """The summary as Markdown: a table per suite and its paired differences, after the
+    ``command`` that reproduces it, if given (redacted: ``--base-url`` may hold a password)."""
     out = io.StringIO()
     out.write(f"# Strategy benchmark — {summary.label()}\n\n")
     if summary.simulated:
@@ -375,7 +377,7 @@ def markdown(summary: Summary, command: str | None = None) -> str:
             "are simulated, not measured on a real model.\n\n"
         )
     if command:
-        out.write(f"Command:\n\n```\n{command}\n```\n\n")
+        out.write(f"Command:\n\n```\n{redact(command)}\n```\n\n")
     out.write(
         "Means over runs with 95% confidence intervals (Wilson for success, Student t "
         "otherwise). Cost is USD per run; tokens are per run, planner = planning-phase calls, "

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter, deque
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -31,6 +31,9 @@ from hierplan.files import (
     parse_yaml_or_json,
     read_text_file,
 )
+from hierplan.plans.problems import MAX_PROBLEMS as MAX_PROBLEMS
+from hierplan.plans.problems import PlanProblem as PlanProblem
+from hierplan.plans.problems import ProblemList, chain_text, names_text, quoted
 
 DEFAULT_MAX_STEPS = 50
 DEFAULT_MAX_DEPTH = 3
@@ -172,18 +175,6 @@ class Plan(BaseModel):
         return [s.id for s in self.steps if s.id not in needed]
 
 
-@dataclass(slots=True, frozen=True)
-class PlanProblem:
-    """One validation finding: a code, the step it concerns (if any) and a message."""
-
-    code: str
-    message: str
-    step: str | None = None
-
-    def __str__(self) -> str:
-        return self.message
-
-
 def validate_plan(
     plan: Plan,
     *,
@@ -191,6 +182,7 @@ def validate_plan(
     max_steps: int = DEFAULT_MAX_STEPS,
     depth: int = 1,
     max_depth: int = DEFAULT_MAX_DEPTH,
+    max_problems: int = MAX_PROBLEMS,
 ) -> list[PlanProblem]:
     """Every problem of ``plan``, in a stable order; an empty list means valid.
 
@@ -200,132 +192,146 @@ def validate_plan(
     check), arguments without a tool or that are inf or nan, blank instructions (unless the
     step calls its tool directly), and sub-goals at or beyond ``max_depth`` (a node at ``depth``
     may only plan sub-goals if its children would be at most ``max_depth`` deep).
+
+    The work is linear in the plan's size (its steps, dependencies and arguments). At most
+    ``max_problems`` problems are listed; when there are more, a last one (code
+    ``more_problems``) says how many.
     """
-    problems: list[PlanProblem] = []
+    found = ProblemList(max_problems)
     if not plan.steps:
-        problems.append(PlanProblem("empty", "the plan has no steps"))
+        found.add(PlanProblem("empty", "the plan has no steps"))
     if len(plan.steps) > max_steps:
-        problems.append(
+        found.add(
             PlanProblem(
                 "too_many_steps",
-                f"the plan has {len(plan.steps)} steps; the limit is {max_steps}",
+                f"the plan has {len(plan.steps):,} steps; the limit is {max_steps:,}",
             )
         )
     counts = Counter(s.id for s in plan.steps)
     for step_id, n in counts.items():
         if n > 1:
-            problems.append(
+            found.add(
                 PlanProblem("duplicate_id", f"step id {step_id!r} is used {n} times", step_id)
             )
     allowed = None if tools is None else frozenset(tools)
+    known = "" if allowed is None else names_text(sorted(allowed)) or "none"
+    limits = _Limits(allowed, known, depth, max_depth)
     for s in plan.steps:
-        problems.extend(_step_problems(s, counts, allowed, depth, max_depth))
-    problems.extend(_cycle_problems(plan))
-    return problems
+        _dependency_problems(s, counts, found)
+        found.extend(_step_problems(s, counts, limits))
+    found.extend(_cycle_problems(plan))
+    return found.listed()
 
 
-def _step_problems(
-    s: Step,
-    ids: Mapping[str, int],
-    allowed: frozenset[str] | None,
-    depth: int,
-    max_depth: int,
-) -> list[PlanProblem]:
-    out: list[PlanProblem] = []
-    for dep in s.depends_on:
-        if dep == s.id:
-            out.append(PlanProblem("self_dependency", f"step {s.id!r} depends on itself", s.id))
-        elif dep not in ids:
-            out.append(
+def _dependency_problems(s: Step, ids: Container[str], found: ProblemList) -> None:
+    """Self and dangling dependencies of ``s``, each named once however often it is listed.
+
+    A ``depends_on`` may hold millions of entries: once the problems listed are full, the
+    rest are only counted.
+    """
+    for dep in dict.fromkeys(s.depends_on):
+        if dep != s.id and dep in ids:
+            continue
+        if found.full:
+            found.more += 1
+        elif dep == s.id:
+            found.add(PlanProblem("self_dependency", f"step {s.id!r} depends on itself", s.id))
+        else:
+            found.add(
                 PlanProblem(
                     "dangling_dependency",
-                    f"step {s.id!r} depends on {dep!r}, which is not a step of this plan",
+                    f"step {s.id!r} depends on {quoted(dep)}, which is not a step of this plan",
                     s.id,
                 )
             )
-    out.extend(_reference_problems(s, ids))
+
+
+@dataclass(slots=True, frozen=True)
+class _Limits:
+    """What a plan's steps are checked against: the tools allowed (``None``: any, unchecked)
+    and their names as a message lists them, the plan's depth and the deepest allowed."""
+
+    allowed: frozenset[str] | None
+    known: str
+    depth: int
+    max_depth: int
+
+
+def _step_problems(s: Step, ids: Container[str], limits: _Limits) -> Iterator[PlanProblem]:
+    """The problems of one step but its dependencies (:func:`_dependency_problems`)."""
+    yield from _reference_problems(s, ids)
     if s.tool is not None or s.tools is not None or s.args is not None:  # most steps: no call
-        out.extend(_tool_problems(s, allowed))
+        yield from _tool_problems(s, limits.allowed, limits.known)
     if s.args is not None and _has_non_finite(s.args):
         # JSON has no inf or nan: the plan's record, events and YAML would say null instead.
-        out.append(
-            PlanProblem(
-                "non_finite_arg",
-                f"step {s.id!r} has an argument that is inf or nan: give a finite number",
-                s.id,
-            )
+        yield PlanProblem(
+            "non_finite_arg",
+            f"step {s.id!r} has an argument that is inf or nan: give a finite number",
+            s.id,
         )
     if not s.instruction.strip() and not (s.tool is not None and s.args is not None):
         # Whitespace passes the schema's min_length, but an executor or sub-planner given it has
         # nothing to do; a step that calls its tool directly does not use its instruction.
-        out.append(
-            PlanProblem(
-                "blank_instruction",
-                f"step {s.id!r} has a blank instruction: say what the step does",
-                s.id,
-            )
+        yield PlanProblem(
+            "blank_instruction",
+            f"step {s.id!r} has a blank instruction: say what the step does",
+            s.id,
         )
     if s.kind == "subgoal":
         if s.tool is not None:
-            out.append(
-                PlanProblem("subgoal_with_tool", f"sub-goal {s.id!r} cannot name a tool", s.id)
-            )
-        if depth >= max_depth:
-            out.append(
-                PlanProblem(
-                    "too_deep",
-                    f"step {s.id!r} is a sub-goal, but this plan is at depth {depth} and the "
-                    f"depth limit is {max_depth}: make it a task",
-                    s.id,
-                )
-            )
-    return out
-
-
-def _tool_problems(s: Step, allowed: frozenset[str] | None) -> list[PlanProblem]:
-    """The step's tool, tool list and args against the tools allowed here and each other."""
-    out: list[PlanProblem] = []
-    if s.tool is not None and allowed is not None and s.tool not in allowed:
-        known = ", ".join(sorted(allowed)) or "none"
-        out.append(
-            PlanProblem(
-                "unknown_tool",
-                f"step {s.id!r} uses tool {s.tool!r}, which is unknown or not allowed here "
-                f"(allowed: {known})",
+            yield PlanProblem("subgoal_with_tool", f"sub-goal {s.id!r} cannot name a tool", s.id)
+        if limits.depth >= limits.max_depth:
+            yield PlanProblem(
+                "too_deep",
+                f"step {s.id!r} is a sub-goal, but this plan is at depth {limits.depth} and the "
+                f"depth limit is {limits.max_depth}: make it a task",
                 s.id,
             )
+
+
+def _tool_problems(s: Step, allowed: frozenset[str] | None, known: str) -> Iterator[PlanProblem]:
+    """The step's tool, tool list and args against the tools allowed here (``known`` names
+    them) and each other."""
+    if s.tool is not None and allowed is not None and s.tool not in allowed:
+        yield PlanProblem(
+            "unknown_tool",
+            f"step {s.id!r} uses tool {quoted(s.tool)}, which is unknown or not allowed here "
+            f"(allowed: {known})",
+            s.id,
         )
     if s.tools is not None and allowed is not None:
-        for name in s.tools:
+        for name in dict.fromkeys(s.tools):
             if name not in allowed:
-                out.append(
-                    PlanProblem(
-                        "unknown_tool",
-                        f"step {s.id!r} allows tool {name!r}, which is unknown or not allowed here",
-                        s.id,
-                    )
+                yield PlanProblem(
+                    "unknown_tool",
+                    f"step {s.id!r} allows tool {quoted(name)}, which is unknown or not "
+                    "allowed here",
+                    s.id,
                 )
     if s.tool is not None and s.tools is not None and s.tool not in s.tools:
-        out.append(
-            PlanProblem(
-                "tool_not_in_tools",
-                f"step {s.id!r} uses tool {s.tool!r} but its tools list leaves it out: add it "
-                "to tools, or drop tools",
-                s.id,
-            )
+        yield PlanProblem(
+            "tool_not_in_tools",
+            f"step {s.id!r} uses tool {quoted(s.tool)} but its tools list leaves it out: add "
+            "it to tools, or drop tools",
+            s.id,
         )
     if s.args is not None and s.tool is None:
-        out.append(PlanProblem("args_without_tool", f"step {s.id!r} has args but no tool", s.id))
-    return out
+        yield PlanProblem("args_without_tool", f"step {s.id!r} has args but no tool", s.id)
 
 
 def _has_non_finite(value: Any) -> bool:
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    if isinstance(value, dict):
-        return any(_has_non_finite(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_has_non_finite(v) for v in value)
+    """Whether ``value`` (JSON-like) holds an inf or nan float, at any depth: without recursion,
+    as a plan's arguments may nest as deep as a JSON reader allows."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
     return False
 
 
@@ -408,13 +414,13 @@ def _cycle_problems(plan: Plan) -> list[PlanProblem]:
             start = min(component, key=order.__getitem__)
             path = _shortest_cycle(graph, start, component, order)
             # Arrows as in Plan.graph: "x -> y" means y depends on x.
-            message = f"dependency cycle among steps: {' -> '.join(path)}"
+            message = f"dependency cycle among steps: {chain_text(path)}"
             # One cycle is named, but every step of the component is on some cycle: name the
             # others too, so that breaking the one named is not taken for the whole fix.
             others = sorted(component - set(path), key=order.__getitem__)
             if others:
                 verb = "is" if len(others) == 1 else "are"
-                message += f" ({', '.join(others)} {verb} in a cycle with them too)"
+                message += f" ({names_text(others)} {verb} in a cycle with them too)"
             out.append(PlanProblem("cycle", message, start))
     return sorted(out, key=lambda p: p.message)
 

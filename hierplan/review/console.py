@@ -41,6 +41,7 @@ from hierplan.hierarchy.gate import GateContext, in_daemon_thread
 from hierplan.plans.decisions import Approve, Decision, Defer, Edit, Reject
 from hierplan.plans.plan import Plan, plan_from_data, plan_to_yaml
 from hierplan.review.render import diff_view, plan_review_tree, review_view
+from hierplan.view.tree import plain
 
 T = TypeVar("T")
 
@@ -296,7 +297,7 @@ class _Session:
                 return True
             self.console.print(Text("The edited plan was refused:", style="bold red"))
             for problem in problems:
-                self.console.print(Text(f"  - {problem}", style="red"))
+                self.console.print(Text(f"  - {plain(problem)}", style="red"))
             self.draft = new_text
             choice = self.reviewer.ask(REFUSED_CHOICES)
             if choice == "q":

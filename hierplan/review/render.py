@@ -6,7 +6,6 @@ rich markup.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -15,7 +14,7 @@ from rich.tree import Tree
 
 from hierplan.hierarchy.gate import GateContext
 from hierplan.plans.plan import Plan, PlanDiff, Step, diff_plans, topological_order
-from hierplan.view.tree import money, short
+from hierplan.view.tree import data_text, id_list, money, plain, short
 
 COMPARED = (
     "title",
@@ -56,17 +55,17 @@ def estimate_text(step: Step) -> str:
 def step_label(step: Step) -> Text:
     """One step: id, kind, title, tool and args, dependencies, budget estimate."""
     label = Text()
-    label.append(step.id, style="bold")
+    label.append(plain(step.id), style="bold")
     label.append(f" [{step.kind}] ", style="dim")
     label.append(short(step.title, 60))
     if step.tool:
-        label.append(f"  tool={step.tool}", style="blue")
+        label.append(f"  tool={short(step.tool, 66)}", style="blue")
         if step.args is not None:
-            label.append(f" {short(json.dumps(step.args, default=str), 50)}", style="blue")
+            label.append(f" {data_text(step.args, 50)}", style="blue")
     if step.tools is not None:
-        label.append(f"  tools: {', '.join(step.tools) or 'none'}", style="blue")
+        label.append(f"  tools: {id_list(step.tools) or 'none'}", style="blue")
     if step.depends_on:
-        label.append(f"  after {', '.join(step.depends_on)}", style="dim")
+        label.append(f"  after {id_list(step.depends_on)}", style="dim")
     estimate = estimate_text(step)
     if step.kind == "subgoal" and not estimate:
         estimate = "budget: no estimate"
@@ -92,15 +91,11 @@ def plan_review_tree(plan: Plan, *, title: str) -> Tree:
     return tree
 
 
-def _value(value: Any) -> str:
-    return short(json.dumps(value, default=str), 60)
-
-
 def diff_view(old: Plan, new: Plan, diff: PlanDiff | None = None) -> Text:
     """Steps added, removed and changed from ``old`` to ``new``, one line each."""
     diff = diff or diff_plans(old, new)
     text = Text()
-    text.append(f"changes: {diff.summary()}\n", style="bold")
+    text.append(f"changes: {plain(diff.summary())}\n", style="bold")
     before, after = old.step_map(), new.step_map()
     for step_id in diff.added:
         text.append("  + ", style="green bold")
@@ -108,16 +103,18 @@ def diff_view(old: Plan, new: Plan, diff: PlanDiff | None = None) -> Text:
         text.append("\n")
     for step_id in diff.removed:
         text.append("  - ", style="red bold")
-        text.append(f"{step_id} [{before[step_id].kind}] {short(before[step_id].title, 60)}\n")
+        text.append(
+            f"{plain(step_id)} [{before[step_id].kind}] {short(before[step_id].title, 60)}\n"
+        )
     for step_id in diff.changed:
         a, b = before[step_id], after[step_id]
         fields = [
-            f"{name}: {_value(getattr(a, name))} → {_value(getattr(b, name))}"
+            f"{name}: {data_text(getattr(a, name))} → {data_text(getattr(b, name))}"
             for name in COMPARED
             if getattr(a, name) != getattr(b, name)
         ]
         text.append("  ~ ", style="yellow bold")
-        text.append(f"{step_id}: {'; '.join(fields)}\n")
+        text.append(f"{plain(step_id)}: {'; '.join(fields)}\n")
     if diff.empty:
         text.append("  the steps are the same as before\n", style="dim")
     return text

@@ -10,7 +10,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from hierplan.core.views import NodeView, RunView
-from hierplan.tracing.content import redact
+from hierplan.redact import redact
 
 INSTRUMENTATION_NAME = "hierplan"
 CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"

@@ -1,29 +1,18 @@
 """Recorded content: prompts, completions and tool arguments in the GenAI conventions' JSON, and
-the redaction of anything that looks like a credential. Used only when content is opted in,
-except :func:`redact`, which also cleans error messages and event text."""
+the redaction of anything that looks like a credential (:func:`hierplan.redact.redact`, the one
+the run records and reports use too). Used only when content is opted in, except
+:func:`redact`, which also cleans error messages and event text."""
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry.util.types import AttributeValue
 
 from hierplan.models.base import Message, ModelResponse, ToolCall
-
-_SECRET = re.compile(
-    r"(sk-[A-Za-z0-9_\-]{16,}"  # OpenAI and Anthropic keys
-    r"|AKIA[0-9A-Z]{16}"  # AWS access key ids
-    r"|(?i:bearer)\s+[A-Za-z0-9._\-]{16,}"
-    r"|(?i:api[_-]?key|secret|password|token)[\"']?\s*[:=]\s*[\"']?[^\s\"',}]{8,})"
-)
-
-
-def redact(text: str) -> str:
-    """``text`` with anything that looks like an API key or credential replaced."""
-    return _SECRET.sub("[REDACTED]", text)
+from hierplan.redact import redact
 
 
 def clip(text: str, limit: int) -> str:

@@ -62,13 +62,14 @@ from hierplan.core.events import RunEvent
 from hierplan.core.instrument import CallScope, Instrument
 from hierplan.core.views import NodeView, RunView
 from hierplan.models.base import ModelRequest, ToolCall
+from hierplan.redact import redact
 from hierplan.tracing.attributes import (
     ANTHROPIC_SPANS_ENV,
     CONTENT_ENV,
     INSTRUMENTATION_NAME,
     attribute_value,
 )
-from hierplan.tracing.content import clip, redact, to_json
+from hierplan.tracing.content import clip, to_json
 from hierplan.tracing.metrics import COST_METRIC, DURATION_BUCKETS, TOKEN_BUCKETS, CallMetrics
 from hierplan.tracing.model import TracedCall
 from hierplan.tracing.scopes import NodeScope, PlanScope, RunScope, RunTrace, ToolScope

@@ -21,6 +21,7 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
+from rich.text import Text
 
 from hierplan.core.events import (
     ModelCalled,
@@ -32,7 +33,7 @@ from hierplan.core.events import (
     RunEvent,
 )
 from hierplan.plans.plan import Plan
-from hierplan.view.tree import money, plan_tree, short
+from hierplan.view.tree import money, plain, plan_tree, short
 
 
 class _Progress(Progress):
@@ -100,11 +101,9 @@ class RunConsole:
         elif isinstance(event, PlanDecided):
             self._decided(event)
         elif isinstance(event, Replanned):
-            out.print(
-                f"[yellow]replan[/] node {event.path} v{event.version}: {event.diff}",
-                markup=True,
-                highlight=False,
-            )
+            line = Text("replan", style="yellow")
+            line.append(f" node {event.path} v{event.version}: {plain(event.diff)}")
+            out.print(line, highlight=False)
         elif isinstance(event, NodeStarted) and event.kind == "executor":
             self.executors.add(event.path)
             self.started += 1
@@ -157,7 +156,8 @@ class RunConsole:
         out = self
         if event.decision == "pending":
             out.print(
-                f"  plan {event.path} v{event.version} waits for a decision ({event.decided_by})",
+                f"  plan {event.path} v{event.version} waits for a decision "
+                f"({plain(event.decided_by)})",
                 style="yellow",
                 markup=False,
                 highlight=False,
@@ -172,7 +172,8 @@ class RunConsole:
             )
         elif event.path != "1":
             out.print(
-                f"  plan {event.path} v{event.version} {event.decision} by {event.decided_by}",
+                f"  plan {event.path} v{event.version} {event.decision} by "
+                f"{plain(event.decided_by)}",
                 style="dim",
                 markup=False,
                 highlight=False,

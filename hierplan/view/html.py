@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import re
 from collections.abc import Iterator
 from html import escape
 from pathlib import Path
@@ -22,8 +21,10 @@ from pathlib import Path
 from hierplan.files import make_directory, write_atomic
 from hierplan.plans.plan import Plan, Step
 from hierplan.records import NodeRecord, PlanVersion, RunResult, subtree_costs
+from hierplan.redact import redact
+from hierplan.text import printable_lines
 from hierplan.units import PICO_PER_USD
-from hierplan.view.tree import ALLOCATED_NOTE, BIDI_CONTROLS, control_symbol, money, short
+from hierplan.view.tree import ALLOCATED_NOTE, money, short
 
 TIMELINE_LIMIT = 2000
 """Nodes shown on the timeline at most (the earliest to start)."""
@@ -66,16 +67,13 @@ document.addEventListener('DOMContentLoaded', function () {
 """
 
 
-# What a page must not carry raw: control characters (a NUL makes text tools take the file
-# for binary) and bidirectional controls (they reorder the text shown around them). Tabs and
-# line breaks stay: multi-line answers are shown as written.
-_HIDDEN = re.compile(f"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f{BIDI_CONTROLS}]")
-
-
 def e(value: object) -> str:
-    """HTML-escape ``value`` (quotes too, so it is safe in attributes), with control and
-    bidirectional characters shown as visible symbols."""
-    return escape(_HIDDEN.sub(control_symbol, str(value)), quote=True)
+    """HTML-escape ``value`` (quotes too, so it is safe in attributes), with credentials taken
+    out (:func:`hierplan.redact.redact`) and control, bidirectional and surrogate characters
+    shown as visible symbols: a NUL makes text tools take the file for binary, the others
+    reorder the text shown around them or cannot be written as UTF-8. Tabs and line breaks
+    stay: multi-line answers are shown as written."""
+    return escape(printable_lines(redact(str(value))), quote=True)
 
 
 def _tokens(node: NodeRecord) -> int:

@@ -7,11 +7,11 @@ control characters shown as symbols (see :func:`plain`), never sent to the termi
 
 from __future__ import annotations
 
+import json
 import math
-import re
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -22,6 +22,8 @@ from rich.tree import Tree
 
 from hierplan.plans.plan import Plan
 from hierplan.records import DecisionRecord, NodeRecord, PlanVersion, RunResult
+from hierplan.redact import redact
+from hierplan.text import printable
 
 STATUS_STYLE: Mapping[str, str] = {
     "succeeded": "green",
@@ -59,31 +61,17 @@ def money(value: float | None) -> str:
 _ERROR_LIMIT = 1000  # characters of a run's error shown under the tree
 
 
-# Unicode's bidirectional embedding, override and isolate controls: they reorder the text
-# around them as it is shown, so "cost: $1 \u202e0001$" reads "cost: $1 $1000".
-BIDI_CONTROLS = "\u202a-\u202e\u2066-\u2069"
-# C0 and C1 control characters (ESC and CSI start terminal escape sequences), DEL, and the
-# bidirectional controls.
-_CONTROL = re.compile(f"[\x00-\x1f\x7f-\x9f{BIDI_CONTROLS}]")
-
-
-def control_symbol(match: re.Match[str]) -> str:
-    """A visible stand-in for the control character ``match`` found."""
-    code = ord(match.group())
-    if code < 0x20:
-        return chr(0x2400 + code)  # the Unicode control pictures: ESC shows as ␛
-    return "\u2421" if code == 0x7F else "\ufffd"
-
-
 def plain(text: str) -> str:
-    r"""``text`` with its control characters replaced by visible symbols: text from a run (a
-    model's answer, a tool's error) could otherwise move the cursor, clear the screen or
-    retitle the window of the terminal it is printed to, or reorder what is shown around it.
+    r"""``text`` as a report shows it: credentials taken out (:func:`hierplan.redact.redact`)
+    and its control characters replaced by visible symbols (:func:`hierplan.text.printable`):
+    text from a run (a model's answer, a tool's error, a plan file) could otherwise move the
+    cursor, clear the screen or retitle the window of the terminal it is printed to, reorder
+    what is shown around it, or stop the printing with a character no encoding can write.
 
     >>> plain("ok\x1b[2J")
     'ok␛[2J'
     """
-    return _CONTROL.sub(control_symbol, text)
+    return printable(redact(text))
 
 
 def short(text: str, limit: int = 70) -> str:
@@ -422,21 +410,50 @@ def render_run(result: RunResult) -> RenderableType:
     return Group(*parts, summary_lines(result))
 
 
-def plan_tree(plan: Plan, *, title: str = "plan") -> Tree:
-    """A plan as a tree of steps with their dependencies and tools."""
+def data_text(value: Any, limit: int = 60) -> str:
+    """JSON-like data (a step's arguments) as JSON on one line, cut to ``limit`` characters;
+    data nested too deep to write is said to be."""
+    try:
+        return short(json.dumps(value, default=str), limit)
+    except RecursionError:
+        return "(nested too deeply to show)"
+
+
+PLAN_TREE_STEPS = 200
+"""At most this many steps in a printed plan (``hierplan validate``, a run's root plan)."""
+LISTED_IDS = 10
+"""At most this many step ids in one list of a printed step (its dependencies, its tools)."""
+
+
+def id_list(ids: Sequence[str], limit: int = LISTED_IDS) -> str:
+    """Names from a plan (step ids, tool names) joined by ``, `` as a report shows them: each
+    cut short and printable, at most ``limit`` of them and how many more. A plan file's
+    ``depends_on`` holds any strings, as many as it likes."""
+    shown = ", ".join(short(name, 66) for name in ids[:limit])
+    more = len(ids) - limit
+    return f"{shown} and {more:,} more" if more > 0 else shown
+
+
+def plan_tree(plan: Plan, *, title: str = "plan", max_steps: int = PLAN_TREE_STEPS) -> Tree:
+    """A plan as a tree of steps with their dependencies and tools, its first ``max_steps``
+    steps and how many more there are (a plan of 10,000 steps takes seconds to draw and
+    thousands of lines to show; the file has them all)."""
     tree = Tree(Text(f"{title}: {short(plan.goal, 90)}", style="bold"))
-    for step in plan.steps:
+    for step in plan.steps[:max_steps]:
         label = Text()
-        label.append(f"{step.id} ", style="bold")
+        label.append(f"{plain(step.id)} ", style="bold")
         label.append(f"[{step.kind}] ", style="dim")
         label.append(short(step.title, 60))
         if step.tool:
-            label.append(f"  tool={plain(step.tool)}", style="blue")
+            label.append(f"  tool={short(step.tool, 66)}", style="blue")
             if step.args:
-                label.append(f" {short(str(step.args), 50)}", style="blue")
+                label.append(f" {data_text(step.args, 50)}", style="blue")
         if step.depends_on:
-            label.append(f"  after {', '.join(step.depends_on)}", style="dim")
+            label.append(f"  after {id_list(step.depends_on)}", style="dim")
         tree.add(label)
+    hidden = len(plan.steps) - max_steps
+    if hidden > 0:
+        tree.add(Text(f"… {hidden:,} more steps", style="dim"))
     return tree
 
 
