@@ -169,6 +169,11 @@ class BudgetExceeded(HierplanError):
     """A node cannot reserve what its next model call may cost; the call was not made."""
 
 
+class BudgetTooSmall(UserInputError):
+    """A run's budget cannot pay for its root's first call at the lowest ``max_tokens``
+    allowed: nothing was called; the message names the smallest budget that would start."""
+
+
 class UnexpectedModelCall(ModelError):
     """A ScriptedModel received a call its script did not foresee."""
 

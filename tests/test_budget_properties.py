@@ -30,7 +30,7 @@ from hierplan.budgets.budget import Account, Budget, Draw, Fixed, Grant, Share
 from hierplan.budgets.ledger import Ledger
 from hierplan.core.events import BudgetReserved, BudgetSettled, RunEvent
 from hierplan.core.settings import RunSettings
-from hierplan.errors import ModelError
+from hierplan.errors import BudgetTooSmall, ModelError
 from hierplan.models.base import ModelRequest, ModelResponse, ToolCall
 from hierplan.models.scripted import FunctionModel
 from hierplan.models.tokens import estimate_request_tokens
@@ -371,7 +371,16 @@ def _check_run(
             instruments=[instrument],
         )
 
-    result = anyio.run(main)
+    try:
+        result = anyio.run(main)
+    except BudgetTooSmall as exc:
+        # The budget cannot pay for the first call: refused before any call, at no cost.
+        event("too small to start")
+        assert "The smallest budget that starts this run is" in str(exc)
+        assert not [e for e in seen if isinstance(e, BudgetReserved)]
+        out = anyio.run(instrument.ledger.outstanding)
+        assert (out.reservations, out.tokens, out.pico, out.accounts) == (0, 0, 0, 0)
+        return
     event(f"status={result.status}")
     event(f"exhausted={bool(result.budget and result.budget['exhausted'])}")
     event(f"nodes>10={sum(1 for _ in result.nodes()) > 10}")
@@ -413,7 +422,7 @@ def _run_property(examples: int) -> Callable[[], None]:
     )
     @given(
         world=worlds(),
-        allocation=st.sampled_from(["equal", "weighted", "on-demand"]),
+        allocation=st.sampled_from(["need", "equal", "weighted", "on-demand"]),
         tokens=st.one_of(st.none(), st.integers(0, 12_000)),
         usd=st.one_of(st.none(), st.floats(0.0, 0.03)),
         concurrency=st.integers(1, 8),

@@ -15,8 +15,8 @@ succeeded.
 
 Optionally a line has its own settings: ``id`` (a name of letters, digits, ``.``, ``_``, ``-``;
 by default ``line-N``), ``strategy``, ``model``, ``max_depth``, ``concurrency`` (steps at once
-within the goal), ``seed``, ``allocation``, a budget cap ``budget_usd`` / ``budget_tokens``, and
-any other run setting (``executor_max_tokens``, ``step_timeout_s``...: a
+within the goal), ``seed``, ``allocation``, ``reservation``, a budget cap ``budget_usd`` /
+``budget_tokens``, and any other run setting (``executor_max_tokens``, ``step_timeout_s``...: a
 :class:`~hierplan.RunSettings` field), checked as strictly as the rest.
 A goal without a ``seed`` gets its own, derived from the batch's seed and its id (see
 :func:`goal_seed`). A key given twice on a line is refused (JSON readers would keep the
@@ -54,6 +54,7 @@ from hierplan.core.settings import MAX_SEED, RunSettings, StrategyName
 from hierplan.errors import HierplanError, UserInputError
 from hierplan.files import MAX_TEXT_FILE_BYTES, open_regular_file
 from hierplan.models.base import ToolSpec, parse_model_string
+from hierplan.models.counting import Reservation
 from hierplan.models.provider import RepeatedKeyError, json_problem, loads_json
 from hierplan.plans.plan import MAX_GOAL_CHARS
 from hierplan.runner.goals import unknown_keys_problem
@@ -87,6 +88,7 @@ class GoalLine(BaseModel):
     concurrency: int | None = Field(default=None, ge=1, le=1024)
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     allocation: str | None = None
+    reservation: Reservation | None = None
     budget_usd: float | None = Field(default=None, ge=0, le=MAX_BUDGET_USD, allow_inf_nan=False)
     budget_tokens: int | None = Field(default=None, ge=0, le=MAX_BUDGET_TOKENS)
     # The other run settings of the line, written as keys of the line itself: parse_goals

@@ -12,12 +12,13 @@ from hierplan.batch.budget import Amounts, GoalLedger
 from hierplan.batch.goals import BatchGoal, goal_seed, suite_task
 from hierplan.bench.base import TaskEnv
 from hierplan.bench.suites import get_suite
-from hierplan.budgets.budget import Budget
+from hierplan.budgets.budget import DEFAULT_ALLOCATION, Budget
 from hierplan.budgets.instrument import BudgetInstrument
 from hierplan.core.instrument import Instrument
 from hierplan.core.settings import RunSettings
 from hierplan.errors import HierplanError
 from hierplan.models.base import parse_model_string
+from hierplan.models.counting import DEFAULT_RESERVATION, Reservation
 from hierplan.pricing import PriceTable
 from hierplan.records import RunResult
 from hierplan.runner.models import priced_as_of, with_price
@@ -36,7 +37,9 @@ class RunOptions:
 
     model: str = "sim"
     strategy: str = "hierarchical"
-    allocation: str = "equal"
+    allocation: str = DEFAULT_ALLOCATION
+    reservation: Reservation = DEFAULT_RESERVATION
+    """How a call's input is reserved (``--reservation``)."""
     seed: int = 0
     sim_profile: str = "typical"
     sim_latency_scale: float = 1.0
@@ -154,6 +157,7 @@ async def run_goal(
     budgeting = BudgetInstrument(
         budget,
         allocation=spec.allocation or options.allocation,
+        reservation=spec.reservation or options.reservation,
         ledger=ledger,
         budget_options=GOAL_BUDGET_OPTIONS,
     )

@@ -38,13 +38,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from hierplan.core.spend import Cost
 from hierplan.core.views import StepWork
 from hierplan.errors import HierplanError, UserInputError
 from hierplan.models.base import Phase
 from hierplan.units import usd_to_pico
 
-AllocationName = Literal["equal", "weighted", "on-demand"]
-ALLOCATIONS: tuple[str, ...] = ("equal", "weighted", "on-demand")
+AllocationName = Literal["need", "equal", "weighted", "on-demand"]
+ALLOCATIONS: tuple[str, ...] = ("need", "equal", "weighted", "on-demand")
+DEFAULT_ALLOCATION = "need"
 DEFAULT_ON_DEMAND_FRACTION = 0.5
 
 
@@ -222,13 +224,25 @@ class Balance:
 # -- allocation policies -------------------------------------------------------------------
 
 
-def step_weights(steps: Mapping[str, StepWork], allocation: str) -> dict[str, float]:
+def step_weights(
+    steps: Mapping[str, StepWork],
+    allocation: str,
+    least: Mapping[str, Cost] | None = None,
+    *,
+    usd: bool = False,
+) -> dict[str, float]:
     """The weight of each model-using step (by id) under an allocation policy.
 
     ``equal``: every step weighs 1. ``weighted``: the planner's estimates, in tokens if the plan
     gives any token estimate, else in USD; a step without one (or with 0) weighs the mean of
-    the others; with no estimates at all, every step weighs 1. (``on-demand`` does not carve.)
+    the others; with no estimates at all, every step weighs 1. ``need``: what the step needs,
+    in pico-dollars when the budget limits ``usd``, else in tokens: the plan's estimate, but
+    never less than the least the step costs (``least``, from the plan's budget check: a
+    sub-goal's first planning call, a task's first executor call), so that a small step is not
+    starved by large ones. (``on-demand`` does not carve.)
     """
+    if allocation == "need":
+        return _need_weights(steps, least or {}, usd)
     if allocation != "weighted":
         return dict.fromkeys(steps, 1.0)
     tokens = {k: float(w.estimate_tokens) for k, w in steps.items() if w.estimate_tokens}
@@ -239,3 +253,27 @@ def step_weights(steps: Mapping[str, StepWork], allocation: str) -> dict[str, fl
         return dict.fromkeys(steps, 1.0)
     mean = sum(given.values()) / len(given)
     return {k: given.get(k, mean) for k in steps}
+
+
+def _need_weights(
+    steps: Mapping[str, StepWork], least: Mapping[str, Cost], usd: bool
+) -> dict[str, float]:
+    """``need``'s weights (see :func:`step_weights`). A token estimate is priced, for a USD
+    budget, at the step's own least cost per token; a step with neither an estimate nor a
+    least cost weighs the mean of the others (1 when none has either)."""
+    weights: dict[str, float] = {}
+    for key, work in steps.items():
+        floor = least.get(key)
+        estimate: float = 0.0
+        if usd:
+            if work.estimate_usd:
+                estimate = usd_to_pico(work.estimate_usd)
+            elif work.estimate_tokens and floor is not None and floor.tokens:
+                estimate = work.estimate_tokens * floor.pico / floor.tokens
+        elif work.estimate_tokens:
+            estimate = float(work.estimate_tokens)
+        need = max(estimate, 0.0 if floor is None else float(floor.pico if usd else floor.tokens))
+        if need > 0:
+            weights[key] = need
+    mean = sum(weights.values()) / len(weights) if weights else 1.0
+    return {k: weights.get(k, mean) for k in steps}

@@ -24,16 +24,32 @@ from hierplan.budgets.ledger import LocalLedger
 from hierplan.core.calls import CallOutcome
 from hierplan.core.events import BudgetExhausted, BudgetOverrun, BudgetReserved, BudgetSettled
 from hierplan.core.instrument import CallScope
+from hierplan.core.spend import Cost
 from hierplan.core.views import NodeView
-from hierplan.errors import BudgetExceeded
+from hierplan.errors import BudgetExceeded, BudgetTooSmall
 from hierplan.models.base import ModelRequest
-from hierplan.units import pico_to_usd
+from hierplan.units import PICO_PER_USD, pico_to_usd
 
 if TYPE_CHECKING:
     from hierplan.budgets.instrument import RunBudget
 
 # Where a user sets a run's budget, named in the message of a call the budget refused.
 BUDGET_OPTIONS = "--budget-tokens / --budget-usd (budget= in the library)"
+
+
+# Tokens of room for the prompt's budget line, whose figures grow by a digit or two when the
+# budget named as the smallest is given: that budget must still start the run.
+BUDGET_LINE_ROOM = 16
+
+
+def _smallest_budget(need_t: int, need_p: int, rate_in: int) -> Cost:
+    """The smallest budget that pays a first call needing ``need_t`` / ``need_p``: with room
+    for the budget line, and pico-dollars rounded up to the millionth of a dollar a message
+    shows."""
+    tokens = need_t + BUDGET_LINE_ROOM
+    pico = need_p + BUDGET_LINE_ROOM * rate_in
+    step = PICO_PER_USD // 1_000_000
+    return Cost(tokens, -(-pico // step) * step)
 
 
 class CallCounts:
@@ -72,6 +88,9 @@ class BudgetCallScope(CallScope):
         if reservation is None:
             reservation, request = await self._fit(account, request, estimate)
         self.reservation = reservation
+        budget = self.budget
+        budget.reserved_any = True
+        budget.in_flight += 1
         bus = self.node.run.bus
         if bus.wants("budget_reserved"):
             bus.emit(
@@ -92,6 +111,12 @@ class BudgetCallScope(CallScope):
         reservation = self.reservation
         if reservation is None:
             return  # refused, or cancelled before anything was held
+        try:
+            await self._settle(reservation, outcome)
+        finally:
+            self.budget.call_ended()
+
+    async def _settle(self, reservation: Reservation, outcome: CallOutcome) -> None:
         ledger = self.budget.ledger
         usage = outcome.usage
         if usage is None:
@@ -151,10 +176,46 @@ class BudgetCallScope(CallScope):
     async def _fit(
         self, account: Account, request: ModelRequest, estimate: int
     ) -> tuple[Reservation, ModelRequest]:
-        """Lower ``max_tokens`` to what the budget has left, down to the floor, or raise."""
+        """Lower ``max_tokens`` to what the budget has left, down to the floor; under the
+        ``need`` allocation, take what the call lacks from the parent's free funds or wait
+        for what other nodes return; else raise."""
+        budget = self.budget
+        floor = budget.output_floor(request.max_tokens)
+        need_t = estimate + floor
+        need_p = estimate * self.rate_in + floor * self.rate_out
+        while True:
+            fitted, avail_t, avail_p = await self._lowered(account, request, estimate, floor)
+            if fitted is not None:
+                return fitted
+            short_t = 0 if avail_t is None else max(0, need_t - avail_t)
+            short_p = 0 if avail_p is None else max(0, need_p - avail_p)
+            if not await self._more_funds(account, short_t, short_p):
+                break
+        needs = (
+            f"its {request.phase} call needs at least {budget.amount(need_t, need_p)} "
+            f"(max_tokens lowered to {floor:,}) but {budget.amount(avail_t, avail_p)} remain; "
+            "the call was not made"
+        )
+        if self._nothing_spent():
+            smallest = budget.amount(*_smallest_budget(need_t, need_p, self.rate_in))
+            raise BudgetTooSmall(
+                f"the run's budget cannot pay for its first call: node {self.node.path} is "
+                f"out of budget before anything was spent: {needs}. The smallest budget "
+                f"that starts this run is {smallest}: give the run a larger budget with "
+                f"{budget.instrument.budget_options}"
+            )
+        raise BudgetExceeded(
+            f"node {self.node.path} is out of budget: {needs} (give the run a larger budget "
+            f"with {budget.instrument.budget_options}, or this node a larger share)"
+        )
+
+    async def _lowered(
+        self, account: Account, request: ModelRequest, estimate: int, floor: int
+    ) -> tuple[tuple[Reservation, ModelRequest] | None, int | None, int | None]:
+        """Reserve with ``max_tokens`` lowered to what is available, if that is at least
+        ``floor``; else ``None`` with what was available."""
         budget = self.budget
         ledger = budget.ledger
-        floor = budget.output_floor(request.max_tokens)
         input_pico = estimate * self.rate_in
         avail_t: int | None = None
         avail_p: int | None = None
@@ -178,18 +239,30 @@ class BudgetCallScope(CallScope):
             )
             if reservation is not None:
                 budget.counts(self.node).lowered += 1
-                return reservation, request.with_max_tokens(fits)
-        need_t = estimate + floor
-        need_p = input_pico + floor * self.rate_out
-        budget.counts(self.node).refused += 1
-        self._exhausted(request, need_t, need_p, avail_t, avail_p)
-        raise BudgetExceeded(
-            f"node {self.node.path} is out of budget: its {request.phase} call needs at least "
-            f"{budget.amount(need_t, need_p)} (max_tokens lowered to {floor:,}) but "
-            f"{budget.amount(avail_t, avail_p)} remain; the call was not made (give the run a "
-            f"larger budget with {budget.instrument.budget_options}, or this node a larger "
-            "share)"
-        )
+                return (reservation, request.with_max_tokens(fits)), avail_t, avail_p
+        return None, avail_t, avail_p
+
+    async def _more_funds(self, account: Account, short_t: int, short_p: int) -> bool:
+        """Under the ``need`` allocation: whether the account got more to try again with,
+        taken from its parent's free funds, or after waiting for other nodes to return theirs
+        (only while some other node is still at work: else nothing more will come)."""
+        budget = self.budget
+        if budget.instrument.allocation != "need":
+            return False
+        if await budget.ledger.top_up(account, short_t, short_p):
+            return True
+        if not budget.others_working(self.node):
+            return False
+        await budget.returns(self.node)
+        return True
+
+    def _nothing_spent(self) -> bool:
+        """Whether the run has reserved nothing yet, on a budget of its own (not a shared
+        parent's, which may only be short for now, nor a resumed run's remainder): then the
+        refused call is its first, and no budget smaller than the call's least starts the
+        run."""
+        budget = self.budget
+        return not (budget.reserved_any or budget.instrument.parent is not None or budget.resumed)
 
     def _exhausted(
         self,

@@ -23,6 +23,7 @@ import anyio
 
 from hierplan.budgets.budget import (
     ALLOCATIONS,
+    DEFAULT_ALLOCATION,
     DEFAULT_ON_DEMAND_FRACTION,
     Account,
     Balance,
@@ -138,7 +139,7 @@ class BudgetInstrument(Instrument):
         self,
         budget: Budget,
         *,
-        allocation: str = "equal",
+        allocation: str = DEFAULT_ALLOCATION,
         ledger: Ledger | None = None,
         on_demand_fraction: float = DEFAULT_ON_DEMAND_FRACTION,
         min_output_fraction: float = DEFAULT_MIN_OUTPUT_FRACTION,
@@ -251,6 +252,17 @@ class RunBudget:
         self.usd_tracked = True
         self.root: Account | None = None
         self.root_balance: Balance | None = None
+        # Whether any call of the run has reserved yet: a refusal before that means the
+        # budget cannot start the run at all.
+        self.reserved_any = False
+        # What a call short of funds under the ``need`` allocation waits on: calls in flight,
+        # leaves open, and how many of those leaves wait themselves; woken when a call ends
+        # or an account closes, either of which may return funds.
+        self.in_flight = 0
+        self.leaves_open = 0
+        self.waiting = 0
+        self.waiting_leaves = 0
+        self._returned: anyio.Event | None = None
         self._worst_case: dict[str, tuple[int, int]] = {}
         # A resumed run goes on with what the paused part left: both parts share the budget.
         resumed = run.resumed
@@ -288,8 +300,56 @@ class RunBudget:
         return pico / PICO_PER_USD if self.usd_tracked else None
 
     def amount(self, tokens: int | None, pico: int | None) -> str:
-        """An amount as a refusal's message shows it."""
-        return amount_text(tokens, pico, self.usd_tracked)
+        """An amount as a refusal's message shows it: in the dimensions the budget limits (a
+        USD-only budget's message names USD only)."""
+        limits = self.instrument.budget
+        return amount_text(
+            None if limits.tokens is None else tokens,
+            None if limits.usd is None else pico,
+            self.usd_tracked,
+        )
+
+    # -- waiting for funds (the ``need`` allocation) -------------------------------------
+
+    def others_working(self, node: NodeView) -> bool:
+        """Whether a node other than ``node`` may still return funds: a call in flight, or a
+        leaf that is open and not itself waiting."""
+        own = 1 if node.record.kind == "executor" else 0
+        return self.in_flight > 0 or self.leaves_open - self.waiting_leaves - own > 0
+
+    async def returns(self, node: NodeView) -> None:
+        """Wait until a call ends or an account closes."""
+        leaf = node.record.kind == "executor"
+        self.waiting += 1
+        self.waiting_leaves += leaf
+        try:
+            if self._returned is None:
+                self._returned = anyio.Event()
+            await self._returned.wait()
+        finally:
+            self.waiting -= 1
+            self.waiting_leaves -= leaf
+
+    def call_ended(self) -> None:
+        """A call settled or released its reservation."""
+        self.in_flight -= 1
+        self._wake()
+
+    def leaf_opened(self) -> None:
+        """A leaf's account opened."""
+        self.leaves_open += 1
+
+    def account_closed(self, node: NodeView) -> None:
+        """A node's account closed: its unspent allocation is back with its parent."""
+        if node.record.kind == "executor":
+            self.leaves_open -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        returned = self._returned
+        if returned is not None:
+            self._returned = None
+            returned.set()
 
     def counts(self, node: NodeView) -> CallCounts:
         """The node's counts of lowered and refused calls."""
@@ -341,7 +401,13 @@ class RunBudget:
             needs = parent.plan_needs(include=work.step_id)
             if needs is None:
                 return 1.0
-            shares = _Shares(needs.version, step_weights(needs.steps, self.instrument.allocation))
+            weights = step_weights(
+                needs.steps,
+                self.instrument.allocation,
+                needs.least,
+                usd=self.instrument.budget.usd is not None,
+            )
+            shares = _Shares(needs.version, weights)
             parent.state[self.instrument.shares_key] = shares
         weight = shares.weights.pop(work.step_id, None)
         if weight is None:  # not a step of the current plan: an even part of what is left
@@ -554,6 +620,8 @@ class _NodeBudget(AbstractAsyncContextManager[None]):
             budget.root = account
         if balance is not None:
             node.record.budget = _continued(self.prior, budget.record(balance, node))
+        elif node.record.kind == "executor":
+            budget.leaf_opened()
 
     async def __aexit__(
         self,
@@ -571,5 +639,6 @@ class _NodeBudget(AbstractAsyncContextManager[None]):
         else:
             balance = await ledger.close(account)
         self.node.record.budget = _continued(self.prior, budget.record(balance, self.node))
+        budget.account_closed(self.node)
         if self.node.parent is None:
             budget.root_balance = balance

@@ -22,7 +22,7 @@ from hierplan.batch.budget import BatchBudget
 from hierplan.batch.core import DEFAULT_CONCURRENCY, Batch, BatchConfig, execute, prepare
 from hierplan.batch.display import BatchDisplay, summary_table
 from hierplan.batch.runner import RunOptions
-from hierplan.budgets.budget import ALLOCATIONS, MAX_BUDGET_TOKENS, Budget
+from hierplan.budgets.budget import ALLOCATIONS, DEFAULT_ALLOCATION, MAX_BUDGET_TOKENS, Budget
 from hierplan.budgets.redis_ledger import check_reachable
 from hierplan.cli.options import (
     AllocationOpt,
@@ -32,6 +32,7 @@ from hierplan.cli.options import (
     PriceInOpt,
     PriceOutOpt,
     ProfileOpt,
+    ReservationOpt,
     StrategyOpt,
     TimeoutOpt,
     TraceOpt,
@@ -40,6 +41,7 @@ from hierplan.cli.options import (
 )
 from hierplan.core.settings import MAX_SEED, STRATEGY_NAMES
 from hierplan.errors import HierplanError, UserInputError
+from hierplan.models.counting import DEFAULT_RESERVATION, check_reservation
 from hierplan.runner.goals import settings_from_assignments
 from hierplan.runner.models import check_base_url
 from hierplan.simulator.profiles import PROFILES
@@ -147,7 +149,8 @@ def batch_command(
     goal_budget_tokens: GoalTokensOpt = None,
     model: ModelOpt = "sim",
     strategy: StrategyOpt = "hierarchical",
-    allocation: AllocationOpt = "equal",
+    allocation: AllocationOpt = DEFAULT_ALLOCATION,
+    reservation: ReservationOpt = DEFAULT_RESERVATION,
     seed: SeedOpt = 0,
     sim_profile: ProfileOpt = "typical",
     sim_latency_scale: LatencyOpt = 1.0,
@@ -180,6 +183,7 @@ def batch_command(
             model=model,
             strategy=strategy,
             allocation=allocation,
+            reservation=check_reservation(reservation),
             seed=seed,
             sim_profile=sim_profile,
             sim_latency_scale=sim_latency_scale,

@@ -148,6 +148,16 @@ AllocationOpt = Annotated[
     ),
 ]
 
+ReservationOpt = Annotated[
+    str,
+    typer.Option(
+        "--reservation",
+        help="How a call's input is reserved under a budget: exact (the provider's own count "
+        "where it can be had locally, else bound), bound (a count no tokenizer exceeds) or "
+        "estimate (four characters a token: may overshoot).",
+    ),
+]
+
 # -- reviewing plans ---------------------------------------------------------------------------
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Approve every plan without asking.")]
 ReviewOpt = Annotated[

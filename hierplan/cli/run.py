@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from hierplan.budgets.budget import DEFAULT_ALLOCATION
 from hierplan.cli.options import (
     SETTING_FLAGS,
     AllocationOpt,
@@ -24,6 +25,7 @@ from hierplan.cli.options import (
     PriceInOpt,
     PriceOutOpt,
     ProfileOpt,
+    ReservationOpt,
     ReviewOpt,
     SeedOpt,
     SetOpt,
@@ -51,6 +53,7 @@ from hierplan.core.instrument import Instrument
 from hierplan.errors import HierplanError, UserInputError
 from hierplan.hierarchy.gate import Approver
 from hierplan.models.base import parse_model_string
+from hierplan.models.counting import DEFAULT_RESERVATION, check_reservation
 from hierplan.plans.plan import DEFAULT_MAX_DEPTH
 from hierplan.pricing import PriceTable
 from hierplan.runner.goals import load_goal_file, settings_from_assignments
@@ -162,7 +165,8 @@ def run_command(
     trace_content: TraceContentOpt = False,
     budget_usd: BudgetUsdOpt = None,
     budget_tokens: BudgetTokensOpt = None,
-    allocation: AllocationOpt = "equal",
+    allocation: AllocationOpt = DEFAULT_ALLOCATION,
+    reservation: ReservationOpt = DEFAULT_RESERVATION,
     price_in: PriceInOpt = None,
     price_out: PriceOutOpt = None,
 ) -> None:
@@ -229,7 +233,8 @@ def _spec_of_command_line(
     budget = BudgetSpec(
         usd=params.get("budget_usd"),
         tokens=params.get("budget_tokens"),
-        allocation=params.get("allocation", "equal"),
+        allocation=params.get("allocation", DEFAULT_ALLOCATION),
+        reservation=check_reservation(params.get("reservation", DEFAULT_RESERVATION)),
     )
     spec = RunSpec(
         goal=goal,

@@ -21,6 +21,7 @@ from hierplan.core.events import NodeFinished, NodeStarted, StepRetried
 from hierplan.core.results import StepResult
 from hierplan.errors import (
     BudgetExceeded,
+    BudgetTooSmall,
     HierplanError,
     ModelAuthError,
     StepFailed,
@@ -245,7 +246,7 @@ async def _attempt(
         # fails the attempt with its own message, which may also come when the step has no
         # deadline at all.
         raise StepFailed(f"TimeoutError: {exc}", retryable=True) from exc
-    except (UnexpectedModelCall, ModelAuthError, StepFailed):
+    except (UnexpectedModelCall, ModelAuthError, StepFailed, BudgetTooSmall):
         raise
     except HierplanError as exc:
         raise _as_step_failure(exc) from exc

@@ -170,7 +170,13 @@ async def execute_plan(
         done = outcome.results
         children.retire(outcome.cancelled)
         if outcome.complete:
-            return _succeed(node, plan, done)
+            more = await _cover_left_out(node, policy, inputs, plan, done) if can_replan else None
+            if more is None:
+                return _succeed(node, plan, done)
+            replans += 1
+            done = _carry_over(plan, more, done)
+            plan = more
+            continue
         failure, budget = _failures(outcome)
         if not can_replan:
             children.retire(outcome.not_started, "not run: the node gave up")
@@ -310,6 +316,33 @@ def _carry_over(old: Plan, new: Plan, done: Mapping[str, StepResult]) -> dict[st
         ):
             kept[step_id] = done[step_id]
     return kept
+
+
+async def _cover_left_out(
+    node: NodeContext,
+    policy: PlanPolicy,
+    inputs: Mapping[str, StepResult],
+    plan: Plan,
+    done: Mapping[str, StepResult],
+) -> Plan | None:
+    """A plan that does more of what ``plan`` (now done) left out, with what the node has
+    left: its calls cost less than their least, which was reserved and came back. ``None``
+    when the plan left nothing out, when no plan with more work fits, or the planner fails."""
+    if not plan.left_out:
+        return None
+    feedback = (
+        f"Every step of the plan is done, but it left out: {plan.left_out}. Revise the plan "
+        "to do what it left out, as far as the budget left now covers; keep the steps done."
+    )
+    try:
+        more = await obtain_plan(
+            node, policy, inputs, previous=plan, progress=done, feedback=feedback
+        )
+    except (BudgetExceeded, StepFailed):
+        return None
+    if all(s.id in done for s in more.steps) or _same_work_left(plan, more, done):
+        return None
+    return more
 
 
 def _succeed(node: NodeContext, plan: Plan, done: Mapping[str, StepResult]) -> StepResult:

@@ -23,11 +23,23 @@ import logging
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
+from hierplan.errors import UserInputError
 from hierplan.models.base import ModelRequest, ToolSpec
 from hierplan.models.tokens import estimate_input_tokens
 
 Reservation = Literal["exact", "bound", "estimate"]
 RESERVATIONS: tuple[Reservation, ...] = ("exact", "bound", "estimate")
+DEFAULT_RESERVATION: Reservation = "exact"
+
+
+def check_reservation(value: object) -> Reservation:
+    """``value`` as a :data:`Reservation`, or a :class:`~hierplan.errors.UserInputError`
+    naming the choices."""
+    for choice in RESERVATIONS:
+        if value == choice:
+            return choice
+    raise UserInputError(f"unknown reservation {value!r}: choose one of {', '.join(RESERVATIONS)}")
+
 
 # Framing a provider puts around each message and each tool (role markers, separators), as
 # tokens: more than OpenAI's published 3 a message and than any chat template's per-turn marks.

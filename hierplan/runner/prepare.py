@@ -10,6 +10,7 @@ from pathlib import Path
 
 import anyio.to_thread
 
+from hierplan.budgets.budget import DEFAULT_ALLOCATION
 from hierplan.budgets.instrument import BudgetInstrument, prepare_budget
 from hierplan.core.events import EventBus, Listener
 from hierplan.core.instrument import Instrument
@@ -106,7 +107,7 @@ def with_budget(
     budgeting = prepare_budget(
         budget_usd=None if budget is None else budget.usd,
         budget_tokens=None if budget is None else budget.tokens,
-        allocation="equal" if budget is None else budget.allocation,
+        allocation=DEFAULT_ALLOCATION if budget is None else budget.allocation,
         reservation="exact" if budget is None else budget.reservation,
         pricing=pricing,
         models=[priced_as_of(spec.model), priced_as_of(executor)],

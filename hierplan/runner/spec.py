@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from hierplan.budgets.budget import DEFAULT_ALLOCATION
 from hierplan.core.settings import RunSettings
 from hierplan.errors import UserInputError, field_problems
 from hierplan.hierarchy.gate import Gate
@@ -82,9 +83,9 @@ provider's :class:`ModelSpec`, or the :class:`~hierplan.Simulator` with its knob
 
 class BudgetSpec(BaseModel):
     """A run's budget: at most ``usd`` dollars and ``tokens`` tokens (``None``: unlimited),
-    split among sub-goals by ``allocation`` (``equal``, ``weighted`` or ``on-demand``), each
-    call's input reserved by ``reservation`` (``exact``, ``bound`` or ``estimate``: see
-    :mod:`hierplan.models.counting`). The
+    split among sub-goals by ``allocation`` (``need``, the default, ``equal``, ``weighted``
+    or ``on-demand``), each call's input reserved by ``reservation`` (``exact``, ``bound``
+    or ``estimate``: see :mod:`hierplan.models.counting`). The
     amounts are checked when the run starts (finite, not negative, at most
     :data:`~hierplan.budgets.budget.MAX_BUDGET_USD` and ``MAX_BUDGET_TOKENS``), with a message
     that names the option that set them."""
@@ -94,7 +95,7 @@ class BudgetSpec(BaseModel):
     usd: float | None = None
     # A float too, so that 1.5 tokens is refused by the budget's own check, which says why.
     tokens: int | float | None = None
-    allocation: str = "equal"
+    allocation: str = DEFAULT_ALLOCATION
     reservation: Reservation = "exact"
 
     @property

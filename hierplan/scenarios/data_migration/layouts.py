@@ -86,7 +86,7 @@ def _hybrid(oracle: MigrationOracle, direct: int, prompt: PlanPrompt) -> list[St
             done_by[name] = [f"copy_{t}" for t in tables]
             continue
         goal = oracle.instruction("migrate", tables)
-        estimate = _subgoal_estimate(oracle.direct_steps(tables), prompt)
+        tokens, usd = _subgoal_estimate(oracle.direct_steps(tables), prompt)
         steps.append(
             Step(
                 id=f"migrate_{name}",
@@ -94,19 +94,28 @@ def _hybrid(oracle: MigrationOracle, direct: int, prompt: PlanPrompt) -> list[St
                 instruction=goal,
                 kind="subgoal",
                 depends_on=after,
-                estimate_tokens=estimate,
+                estimate_tokens=tokens,
+                estimate_usd=None if usd is None else round(usd, 6),
             )
         )
         done_by[name] = [f"migrate_{name}"]
     return steps
 
 
-def _subgoal_estimate(steps: list[Step], prompt: PlanPrompt) -> int:
-    """What a sub-goal that writes ``steps`` will cost, in tokens: its planning call (as the
-    prompt says one costs at least) and the plan it writes, with room for reasoning."""
+def _subgoal_estimate(steps: list[Step], prompt: PlanPrompt) -> tuple[int, float | None]:
+    """What a sub-goal that writes ``steps`` will cost, in tokens and USD (``None`` when the
+    prompt states no USD figures): its planning call (as the prompt says one costs at least),
+    the plan it writes, with room for reasoning, and its executor tasks' calls."""
     budget = prompt.budget
-    call = 0 if budget is None else budget.planning_tokens or 0
-    return call + int(_text_tokens(steps) / ANSWER_SHARE)
+    answer = int(_text_tokens(steps) / ANSWER_SHARE)
+    tasks = sum(1 for s in steps if s.kind == "task" and (s.tool is None or s.args is None))
+    if budget is None:
+        return answer, None
+    tokens = (budget.planning_tokens or 0) + answer + tasks * (budget.executor_tokens or 0)
+    if budget.planning_usd is None or budget.answer_usd is None:
+        return tokens, None
+    usd = budget.planning_usd + answer * budget.answer_usd + tasks * (budget.executor_usd or 0)
+    return tokens, usd
 
 
 def _prefixes(oracle: MigrationOracle, tables: Sequence[str]) -> list[list[Step]]:
@@ -124,8 +133,10 @@ def _fits(steps: Sequence[Step], prompt: PlanPrompt) -> bool:
     assert budget is not None
     if len(steps) > prompt.max_steps:
         return False
-    subgoals = sum(1 for s in steps if s.kind == "subgoal")
-    tasks = sum(1 for s in steps if s.kind == "task" and (s.tool is None or s.args is None))
+    # Steps a revised plan keeps from the progress the prompt lists cost nothing more.
+    to_run = [s for s in steps if s.id not in prompt.progress]
+    subgoals = sum(1 for s in to_run if s.kind == "subgoal")
+    tasks = sum(1 for s in to_run if s.kind == "task" and (s.tool is None or s.args is None))
     answer = int(_text_tokens(steps) / ANSWER_SHARE)  # the plan, and reasoning before it
     return answer <= budget.answer_tokens and budget.fits(subgoals, tasks, answer)
 

@@ -1,0 +1,251 @@
+"""Budgets that plan: what a run does with a budget below what it would spend.
+
+    python benchmarks/budget_planning.py [--percents 30,50,70,100] [--ks 1,2,4,8,16,32]
+        [--allocations need,equal,on-demand] [--out DIR | --no-out]
+
+1. ``data_migration``, hierarchical, concurrency 64, seed 7, no simulated latency: first the
+   unbudgeted run (its cost is the baseline, measured in this run), then the same run with a USD
+   budget of each percentage of that cost. For each: the run's status, the share of the budget
+   it spent, and the tables migrated and verified (``run.json``'s verification). Targets: at
+   least 80 % of the budget spent, never more than 100 %, tables done growing with the budget,
+   at least half of the tables at 70 %. The model is the offline simulator: **SIMULATED**.
+2. K-delegation: a plan of K parallel steps (as many as its prompt's budget line says fit,
+   the rest left out), each an executor that calls a tool and answers
+   (up to 20 model calls: tool calls, then an answer), every call using all of its
+   ``max_tokens`` and none lowered
+   (``min_output_fraction=1``: a call is all or nothing, as a call limit), under a token limit
+   worth the planning call and 20 executor calls. For each K and allocation: calls made ÷ 20.
+   Targets with the default allocation (``need``): at least 0.8 at every K, never above 1.00.
+   Scripted models, no simulator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+import hierplan
+from hierplan.agents.prompts import parse_plan_prompt, parse_step_prompt
+from hierplan.budgets.budget import Budget
+from hierplan.budgets.instrument import BudgetInstrument
+from hierplan.core.settings import RunSettings
+from hierplan.models.base import ModelRequest, ModelResponse, ToolCall
+from hierplan.models.scripted import FunctionModel
+from hierplan.models.tokens import estimate_request_tokens
+from hierplan.pricing import Price, PriceTable
+from hierplan.simulator.profiles import Simulator
+from hierplan.tools.base import tool
+from hierplan.units import Usage
+
+OUT = Path(__file__).parent / "results"
+PRICING = PriceTable({"bench:model": Price(1.0, 4.0)})
+CALLS_WORTH = 20
+EXECUTOR_MAX_TOKENS = 400
+CALL_INPUT = 100
+PLAN_CALL = 300  # the planner's usage: 200 in, 100 out
+
+
+# -- 1. data_migration under a budget ------------------------------------------------------
+
+
+async def migration(usd: float | None, workdir: Path) -> dict[str, Any]:
+    """One hierarchical data_migration run (seed 7, concurrency 64) with ``usd``."""
+    settings = RunSettings(strategy="hierarchical", concurrency=64, seed=7)
+    result = await hierplan.run(
+        hierplan.RunSpec(
+            scenario="data_migration",
+            settings=settings,
+            model=Simulator(latency_scale=0),
+            budget=None if usd is None else hierplan.BudgetSpec(usd=usd),
+            workdir=workdir,
+        )
+    )
+    totals = result.totals()
+    details = (result.verification or {}).get("details", {})
+    return {
+        "status": result.status,
+        "spent_usd": totals["cost_usd"],
+        "tables_done": details.get("tables_done"),
+        "tables": details.get("tables"),
+    }
+
+
+def migration_table(percents: list[int]) -> list[dict[str, Any]]:
+    """The unbudgeted run, then one run at each percentage of its cost."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        base = anyio.run(migration, None, Path(tmp) / "unbudgeted")
+        rows.append({"percent": None, "budget_usd": None, **base})
+        for pct in percents:
+            usd = round(base["spent_usd"] * pct / 100, 6)
+            row = anyio.run(migration, usd, Path(tmp) / f"at{pct}")
+            row.update(percent=pct, budget_usd=usd, used=row["spent_usd"] / usd)
+            rows.append(row)
+    return rows
+
+
+# -- 2. K-delegation ------------------------------------------------------------------------
+
+
+@tool
+def lookup(key: str) -> str:
+    """Look a key up."""
+    return f"value of {key}"
+
+
+def _planner(k: int) -> FunctionModel:
+    """K delegations, or as many as the budget line of the prompt says fit (each at least one
+    executor call), the rest left out: what a planner told its budget writes."""
+
+    def respond(request: ModelRequest) -> ModelResponse:
+        prompt = parse_plan_prompt(request.messages)
+        assert prompt is not None
+        count = k
+        budget = prompt.budget
+        while budget is not None and count > 1 and not budget.fits(0, count, 100):
+            count -= 1
+        steps = [
+            {"id": f"d{i}", "title": f"Delegation {i}", "instruction": f"Delegation {i}"}
+            for i in range(1, count + 1)
+        ]
+        data: dict[str, Any] = {"goal": prompt.goal, "steps": steps}
+        if count < k:
+            data["left_out"] = f"delegations {count + 1} to {k}: the budget does not cover them"
+        return ModelResponse(text=json.dumps(data), output=data, usage=Usage(200, PLAN_CALL - 200))
+
+    model = FunctionModel(respond, name="planner")
+    model.priced_as = "bench:model"
+    return model
+
+
+def _executor(calls: list[str]) -> FunctionModel:
+    """A delegation: tool calls until its last turn, then an answer; every call uses all of
+    its ``max_tokens``."""
+
+    async def respond(request: ModelRequest) -> ModelResponse:
+        prompt = parse_step_prompt(request.messages)
+        assert prompt is not None
+        calls.append(prompt.instruction)
+        await anyio.sleep(0.005)  # the calls of parallel steps overlap
+        # Every call costs the same: CALL_INPUT tokens of input (no more than any call's
+        # estimate, so never above what was reserved) and all of its max_tokens.
+        assert estimate_request_tokens(request) >= CALL_INPUT
+        usage = Usage(CALL_INPUT, request.max_tokens)
+        done = sum(1 for m in request.messages if m.role == "tool")
+        if done < CALLS_WORTH - 1:
+            call = ToolCall(f"c{len(calls)}", "lookup", {"key": f"{prompt.instruction} {done}"})
+            return ModelResponse(tool_calls=(call,), usage=usage)
+        return ModelResponse(text=f"found {prompt.instruction}", usage=usage)
+
+    model = FunctionModel(respond, name="executor")
+    model.priced_as = "bench:model"
+    return model
+
+
+async def delegation(
+    k: int, allocation: str | None, limit: int | None
+) -> tuple[int, int, int, int]:
+    """Executor calls made, tokens spent, the planning call's tokens and the largest executor
+    call's, by K delegations under ``limit`` (``None``: no budget)."""
+    calls: list[str] = []
+    instruments = []
+    if limit is not None and allocation is not None:
+        instruments.append(
+            BudgetInstrument(
+                Budget(tokens=limit),
+                allocation=allocation,
+                on_demand_fraction=1.0,
+                min_output_fraction=1.0,
+            )
+        )
+    settings = RunSettings(
+        strategy="dag",
+        concurrency=64,
+        executor_max_tokens=EXECUTOR_MAX_TOKENS,
+        executor_max_turns=CALLS_WORTH,
+        planner_max_tokens=1_000,
+        max_replans=0,
+        max_retries=0,
+    )
+    result = await hierplan.run(
+        hierplan.RunSpec(
+            goal=f"Ask {k} helpers in parallel",
+            model=_planner(k),
+            executor_model=_executor(calls),
+            settings=settings,
+            pricing=PRICING,
+        ),
+        tools=[lookup],
+        instruments=instruments,
+    )
+    sizes = [c.usage.total_tokens for n in result.nodes() for c in n.calls if n.path != "1"]
+    plan = sum(c.usage.total_tokens for c in result.tree.calls)
+    return len(calls), plan + sum(sizes), plan, max(sizes, default=0)
+
+
+def delegation_table(ks: list[int], allocations: list[str]) -> list[dict[str, Any]]:
+    """Calls made ÷ the calls the limit is worth, for each K and allocation: the limit is the
+    planning call and 20 executor calls, each of which costs the same."""
+    rows = []
+    limit = PLAN_CALL + CALLS_WORTH * (CALL_INPUT + EXECUTOR_MAX_TOKENS)
+    for k in ks:
+        for allocation in allocations:
+            made, spent, _, _ = anyio.run(delegation, k, allocation, limit)
+            rows.append(
+                {
+                    "k": k,
+                    "allocation": allocation,
+                    "limit_tokens": limit,
+                    "calls": made,
+                    "calls_per_limit": made / CALLS_WORTH,
+                    "spent_per_limit": spent / limit,
+                }
+            )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run both parts and print their tables; write ``results/budget_planning.json``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--percents", default="30,50,70,100")
+    parser.add_argument("--ks", default="1,2,4,8,16,32")
+    parser.add_argument("--allocations", default="need,equal,on-demand")
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--no-out", action="store_true")
+    args = parser.parse_args(argv)
+    percents = [int(p) for p in args.percents.split(",") if p]
+    ks = [int(k) for k in args.ks.split(",") if k]
+    allocations = [a for a in args.allocations.split(",") if a]
+    report: dict[str, Any] = {
+        "simulated": True,
+        "migration": migration_table(percents),
+        "delegation": delegation_table(ks, allocations),
+    }
+    print("data_migration, hierarchical, c=64, seed 7 [SIMULATED]")
+    print(f"{'budget':>10} {'status':>10} {'spent':>10} {'used':>6} {'tables':>7}")
+    for row in report["migration"]:
+        label = "none" if row["percent"] is None else f"{row['percent']}%"
+        used = "" if row["percent"] is None else f"{row['used']:.2f}"
+        print(
+            f"{label:>10} {row['status']:>10} {row['spent_usd']:>10.6f} {used:>6} "
+            f"{row['tables_done']!s:>4}/{len(row['tables'] or ())}"
+        )
+    print(f"\nK-delegation: a limit worth {CALLS_WORTH} calls (calls made / {CALLS_WORTH})")
+    print(f"{'K':>4} " + " ".join(f"{a:>10}" for a in allocations))
+    for k in ks:
+        cells = [r for r in report["delegation"] if r["k"] == k]
+        print(f"{k:>4} " + " ".join(f"{r['calls_per_limit']:>10.2f}" for r in cells))
+    if not args.no_out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "budget_planning.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
