@@ -96,7 +96,7 @@ if TYPE_CHECKING:
     from hierplan.runner.spec import BudgetSpec, ModelSpec, RunSpec
     from hierplan.simulator.model import SimulatedModel
     from hierplan.simulator.profiles import NoiseProfile, Simulator
-    from hierplan.tools.base import Tool, Toolset, tool
+    from hierplan.tools.base import Tool, ToolHints, Toolset, tool
     from hierplan.tools.mcp import MCPServer, MCPServerStdio, MCPServerStreamableHTTP, MCPTool
     from hierplan.tracing.otel import Tracing
 
@@ -210,6 +210,7 @@ _MODULES = _MappingProxyType(
         "NoiseProfile": "hierplan.simulator.profiles",
         "Simulator": "hierplan.simulator.profiles",
         "Tool": "hierplan.tools.base",
+        "ToolHints": "hierplan.tools.base",
         "Toolset": "hierplan.tools.base",
         "tool": "hierplan.tools.base",
         "Tracing": "hierplan.tracing.otel",
@@ -341,6 +342,7 @@ __all__ = [
     "ToolCalled",
     "ToolError",
     "ToolExecutor",
+    "ToolHints",
     "ToolNotAllowedError",
     "ToolServerGone",
     "ToolTimeoutError",
