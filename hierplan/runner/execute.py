@@ -31,12 +31,7 @@ async def execute_run(ctx: RunContext, chosen: Strategy, prepared: Prepared) -> 
         record = NodeRecord(path="1", kind=chosen.root_kind, goal=prepared.goal, depth=1)
     started = restore.record.started_at if restore else time.time()
     async with AsyncExitStack() as stack:
-        for toolset in prepared.toolsets:
-            for found in await stack.enter_async_context(toolset.open()):
-                try:
-                    ctx.toolbox.add(found)
-                except ValueError as exc:
-                    raise UserInputError(str(exc)) from None
+        await _open_toolsets(ctx, prepared, stack)
         root = NodeContext(ctx, record, allowed_tools=ctx.toolbox.names())
         await enter_scopes(stack, [i.run_scope(ctx) for i in ctx.instruments])
         if ctx.bus.wants("run_started"):
@@ -91,6 +86,20 @@ async def execute_run(ctx: RunContext, chosen: Strategy, prepared: Prepared) -> 
             )
         )
     return result
+
+
+async def _open_toolsets(ctx: RunContext, prepared: Prepared, stack: AsyncExitStack) -> None:
+    """Open the run's toolsets (each closed with ``stack``) and add their tools to its
+    toolbox; one that cannot be opened, or two tools of one name, is refused naming where
+    each came from."""
+    for openable in prepared.toolsets:
+        try:
+            found = await stack.enter_async_context(openable.toolset.open())
+        except UserInputError as exc:
+            raise UserInputError(f"{openable.label}: {openable.hide(str(exc))}") from None
+        for tool in found:
+            prepared.add_source(tool.name, openable.label)
+            ctx.toolbox.add(tool)
 
 
 async def _run_nodes(

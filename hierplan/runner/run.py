@@ -272,6 +272,8 @@ def _saved_spec(
         if prepared.workdir is None
         else _saved_workdir(prepared.workdir, checkpoint_dir),
         "tools": sorted(ctx.toolbox.names()),
+        # As written: a resume reads their ${VAR} from its own environment again.
+        "toolsets": [entry.saved() for entry in spec.tools],
     }
 
 
