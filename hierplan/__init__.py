@@ -97,6 +97,7 @@ if TYPE_CHECKING:
     from hierplan.simulator.model import SimulatedModel
     from hierplan.simulator.profiles import NoiseProfile, Simulator
     from hierplan.tools.base import Tool, ToolHints, Toolset, tool
+    from hierplan.tools.config import MCPConfig, ToolsetSpec
     from hierplan.tools.mcp import MCPServer, MCPServerStdio, MCPServerStreamableHTTP, MCPTool
     from hierplan.tracing.otel import Tracing
 
@@ -213,6 +214,8 @@ _MODULES = _MappingProxyType(
         "ToolHints": "hierplan.tools.base",
         "Toolset": "hierplan.tools.base",
         "tool": "hierplan.tools.base",
+        "MCPConfig": "hierplan.tools.config",
+        "ToolsetSpec": "hierplan.tools.config",
         "Tracing": "hierplan.tracing.otel",
     }
 )
@@ -287,6 +290,7 @@ __all__ = [
     "Ledger",
     "Listener",
     "LocalLedger",
+    "MCPConfig",
     "MCPServer",
     "MCPServerStdio",
     "MCPServerStreamableHTTP",
@@ -347,6 +351,7 @@ __all__ = [
     "ToolServerGone",
     "ToolTimeoutError",
     "Toolset",
+    "ToolsetSpec",
     "Tracing",
     "UnexpectedModelCall",
     "Usage",

@@ -4,6 +4,7 @@ the run's status, answer and error worked out, and its record and last event mad
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
@@ -22,8 +23,15 @@ if TYPE_CHECKING:
     from hierplan.runner.prepare import Prepared
 
 
-async def execute_run(ctx: RunContext, chosen: Strategy, prepared: Prepared) -> RunResult:
-    """Run the strategy from the root, inside every instrument's run scope; the run's record."""
+async def execute_run(
+    ctx: RunContext,
+    chosen: Strategy,
+    prepared: Prepared,
+    opened: Callable[[], object] | None = None,
+) -> RunResult:
+    """Run the strategy from the root, inside every instrument's run scope; the run's record.
+    ``opened`` is called once the run's toolsets are open, before anything else runs (a resume
+    checks its decisions against the tools then)."""
     restore = ctx.restore
     if restore is not None:
         record = restore.record.tree
@@ -32,6 +40,8 @@ async def execute_run(ctx: RunContext, chosen: Strategy, prepared: Prepared) -> 
     started = restore.record.started_at if restore else time.time()
     async with AsyncExitStack() as stack:
         await _open_toolsets(ctx, prepared, stack)
+        if opened is not None:
+            opened()
         root = NodeContext(ctx, record, allowed_tools=ctx.toolbox.names())
         await enter_scopes(stack, [i.run_scope(ctx) for i in ctx.instruments])
         if ctx.bus.wants("run_started"):

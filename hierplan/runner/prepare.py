@@ -135,6 +135,7 @@ def _add_tools(
         if isinstance(item, Toolset):
             shown = getattr(item, "shown", None) or item.name
             name = label if label != "tools=" else f"the toolset {shown} (tools=)"
+            name = getattr(item, "label", None) or name  # a batch's shared server: its entry
             prepared.toolsets.append(OpenableToolset(name, item, hide))
         else:
             prepared.add_source(item.name, label if label != "tools=" else "tools=")
