@@ -80,7 +80,7 @@ def test_a_goal_files_official_servers_run_real_tool_calls_on_a_real_directory(
     files.mkdir()
     (files / "incident-1.txt").write_text("cause: disk full\n")
     monkeypatch.setenv("GREETING_FOR_SERVER", "hello from the environment")
-    tools = [
+    tools: list[dict[str, Any]] = [
         {"mcp": {"command": npm_server(FILESYSTEM), "args": [str(files)]}},
         {"mcp": {"command": npm_server(EVERYTHING), "env": {"GREETING": "${GREETING_FOR_SERVER}"}}},
     ]
@@ -353,3 +353,19 @@ async def test_the_destructive_review_policy_asks_for_plans_that_may_destroy(
     assert "destructive tools this plan may use: erase" in shown[0]
     assert "tool=erase [destructive]" in shown[0] and "tool=shout [read-only]" in shown[0]
     assert str(ReviewPolicy.parse("destructive")) == "destructive"
+
+
+def test_bench_gives_every_run_the_toolsets_of_its_flags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "mytools.py").write_text(PYTHON_TOOLS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "bench"
+    args = ["bench", "--suite", "game24", "--strategies", "dag", "--tasks", "1", "--seeds", "1"]
+    args += ["--sim-latency-scale", "0", "--no-plot", "--out", str(out)]
+    result = run_cli([*args, "--tools", "mytools:toolset"])
+    assert result.exit_code == 0, result.output
+    assert "--tools mytools:toolset" in (out / "summary.md").read_text()
+    refused = run_cli([*args, "--mcp", "/no/such/server", "--out", str(tmp_path / "b2")])
+    assert refused.exit_code == 2
+    assert "command '/no/such/server' is not found" in flat(refused.output)
