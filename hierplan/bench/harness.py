@@ -90,7 +90,7 @@ class BenchConfig:
             **({"base_url": redact(self.base_url)} if self.base_url else {}),
             # Only when given: a benchmark made before --set existed resumes as it was.
             **({"run_settings": dict(self.run_settings)} if self.run_settings else {}),
-            **({"tools": [entry.saved() for entry in self.tools]} if self.tools else {}),
+            **({"tools": redact_data([e.saved() for e in self.tools])} if self.tools else {}),
         }
 
     def provider_options(self) -> dict[str, Any]:

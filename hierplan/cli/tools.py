@@ -23,10 +23,11 @@ from rich.text import Text
 
 from hierplan.cli.options import McpOpt, ToolsOpt, fail
 from hierplan.errors import HierplanError, UserInputError
+from hierplan.redact import redact
 from hierplan.runner.goals import load_goal_file
 from hierplan.tools.base import Tool, Toolset
 from hierplan.tools.config import ToolsetSpec, entries_from_flags
-from hierplan.view.tree import short
+from hierplan.view.tree import plain, short
 
 GoalFileOpt = Annotated[
     Path | None, typer.Option("--goal-file", help="A goal file whose tools entries to start.")
@@ -70,7 +71,7 @@ def tools_command(
     failed = [item for item in listed if item.error is not None]
     if failed or clashes:
         problems = [f"{item.entry.named(item.index)}: {item.error}" for item in failed]
-        fail("; ".join([*problems, *clashes]))
+        fail(plain("; ".join([*problems, *clashes])))
 
 
 def _entries(goal_file: Path | None, tools: list[str], mcp: list[str]) -> list[ToolsetSpec]:
@@ -145,17 +146,17 @@ def arguments_text(schema: Mapping[str, Any]) -> str:
 
 def _print(console: Console, listed: Sequence[Listed], clashes: Sequence[str]) -> None:
     for item in listed:
-        head = Text(item.entry.named(item.index), style="bold")
+        head = Text(plain(item.entry.named(item.index)), style="bold")
         if item.error is not None:
             head.append("  cannot be used", style="bold red")
             console.print(head)
-            console.print(Text(f"  {item.error}", style="red"))
+            console.print(Text(f"  {plain(item.error)}", style="red"))
             continue
         head.append(f"  {len(item.tools)} tool(s)", style="dim")
         console.print(head)
         for tool, source in item.tools:
-            line = Text(f"  {tool.name}", style="bold cyan")
-            line.append(f"  from {source}", style="dim")
+            line = Text(f"  {plain(tool.name)}", style="bold cyan")
+            line.append(f"  from {plain(source)}", style="dim")
             hint = tool.hints.label()
             if hint:
                 line.append(f"  [{hint}]", style="red" if hint == "destructive" else "green")
@@ -172,12 +173,12 @@ def _as_json(listed: Sequence[Listed], clashes: Sequence[str]) -> dict[str, Any]
             {
                 "entry": item.index,
                 "label": item.entry.label(),
-                "error": item.error,
+                "error": None if item.error is None else redact(item.error),
                 "tools": [
                     {
                         "name": tool.name,
                         "description": tool.description,
-                        "source": source,
+                        "source": redact(source),
                         "parameters": tool.parameters,
                         "read_only": tool.hints.read_only,
                         "destructive": tool.hints.destructive,

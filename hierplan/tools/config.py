@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from hierplan.errors import UserInputError
 from hierplan.files import DataTextError, parse_data_text
+from hierplan.redact import redact
 from hierplan.tools.base import DEFAULT_TOOL_TIMEOUT_S, Tool, Toolset
 
 VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -122,13 +123,19 @@ class ToolsetSpec(BaseModel):
         return self.model_dump(mode="json", exclude_defaults=True)
 
     def label(self) -> str:
-        """The entry in a few words, as written (``${VAR}`` unread)."""
+        """The entry in a few words, as written (``${VAR}`` unread), as messages show it:
+        credentials written into it (a URL's password, a key among a command's arguments)
+        taken out (:func:`hierplan.redact.redact`).
+
+        >>> ToolsetSpec.model_validate({"mcp": {"url": "https://bob:hunter22@h/mcp"}}).label()
+        'mcp https://REDACTED@h/mcp'
+        """
         if self.python is not None:
             return f"python {self.python}"
         assert self.mcp is not None
         if self.mcp.url is not None:
-            return f"mcp {self.mcp.url}"
-        return "mcp " + shlex.join([self.mcp.command or "", *self.mcp.args])
+            return redact(f"mcp {self.mcp.url}")
+        return redact("mcp " + shlex.join([self.mcp.command or "", *self.mcp.args]))
 
     @property
     def shared(self) -> bool:
