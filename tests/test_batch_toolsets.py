@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -25,13 +26,23 @@ def _key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", TEST_KEY)
 
 
-def test_twenty_goals_each_with_its_own_server_and_one_they_share(tmp_path: Path) -> None:
+def test_twenty_goals_each_with_its_own_server_and_one_they_share(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shared server gets a ``${VAR}`` read from this environment, whose value no file the
+    batch leaves (journal, run records, trace) holds."""
+    token = f"tok-{uuid.uuid4().hex}"
+    monkeypatch.setenv("NOTES_TOKEN_FOR_BATCH", token)
     goals = tmp_path / "goals.jsonl"
-    dirs = goals_file(goals, tmp_path / "dirs", GOALS, npm_server(FILESYSTEM))
-    out = tmp_path / "out"
+    filesystem = npm_server(FILESYSTEM)
+    dirs = goals_file(
+        goals, tmp_path / "dirs", GOALS, filesystem, token_variable="NOTES_TOKEN_FOR_BATCH"
+    )
+    out, trace = tmp_path / "out", tmp_path / "trace.jsonl"
     with model_server() as server:
         args = ["batch", str(goals), "--out", str(out), "--concurrency", "4"]
-        result = CliRunner().invoke(app, [*args, "--base-url", server.openai_base_url])
+        args += ["--trace", f"jsonl={trace}", "--base-url", server.openai_base_url]
+        result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["counts"]["succeeded"] == GOALS
@@ -45,6 +56,11 @@ def test_twenty_goals_each_with_its_own_server_and_one_they_share(tmp_path: Path
     assert len(pids) == 1  # one shared server for the whole batch
     journal = (out / "journal.sqlite").read_bytes()
     assert b"mcp_server.py" in journal and b'"shared": true' in journal  # entries as written
+    assert b"${NOTES_TOKEN_FOR_BATCH}" in journal
+    written = [p for p in out.rglob("*") if p.is_file()]
+    assert len(written) > GOALS and trace.stat().st_size > 0
+    for path in [*written, trace]:
+        assert token.encode() not in path.read_bytes(), path
 
 
 def test_a_batch_checks_every_lines_toolsets_before_anything_starts(tmp_path: Path) -> None:

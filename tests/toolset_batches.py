@@ -49,9 +49,15 @@ class NotesOracle:
         return None
 
 
-def goals_file(path: Path, root: Path, count: int, filesystem: str) -> list[Path]:
+def goals_file(
+    path: Path, root: Path, count: int, filesystem: str, *, token_variable: str | None = None
+) -> list[Path]:
     """``count`` goals, each with its own directory under ``root`` and its own filesystem
-    server, all sharing one ``mcp_server.py`` per process; the directories."""
+    server, all sharing one ``mcp_server.py`` per process (given ``${token_variable}`` in its
+    environment, when named); the directories."""
+    shared: dict[str, Any] = {"command": sys.executable, "args": [str(SERVER)], "shared": True}
+    if token_variable is not None:
+        shared["env"] = {"NOTES_TOKEN": f"${{{token_variable}}}"}
     lines, dirs = [], []
     for i in range(count):
         where = root / f"d{i}"
@@ -59,7 +65,7 @@ def goals_file(path: Path, root: Path, count: int, filesystem: str) -> list[Path
         dirs.append(where)
         tools: list[dict[str, Any]] = [
             {"mcp": {"command": filesystem, "args": [str(where)]}},
-            {"mcp": {"command": sys.executable, "args": [str(SERVER)], "shared": True}},
+            {"mcp": shared},
         ]
         line = {"id": f"g{i}", "goal": f"Write note {i} into {where}", "tools": tools}
         lines.append(json.dumps(line | {"model": MODEL, "strategy": "dag"}))
