@@ -154,6 +154,19 @@ def test_hierplan_tools_reports_a_server_that_fails_with_the_end_of_its_stderr(
     assert "its stderr ends with:" in shown.output and "reading config" in shown.output
 
 
+def test_hierplan_tools_never_shows_a_credential_written_into_an_entry() -> None:
+    """A password in a URL, and a key among a command's arguments, are shown redacted in
+    every line of the report and of the error (and the JSON), the URL still a URL."""
+    secret = "hunter22-not-shown"
+    url = f"http://bob:{secret}@127.0.0.1:9/mcp"
+    command = f"/no/such/server --api-key sk-{secret}"
+    shown = run_cli(["tools", "--mcp", url, "--mcp", command])
+    assert shown.exit_code == 2
+    assert secret not in shown.output and "http://REDACTED@127.0.0.1:9/mcp" in flat(shown.output)
+    listed = run_cli(["tools", "--mcp", url, "--json"])
+    assert listed.exit_code == 2 and secret not in listed.output
+
+
 def _bad_goal_files(tmp_path: Path) -> list[tuple[str, str]]:
     """Goal files with one bad entry each (as YAML, for line numbers) and what the error says."""
     server = f"{{command: {sys.executable}, args: [{SERVER}]}}"

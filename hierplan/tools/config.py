@@ -325,7 +325,7 @@ def entries_from_flags(tools: Iterable[str], mcp: Iterable[str]) -> tuple[Toolse
         found += toolset_entries([{"python": path.strip()}], where=f"--tools {path}")
     for text in mcp:
         stripped = text.strip()
-        where = f"--mcp {shlex.quote(text)}"
+        where = redact(f"--mcp {shlex.quote(text)}")  # for messages: no credential in them
         if stripped.startswith("{"):
             try:
                 config: Any = parse_data_text(stripped)
