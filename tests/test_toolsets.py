@@ -376,9 +376,22 @@ def test_bench_gives_every_run_the_toolsets_of_its_flags(
     out = tmp_path / "bench"
     args = ["bench", "--suite", "game24", "--strategies", "dag", "--tasks", "1", "--seeds", "1"]
     args += ["--sim-latency-scale", "0", "--no-plot", "--out", str(out)]
-    result = run_cli([*args, "--tools", "mytools:toolset"])
+    token = f"tok-{uuid.uuid4().hex}"
+    monkeypatch.setenv("BENCH_TOKEN", token)
+    server = {"command": sys.executable, "args": [str(SERVER)], "env": {"T": "${BENCH_TOKEN}"}}
+    given = ["--tools", "mytools:toolset", "--mcp", json.dumps(server)]
+    result = run_cli([*args, *given])
     assert result.exit_code == 0, result.output
-    assert "--tools mytools:toolset" in (out / "summary.md").read_text()
+    summary = (out / "summary.md").read_text()
+    assert "--tools mytools:toolset" in summary and "--mcp" in summary
+    manifest = json.loads((out / "bench.json").read_text())
+    assert manifest["tools"] == [{"python": "mytools:toolset"}, {"mcp": server}]
+    for written in out.rglob("*"):  # the variable as written, never its value
+        assert written.is_dir() or token not in written.read_text(errors="replace"), written
+    again = run_cli([*args, *given, "--resume"])
+    assert again.exit_code == 0, again.output
+    other = run_cli([*args, "--tools", "mytools:toolset", "--resume"])
+    assert other.exit_code == 2 and "cannot resume" in flat(other.output)
     refused = run_cli([*args, "--mcp", "/no/such/server", "--out", str(tmp_path / "b2")])
     assert refused.exit_code == 2
     assert "command '/no/such/server' is not found" in flat(refused.output)
