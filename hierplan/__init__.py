@@ -96,7 +96,8 @@ if TYPE_CHECKING:
     from hierplan.runner.spec import BudgetSpec, ModelSpec, RunSpec
     from hierplan.simulator.model import SimulatedModel
     from hierplan.simulator.profiles import NoiseProfile, Simulator
-    from hierplan.tools.base import Tool, Toolset, tool
+    from hierplan.tools.base import Tool, ToolHints, Toolset, tool
+    from hierplan.tools.config import MCPConfig, ToolsetSpec
     from hierplan.tools.mcp import MCPServer, MCPServerStdio, MCPServerStreamableHTTP, MCPTool
     from hierplan.tracing.otel import Tracing
 
@@ -210,8 +211,11 @@ _MODULES = _MappingProxyType(
         "NoiseProfile": "hierplan.simulator.profiles",
         "Simulator": "hierplan.simulator.profiles",
         "Tool": "hierplan.tools.base",
+        "ToolHints": "hierplan.tools.base",
         "Toolset": "hierplan.tools.base",
         "tool": "hierplan.tools.base",
+        "MCPConfig": "hierplan.tools.config",
+        "ToolsetSpec": "hierplan.tools.config",
         "Tracing": "hierplan.tracing.otel",
     }
 )
@@ -286,6 +290,7 @@ __all__ = [
     "Ledger",
     "Listener",
     "LocalLedger",
+    "MCPConfig",
     "MCPServer",
     "MCPServerStdio",
     "MCPServerStreamableHTTP",
@@ -341,10 +346,12 @@ __all__ = [
     "ToolCalled",
     "ToolError",
     "ToolExecutor",
+    "ToolHints",
     "ToolNotAllowedError",
     "ToolServerGone",
     "ToolTimeoutError",
     "Toolset",
+    "ToolsetSpec",
     "Tracing",
     "UnexpectedModelCall",
     "Usage",

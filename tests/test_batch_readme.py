@@ -43,11 +43,22 @@ def _summary(where: Path) -> dict[str, object]:
 
 
 def test_the_goals_lines_are_valid() -> None:
-    offline, free_text = blocks("jsonl")
+    offline, free_text, with_tools = blocks("jsonl")
     goals = parse_goals(offline)
     assert [g.spec.kind for g in goals] == ["scenario", "suite", "suite", "suite", "suite"]
     (text,) = parse_goals(free_text)
     assert (text.id, text.spec.kind, text.spec.model) == ("q3", "text", "openai:gpt-5-mini")
+    files, tickets = parse_goals(with_tools)
+    assert [entry.saved() for entry in files.tools()] == [
+        {
+            "mcp": {
+                "command": "npx",
+                "args": ["-y", "@modelcontextprotocol/server-filesystem", "/srv/q3"],
+            }
+        }
+    ]
+    (shared,) = tickets.tools()
+    assert shared.saved()["mcp"]["headers"] == {"Authorization": "Bearer ${TICKETS_TOKEN}"}
 
 
 def test_the_batch_commands_run_as_written(tmp_path: Path) -> None:

@@ -27,11 +27,45 @@ ALLOWED_MUTABLE = {
     # adapters cache their rewrite of it by identity. Nothing writes to it.
     "hierplan.agents.prompts.PLAN_SCHEMA",
     "hierplan.agents.planner.PLAN_SCHEMA",  # the same object, imported
-    # Token estimates of tool specs and output schemas by the object's identity: a memo of a
-    # pure function of frozen objects (each entry holds its object, so an id is not reused).
-    # A run reads from it what it would compute; it cannot change what another run reads.
-    "hierplan.models.tokens._ESTIMATES",
 }
+
+
+def _module_containers() -> dict[str, int]:
+    """The size of every container a hierplan module holds at its top level, allowed or not."""
+    sizes: dict[str, int] = {}
+    for info in pkgutil.walk_packages(hierplan.__path__, "hierplan."):
+        if info.name.endswith(".__main__"):
+            continue
+        module = importlib.import_module(info.name)
+        for name, value in vars(module).items():
+            if not name.startswith("__") and isinstance(value, list | dict | set | bytearray):
+                sizes[f"{info.name}.{name}"] = len(value)
+    return sizes
+
+
+def test_runs_leave_nothing_behind_in_modules() -> None:
+    """Runs with tools of their own (new tool specs each time) grow no module-level container:
+    a long-lived process does not keep every run's tool schemas."""
+
+    def one_run(i: int) -> None:
+        tools = local_tools()
+        extra = [hierplan.tool(lambda x: x, name=f"t{i}_{k}", description="d") for k in range(5)]
+        result = hierplan.run_sync(
+            goal_for([["peru"]], a=i, b=1),
+            tools=[*tools, *extra],
+            model=hierplan.Simulator(latency_scale=0, profile="ideal", oracle=CapitalsOracle()),
+        )
+        assert result.status == "succeeded", result.error
+
+    one_run(0)  # first use fills what is filled once (compiled schemas, imports)
+    before = _module_containers()
+    for i in range(1, 6):
+        one_run(i)
+    after = _module_containers()
+    grown = {
+        name: (before.get(name), size) for name, size in after.items() if size != before.get(name)
+    }
+    assert not grown, f"module-level containers grew with use: {grown}"
 
 
 def test_no_module_level_mutable_state() -> None:

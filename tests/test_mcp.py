@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -38,6 +38,7 @@ from hierplan.simulator.oracle import Action
 from hierplan.tools.mcp import MCPServerStdio, MCPServerStreamableHTTP, MCPTool
 
 SERVER = Path(__file__).with_name("mcp_server.py")
+TOOL_NAMES = ("add", "lookup", "slow", "whoami", "stock", "pair", "wipe")
 
 
 @pytest.fixture
@@ -65,14 +66,14 @@ async def test_server_tools_become_hierplan_tools_with_their_schemas(
         listed = {t.name: t for t in (await raw.list_tools()).tools}
     async with server.open() as tools:
         found = _by_name(tools)
-        assert set(found) == set(listed) == {"add", "lookup", "slow", "whoami"}
+        assert set(found) == set(listed) == set(TOOL_NAMES)
         for name, tool in found.items():
             assert isinstance(tool, hierplan.Tool)
             assert tool.parameters == listed[name].input_schema
             assert tool.spec.parameters == listed[name].input_schema  # what models see
             assert tool.description == listed[name].description
-        assert await found["add"].call({"a": 2, "b": 40}) == {"result": 42}
-        assert await found["lookup"].call({"country": "Peru"}) == {"result": "Lima"}
+        assert await found["add"].call({"a": 2, "b": 40}) == 42  # the value, not {"result": 42}
+        assert await found["lookup"].call({"country": "Peru"}) == "Lima"
         with pytest.raises(ToolArgsError, match=r"invalid arguments for tool 'add': .*'b'"):
             await found["add"].call({"a": 1})
         with pytest.raises(ToolArgsError, match="a: 'x' is not of type 'integer'"):
@@ -85,7 +86,7 @@ async def test_server_tools_become_hierplan_tools_with_their_schemas(
     async with prefixed.open() as tools:
         (only,) = tools
         assert only.name == "geo_lookup"
-        assert await only.call({"country": "japan"}) == {"result": "Tokyo"}
+        assert await only.call({"country": "japan"}) == "Tokyo"
 
 
 @pytest.mark.anyio
@@ -95,9 +96,7 @@ async def test_a_tool_call_may_take_longer_than_connecting_does(errlog: TextIO) 
     )
     async with quick_to_connect.open() as tools:
         slow = _by_name(tools)["slow"]
-        assert await slow.call({"seconds": 1.5}) == {
-            "result": "waited 1.5 s"
-        }  # timeout_s bounds it
+        assert await slow.call({"seconds": 1.5}) == "waited 1.5 s"  # timeout_s bounds it
 
 
 @pytest.mark.anyio
@@ -203,7 +202,7 @@ async def test_a_server_killed_mid_run_fails_its_steps_and_the_planner_replans(
             waiting.set()
 
     async with server.open() as tools:
-        pid = (await _by_name(tools)["whoami"].call({}))["result"]
+        pid = await _by_name(tools)["whoami"].call({})
 
         async def kill_when_waiting() -> None:
             await waiting.wait()
@@ -240,7 +239,7 @@ async def test_a_hung_server_runs_into_the_tool_timeout(errlog: TextIO) -> None:
     server = MCPServerStdio(sys.executable, [str(SERVER)], timeout_s=0.5, errlog=errlog)
     async with server.open() as tools:
         found = _by_name(tools)
-        pid = (await found["whoami"].call({}))["result"]
+        pid = await found["whoami"].call({})
         os.kill(pid, signal.SIGSTOP)
         try:
             started = time.perf_counter()
@@ -274,9 +273,19 @@ async def _wait_for_port(port: int) -> None:
 
 @pytest.fixture
 async def http_server(errlog: TextIO) -> AsyncIterator[tuple[str, anyio.abc.Process]]:
+    async with _http_process(errlog) as found:
+        yield found
+
+
+@asynccontextmanager
+async def _http_process(
+    errlog: TextIO, token: str | None = None
+) -> AsyncIterator[tuple[str, anyio.abc.Process]]:
+    """The test server over streamable HTTP, requiring ``Bearer token`` when one is given."""
     port = _free_port()
+    env = {**os.environ, **({"MCP_TEST_TOKEN": token} if token else {})}
     process = await anyio.open_process(
-        [sys.executable, str(SERVER), "--http", str(port)], stdout=errlog, stderr=errlog
+        [sys.executable, str(SERVER), "--http", str(port)], stdout=errlog, stderr=errlog, env=env
     )
     try:
         await _wait_for_port(port)
@@ -303,7 +312,7 @@ async def test_streamable_http_server(http_server: tuple[str, anyio.abc.Process]
     check_events(events, result)
     async with server.open() as tools:
         found = _by_name(tools)
-        assert await found["add"].call({"a": 3, "b": 4}) == {"result": 7}
+        assert await found["add"].call({"a": 3, "b": 4}) == 7
         process.kill()
         await process.wait()
         started = time.perf_counter()
@@ -332,7 +341,9 @@ async def test_servers_that_cannot_be_used_give_a_clear_error(errlog: TextIO) ->
         ):
             pytest.fail("must not start")
     unknown = MCPServerStdio(sys.executable, [str(SERVER)], include=["nope"], errlog=errlog)
-    with pytest.raises(UserInputError, match=r"it has no tool 'nope' \(its tools: add, lookup"):
+    with pytest.raises(
+        UserInputError, match=r"it has no tool 'nope' \(its tools: add, lookup, pair"
+    ):
         async with unknown.open():
             pytest.fail("must not open")
     with pytest.raises(UserInputError, match="must start with http:// or https://"):
@@ -378,7 +389,7 @@ async def test_cancelling_a_run_stops_its_mcp_server(server: MCPServerStdio) -> 
     assert time.perf_counter() - started < 5
     assert result.status == "cancelled"
     who = next(n for n in result.nodes() if n.step_id == "who")
-    pid = json.loads(who.output or "")["result"]
+    pid = int(who.output or "")
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # the server process is gone
     assert asyncio.all_tasks() == before
@@ -420,6 +431,7 @@ async def test_a_schema_with_a_reference_to_nowhere_lets_the_server_judge(
         step = Step(id="s", title="s", instruction="add", tool="add", args={"a": 1, "b": 2})
         model = hierplan.ScriptedModel([plan_response(Plan(goal="g", steps=[step]))])
         result = await hierplan.run("add", model=model, tools=[add], strategy="dag")
+        # No output schema says the object wraps a plain value: it stays the object.
         assert result.status == "succeeded" and result.answer == '{"result": 3}'
 
 
@@ -457,3 +469,88 @@ async def test_invalid_mcp_arguments_name_at_most_ten_problems(server: MCPServer
     message = str(caught.value)
     assert message.count("is not of type 'integer'") == 10
     assert message.endswith("; and 5 more")
+
+
+def _one_step_plan(*steps: Step) -> hierplan.ScriptedModel:
+    return hierplan.ScriptedModel([plan_response(Plan(goal="g", steps=list(steps)))])
+
+
+@pytest.mark.anyio
+async def test_a_plain_value_reaches_later_steps_as_the_value(server: MCPServerStdio) -> None:
+    """``add`` returns 5, which the SDK sends as ``{"result": 5}``: the next step gets 5."""
+    first = Step(id="a", title="a", instruction="add", tool="add", args={"a": 2, "b": 3})
+    second = Step(
+        id="b",
+        title="b",
+        instruction="add",
+        tool="add",
+        args={"a": "$a", "b": 10},
+        depends_on=["a"],
+    )
+    result = await hierplan.run("add", model=_one_step_plan(first, second), tools=[server])
+    assert result.status == "succeeded", result.error
+    assert result.answer == "15"
+    async with server.open() as tools:
+        assert await _by_name(tools)["pair"].call({}) == {"a": 1, "b": 2}  # an object as it is
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("retry", [False, True])
+async def test_a_tools_own_error_fails_the_step_with_the_servers_message(
+    errlog: TextIO, retry: bool
+) -> None:
+    """``isError`` is the tool's answer, not a transient failure: not retried, unless the
+    server is made with ``retry_tool_errors``."""
+    server = MCPServerStdio(sys.executable, [str(SERVER)], errlog=errlog, retry_tool_errors=retry)
+    step = Step(id="c", title="c", instruction="look up", tool="lookup", args={"country": "mars"})
+    events: list[RunEvent] = []
+    result = await hierplan.run(
+        "capital of mars",
+        model=_one_step_plan(step),
+        tools=[server],
+        settings={"max_retries": 2, "retry_backoff_s": 0.01, "max_replans": 0},
+        listeners=[events.append],
+    )
+    node = next(n for n in result.nodes() if n.step_id == "c")
+    assert node.status == "failed"
+    assert "no capital known for 'mars'" in (node.error or "")
+    calls = [e for e in events if isinstance(e, ToolCalled)]
+    assert len(calls) == (3 if retry else 1)
+    assert node.attempts == len(calls)
+
+
+@pytest.mark.anyio
+async def test_tool_annotations_become_hints(server: MCPServerStdio) -> None:
+    async with server.open() as tools:
+        found = _by_name(tools)
+    assert found["add"].hints.read_only and not found["add"].hints.may_destroy
+    assert found["wipe"].hints.destructive and found["wipe"].hints.may_destroy
+    assert found["lookup"].hints == hierplan.ToolHints()  # says nothing: may destroy
+    assert found["lookup"].hints.may_destroy
+    assert found["add"].source == "MCP server tools"
+
+
+@pytest.mark.anyio
+async def test_a_server_that_fails_to_start_is_reported_with_its_stderr(errlog: TextIO) -> None:
+    script = "import sys; sys.stderr.write('loading config\\nboom: no API key set\\n'); sys.exit(3)"
+    broken = MCPServerStdio(sys.executable, ["-c", script], name="broken", errlog=errlog)
+    with pytest.raises(UserInputError) as caught:
+        async with broken.open():
+            pytest.fail("must not open")
+    message = str(caught.value)
+    assert message.startswith("cannot use MCP server 'broken'")
+    assert message.endswith("its stderr ends with:\n    loading config\n    boom: no API key set")
+    errlog.flush()
+    assert "boom: no API key set" in await anyio.Path(errlog.name).read_text()  # passed on as well
+
+
+@pytest.mark.anyio
+async def test_streamable_http_headers_reach_the_server(errlog: TextIO) -> None:
+    async with _http_process(errlog, token="s3cret") as (url, _process):
+        allowed = MCPServerStreamableHTTP(url, headers={"Authorization": "Bearer s3cret"})
+        async with allowed.open() as tools:
+            assert await _by_name(tools)["add"].call({"a": 1, "b": 1}) == 2
+        refused = MCPServerStreamableHTTP(url, name="nokey", shown="the tickets server")
+        with pytest.raises(UserInputError, match=r"MCP server 'nokey' \(the tickets server\)"):
+            async with refused.open():
+                pytest.fail("must not open")

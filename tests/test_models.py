@@ -107,15 +107,13 @@ def test_tool_estimates_are_counted_once_per_spec_and_stay_what_they_were(
     assert estimate_request_tokens(ModelRequest(messages=REQ.messages, tools=copies)) == expected
 
 
-def test_the_estimate_cache_forgets_everything_when_full(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tokens, "_ESTIMATES", {})
-    monkeypatch.setattr(tokens, "_ESTIMATES_LIMIT", 3)
-    specs = [ToolSpec(f"t{i}", "d", {"type": "object"}) for i in range(4)]
-    for spec in specs[:3]:
-        estimate_request_tokens(ModelRequest(messages=(), tools=(spec,)))
-    assert len(tokens._ESTIMATES) == 3
-    estimate_request_tokens(ModelRequest(messages=(), tools=(specs[3],)))
-    assert [entry[0] for entry in tokens._ESTIMATES.values()] == [specs[3]]
+def test_an_estimate_is_kept_on_its_spec_and_goes_with_it() -> None:
+    spec = ToolSpec("t", "d", {"type": "object"})
+    assert spec.tokens_estimate is None
+    first = estimate_request_tokens(ModelRequest(messages=(), tools=(spec,)))
+    assert spec.tokens_estimate == first == _uncached_tool_tokens(spec)
+    assert not hasattr(tokens, "_ESTIMATES")  # nothing kept beside the spec
+    assert spec == ToolSpec("t", "d", {"type": "object"})  # the memo is not part of its value
 
 
 def oracle() -> MigrationOracle:

@@ -37,8 +37,9 @@ EXPECTED = {
     "Model", "ModelRequest", "ModelResponse", "ToolCall", "Usage", "resolve_model",
     "ScriptedModel", "FunctionModel", "SimulatedModel", "NoiseProfile", "LLMPlanner",
     "ResponseFunction", "plan_response", "text_response", "tool_response",
-    "LLMExecutor", "ToolExecutor", "StepResult", "Tool", "Toolset", "tool",
+    "LLMExecutor", "ToolExecutor", "StepResult", "Tool", "ToolHints", "Toolset", "tool",
     "MCPServer", "MCPServerStdio", "MCPServerStreamableHTTP", "MCPTool",
+    "ToolsetSpec", "MCPConfig",
     # prices and errors
     "Price", "PriceTable", "HierplanError", "UserInputError", "PlanValidationError",
     "StepFailed", "BudgetExceeded", "ToolError", "ToolServerGone", "ModelError",

@@ -89,7 +89,7 @@ def test_a_policy_threshold_that_is_no_usable_number_is_refused(text: str, probl
         ReviewPolicy.parse(text)
     message = str(refused.value)
     assert message.startswith(f"review policy {text!r}: {problem}")
-    assert "; use root, all, usd>AMOUNT or tokens>COUNT" in message
+    assert "; use root, all, destructive, usd>AMOUNT or tokens>COUNT" in message
 
 
 def test_a_whole_token_count_in_any_notation_and_a_precise_amount_round_trip() -> None:
@@ -117,7 +117,7 @@ def test_a_threshold_of_any_text_gives_a_policy_or_the_policy_error(
     try:
         policy = ReviewPolicy.parse(text)
     except UserInputError as exc:
-        assert "use root, all, usd>AMOUNT or tokens>COUNT" in str(exc)
+        assert "use root, all, destructive, usd>AMOUNT or tokens>COUNT" in str(exc)
     else:
         assert ReviewPolicy.parse(str(policy)) == policy
 
@@ -127,7 +127,7 @@ def test_policy_parse_never_fails_otherwise(text: str) -> None:
     try:
         policy = ReviewPolicy.parse(text)
     except UserInputError as exc:
-        assert "use root, all, usd>AMOUNT or tokens>COUNT" in str(exc)
+        assert "use root, all, destructive, usd>AMOUNT or tokens>COUNT" in str(exc)
     else:
         assert ReviewPolicy.parse(str(policy)) == policy
 

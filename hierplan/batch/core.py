@@ -39,6 +39,7 @@ from hierplan.batch.journal import (
     url_as_journaled,
 )
 from hierplan.batch.runner import GoalOutcome, RunFunction, RunOptions, inner_budget, run_goal
+from hierplan.batch.toolsets import SharedToolsets, check_goal_toolsets
 from hierplan.budgets.budget import Fixed
 from hierplan.budgets.ledger import LocalLedger
 from hierplan.core.instrument import Instrument
@@ -206,7 +207,9 @@ def _changed_on_resume(config: BatchConfig, meta: dict[str, Any]) -> list[str]:
     may not have been given)."""
 
     def differs(flag: str, value: Any, default: Any, stored: Any) -> bool:
-        named = flag in config.given if config.given is not None else value != default
+        flags = ("--tools", "--mcp") if flag == "--tools/--mcp" else (flag,)
+        given = config.given
+        named = any(f in given for f in flags) if given is not None else value != default
         return named and value != stored
 
     stored, given = meta.get("budget", {}), config.budget
@@ -226,6 +229,7 @@ def _changed_on_resume(config: BatchConfig, meta: dict[str, Any]) -> list[str]:
     defaults, options = RunOptions().to_dict(), meta.get("options", {})
     for key, value in config.options.to_dict().items():
         flag = "--set" if key == "run_settings" else "--" + key.replace("_", "-")
+        flag = "--tools/--mcp" if key == "tools" else flag
         if key == "base_url":  # the journal keeps it without credentials, which may change
             value = url_as_journaled(value)
         if differs(flag, value, defaults[key], options.get(key, defaults[key])):
@@ -246,6 +250,7 @@ def prepare(config: BatchConfig, pricing: PriceTable | None = None) -> Batch:
     goals = load_goals(config.goals_path, default_model=config.options.model)
     _check_amounts(config.budget, goals.goals)
     _check_model_flags(goals.goals, config.options)
+    _check_toolsets(goals.goals, config)
     pricing = config.options.pricing(goals.goals, pricing)
     check_prices(goals.goals, config.options.model, pricing, _usd(config))
     # hierplan.run resolves the goals' provider models here (Celery workers read their keys
@@ -354,6 +359,15 @@ def _check_journal_goals(journal: Journal, goals: GoalsFile, goals_path: Path) -
         raise damaged_journal(journal.path, problem)
 
 
+def _check_toolsets(goals: Sequence[BatchGoal], config: BatchConfig) -> None:
+    """Every goal's toolsets, before anything starts: locally in full (each distinct entry
+    opened once); on Celery their form only, since workers open them in their own
+    environment (a worker that cannot fails that goal with the reason)."""
+    batch_tools = config.options.toolsets()
+    entries = {goal.id: goal.tools(batch_tools) for goal in goals}
+    check_goal_toolsets(goals, entries, local=config.backend == "local")
+
+
 def _check_model_flags(goals: Sequence[BatchGoal], options: RunOptions) -> None:
     """``--base-url`` and ``--timeout`` need a goal on a provider model to apply to."""
     given = options.base_url is not None or options.timeout is not None
@@ -434,6 +448,7 @@ async def run_local(batch: Batch) -> None:
     pending = [r.goal for r in journal.rows() if r.state == "pending"]
     changes = _Changes()
     running = 0
+    shared = SharedToolsets()  # servers the goals share, open until the batch ends
 
     async def one(goal: BatchGoal, account: Any, grant: tuple[int | None, int | None]) -> None:
         nonlocal running
@@ -450,6 +465,7 @@ async def run_local(batch: Batch) -> None:
                 batch.goal_dir(goal.id),
                 batch.config.instruments,
                 batch.config.run_fn,
+                shared,
             )
             balance = await ledger.close(account)
             batch.record_finished(goal, outcome, (balance.spent_tokens, balance.spent_pico))
@@ -458,6 +474,7 @@ async def run_local(batch: Batch) -> None:
             changes.notify()
 
     async with anyio.create_task_group() as tg:
+        await tg.start(shared.serve)
         if batch.display is not None:
             tg.start_soon(_keep_panel_fresh, batch)
         index = 0
@@ -481,6 +498,7 @@ async def run_local(batch: Batch) -> None:
             tg.start_soon(one, goal, account, grant)
         while running:
             await changes.wait()
+        shared.close()
         tg.cancel_scope.cancel()  # every goal has ended: the panel's refresher too
 
 

@@ -16,7 +16,9 @@ succeeded.
 Optionally a line has its own settings: ``id`` (a name of letters, digits, ``.``, ``_``, ``-``;
 by default ``line-N``), ``strategy``, ``model``, ``max_depth``, ``concurrency`` (steps at once
 within the goal), ``seed``, ``allocation``, ``reservation``, a budget cap ``budget_usd`` /
-``budget_tokens``, and any other run setting (``executor_max_tokens``, ``step_timeout_s``...: a
+``budget_tokens``, ``tools`` (toolsets, as a goal file names them: see
+:mod:`hierplan.tools.config`), and any other run setting (``executor_max_tokens``,
+``step_timeout_s``...: a
 :class:`~hierplan.RunSettings` field), checked as strictly as the rest.
 A goal without a ``seed`` gets its own, derived from the batch's seed and its id (see
 :func:`goal_seed`). A key given twice on a line is refused (JSON readers would keep the
@@ -59,6 +61,7 @@ from hierplan.models.provider import RepeatedKeyError, json_problem, loads_json
 from hierplan.plans.plan import MAX_GOAL_CHARS
 from hierplan.runner.goals import unknown_keys_problem
 from hierplan.scenarios import get_scenario
+from hierplan.tools.config import ToolsetSpec, toolset_entries
 
 MAX_ERRORS_SHOWN = 20
 # Room for a goal as long as a run takes, written as JSON (escapes can double its length).
@@ -91,6 +94,8 @@ class GoalLine(BaseModel):
     reservation: Reservation | None = None
     budget_usd: float | None = Field(default=None, ge=0, le=MAX_BUDGET_USD, allow_inf_nan=False)
     budget_tokens: int | None = Field(default=None, ge=0, le=MAX_BUDGET_TOKENS)
+    # Checked by _line_spec, which names each bad entry.
+    tools: tuple[ToolsetSpec, ...] | None = Field(default=None, strict=False)
     # The other run settings of the line, written as keys of the line itself: parse_goals
     # gathers them here; the journal and Celery messages carry them as they are.
     settings: dict[str, Any] | None = None
@@ -170,10 +175,18 @@ class BatchGoal:
     spec: GoalLine
 
     def to_json(self) -> str:
-        """The goal as one JSON object (for the journal and for workers)."""
-        return json.dumps(
-            {"id": self.id, "line": self.line, "spec": self.spec.model_dump(exclude_none=True)}
-        )
+        """The goal as one JSON object (for the journal and for workers): its tools entries as
+        written, ``${VAR}`` unread."""
+        spec = self.spec.model_dump(exclude_none=True, exclude={"tools"})
+        if self.spec.tools:
+            spec["tools"] = [entry.saved() for entry in self.spec.tools]
+        return json.dumps({"id": self.id, "line": self.line, "spec": spec})
+
+    def tools(self, batch_tools: Sequence[ToolsetSpec] = ()) -> tuple[ToolsetSpec, ...]:
+        """The goal's toolsets: the batch's (``--tools``, ``--mcp``), then its line's, each
+        noted with the line for messages."""
+        entries = (*batch_tools, *(self.spec.tools or ()))
+        return tuple(e.model_copy(update={"where": f"line {self.line}"}) for e in entries)
 
     @classmethod
     def from_json(cls, text: str) -> BatchGoal:
@@ -267,6 +280,12 @@ def _line_spec(data: dict[str, Any]) -> tuple[GoalLine | None, str]:
         problems.append(unknown)
         data = {k: v for k, v in data.items() if k in LINE_KEYS}
     more = {k: v for k, v in data.items() if k in MORE_SETTINGS}
+    if "tools" in data:
+        try:
+            data = {**data, "tools": toolset_entries(data["tools"])}
+        except UserInputError as exc:
+            problems.append(str(exc))
+            data = {k: v for k, v in data.items() if k != "tools"}
     try:
         spec = GoalLine.model_validate({k: v for k, v in data.items() if k not in more})
     except ValidationError as exc:

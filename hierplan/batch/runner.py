@@ -10,6 +10,7 @@ from typing import Any
 
 from hierplan.batch.budget import Amounts, GoalLedger
 from hierplan.batch.goals import BatchGoal, goal_seed, suite_task
+from hierplan.batch.toolsets import SharedToolsets
 from hierplan.bench.base import TaskEnv
 from hierplan.bench.suites import get_suite
 from hierplan.budgets.budget import DEFAULT_ALLOCATION, Budget
@@ -26,6 +27,8 @@ from hierplan.runner.run import run
 from hierplan.runner.spec import ModelChoice, ModelSpec, RunSpec, is_simulated
 from hierplan.simulator.oracle import Oracle
 from hierplan.simulator.profiles import Simulator
+from hierplan.tools.base import Tool, Toolset
+from hierplan.tools.config import ToolsetSpec, toolset_entries
 from hierplan.units import pico_to_usd
 
 RunFunction = Callable[..., Awaitable[RunResult]]
@@ -53,6 +56,13 @@ class RunOptions:
     """USD per million input tokens of the goals' models (``--price-in``)."""
     price_out: float | None = None
     """USD per million output tokens of the goals' models (``--price-out``)."""
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    """Toolsets of every goal (``--tools``, ``--mcp``), as written: each goal gets them and
+    those of its line."""
+
+    def toolsets(self) -> tuple[ToolsetSpec, ...]:
+        """:attr:`tools` as entries."""
+        return toolset_entries(self.tools)
 
     def to_dict(self) -> dict[str, Any]:
         """As plain data (for the journal and the Celery message)."""
@@ -92,6 +102,7 @@ class RunOptions:
             price_out=self.price_out,
             workdir=workdir / "work" if spec.scenario else None,
             run_id=goal.id,
+            tools=goal.tools(self.toolsets()),
         )
 
     def pricing(self, goals: Iterable[BatchGoal], base: PriceTable | None = None) -> PriceTable:
@@ -149,10 +160,13 @@ async def run_goal(
     workdir: Path,
     instruments: Sequence[Instrument] = (),
     run_fn: RunFunction = run,
+    shared: SharedToolsets | None = None,
 ) -> GoalOutcome:
     """Run ``goal`` with ``budget``, its calls reserved on ``ledger``; never raises for a
-    failure of the goal itself (it is recorded as ``failed`` with the reason). ``run_fn`` is
-    :func:`hierplan.run` unless a test or an embedding application wraps it."""
+    failure of the goal itself (it is recorded as ``failed`` with the reason: a server of its
+    toolsets that cannot start, say). ``run_fn`` is :func:`hierplan.run` unless a test or an
+    embedding application wraps it; ``shared`` holds the servers goals share (entries marked
+    ``shared``), which without it each goal opens for itself."""
     spec = goal.spec
     budgeting = BudgetInstrument(
         budget,
@@ -171,9 +185,10 @@ async def run_goal(
             )
             oracle = suite.oracle()
         text = task_env.goal if task_env is not None else spec.goal
+        run_spec, borrowed = _shared_apart(options.run_spec(goal, workdir, text, oracle), shared)
         result = await run_fn(
-            options.run_spec(goal, workdir, text, oracle),
-            tools=() if task_env is None else task_env.tools,
+            run_spec,
+            tools=[*(() if task_env is None else task_env.tools), *borrowed],
             instruments=[*instruments, budgeting],
         )
         if task_env is not None:
@@ -185,6 +200,22 @@ async def run_goal(
         where = traceback.format_exception_only(exc)[-1].strip()
         return GoalOutcome("failed", "error", where, None)
     return outcome_of(result)
+
+
+def _shared_apart(
+    spec: RunSpec, shared: SharedToolsets | None
+) -> tuple[RunSpec, list[Tool | Toolset]]:
+    """``spec`` without its ``shared`` entries, and those as toolsets that borrow the shared
+    servers (none when nothing is shared)."""
+    if shared is None or not any(entry.shared for entry in spec.tools):
+        return spec, []
+    own = tuple(entry for entry in spec.tools if not entry.shared)
+    borrowed: list[Tool | Toolset] = [
+        shared.borrow(entry, entry.named(index))
+        for index, entry in enumerate(spec.tools, 1)
+        if entry.shared
+    ]
+    return spec.model_copy(update={"tools": own}), borrowed
 
 
 def outcome_of(result: RunResult) -> GoalOutcome:

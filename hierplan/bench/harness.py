@@ -42,6 +42,7 @@ from hierplan.runner.spec import ModelChoice, RunSpec, is_simulated
 from hierplan.simulator.model import SimulatedModel
 from hierplan.simulator.oracle import Oracle
 from hierplan.simulator.profiles import PROFILES, NoiseProfile, Simulator
+from hierplan.tools.config import ToolsetSpec
 
 RESULTS = "results.jsonl"
 MANIFEST = "bench.json"
@@ -69,6 +70,8 @@ class BenchConfig:
     timeout_s: float | None = None
     run_settings: Mapping[str, Any] = field(default_factory=dict)
     """Other run settings of every run (``--set``), checked: the same for every strategy."""
+    tools: tuple[ToolsetSpec, ...] = ()
+    """Toolsets every run gets beside its task's tools (``--tools``, ``--mcp``)."""
 
     @property
     def simulated(self) -> bool:
@@ -87,6 +90,7 @@ class BenchConfig:
             **({"base_url": redact(self.base_url)} if self.base_url else {}),
             # Only when given: a benchmark made before --set existed resumes as it was.
             **({"run_settings": dict(self.run_settings)} if self.run_settings else {}),
+            **({"tools": redact_data([e.saved() for e in self.tools])} if self.tools else {}),
         }
 
     def provider_options(self) -> dict[str, Any]:
@@ -293,6 +297,7 @@ async def run_one(spec: BenchRun, config: BenchConfig, model: str | Model) -> di
         model=_bench_model(model, config, spec.suite.oracle()),
         settings=settings,
         run_id=f"{spec.task.task_id}-s{spec.seed}-{spec.strategy}",
+        tools=config.tools,
     )
     result = await execute(run_spec, tools=env.tools, instruments=[counter])
     verdict = env.verify(result.answer)

@@ -1,4 +1,5 @@
-"""The ``hierplan`` command: run, demo, resume, view, validate, scenarios, batch, worker, bench.
+"""The ``hierplan`` command: run, demo, resume, view, validate, scenarios, tools, batch, worker,
+bench.
 
 Each command lives in a module of its own; the options several share are declared once in
 :mod:`hierplan.cli.options`. Bad input is one ``error:`` line and exit status 2, never a
@@ -7,6 +8,7 @@ traceback (see :mod:`hierplan.cli.running` for the other exit statuses).
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Annotated, Any, cast
 
@@ -19,6 +21,7 @@ from hierplan.cli.inspect import scenarios_command, validate_command, view_comma
 from hierplan.cli.options import fail
 from hierplan.cli.resume import resume_command
 from hierplan.cli.run import demo_command, run_command
+from hierplan.cli.tools import tools_command
 
 app = typer.Typer(
     name="hierplan",
@@ -59,6 +62,7 @@ app.command("resume")(resume_command)
 app.command("view")(view_command)
 app.command("validate")(validate_command)
 app.command("scenarios")(scenarios_command)
+app.command("tools")(tools_command)
 register_batch_commands(app)
 app.command("bench")(bench_command)
 
@@ -74,6 +78,10 @@ def main() -> None:
     A command line the parser refuses (an unknown option, a value out of range, a missing
     argument) is one ``error:`` line naming the help to read, like every other bad input.
     """
+    # A toolset named as module:attribute is looked for in the current directory too, as
+    # `python -m` would find it (the script's own directory is first on sys.path otherwise).
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         code = app(standalone_mode=False)
     except _USAGE_ERROR as exc:

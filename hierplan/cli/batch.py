@@ -28,6 +28,7 @@ from hierplan.cli.options import (
     AllocationOpt,
     BaseUrlOpt,
     LatencyOpt,
+    McpOpt,
     ModelOpt,
     PriceInOpt,
     PriceOutOpt,
@@ -35,6 +36,7 @@ from hierplan.cli.options import (
     ReservationOpt,
     StrategyOpt,
     TimeoutOpt,
+    ToolsOpt,
     TraceOpt,
     fail,
     out_option,
@@ -45,6 +47,7 @@ from hierplan.models.counting import DEFAULT_RESERVATION, check_reservation
 from hierplan.runner.goals import settings_from_assignments
 from hierplan.runner.models import check_base_url
 from hierplan.simulator.profiles import PROFILES
+from hierplan.tools.config import entries_from_flags
 from hierplan.tracing.setup import (
     TraceSetup,
     configure_tracing,
@@ -161,6 +164,8 @@ def batch_command(
     timeout: TimeoutOpt = None,
     price_in: PriceInOpt = None,
     price_out: PriceOutOpt = None,
+    tools: ToolsOpt = None,
+    mcp: McpOpt = None,
 ) -> None:
     """Run many goals under one global budget, journaled in DIR (resumable with --resume).
 
@@ -192,6 +197,7 @@ def batch_command(
             timeout=timeout,
             price_in=price_in,
             price_out=price_out,
+            tools=[entry.saved() for entry in entries_from_flags(tools or [], mcp or [])],
         )
         config = BatchConfig(
             goals_path=goals,

@@ -7,6 +7,7 @@ benchmark ran (whatever the success rates), 2 for bad arguments, with a one-line
 
 from __future__ import annotations
 
+import json
 import shlex
 import time
 from collections.abc import Mapping
@@ -42,9 +43,11 @@ from hierplan.bench.suites import SUITE_NAMES
 from hierplan.cli.options import (
     BaseUrlOpt,
     LatencyOpt,
+    McpOpt,
     ModelOpt,
     ProfileOpt,
     TimeoutOpt,
+    ToolsOpt,
     out_option,
 )
 from hierplan.core.settings import STRATEGY_NAMES
@@ -52,6 +55,7 @@ from hierplan.errors import HierplanError, UserInputError
 from hierplan.files import new_directory, write_atomic
 from hierplan.runner.goals import settings_from_assignments
 from hierplan.simulator.profiles import NoiseProfile, get_profile
+from hierplan.tools.config import entries_from_flags
 
 # CLI flag -> NoiseProfile field, for the explicit simulator parameters.
 NOISE_FLAGS: Mapping[str, str] = MappingProxyType(
@@ -180,6 +184,8 @@ def bench_command(
     sim_latency_sigma: Annotated[float | None, _noise_option("sim_latency_sigma")] = None,
     sim_latency_per_token: Annotated[float | None, _noise_option("sim_latency_per_token")] = None,
     sim_verbosity: Annotated[float | None, _noise_option("sim_verbosity")] = None,
+    tools: ToolsOpt = None,
+    mcp: McpOpt = None,
 ) -> None:
     """Compare strategies on the benchmark suites: same tasks, tools and model for each."""
     overrides = {k: v for k, v in locals().items() if k in NOISE_FLAGS}
@@ -199,6 +205,7 @@ def bench_command(
             base_url=base_url,
             timeout_s=timeout,
             run_settings=settings_from_assignments(set_ or [], flags=SETTING_FLAGS),
+            tools=entries_from_flags(tools or [], mcp or []),
         )
         check_config(config)
         if baseline not in STRATEGY_NAMES:
@@ -334,6 +341,9 @@ def _command(
         parts += ["--max-depth", str(config.max_depth)]
     for key, value in config.run_settings.items():
         parts += ["--set", f"{key}={_setting_text(value)}"]
+    for entry in config.tools:  # as given: a python entry by --tools, a server by --mcp
+        python = entry.python
+        parts += ["--tools", python] if python else ["--mcp", json.dumps(entry.saved()["mcp"])]
     if config.base_url:
         parts += ["--base-url", config.base_url]
     if config.timeout_s:

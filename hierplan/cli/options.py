@@ -191,3 +191,24 @@ TraceContentOpt = Annotated[
         "--trace-content", help="Record prompts and completions in the trace (off by default)."
     ),
 ]
+
+# -- toolsets ------------------------------------------------------------------------------------
+ToolsOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--tools",
+        metavar="MODULE:ATTR",
+        help="Tools from Python: a Toolset, a list of tools or one tool, as module:attribute "
+        "(repeatable).",
+    ),
+]
+McpOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--mcp",
+        metavar="SERVER",
+        help="An MCP server's tools: a command line run over stdio, an http(s) URL, or a goal "
+        "file's mcp mapping as YAML, e.g. '{url: URL, headers: {Authorization: \"Bearer "
+        "${TOKEN}\"}}' (repeatable).",
+    ),
+]

@@ -18,6 +18,7 @@ from hierplan.cli.options import (
     BudgetUsdOpt,
     LatencyOpt,
     MaxDepthOpt,
+    McpOpt,
     ModelOpt,
     ModelRetriesOpt,
     PauseOpt,
@@ -31,6 +32,7 @@ from hierplan.cli.options import (
     SetOpt,
     StrategyOpt,
     TimeoutOpt,
+    ToolsOpt,
     TraceContentOpt,
     TraceOpt,
     YesOpt,
@@ -68,6 +70,7 @@ from hierplan.runner.spec import (
     settings_with,
 )
 from hierplan.simulator.profiles import Simulator
+from hierplan.tools.config import ToolsetSpec, entries_from_flags
 from hierplan.tracing.setup import parse_trace_target
 from hierplan.view.console import RunConsole
 
@@ -169,6 +172,8 @@ def run_command(
     reservation: ReservationOpt = DEFAULT_RESERVATION,
     price_in: PriceInOpt = None,
     price_out: PriceOutOpt = None,
+    tools: ToolsOpt = None,
+    mcp: McpOpt = None,
 ) -> None:
     """Plan and run a goal (or a scenario), write DIR/run.json, and show the tree with costs.
 
@@ -220,8 +225,10 @@ def _spec_of_command_line(
 ) -> tuple[RunSpec, str | None]:
     """The run the command line describes (a flag given wins over the goal file, which wins
     over the flags' defaults), and a warning to print first, if any."""
-    goal, scenario, from_file = _goal_input(goal, scenario, goal_file)
+    goal, scenario, from_file, file_tools = _goal_input(goal, scenario, goal_file)
     options = {k: v for k, v in from_file.items() if k not in flags}
+    # The flags' toolsets join the file's: a run gets every toolset either names.
+    tools = (*file_tools, *entries_from_flags(params.get("tools") or [], params.get("mcp") or []))
     options |= settings_from_assignments(params.get("set_") or [], flags=SETTING_FLAGS)
     model = str(options.pop("model", params["model"]))
     settings = {
@@ -250,6 +257,7 @@ def _spec_of_command_line(
         budget=budget if budget.limited else None,
         price_in=price_in,
         price_out=price_out,
+        tools=tools,
     )
     return spec, unpriced_simulation(model, price_in is not None or price_out is not None)
 
@@ -264,18 +272,19 @@ def _given(ctx: typer.Context, name: str) -> bool:
 
 def _goal_input(
     goal: str | None, scenario: str | None, goal_file: Path | None
-) -> tuple[str | None, str | None, dict[str, Any]]:
-    """The goal and scenario to run, and the settings a ``--goal-file`` gives."""
+) -> tuple[str | None, str | None, dict[str, Any], tuple[ToolsetSpec, ...]]:
+    """The goal and scenario to run, and the settings and toolsets a ``--goal-file`` gives."""
     options: dict[str, Any] = {}
+    tools: tuple[ToolsetSpec, ...] = ()
     if goal_file is not None:
         if goal is not None:
             raise UserInputError("give a goal or --goal-file, not both")
         spec = load_goal_file(goal_file)
         goal, scenario = spec.goal, scenario or spec.scenario
-        options = spec.overrides()
+        options, tools = spec.overrides(), spec.tools
     if goal is None and scenario is None:
         raise UserInputError("no goal: give GOAL, --goal-file FILE or --scenario NAME")
-    return goal, scenario, options
+    return goal, scenario, options, tools
 
 
 def demo_command(

@@ -24,11 +24,17 @@ Phase = Literal["planning", "execution"]
 
 @dataclass(slots=True, frozen=True)
 class ToolSpec:
-    """A tool as a model sees it: a name, a description and a JSON schema for its arguments."""
+    """A tool as a model sees it: a name, a description and a JSON schema for its arguments.
+
+    ``tokens_estimate`` is the estimate of its size in a request, which
+    :mod:`hierplan.models.tokens` works out on first use and keeps here: it lives and dies with
+    the spec, where a cache beside it would keep every run's specs alive.
+    """
 
     name: str
     description: str
     parameters: Mapping[str, Any]
+    tokens_estimate: int | None = field(default=None, init=False, repr=False, compare=False)
 
 
 @dataclass(slots=True, frozen=True)
@@ -52,10 +58,12 @@ class Message:
 
 @dataclass(slots=True, frozen=True)
 class OutputSchema:
-    """Structured output wanted from the model: a name and a JSON schema."""
+    """Structured output wanted from the model: a name and a JSON schema (``tokens_estimate``
+    as :class:`ToolSpec`'s)."""
 
     name: str
     schema: Mapping[str, Any]
+    tokens_estimate: int | None = field(default=None, init=False, repr=False, compare=False)
 
 
 @dataclass(slots=True, frozen=True)

@@ -40,7 +40,7 @@ from hierplan.files import DataTextError, parse_data_text
 from hierplan.hierarchy.gate import GateContext, in_daemon_thread
 from hierplan.plans.decisions import Approve, Decision, Defer, Edit, Reject
 from hierplan.plans.plan import Plan, plan_from_data, plan_to_yaml
-from hierplan.review.render import diff_view, plan_review_tree, review_view
+from hierplan.review.render import diff_view, plan_review_tree, review_view, tool_hints
 from hierplan.view.tree import plain
 
 T = TypeVar("T")
@@ -292,8 +292,9 @@ class _Session:
                     return True
                 self.current, self.text = plan, new_text
                 self.console.print(Text("Edited plan is valid.", style="green"))
-                self.console.print(diff_view(self.plan, plan))
-                self.console.print(plan_review_tree(plan, title="edited plan"))
+                hints = tool_hints(self.ctx)
+                self.console.print(diff_view(self.plan, plan, hints=hints))
+                self.console.print(plan_review_tree(plan, title="edited plan", hints=hints))
                 return True
             self.console.print(Text("The edited plan was refused:", style="bold red"))
             for problem in problems:

@@ -16,16 +16,18 @@ from hierplan.hierarchy.gate import Approver, GateContext
 from hierplan.plans.decisions import Approve, Decision, Defer
 from hierplan.plans.plan import Plan
 
-PolicyScope = Literal["root", "all", "usd", "tokens"]
-POLICY_HELP = "root, all, usd>AMOUNT or tokens>COUNT"
+PolicyScope = Literal["root", "all", "usd", "tokens", "destructive"]
+POLICY_HELP = "root, all, destructive, usd>AMOUNT or tokens>COUNT"
 
 
 @dataclass(slots=True, frozen=True)
 class ReviewPolicy:
     """Which plans go to the reviewer: the root plan only, every level, or costly sub-goals.
 
-    ``root``: the root plan (and its replans). ``all``: every plan at every level. ``usd>X`` or
-    ``tokens>N``: the root plan and every sub-goal whose budget exceeds the threshold. A
+    ``root``: the root plan (and its replans). ``all``: every plan at every level.
+    ``destructive``: every plan, at any level, that may use a destructive tool (see
+    :func:`destructive_tools`), and no other. ``usd>X`` or ``tokens>N``: the root plan and
+    every sub-goal whose budget exceeds the threshold. A
     sub-goal's budget is its node's allocated budget when a budget instrument set one, else the
     planner's estimate on its step (``estimate_usd``, ``estimate_tokens``); for ``usd>X``, an
     estimate in tokens only is read at the dearest per-token price of the run's models. A
@@ -41,7 +43,7 @@ class ReviewPolicy:
         :class:`UserInputError` otherwise (a USD amount must be finite and not negative, a
         token count a whole number)."""
         spec = text.strip().lower().replace(" ", "")
-        if spec in ("root", "all"):
+        if spec in ("root", "all", "destructive"):
             return cls(spec)  # type: ignore[arg-type]
         unit, sep, number = spec.partition(">")
         if sep and unit in ("usd", "tokens"):
@@ -62,7 +64,7 @@ class ReviewPolicy:
         )
 
     def __str__(self) -> str:
-        if self.scope in ("root", "all"):
+        if self.scope in ("root", "all", "destructive"):
             return self.scope
         if self.scope == "tokens":
             return f"tokens>{int(self.threshold)}"
@@ -70,14 +72,41 @@ class ReviewPolicy:
         # The short form unless it loses digits: the text must parse back to this policy.
         return f"usd>{short if float(short) == self.threshold else repr(self.threshold)}"
 
-    def wants(self, ctx: GateContext) -> bool:
-        """Whether the plan in ``ctx`` goes to the reviewer."""
+    def wants(self, ctx: GateContext, plan: Plan | None = None) -> bool:
+        """Whether ``plan`` (the plan in ``ctx``) goes to the reviewer; the ``destructive``
+        policy needs the plan (without it, every plan goes)."""
+        if self.scope == "destructive":
+            return plan is None or bool(destructive_tools(plan, ctx))
         if ctx.is_root or self.scope == "all":
             return True
         if self.scope == "root":
             return False
         value = subgoal_budget(ctx, self.scope)
         return value is None or value > self.threshold
+
+
+def plan_tools(plan: Plan, ctx: GateContext) -> dict[str, list[str]]:
+    """The tools each task step of ``plan`` may call, by step id: its own ``tool``, else its
+    ``tools`` allowlist within the node's, else every tool of the node. A sub-goal's steps
+    are not counted: its own plan is reviewed when it comes."""
+    found: dict[str, list[str]] = {}
+    for step in plan.steps:
+        if step.kind == "subgoal":
+            continue
+        if step.tool is not None:
+            found[step.id] = [step.tool]
+        elif step.tools is not None:
+            found[step.id] = sorted(set(step.tools) & ctx.allowed_tools)
+        else:
+            found[step.id] = sorted(ctx.allowed_tools)
+    return found
+
+
+def destructive_tools(plan: Plan, ctx: GateContext) -> list[str]:
+    """The tools ``plan`` may use that may be destructive (:attr:`ToolHints.may_destroy`: MCP's
+    ``destructiveHint``, or a tool that does not say it is read-only or not destructive)."""
+    names = {name for tools in plan_tools(plan, ctx).values() for name in tools}
+    return sorted(n for n in names if n in ctx.toolbox and ctx.toolbox.get(n).hints.may_destroy)
 
 
 def _threshold_problem(unit: str, value: float) -> str | None:
@@ -145,7 +174,7 @@ class PolicyApprover:
 
     async def review(self, plan: Plan, ctx: GateContext) -> Decision:
         """Ask the reviewer, or approve with the policy named as the decider."""
-        if self.policy.wants(ctx):
+        if self.policy.wants(ctx, plan):
             return await self.reviewer.review(plan, ctx)
         return Approve(by=f"auto (review policy {self.policy})")
 

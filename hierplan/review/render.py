@@ -6,6 +6,7 @@ rich markup.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -14,7 +15,9 @@ from rich.tree import Tree
 
 from hierplan.hierarchy.gate import GateContext
 from hierplan.plans.plan import Plan, PlanDiff, Step, diff_plans, topological_order
-from hierplan.view.tree import data_text, id_list, money, plain, short
+from hierplan.review.policy import destructive_tools
+from hierplan.tools.base import ToolHints
+from hierplan.view.tree import LISTED_IDS, data_text, id_list, money, plain, short
 
 COMPARED = (
     "title",
@@ -52,18 +55,29 @@ def estimate_text(step: Step) -> str:
     return "est. " + ", ".join(parts) if parts else ""
 
 
-def step_label(step: Step) -> Text:
-    """One step: id, kind, title, tool and args, dependencies, budget estimate."""
+def step_label(step: Step, hints: Mapping[str, ToolHints] | None = None) -> Text:
+    """One step: id, kind, title, tool and args, dependencies, budget estimate; with the
+    run's tools' ``hints``, what the step's tools say they do (``[read-only]``,
+    ``[destructive]``)."""
+    hints = hints or {}
     label = Text()
     label.append(plain(step.id), style="bold")
     label.append(f" [{step.kind}] ", style="dim")
     label.append(short(step.title, 60))
     if step.tool:
         label.append(f"  tool={short(step.tool, 66)}", style="blue")
+        _hint(label, hints.get(step.tool))
         if step.args is not None:
             label.append(f" {data_text(step.args, 50)}", style="blue")
     if step.tools is not None:
-        label.append(f"  tools: {id_list(step.tools) or 'none'}", style="blue")
+        label.append("  tools: ", style="blue")
+        label.append("none" if not step.tools else "", style="blue")
+        for index, name in enumerate(step.tools[:LISTED_IDS]):
+            label.append(f"{', ' if index else ''}{short(name, 66)}", style="blue")
+            _hint(label, hints.get(name))
+        more = len(step.tools) - LISTED_IDS
+        if more > 0:
+            label.append(f" and {more:,} more", style="blue")
     if step.depends_on:
         label.append(f"  after {id_list(step.depends_on)}", style="dim")
     estimate = estimate_text(step)
@@ -74,8 +88,22 @@ def step_label(step: Step) -> Text:
     return label
 
 
-def plan_review_tree(plan: Plan, *, title: str) -> Tree:
-    """The plan as a tree: waves of steps that can run in parallel, each step with its details."""
+def _hint(label: Text, hints: ToolHints | None) -> None:
+    shown = "" if hints is None else hints.label()
+    if shown:
+        label.append(f" [{shown}]", style="bold red" if shown == "destructive" else "green")
+
+
+def tool_hints(ctx: GateContext) -> dict[str, ToolHints]:
+    """The hints of the tools the node in ``ctx`` may use, by name."""
+    return {tool.name: tool.hints for tool in ctx.toolbox if tool.name in ctx.allowed_tools}
+
+
+def plan_review_tree(
+    plan: Plan, *, title: str, hints: Mapping[str, ToolHints] | None = None
+) -> Tree:
+    """The plan as a tree: waves of steps that can run in parallel, each step with its details
+    (its tools marked with their ``hints``)."""
     tree = Tree(Text(f"{title}: {short(plan.goal, 90)}", style="bold"))
     try:
         groups = waves(plan)
@@ -85,13 +113,18 @@ def plan_review_tree(plan: Plan, *, title: str) -> Tree:
         parallel = f" ({len(group)} in parallel)" if len(group) > 1 else ""
         branch = tree.add(Text(f"wave {number}{parallel}", style="cyan"))
         for step in group:
-            branch.add(step_label(step))
+            branch.add(step_label(step, hints))
     if plan.rationale:
         tree.add(Text(f"why: {short(plan.rationale, 200)}", style="dim italic"))
     return tree
 
 
-def diff_view(old: Plan, new: Plan, diff: PlanDiff | None = None) -> Text:
+def diff_view(
+    old: Plan,
+    new: Plan,
+    diff: PlanDiff | None = None,
+    hints: Mapping[str, ToolHints] | None = None,
+) -> Text:
     """Steps added, removed and changed from ``old`` to ``new``, one line each."""
     diff = diff or diff_plans(old, new)
     text = Text()
@@ -99,7 +132,7 @@ def diff_view(old: Plan, new: Plan, diff: PlanDiff | None = None) -> Text:
     before, after = old.step_map(), new.step_map()
     for step_id in diff.added:
         text.append("  + ", style="green bold")
-        text.append_text(step_label(after[step_id]))
+        text.append_text(step_label(after[step_id], hints))
         text.append("\n")
     for step_id in diff.removed:
         text.append("  - ", style="red bold")
@@ -143,6 +176,11 @@ def review_view(plan: Plan, ctx: GateContext, *, rejected: str | None = None) ->
         head.append(f"node budget: {budget}\n", style="magenta")
     if ctx.step is not None and estimate_text(ctx.step):
         head.append(f"planner's estimate for this sub-goal: {estimate_text(ctx.step)}\n")
+    hints = tool_hints(ctx)
+    risky = destructive_tools(plan, ctx)
+    if risky:
+        head.append("destructive tools this plan may use: ", style="bold red")
+        head.append(id_list(risky) + "\n", style="red")
     parts: list[RenderableType] = [head]
     if ctx.previous is not None:
         if ctx.reason == "replan":
@@ -151,6 +189,6 @@ def review_view(plan: Plan, ctx: GateContext, *, rejected: str | None = None) ->
             note = Text("This plan replaces the previous proposal", style="yellow")
         if rejected:
             note.append(f", which was rejected: {short(rejected, 200)}", style="yellow")
-        parts += [note, diff_view(ctx.previous, plan, ctx.diff)]
-    parts.append(plan_review_tree(plan, title=f"plan v{ctx.version}"))
+        parts += [note, diff_view(ctx.previous, plan, ctx.diff, hints)]
+    parts.append(plan_review_tree(plan, title=f"plan v{ctx.version}", hints=hints))
     return Group(*parts)

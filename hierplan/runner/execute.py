@@ -4,6 +4,7 @@ the run's status, answer and error worked out, and its record and last event mad
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
@@ -22,8 +23,15 @@ if TYPE_CHECKING:
     from hierplan.runner.prepare import Prepared
 
 
-async def execute_run(ctx: RunContext, chosen: Strategy, prepared: Prepared) -> RunResult:
-    """Run the strategy from the root, inside every instrument's run scope; the run's record."""
+async def execute_run(
+    ctx: RunContext,
+    chosen: Strategy,
+    prepared: Prepared,
+    opened: Callable[[], object] | None = None,
+) -> RunResult:
+    """Run the strategy from the root, inside every instrument's run scope; the run's record.
+    ``opened`` is called once the run's toolsets are open, before anything else runs (a resume
+    checks its decisions against the tools then)."""
     restore = ctx.restore
     if restore is not None:
         record = restore.record.tree
@@ -31,12 +39,9 @@ async def execute_run(ctx: RunContext, chosen: Strategy, prepared: Prepared) -> 
         record = NodeRecord(path="1", kind=chosen.root_kind, goal=prepared.goal, depth=1)
     started = restore.record.started_at if restore else time.time()
     async with AsyncExitStack() as stack:
-        for toolset in prepared.toolsets:
-            for found in await stack.enter_async_context(toolset.open()):
-                try:
-                    ctx.toolbox.add(found)
-                except ValueError as exc:
-                    raise UserInputError(str(exc)) from None
+        await _open_toolsets(ctx, prepared, stack)
+        if opened is not None:
+            opened()
         root = NodeContext(ctx, record, allowed_tools=ctx.toolbox.names())
         await enter_scopes(stack, [i.run_scope(ctx) for i in ctx.instruments])
         if ctx.bus.wants("run_started"):
@@ -91,6 +96,20 @@ async def execute_run(ctx: RunContext, chosen: Strategy, prepared: Prepared) -> 
             )
         )
     return result
+
+
+async def _open_toolsets(ctx: RunContext, prepared: Prepared, stack: AsyncExitStack) -> None:
+    """Open the run's toolsets (each closed with ``stack``) and add their tools to its
+    toolbox; one that cannot be opened, or two tools of one name, is refused naming where
+    each came from."""
+    for openable in prepared.toolsets:
+        try:
+            found = await stack.enter_async_context(openable.toolset.open())
+        except UserInputError as exc:
+            raise UserInputError(f"{openable.label}: {openable.hide(str(exc))}") from None
+        for tool in found:
+            prepared.add_source(tool.name, openable.label)
+            ctx.toolbox.add(tool)
 
 
 async def _run_nodes(

@@ -10,6 +10,9 @@
     concurrency: 8
     seed: 0
     executor_max_tokens: 4096    # any other RunSettings field, checked as RunSettings checks it
+    tools:                       # toolsets (see hierplan.tools.config)
+      - mcp: {command: npx, args: ["-y", "@modelcontextprotocol/server-everything"]}
+      - python: mypackage.tools:toolset
 
 A plain ``.txt`` file is a goal as free text. Every problem is reported with the field it
 concerns; nothing runs until the whole file is valid.
@@ -21,12 +24,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from hierplan.core.settings import MAX_SEED, RunSettings, StrategyName
 from hierplan.errors import UserInputError, field_problems
 from hierplan.files import DataTextError, parse_data_text, parse_yaml_or_json, read_text_file
 from hierplan.plans.plan import MAX_GOAL_CHARS
+from hierplan.tools.config import ToolsetSpec, toolset_entries
 
 # The goal's own keys that are also run settings; every other RunSettings field a goal file
 # may set too (executor_max_tokens, step_timeout_s...), so that the command line, which has
@@ -50,6 +55,8 @@ class GoalSpec(BaseModel):
     max_depth: int | None = Field(default=None, ge=1, le=10)
     concurrency: int | None = Field(default=None, ge=1)
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    # Checked by goal_from_data, which names each bad entry and its line.
+    tools: tuple[ToolsetSpec, ...] = Field(default=(), strict=False)
     # Set by goal_from_data: the other run settings the file gives, already checked.
     _more: dict[str, Any] = PrivateAttr(default_factory=dict)
 
@@ -83,9 +90,10 @@ def unknown_keys_problem(data: Mapping[Any, Any], allowed: Sequence[str]) -> str
     return f"unknown {noun} {', '.join(unknown)}: the keys allowed are {', '.join(allowed)}"
 
 
-def goal_from_data(data: Any, *, source: str) -> GoalSpec:
+def goal_from_data(data: Any, *, source: str, tool_lines: Sequence[int] | None = None) -> GoalSpec:
     """Validate parsed data as a :class:`GoalSpec` and any other run settings it gives as
-    :class:`RunSettings` fields; errors name each bad field."""
+    :class:`RunSettings` fields; errors name each bad field (a ``tools`` entry by its line, when
+    ``tool_lines`` gives each entry's)."""
     more: dict[str, Any] = {}
     problems: list[str] = []
     if isinstance(data, dict):
@@ -95,6 +103,12 @@ def goal_from_data(data: Any, *, source: str) -> GoalSpec:
             data = {k: v for k, v in data.items() if k in GOAL_FILE_KEYS}
         more = {k: v for k, v in data.items() if k in MORE_SETTINGS}
         data = {k: v for k, v in data.items() if k not in more}
+        if "tools" in data:
+            try:
+                data["tools"] = toolset_entries(data["tools"], where=source, lines=tool_lines)
+            except UserInputError as exc:
+                problems.append(str(exc))
+                data = {k: v for k, v in data.items() if k != "tools"}
     try:
         spec = GoalSpec.model_validate(data)
     except ValidationError as exc:
@@ -120,7 +134,21 @@ def load_goal_file(path: Path) -> GoalSpec:
             f"goal file {path} must hold a mapping with a 'goal' or 'scenario' key, "
             f"not {type(data).__name__}"
         )
-    return goal_from_data(data, source=f"goal file {path}")
+    return goal_from_data(data, source=f"goal file {path}", tool_lines=_tools_lines(text))
+
+
+def _tools_lines(text: str) -> list[int] | None:
+    """The line of each entry of the file's ``tools`` list (for messages), if it has one."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return None
+    if not isinstance(root, yaml.MappingNode):
+        return None
+    for key, value in root.value:
+        if getattr(key, "value", None) == "tools" and isinstance(value, yaml.SequenceNode):
+            return [item.start_mark.line + 1 for item in value.value]
+    return None
 
 
 def settings_from_assignments(

@@ -3,7 +3,8 @@ budget instrument, and its context."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import os
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -31,9 +32,21 @@ from hierplan.simulator.profiles import Simulator
 from hierplan.tools.base import Tool, Toolbox, Toolset
 
 
+@dataclass(slots=True, frozen=True)
+class OpenableToolset:
+    """A toolset the run opens, named by where it came from (``label``) in its errors, which
+    ``hide`` rids of the values of its ``${VAR}``."""
+
+    label: str
+    toolset: Toolset
+    hide: Callable[[str], str] = str
+
+
 @dataclass(slots=True)
 class Prepared:
-    """A run's goal, tools and oracle, and the scenario's world when it runs one."""
+    """A run's goal, tools and oracle, and the scenario's world when it runs one. ``sources``
+    names where each of ``tools`` came from; the tools of ``toolsets`` join them when the run
+    opens those."""
 
     goal: str
     tools: list[Tool]
@@ -41,7 +54,19 @@ class Prepared:
     env: ScenarioEnv | None
     scenario: str | None
     workdir: Path | None = None
-    toolsets: list[Toolset] = field(default_factory=list)
+    toolsets: list[OpenableToolset] = field(default_factory=list)
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def add_source(self, name: str, label: str) -> None:
+        """Note that the tool ``name`` comes from ``label``; two tools of one name are refused,
+        naming where each came from."""
+        if name in self.sources:
+            raise UserInputError(
+                f"two tools are named {name!r}: one from {self.sources[name]}, one from "
+                f"{label}; give one a tool_prefix (mcp: {{..., tool_prefix: 'x_'}}), or keep "
+                "only the tools needed (include: [...])"
+            )
+        self.sources[name] = label
 
 
 def refuse_own_goal_for_simulated_scenario(spec: RunSpec) -> None:
@@ -63,38 +88,59 @@ async def prepare(
     spec: RunSpec, tools: Iterable[Tool | Toolset], run_id: str, *, reopen: bool = False
 ) -> Prepared:
     """The run's tools, and its scenario's world set up (``reopen``: as a paused run left it)."""
-    extra: list[Tool] = []
-    toolsets: list[Toolset] = []
-    for item in tools:
-        if isinstance(item, Toolset):
-            toolsets.append(item)
-        elif isinstance(item, Tool):
-            extra.append(item)
-        else:
-            raise UserInputError(
-                f"tools= takes hierplan tools (@hierplan.tool) and toolsets (MCP servers), "
-                f"not {type(item).__name__}"
-            )
     goal = None if spec.goal is None else spec.goal.strip()
     oracle = spec.model.oracle if isinstance(spec.model, Simulator) else None
     if spec.scenario is None:
         assert goal  # RunSpec.checked
-        return Prepared(goal, extra, oracle, None, None, toolsets=toolsets)
+        return _with_tools(Prepared(goal, [], oracle, None, None), spec, tools)
     found = get_scenario(spec.scenario) if isinstance(spec.scenario, str) else spec.scenario
     # One directory per run: concurrent runs of a scenario must not share its files.
     where = spec.workdir or Path("runs") / "scenarios" / found.name / run_id
     make_directory(where, "the run directory")
     make_env = found.reopen if reopen else found.setup
     env = await anyio.to_thread.run_sync(partial(make_env, where, seed=spec.settings.seed))
-    return Prepared(
-        goal or env.goal,
-        [*env.tools, *extra],
-        oracle or env.oracle,
-        env,
-        found.name,
-        where,
-        toolsets,
-    )
+    prepared = Prepared(goal or env.goal, [], oracle or env.oracle, env, found.name, where)
+    _add_tools(prepared, env.tools, f"the scenario {found.name}")
+    return _with_tools(prepared, spec, tools)
+
+
+def _with_tools(prepared: Prepared, spec: RunSpec, tools: Iterable[Tool | Toolset]) -> Prepared:
+    """``prepared`` with the tools and toolsets given as objects and those of the spec's
+    ``tools`` entries (their ``${VAR}`` read now)."""
+    given = list(tools)
+    wrong = [item for item in given if not isinstance(item, Tool | Toolset)]
+    if wrong:
+        raise UserInputError(
+            f"tools= takes hierplan tools (@hierplan.tool) and toolsets (MCP servers), "
+            f"not {type(wrong[0]).__name__}"
+        )
+    _add_tools(prepared, given, "tools=")
+    environ = dict(os.environ)
+    for index, entry in enumerate(spec.tools, 1):
+        _add_tools(
+            prepared,
+            entry.toolset(environ),
+            entry.named(index),
+            partial(entry.hidden, environ=environ),
+        )
+    return prepared
+
+
+def _add_tools(
+    prepared: Prepared,
+    items: Iterable[Tool | Toolset],
+    label: str,
+    hide: Callable[[str], str] = str,
+) -> None:
+    for item in items:
+        if isinstance(item, Toolset):
+            shown = getattr(item, "shown", None) or item.name
+            name = label if label != "tools=" else f"the toolset {shown} (tools=)"
+            name = getattr(item, "label", None) or name  # a batch's shared server: its entry
+            prepared.toolsets.append(OpenableToolset(name, item, hide))
+        else:
+            prepared.add_source(item.name, label if label != "tools=" else "tools=")
+            prepared.tools.append(item)
 
 
 def with_budget(

@@ -131,6 +131,7 @@ def resumed_spec(checkpoint: Checkpoint, options: Mapping[str, Any], run_dir: Pa
             price_in=saved.get("price_in"),
             price_out=saved.get("price_out"),
             workdir=None if workdir is None else run_dir / str(workdir),
+            tools=saved.get("toolsets") or (),
         )
     except ValidationError as exc:
         raise UserInputError(

@@ -197,12 +197,16 @@ async def execute(
             ctx = run_context(
                 pair, prepared, rid, spec.settings, pricing, instruments, listeners, gate, restore
             )
+            opened = None
             if restore is not None:
                 policy = getattr(chosen, "policy", None)
-                check_decisions(ctx, restore, flat=bool(policy is not None and policy.flat))
+                # Once the toolsets are open: their tools are among those the paused run had.
+                opened = partial(
+                    check_decisions, ctx, restore, flat=bool(policy is not None and policy.flat)
+                )
             elif where is not None:
                 clear_checkpoint(where)  # a new run in the same directory
-            result = await execute_run(ctx, chosen, prepared)
+            result = await execute_run(ctx, chosen, prepared, opened)
         finally:
             await models.aclose()
         _add_budget_summary(ctx, result)
@@ -272,6 +276,8 @@ def _saved_spec(
         if prepared.workdir is None
         else _saved_workdir(prepared.workdir, checkpoint_dir),
         "tools": sorted(ctx.toolbox.names()),
+        # As written: a resume reads their ${VAR} from its own environment again.
+        "toolsets": [entry.saved() for entry in spec.tools],
     }
 
 

@@ -13,6 +13,7 @@ objects rather than described (tools, an approver, instruments, listeners) is pa
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,6 +33,7 @@ from hierplan.plans.plan import MAX_GOAL_CHARS
 from hierplan.pricing import PriceTable
 from hierplan.scenarios import Scenario
 from hierplan.simulator.profiles import Simulator
+from hierplan.tools.config import ToolsetSpec, check_toolsets, toolset_entries
 
 
 class ModelSpec(BaseModel):
@@ -114,7 +116,11 @@ class RunSpec(BaseModel):
     they run (validators, an approver). ``workdir`` is a scenario's working directory
     (default ``runs/scenarios/<name>/<run id>``). ``run_id`` names the run (default: random).
     ``extra`` is kept with the run's checkpoint when it pauses (JSON data: the command line
-    keeps how plans are reviewed there) and given back on resume.
+    keeps how plans are reviewed there) and given back on resume. ``tools`` are toolsets as
+    configuration (:class:`~hierplan.ToolsetSpec`, or mappings as a goal file writes them:
+    ``{"mcp": {"command": ...}}``, ``{"python": "module:attribute"}``), opened for the run
+    beside the tool objects given to :func:`hierplan.run`; their ``${VAR}`` are read from the
+    environment when the run starts.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
@@ -132,6 +138,14 @@ class RunSpec(BaseModel):
     workdir: Path | None = None
     run_id: str | None = None
     extra: dict[str, Any] = Field(default_factory=dict)
+    tools: tuple[ToolsetSpec, ...] = ()
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _entries(cls, value: Any) -> Any:
+        # Entries as a goal file writes them, each bad one named (a UserInputError, which
+        # pydantic lets through as it is).
+        return toolset_entries(value)
 
     def __init__(self, *, strategy: str | None = None, **data: Any) -> None:
         if strategy is not None:
@@ -141,7 +155,8 @@ class RunSpec(BaseModel):
     def checked(self) -> RunSpec:
         """This spec if it can run, else a :class:`UserInputError` saying what is wrong (the
         strategy is known, there is a goal or a scenario, the goal fits a plan, both prices
-        are given or neither)."""
+        are given or neither, the toolsets' variables are set and their commands and modules
+        found)."""
         get_strategy(self.settings.strategy)  # a clear error naming the known strategies
         goal = None if self.goal is None else self.goal.strip()
         if goal is not None and len(goal) > MAX_GOAL_CHARS:
@@ -154,6 +169,8 @@ class RunSpec(BaseModel):
             raise UserInputError("no goal given: pass a goal, or a scenario (--scenario NAME)")
         if (self.price_in is None) != (self.price_out is None):
             raise UserInputError("give both --price-in and --price-out (USD per million tokens)")
+        # When the run starts: a variable set, a command installed, a module importable now.
+        check_toolsets(self.tools, os.environ)
         return self
 
     @property

@@ -27,6 +27,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from functools import partial
 from typing import Annotated, Any, overload
 
@@ -68,11 +69,45 @@ _tool_threads: ContextVar[anyio.CapacityLimiter | None] = ContextVar(
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
+@dataclass(slots=True, frozen=True)
+class ToolHints:
+    """What a tool says of its effects, as MCP's tool annotations say it: ``read_only`` (it
+    changes nothing), ``destructive`` (it may delete or overwrite), ``idempotent`` (calling it
+    again with the same arguments does nothing more), ``open_world`` (it reaches outside
+    systems). ``None``: not said. Plan review shows them, and the review policy
+    ``destructive`` sends a plan that may use a destructive tool to a person.
+
+    >>> ToolHints().may_destroy, ToolHints(read_only=True).may_destroy
+    (True, False)
+    """
+
+    read_only: bool | None = None
+    destructive: bool | None = None
+    idempotent: bool | None = None
+    open_world: bool | None = None
+
+    @property
+    def may_destroy(self) -> bool:
+        """Whether the tool may be destructive: unless it says it is read-only or not
+        destructive (MCP's defaults: a tool that says nothing may be)."""
+        return not self.read_only and self.destructive is not False
+
+    def label(self) -> str:
+        """``read-only``, ``destructive`` or ``""`` (not said), for plan review."""
+        if self.read_only:
+            return "read-only"
+        if self.destructive:
+            return "destructive"
+        return "not destructive" if self.destructive is False else ""
+
+
 class Tool(ABC):
     """A callable tool with a name, a description, a JSON schema and a timeout.
 
     Subclasses implement :meth:`invoke`; :meth:`call` adds validation and the timeout.
-    ``timeout_s`` is in seconds, more than 0 (``math.inf`` for no deadline).
+    ``timeout_s`` is in seconds, more than 0 (``math.inf`` for no deadline). ``hints`` says
+    what the tool does to the world (:class:`ToolHints`); ``source`` where it comes from (an
+    MCP server's name, a Python module), for listings and error messages.
     """
 
     def __init__(
@@ -82,6 +117,8 @@ class Tool(ABC):
         parameters: Mapping[str, Any],
         *,
         timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
+        hints: ToolHints | None = None,
+        source: str | None = None,
     ) -> None:
         if not is_positive_seconds(timeout_s):
             raise UserInputError(
@@ -92,6 +129,8 @@ class Tool(ABC):
         self.description = description
         self.parameters = dict(parameters)
         self.timeout_s = timeout_s
+        self.hints = hints or ToolHints()
+        self.source = source
         self.spec = ToolSpec(name, description, self.parameters)
 
     def validate(self, arguments: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -154,6 +193,7 @@ class FunctionTool(Tool):
         name: str | None = None,
         description: str | None = None,
         timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
+        hints: ToolHints | None = None,
     ) -> None:
         self.function = function
         self.is_async = inspect.iscoroutinefunction(function)
@@ -174,7 +214,7 @@ class FunctionTool(Tool):
                     UserWarning,
                     stacklevel=_caller_level(),
                 )
-        super().__init__(chosen, description, schema, timeout_s=timeout_s)
+        super().__init__(chosen, description, schema, timeout_s=timeout_s, hints=hints)
 
     def validate(self, arguments: Mapping[str, Any]) -> Mapping[str, Any]:
         """Check against the schema the model sees, then validate through the signature's
@@ -369,12 +409,19 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     timeout_s: float = ...,
+    read_only: bool | None = None,
+    destructive: bool | None = None,
 ) -> FunctionTool: ...
 
 
 @overload
 def tool(
-    *, name: str | None = None, description: str | None = None, timeout_s: float = ...
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout_s: float = ...,
+    read_only: bool | None = None,
+    destructive: bool | None = None,
 ) -> Callable[[Callable[..., Any]], FunctionTool]: ...
 
 
@@ -385,8 +432,14 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
+    read_only: bool | None = None,
+    destructive: bool | None = None,
 ) -> FunctionTool | Callable[[Callable[..., Any]], FunctionTool]:
     """Make a :class:`Tool` from a function; use bare (``@tool``) or with options.
+
+    ``read_only`` and ``destructive`` say what it does to the world (:class:`ToolHints`): plan
+    review shows them, and the review policy ``destructive`` asks a person for a plan that may
+    use a tool not marked ``read_only=True`` or ``destructive=False``.
 
     >>> @tool(timeout_s=5)
     ... async def fetch(url: str) -> str:
@@ -396,8 +449,12 @@ def tool(
     5
     """
 
+    hints = ToolHints(read_only=read_only, destructive=destructive)
+
     def wrap(fn: Callable[..., Any]) -> FunctionTool:
-        return FunctionTool(fn, name=name, description=description, timeout_s=timeout_s)
+        return FunctionTool(
+            fn, name=name, description=description, timeout_s=timeout_s, hints=hints
+        )
 
     return wrap(function) if function is not None else wrap
 
@@ -516,6 +573,7 @@ __all__ = [
     "Tool",
     "ToolError",
     "ToolFunction",
+    "ToolHints",
     "Toolbox",
     "Toolset",
     "result_text",

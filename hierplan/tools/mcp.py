@@ -15,19 +15,28 @@ Each server tool becomes a :class:`MCPTool`: the server's name (with ``tool_pref
 description and its JSON schema, which models see and which the plan gate and every call check
 arguments against. Step allowlists (a step's ``tools``) apply to MCP tools like to any other.
 
-Failures: a tool that reports an error fails its call with :class:`~hierplan.errors.ToolError`
-(the executor's model sees the message). A server that exits or drops the connection fails the
-calls in flight and every later call at once with :class:`~hierplan.errors.ToolServerGone`,
-which is not retried: the step fails and its planner replans. A server that stops answering
-runs into the tool timeout (``timeout_s``). None of these hangs the run.
+Results: a tool's structured content is its value (a plain value that the server wrapped as
+``{"result": value}``, as the Python SDK does, is the value itself), else its text.
+
+Failures: a tool that reports an error (``isError``) fails its call with
+:class:`~hierplan.errors.ToolError` and the server's message, not retried (the same call would
+fail the same way) unless the server is made with ``retry_tool_errors=True``; an executor's
+model sees the message. A server that exits or drops the connection fails the calls in flight
+and every later call at once with :class:`~hierplan.errors.ToolServerGone`, which is not
+retried: the step fails and its planner replans. A server that stops answering runs into the
+tool timeout (``timeout_s``). None of these hangs the run. A stdio server that cannot be
+started is reported with the last lines of its stderr.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 from abc import abstractmethod
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections import deque
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -41,6 +50,7 @@ from jsonschema.validators import validator_for
 from mcp import Client, MCPError, StdioServerParameters, stdio_client
 from mcp.client import Transport
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 from referencing.exceptions import Unresolvable
 
 from hierplan.errors import (
@@ -50,10 +60,12 @@ from hierplan.errors import (
     ToolServerGone,
     UserInputError,
 )
-from hierplan.tools.base import DEFAULT_TOOL_TIMEOUT_S, Tool, Toolset
+from hierplan.tools.base import DEFAULT_TOOL_TIMEOUT_S, Tool, ToolHints, Toolset
 
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
 _MAX_LIST_PAGES = 100
+STDERR_TAIL_LINES = 12
+"""How many of a stdio server's last stderr lines the error of a server that fails quotes."""
 
 
 class _Connection:
@@ -119,16 +131,21 @@ class MCPTool(Tool):
         *,
         prefix: str = "",
         timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
+        retry_tool_errors: bool = False,
     ) -> None:
         super().__init__(
             prefix + spec.name,
             spec.description or spec.title or spec.name,
             spec.input_schema,
             timeout_s=timeout_s,
+            hints=_hints(spec.annotations),
+            source=f"MCP server {connection.server}",
         )
         self.remote_name = spec.name
         self.server = connection.server
+        self.retry_tool_errors = retry_tool_errors
         self._connection = connection
+        self._wrapped = _wraps_plain_value(spec.output_schema)
         # The draft the schema names in "$schema" (draft-07's tuple "items" and "dependencies"
         # mean nothing to 2020-12), else 2020-12, the MCP specification's default.
         draft = validator_for(spec.input_schema, default=Draft202012Validator)
@@ -166,12 +183,50 @@ class MCPTool(Tool):
         return arguments
 
     async def invoke(self, arguments: Mapping[str, Any]) -> Any:
-        """Call the tool on the server; structured content if it returns any, else its text."""
+        """Call the tool on the server: its structured content if it returns any (a plain value
+        the server wrapped as ``{"result": value}`` unwrapped), else its text. A tool's own
+        error fails with the server's message, retried only with ``retry_tool_errors``."""
         result = await self._connection.call(self.remote_name, dict(arguments), self.timeout_s)
-        text = _content_text(result.content)
         if result.is_error:
-            raise ToolError(f"MCP tool {self.name!r} failed: {text or 'no message'}")
-        return result.structured_content if result.structured_content is not None else text
+            text = _content_text(result.content)
+            raise ToolError(
+                f"MCP tool {self.name!r} failed: {text or 'no message'}",
+                retryable=self.retry_tool_errors,
+            )
+        found = result.structured_content
+        if found is None:
+            return _content_text(result.content)
+        if self._wrapped and isinstance(found, dict) and list(found) == ["result"]:
+            return found["result"]
+        return found
+
+
+def _hints(annotations: mcp_types.ToolAnnotations | None) -> ToolHints:
+    if annotations is None:
+        return ToolHints()
+    return ToolHints(
+        read_only=annotations.read_only_hint,
+        destructive=annotations.destructive_hint,
+        idempotent=annotations.idempotent_hint,
+        open_world=annotations.open_world_hint,
+    )
+
+
+def _wraps_plain_value(schema: Mapping[str, Any] | None) -> bool:
+    """Whether a tool's output schema says it wraps a plain value as ``{"result": value}``: the
+    Python SDK's ``<function>Output`` object of one required ``result``, or FastMCP's mark."""
+    if not isinstance(schema, Mapping):
+        return False
+    if schema.get("x-fastmcp-wrap-result") is True:
+        return True
+    properties = schema.get("properties")
+    return (
+        schema.get("type") == "object"
+        and isinstance(properties, Mapping)
+        and list(properties) == ["result"]
+        and schema.get("required") == ["result"]
+        and str(schema.get("title", "")).endswith("Output")
+    )
 
 
 def _content_text(blocks: Sequence[mcp_types.ContentBlock]) -> str:
@@ -195,6 +250,10 @@ class MCPServer(Toolset):
 
     ``include`` keeps only the named tools (server names, before the prefix). ``timeout_s`` is
     the deadline of one tool call, ``connect_timeout_s`` of starting up and listing the tools.
+    ``retry_tool_errors``: a tool's own error (``isError``) is retried like a transient failure
+    (by default it fails the step at once). ``shown`` is how messages name the server (by
+    default :meth:`describe`: a configuration passes its text before ``${VAR}`` is read, so
+    that no secret reaches a message).
     """
 
     def __init__(
@@ -205,6 +264,8 @@ class MCPServer(Toolset):
         include: Sequence[str] | None = None,
         timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        retry_tool_errors: bool = False,
+        shown: str | None = None,
     ) -> None:
         # `not > 0` also refuses NaN, which every comparison with a deadline gets wrong.
         if not (timeout_s > 0 and connect_timeout_s > 0):
@@ -214,29 +275,44 @@ class MCPServer(Toolset):
         self.include = None if include is None else tuple(include)
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
+        self.retry_tool_errors = retry_tool_errors
+        self.shown = shown
 
     @abstractmethod
-    def transport(self) -> Transport:
-        """A new (unopened) transport to the server."""
+    def transport(self, errlog: TextIO | None = None) -> Transport:
+        """A new (unopened) transport to the server (a stdio server's stderr to ``errlog``)."""
+
+    @contextmanager
+    def _stderr(self) -> Iterator[_StderrTail | None]:
+        """What keeps the end of the server's stderr while it is open (a stdio server's)."""
+        yield None
 
     @abstractmethod
     def describe(self) -> str:
         """How the server is reached, for error messages."""
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name!r}: {self.describe()}>"
+        return f"<{type(self).__name__} {self.name!r}: {self.shown or self.describe()}>"
 
     @asynccontextmanager
     async def open(self) -> AsyncIterator[Sequence[Tool]]:
         """Connect, list the tools, yield them as hierplan tools; disconnect on exit."""
+        with self._stderr() as stderr:
+            async with self._open(stderr) as tools:
+                yield tools
+
+    @asynccontextmanager
+    async def _open(self, stderr: _StderrTail | None) -> AsyncIterator[Sequence[Tool]]:
         failure: str | None = None
         raised: BaseException | None = None
         try:
             async with anyio.create_task_group() as group:
                 try:
-                    connection, listed = await group.start(self._serve)
+                    connection, listed = await group.start(self._serve, stderr)
                 except Exception as exc:  # any start-up failure is the user's to fix
                     failure = _reason(exc)
+                    if stderr is not None:
+                        failure += stderr.quoted()
                 else:
                     failure = self._missing(listed)
                     try:
@@ -257,7 +333,7 @@ class MCPServer(Toolset):
             raise raised
         if failure is not None:  # raised outside the task group, so not wrapped in a group
             raise UserInputError(
-                f"cannot use MCP server {self.name!r} ({self.describe()}): {failure}"
+                f"cannot use MCP server {self.name!r} ({self.shown or self.describe()}): {failure}"
             )
 
     def _missing(self, listed: Sequence[mcp_types.Tool]) -> str | None:
@@ -273,18 +349,30 @@ class MCPServer(Toolset):
     def _tools(self, connection: _Connection, listed: Sequence[mcp_types.Tool]) -> list[Tool]:
         wanted = None if self.include is None else set(self.include)
         return [
-            MCPTool(connection, spec, prefix=self.tool_prefix, timeout_s=self.timeout_s)
+            MCPTool(
+                connection,
+                spec,
+                prefix=self.tool_prefix,
+                timeout_s=self.timeout_s,
+                retry_tool_errors=self.retry_tool_errors,
+            )
             for spec in listed
             if wanted is None or spec.name in wanted
         ]
 
     async def _serve(
-        self, *, task_status: TaskStatus[tuple[_Connection, list[mcp_types.Tool]]]
+        self,
+        stderr: _StderrTail | None,
+        *,
+        task_status: TaskStatus[tuple[_Connection, list[mcp_types.Tool]]],
     ) -> None:
         """Hold the connection in this task, so that a transport crash ends only this task."""
         connection: _Connection | None = None
+        transport = self.transport(None if stderr is None else stderr.writer)
         try:
-            async with Client(self.transport(), read_timeout_seconds=self.connect_timeout_s) as c:
+            async with Client(transport, read_timeout_seconds=self.connect_timeout_s) as c:
+                if stderr is not None:
+                    stderr.started()  # the server holds its own end of the pipe now
                 listed = await _list_tools(c, self.connect_timeout_s)
                 connection = _Connection(self.name, c)
                 task_status.started((connection, listed))
@@ -325,8 +413,10 @@ def _reason(exc: BaseException) -> str:
 class MCPServerStdio(MCPServer):
     """An MCP server started as a subprocess, spoken to over its stdin and stdout.
 
-    ``name`` defaults to the script's name. The server's stderr goes to ``errlog`` (this
-    process's stderr by default). Every :meth:`open` starts a new process.
+    ``name`` defaults to the script's name. ``env`` is added to the few variables the SDK passes
+    on (``PATH``, ``HOME``...). The server's stderr goes to ``errlog`` (this process's stderr by
+    default) line by line; its last lines are quoted when the server fails to start. Every
+    :meth:`open` starts a new process.
 
     >>> server = MCPServerStdio("python", ["weather_server.py"], name="weather")
     """
@@ -353,12 +443,20 @@ class MCPServerStdio(MCPServer):
         self.cwd = cwd
         self.errlog = errlog
 
-    def transport(self) -> Transport:
+    def transport(self, errlog: TextIO | None = None) -> Transport:
         """The SDK's stdio transport: starts the server process when entered."""
         params = StdioServerParameters(
             command=self.command, args=list(self.args), env=self.env, cwd=self.cwd
         )
-        return stdio_client(params, errlog=self.errlog or sys.stderr)
+        return stdio_client(params, errlog=errlog or self.errlog or sys.stderr)
+
+    @contextmanager
+    def _stderr(self) -> Iterator[_StderrTail | None]:
+        tail = _StderrTail(self.errlog)
+        try:
+            yield tail
+        finally:
+            tail.started()  # the process is gone or holds its own end: the pump ends with it
 
     def describe(self) -> str:
         """The command line."""
@@ -366,24 +464,92 @@ class MCPServerStdio(MCPServer):
 
 
 class MCPServerStreamableHTTP(MCPServer):
-    """An MCP server reached over streamable HTTP at ``url``.
+    """An MCP server reached over streamable HTTP at ``url``, with ``headers`` sent on every
+    request (an ``Authorization`` header, say).
 
     >>> server = MCPServerStreamableHTTP("http://127.0.0.1:8000/mcp", name="search")
     """
 
-    def __init__(self, url: str, *, name: str | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        name: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        **options: Any,
+    ) -> None:
         if not url.startswith(("http://", "https://")):
             raise UserInputError(f"MCP server URL {url!r} must start with http:// or https://")
         super().__init__(name=name or url, **options)
         self.url = url
+        self.headers = dict(headers or {})
 
-    def transport(self) -> Transport:
-        """The SDK's streamable HTTP transport."""
-        return streamable_http_client(self.url)
+    def transport(self, errlog: TextIO | None = None) -> Transport:
+        """The SDK's streamable HTTP transport (with the headers, on a client of its own)."""
+        return _http_transport(self.url, self.headers)
 
     def describe(self) -> str:
         """The URL."""
         return self.url
+
+
+@asynccontextmanager
+async def _http_transport(url: str, headers: Mapping[str, str]) -> AsyncIterator[Any]:
+    if not headers:
+        async with streamable_http_client(url) as streams:
+            yield streams
+        return
+    # The SDK's own client settings (its timeouts), with the headers; closed with the transport.
+    async with (
+        create_mcp_http_client(headers=dict(headers)) as client,
+        streamable_http_client(url, http_client=client) as streams,
+    ):
+        yield streams
+
+
+class _StderrTail:
+    """A stdio server's stderr, read from a pipe by a thread of its own: each line passed on to
+    ``dest`` (this process's ``sys.stderr`` at the time when ``None``, so that a live display
+    that redirects it prints the line above itself) and the last lines kept, to quote when the
+    server fails to start."""
+
+    def __init__(self, dest: TextIO | None) -> None:
+        read_fd, write_fd = os.pipe()
+        self.writer = os.fdopen(write_fd, "w")
+        self._dest = dest
+        self._lines: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+        self._thread = threading.Thread(
+            target=self._pump, args=(os.fdopen(read_fd, "rb"),), daemon=True, name="mcp-stderr"
+        )
+        self._thread.start()
+
+    def _pump(self, reader: Any) -> None:
+        with reader:
+            for raw in iter(reader.readline, b""):
+                text = raw.decode(errors="replace")
+                self._lines.append(text.rstrip())
+                dest = self._dest or sys.stderr
+                try:
+                    dest.write(text)
+                    dest.flush()
+                except (OSError, ValueError):
+                    pass  # a destination closed meanwhile: the tail is still kept
+
+    def started(self) -> None:
+        """Close this process's end of the pipe (the server holds its own, or has exited): the
+        pump then ends when the server does."""
+        if not self.writer.closed:
+            self.writer.close()
+
+    def quoted(self, wait_s: float = 2.0) -> str:
+        """``; its stderr ends with:`` and the last lines, once the server is gone (``""`` when
+        it wrote nothing)."""
+        self.started()
+        self._thread.join(wait_s)
+        lines = [line for line in list(self._lines) if line.strip()]
+        if not lines:
+            return ""
+        return "; its stderr ends with:\n    " + "\n    ".join(lines)
 
 
 __all__ = ["MCPServer", "MCPServerStdio", "MCPServerStreamableHTTP", "MCPTool"]

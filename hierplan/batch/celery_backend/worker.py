@@ -39,6 +39,7 @@ from hierplan.batch.celery_backend.protocol import (
 )
 from hierplan.batch.goals import BatchGoal
 from hierplan.batch.runner import GoalOutcome, RunOptions, inner_budget, run_goal
+from hierplan.batch.toolsets import SharedToolsets
 from hierplan.budgets.budget import LedgerError
 from hierplan.budgets.redis_ledger import RedisAccount, RedisLedger, connect
 from hierplan.core.instrument import Instrument
@@ -62,6 +63,9 @@ class WorkerState:
         self.instruments: list[Instrument] = []
         self.name = f"{socket.gethostname()}:{os.getpid()}"
         self.heartbeat = Heartbeat()
+        # The servers this process's goals share (tools entries marked shared), held in the
+        # portal's loop until the worker stops.
+        self.shared = SharedToolsets()
 
     def get_portal(self) -> anyio.from_thread.BlockingPortal:
         """The process's one portal, started on first use."""
@@ -69,6 +73,7 @@ class WorkerState:
             if self.portal is None:
                 self.portal_cm = anyio.from_thread.start_blocking_portal()
                 self.portal = self.portal_cm.__enter__()
+                self.portal.start_task(self.shared.serve)
             return self.portal
 
     def ledger(self, url: str, namespace: str) -> RedisLedger:
@@ -83,6 +88,8 @@ class WorkerState:
         """Stop the portal (at worker shutdown)."""
         with self.lock:
             if self.portal_cm is not None:
+                if self.portal is not None:
+                    self.portal.call(self.shared.close)
                 self.portal_cm.__exit__(None, None, None)
                 self.portal_cm = self.portal = None
 
@@ -232,6 +239,7 @@ async def _run_claimed(
         # runs (presumed dead when its lease lapsed) must not set up its files over that one's.
         worker.workdir / payload["namespace"] / goal.id / fence[:12],
         worker.instruments,
+        shared=worker.shared,
     )
     try:
         balance = await ledger.close(account)
