@@ -9,10 +9,16 @@ import pytest
 from typer.testing import CliRunner
 
 from hierplan.batch import BatchBudget, BatchConfig, RunOptions
+from hierplan.batch.budget import GoalLedger
 from hierplan.batch.core import prepare
+from hierplan.batch.goals import parse_goals
 from hierplan.batch.journal import Journal, url_as_journaled
+from hierplan.batch.runner import run_goal
+from hierplan.budgets.budget import Budget, Fixed
+from hierplan.budgets.ledger import LocalLedger
 from hierplan.cli import app
-from hierplan.errors import UserInputError
+from hierplan.errors import ModelError, UserInputError
+from hierplan.records import RunResult
 from hierplan.units import usd_to_pico
 
 SECRET_URL = "http://alice:hunter2pass@127.0.0.1:9/v1?api_key=sk-live-42&region=eu#token=t0k3n"
@@ -29,7 +35,8 @@ KEPT_URL = "http://REDACTED@127.0.0.1:9/v1?api_key=REDACTED&region=eu#token=REDA
             "http://host/v1?access_token=REDACTED&X-Amz-Signature=REDACTED&sig=REDACTED&design=d",
         ),
         ("http://localhost:8000/v1", "http://localhost:8000/v1"),
-        ("http://[::1/v1", "REDACTED"),  # not a URL that can be taken apart: withheld whole
+        # Not a URL that can be taken apart: its credentials go all the same.
+        ("http://u:pw@[::1/v1?token=t", "http://REDACTED@[::1/v1?token=REDACTED"),
     ],
 )
 def test_a_url_is_journaled_without_user_info_or_secret_parameters(url: str, kept: str) -> None:
@@ -86,3 +93,24 @@ def test_a_resume_without_the_withheld_base_url_is_refused_in_one_line(
     text = " ".join(result.output.split())
     assert text.startswith(f"error: cannot resume {out} without --base-url"), text
     assert "hunter2pass" not in text
+
+
+@pytest.mark.anyio
+async def test_a_goals_failure_is_kept_without_the_credentials_its_error_quotes(
+    tmp_path: Path,
+) -> None:
+    """The reason a goal failed is journaled and shown: a URL with a password in the error
+    (a provider client may quote the address it could not reach) loses its credentials."""
+    (goal,) = parse_goals('{"goal": "Say hi", "id": "g", "model": "openai:gpt-5-mini"}\n')
+
+    async def failing(*_: object, **__: object) -> RunResult:
+        raise ModelError("cannot reach http://bob:hunter2@10.0.0.1/v1?api_key=sk-abc123def456")
+
+    outer = LocalLedger()
+    account = outer.open_now("batch", None, Fixed(None, None))
+    outcome = await run_goal(
+        goal, RunOptions(), GoalLedger(outer, account), Budget(), tmp_path, run_fn=failing
+    )
+    assert outcome.state == "failed"
+    assert "hunter2" not in (outcome.reason or "") and "sk-abc123" not in (outcome.reason or "")
+    assert "cannot reach http://REDACTED@10.0.0.1/v1" in (outcome.reason or "")

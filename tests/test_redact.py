@@ -14,8 +14,10 @@ from typer.testing import CliRunner
 
 import hierplan
 from hierplan.cli import app
+from hierplan.errors import UserInputError
 from hierplan.models.base import ModelResponse
 from hierplan.models.scripted import ScriptedModel, plan_response
+from hierplan.runner.spec import check_base_url
 from hierplan.view.html import render_html
 from hierplan.view.tree import render_run
 
@@ -162,3 +164,13 @@ def test_bench_keeps_no_password_of_the_base_url(
     manifest: dict[str, Any] = json.loads((out / "bench.json").read_text())
     assert manifest["base_url"] == url.replace("bob:hunter2", IN_URL)
     assert f"--base-url http://{IN_URL}@127.0.0.1" in (out / "summary.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "url", ["http://bob:hunter2@[x/v1", "ftp://bob:hunter2@host/v1", "http://bob:hunter2@"]
+)
+def test_a_bad_base_url_is_refused_without_its_credentials(url: str) -> None:
+    with pytest.raises(UserInputError) as caught:
+        check_base_url(url)
+    assert "hunter2" not in str(caught.value)
+    assert "is not a URL: give one like http://localhost:8000/v1" in str(caught.value)

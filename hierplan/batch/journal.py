@@ -16,7 +16,6 @@ billed), stays spent as ``prior``.
 from __future__ import annotations
 
 import json
-import re
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
@@ -25,11 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
-from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
 from hierplan.batch.goals import BatchGoal
 from hierplan.durable.lock import BATCH_LOCK, DirectoryLock, lock_directory
 from hierplan.errors import UserInputError
+from hierplan.redact import redact
 
 JOURNAL = "journal.sqlite"
 LOCK = BATCH_LOCK
@@ -92,52 +91,17 @@ class _Spend:
 
 # -- credentials are not journaled ----------------------------------------------------------
 #
-# A stand-in for the project's shared redaction of URLs, which will replace it: the journal
-# keeps the settings of a batch for as long as its directory lives, and a --base-url can carry
-# a password or a key.
+# The journal keeps the settings of a batch for as long as its directory lives, and a
+# --base-url can carry a password or a key.
 
-_REDACTED = "REDACTED"
-# Names of query parameters whose values are secrets (api_key, access_token, X-Amz-Signature...).
-_SECRET_NAME = re.compile(
-    r"key|token|secret|passw|pwd|auth|credential|session|signature|^sig$", re.IGNORECASE
-)
 WITHHELD = "withheld"
 """The setting that lists the flags whose values the journal keeps without their credentials
 (a resume must give them again)."""
 
 
-def _redact_url_credentials(url: str) -> str:
-    """``url`` without its user info (``user:password@`` becomes ``REDACTED@``) and with the
-    value of every query or fragment parameter whose name looks secret replaced by
-    ``REDACTED``; a text that is not a URL is withheld whole."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return _REDACTED
-    netloc = parts.netloc
-    if "@" in netloc:
-        netloc = f"{_REDACTED}@{netloc.rsplit('@', 1)[1]}"
-    return urlunsplit(
-        parts._replace(
-            netloc=netloc,
-            query=_redact_parameters(parts.query),
-            fragment=_redact_parameters(parts.fragment),
-        )
-    )
-
-
-def _redact_parameters(text: str) -> str:
-    pieces = []
-    for piece in text.split("&"):
-        name, equals, _ = piece.partition("=")
-        secret = equals and _SECRET_NAME.search(unquote_plus(name))
-        pieces.append(f"{name}={_REDACTED}" if secret else piece)
-    return "&".join(pieces)
-
-
 def url_as_journaled(url: str | None) -> str | None:
     """``url`` as the journal keeps it: without user info or secret-looking parameters."""
-    return None if url is None else _redact_url_credentials(url)
+    return None if url is None else redact(url)
 
 
 def _journaled_settings(meta: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from hierplan.models.base import parse_model_string
 from hierplan.models.counting import DEFAULT_RESERVATION, Reservation
 from hierplan.pricing import PriceTable
 from hierplan.records import RunResult
+from hierplan.redact import redact
 from hierplan.runner.models import priced_as_of, with_price
 from hierplan.runner.run import run
 from hierplan.runner.spec import ModelChoice, ModelSpec, RunSpec, is_simulated
@@ -194,11 +195,12 @@ async def run_goal(
         if task_env is not None:
             # The suite's verifier checks the world (or the gold answer), as the bench does.
             result.verification = task_env.verify(result.answer).to_dict()
+    # A reason is journaled and shown: an error's text may quote a URL with its credentials.
     except HierplanError as exc:
-        return GoalOutcome("failed", "error", f"{type(exc).__name__}: {exc}", None)
+        return GoalOutcome("failed", "error", redact(f"{type(exc).__name__}: {exc}"), None)
     except Exception as exc:  # a bug must not take the batch down: record it on the goal
         where = traceback.format_exception_only(exc)[-1].strip()
-        return GoalOutcome("failed", "error", where, None)
+        return GoalOutcome("failed", "error", redact(where), None)
     return outcome_of(result)
 
 
@@ -222,7 +224,7 @@ def outcome_of(result: RunResult) -> GoalOutcome:
     """A finished run as a goal outcome (a failed verification fails the goal)."""
     verified = result.verification is None or bool(result.verification.get("ok"))
     ok = result.status == "succeeded" and verified
-    reason = result.error
+    reason = None if result.error is None else redact(result.error)
     if result.status == "succeeded" and not verified and result.verification is not None:
         reason = f"verification failed: {result.verification.get('summary', '')}"
     return GoalOutcome("succeeded" if ok else "failed", result.status, reason, result.to_json())

@@ -31,6 +31,7 @@ from hierplan.models.base import Model, parse_model_string
 from hierplan.models.counting import Reservation
 from hierplan.plans.plan import MAX_GOAL_CHARS
 from hierplan.pricing import PriceTable
+from hierplan.redact import redact
 from hierplan.scenarios import Scenario
 from hierplan.simulator.profiles import Simulator
 from hierplan.tools.config import ToolsetSpec, check_toolsets, toolset_entries
@@ -221,10 +222,14 @@ def settings_with(
 
 def check_base_url(base_url: str) -> str:
     """``base_url`` if it is an http(s) URL with a host; else a :class:`UserInputError`."""
-    parts = urlsplit(base_url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        parts = urlsplit(base_url)
+        scheme, host = parts.scheme, parts.hostname
+    except ValueError:  # a bracketed host that is not an IPv6 address...
+        scheme, host = "", None
+    if scheme not in ("http", "https") or not host:
         raise UserInputError(
-            f"--base-url {base_url!r} is not a URL: give one like http://localhost:8000/v1"
+            f"--base-url {redact(base_url)!r} is not a URL: give one like http://localhost:8000/v1"
         )
     return base_url
 
