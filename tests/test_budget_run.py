@@ -37,7 +37,7 @@ from hierplan.core.events import (
 from hierplan.core.instrument import Instrument
 from hierplan.core.settings import RunSettings
 from hierplan.core.views import NodeView
-from hierplan.errors import BudgetExceeded, ModelError, UserInputError
+from hierplan.errors import BudgetExceeded, BudgetTooSmall, ModelError, UserInputError
 from hierplan.hierarchy.context import NodeContext, RunContext
 from hierplan.hierarchy.gate import GateContext
 from hierplan.models.base import (
@@ -122,7 +122,10 @@ async def test_torture_1000_concurrent_reservations_admit_exactly_what_fits() ->
     model = _priced(FunctionModel(respond))
     admitted = 250
     refused = 0
-    async with budgeted_node(model, Budget(tokens=admitted * WORST)) as (node, instrument):
+    # Not the default ``need``: a refused call would wait for the admitted ones to give back
+    # what they do not use, and they only end once every call was admitted or refused.
+    budget = Budget(tokens=admitted * WORST)
+    async with budgeted_node(model, budget, allocation="equal") as (node, instrument):
 
         async def one() -> None:
             nonlocal refused
@@ -836,6 +839,32 @@ async def test_peers_overshoot_scenario_stays_within_the_limit(allocation: str, 
         assert figures["limit_tokens"] is None or figures["spent_tokens"] <= figures["limit_tokens"]
 
 
+async def test_a_large_step_gets_its_share_under_need() -> None:
+    """The plan of the next test under the default allocation: the huge step's share follows
+    its least cost, and every step is done within the budget."""
+    plans = {
+        "Migrate three tables": [
+            {"id": "small", "title": "a", "instruction": "Copy table a", "tool": "lookup"},
+            {"id": "huge", "title": "b", "instruction": "Copy table b " + "b" * 3_980},
+            {"id": "tiny", "title": "c", "instruction": "Copy table c", "tool": "lookup"},
+        ]
+    }
+    result = await hierplan.run(
+        hierplan.RunSpec(
+            goal="Migrate three tables",
+            model=_plan_model(plans),
+            executor_model=_delegating_executor([]),
+            settings=RunSettings(strategy="dag", executor_max_tokens=200, planner_max_tokens=300),
+            pricing=PRICING,
+            budget={"tokens": 3_500},
+        ),
+        tools=[lookup],
+    )
+    assert result.status == "succeeded", result.error
+    assert all(n.status == "succeeded" for n in result.nodes())
+    assert result.budget is not None and result.budget["spent"]["tokens"] <= 3_500
+
+
 async def test_an_exhausted_node_stops_its_siblings_go_on_and_the_run_ends_partial() -> None:
     plans = {
         "Migrate three tables": [
@@ -852,7 +881,8 @@ async def test_an_exhausted_node_stops_its_siblings_go_on_and_the_run_ends_parti
             executor_model=_delegating_executor(calls),
             settings=RunSettings(strategy="dag", executor_max_tokens=200, planner_max_tokens=300),
             pricing=PRICING,
-            budget={"tokens": 3_500},
+            # Equal shares starve the huge step (under ``need`` it gets its share: above).
+            budget={"tokens": 3_500, "allocation": "equal"},
         ),
         tools=[lookup],
     )
@@ -901,7 +931,7 @@ async def test_a_replan_that_leaves_the_same_work_after_a_budget_failure_ends_th
                 strategy=strategy, executor_max_tokens=200, planner_max_tokens=300, max_replans=5
             ),
             pricing=PRICING,
-            budget={"tokens": 7_000},
+            budget={"tokens": 7_000, "allocation": "equal"},  # equal shares starve 'huge'
         ),
         tools=[lookup],
     )
@@ -944,24 +974,30 @@ async def test_when_the_planner_cannot_afford_to_replan_the_run_ends_partial() -
     assert result.budget is not None and result.budget["spent"]["tokens"] <= 2_600
 
 
-async def test_a_budget_too_small_for_the_first_plan_ends_partial_without_a_traceback() -> None:
-    result = await hierplan.run(
-        hierplan.RunSpec(
-            goal="Copy two tables", model=_plan_model({}), pricing=PRICING, budget={"tokens": 50}
-        ),
-        strategy="hierarchical",
-    )
-    assert result.status == "partial"
-    assert result.tree.status == "budget_exhausted"
-    assert result.error is not None and "the call was not made" in result.error
-    assert result.not_done() == [
-        {
-            "path": "1",
-            "goal": "Copy two tables",
-            "status": "budget_exhausted",
-            "reason": result.error,
-        }
-    ]
+async def test_a_budget_too_small_for_the_first_plan_is_refused_naming_the_smallest() -> None:
+    """No call is made; the error (a UserInputError: exit 2 on the command line) names the
+    smallest budget that starts the run, and that budget does start it."""
+    calls: list[str] = []
+
+    def spec(tokens: int) -> hierplan.RunSpec:
+        return hierplan.RunSpec(
+            goal="Copy two tables",
+            model=_plan_model({"Copy two tables": []}),
+            executor_model=_delegating_executor(calls),
+            pricing=PRICING,
+            budget={"tokens": tokens},
+        )
+
+    with pytest.raises(BudgetTooSmall) as caught:
+        await hierplan.run(spec(50), strategy="hierarchical")
+    assert isinstance(caught.value, UserInputError)
+    message = str(caught.value)
+    assert "the call was not made" in message and "50 tokens remain" in message
+    found = re.search(r"The smallest budget that starts this run is ([\d,]+) tokens", message)
+    assert found is not None, message
+    smallest = int(found.group(1).replace(",", ""))
+    result = await hierplan.run(spec(smallest), strategy="hierarchical")
+    assert result.tree.calls, "the named budget pays for the first call"
 
 
 def _shares_plan() -> dict[str, list[dict[str, Any]]]:
@@ -1272,7 +1308,7 @@ def test_the_budget_benchmark_runs_at_a_small_size(capsys: pytest.CaptureFixture
 
 def test_the_allocation_example_runs() -> None:
     rows = _load("examples/budget_policies.py").compare(0.005)
-    assert [r["allocation"] for r in rows] == ["equal", "weighted", "on-demand"]
+    assert [r["allocation"] for r in rows] == ["need", "equal", "weighted", "on-demand"]
     for row in rows:
         assert isinstance(row["spent_usd"], float) and row["spent_usd"] <= 0.005
 

@@ -191,6 +191,8 @@ class BudgetCallScope(CallScope):
             short_p = 0 if avail_p is None else max(0, need_p - avail_p)
             if not await self._more_funds(account, short_t, short_p):
                 break
+        budget.counts(self.node).refused += 1
+        self._exhausted(request, need_t, need_p, avail_t, avail_p)
         needs = (
             f"its {request.phase} call needs at least {budget.amount(need_t, need_p)} "
             f"(max_tokens lowered to {floor:,}) but {budget.amount(avail_t, avail_p)} remain; "
