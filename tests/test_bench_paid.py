@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from hierplan.bench.estimate import estimate_cost
+from hierplan.bench.estimate import estimate_cost, usd_text
 from hierplan.bench.harness import BenchConfig, load_results, plan_runs
 from hierplan.bench.records import NOT_STARTED
 from hierplan.bench.suites import get_suite
@@ -40,6 +40,11 @@ async def test_the_estimate_is_tasks_times_seeds_times_strategies_times_a_run_s_
     text = "\n".join(estimate.lines())
     assert "tot24: 3 tasks × 2 seeds × 2 strategies = 12 runs" in text
     assert "priced as openai:gpt-5-mini" in text and "$0.25 / $2 per 1M" in text
+
+
+def test_amounts_below_a_cent_keep_two_significant_digits() -> None:
+    shown = [usd_text(x) for x in (0.00048, 0.0099, 0.01, 12.345, 0.0)]
+    assert shown == ["$0.00048", "$0.0099", "$0.01", "$12.35", "$0.00"]
 
 
 @pytest.mark.anyio

@@ -25,6 +25,14 @@ SAMPLE_TASKS = 3
 """Tasks per suite and strategy the simulator runs for the per-run estimate."""
 
 
+def usd_text(amount: float) -> str:
+    """``$12.34``, or two significant digits below a cent (``$0.0048``): an estimate of
+    ``$0.00`` would say nothing."""
+    if amount <= 0 or amount >= 0.01:
+        return f"${amount:.2f}"
+    return f"${amount:.{1 - math.floor(math.log10(amount))}f}"
+
+
 @dataclass(slots=True, frozen=True)
 class SuiteEstimate:
     """One suite's share: its runs (tasks x seeds x strategies) and their estimated cost."""
@@ -69,7 +77,9 @@ class CostEstimate:
         out = [f"This bench makes {self.runs:,} runs on {self.model} ({price}):"]
         for s in self.suites:
             cost = (
-                "cost unknown" if s.usd is None else f"~${s.per_run_usd:.4f} a run, ~${s.usd:.2f}"
+                "cost unknown"
+                if s.usd is None or s.per_run_usd is None
+                else f"~{usd_text(s.per_run_usd)} a run, ~{usd_text(s.usd)}"
             )
             out.append(
                 f"  {s.suite}: {s.tasks} tasks × {s.seeds} seeds × {s.strategies} strategies "
@@ -79,9 +89,9 @@ class CostEstimate:
         out.append(
             "Estimated cost: unknown (no price for " + self.priced_as + ")"
             if total is None
-            else f"Estimated cost: ~${total:.2f} (per-run figures from the offline simulator's "
-            f"runs of the same tasks, priced as {self.priced_as}; a real model may spend more, "
-            "e.g. on hidden reasoning: --budget-usd caps the whole bench)"
+            else f"Estimated cost: ~{usd_text(total)} (per-run figures from the offline "
+            f"simulator's runs of the same tasks, priced as {self.priced_as}; a real model may "
+            "spend more, e.g. on hidden reasoning: --budget-usd caps the whole bench)"
         )
         return out
 

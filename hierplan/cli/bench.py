@@ -33,7 +33,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from hierplan.bench.estimate import estimate_cost
+from hierplan.bench.estimate import estimate_cost, usd_text
 from hierplan.bench.harness import BenchConfig, BenchRun, check_config, parse_list, run_bench
 from hierplan.bench.outdir import RESULTS, load_results
 from hierplan.bench.plot import plot_cost_success
@@ -331,7 +331,7 @@ def _confirmation(console: Console, config: BenchConfig, choices: Choices) -> An
             console.print(f"Budget: ${choices.budget_usd:g} for the whole bench (--budget-usd).")
         if choices.yes:
             return
-        total = "an unknown cost" if estimate.usd is None else f"about ${estimate.usd:.2f}"
+        total = "an unknown cost" if estimate.usd is None else f"about {usd_text(estimate.usd)}"
         if not can_ask():
             raise UserInputError(
                 f"this bench on {config.model} would cost {total}: pass --yes to start it "
