@@ -217,6 +217,28 @@ async def test_every_strategy_solves_sampled_tasks_of_both_sets_with_the_ideal_p
     assert failures == []
 
 
+@pytest.mark.slow
+def test_every_strategy_solves_every_task_of_both_sets_with_the_ideal_profile(
+    tmp_path: Path,
+) -> None:
+    """All 501 PlanBench instances (both settings) and the whole ToT test split, as the command
+    line runs them: 2,905 runs, some minutes on two cores."""
+    out = tmp_path / "all"
+    args = ["bench", "--suite", "planbench,planbench_oneshot,tot24", "--strategies",
+            "react,plan-execute,dag,hierarchical", "--tasks", "all", "--seeds", "1",
+            "--sim-profile", "ideal", "--sim-latency-scale", "0", "--no-plot",
+            "--out", str(out)]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    records = load_results(out / "results.jsonl")
+    counts: dict[str, int] = {}
+    for r in records:
+        counts[r["suite"]] = counts.get(r["suite"], 0) + 1
+    assert counts == {"planbench": 501 * 4, "planbench_oneshot": 501, "tot24": 100 * 4}
+    failed = [(r["suite"], r["task_name"], r["strategy"]) for r in records if not r["success"]]
+    assert failed == []
+
+
 def test_rows_name_their_tasks_as_the_public_sets_do(tmp_path: Path) -> None:
     out = tmp_path / "p"
     result = CliRunner().invoke(app, ["bench", "--suite", "planbench,tot24", "--strategies",
