@@ -93,6 +93,7 @@ IDENTITY_FLAGS: Mapping[str, str] = MappingProxyType(
         "max_depth": "--max-depth",
         "base_url": "--base-url",
         "run_settings": "--set",
+        "tools": "--tools/--mcp",
         "price": "the model's price (--price-in, --price-out)",
         "code": "the code's",
     }
