@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from hierplan.bench.report import pareto_frontier
+from hierplan.bench.plot import pareto_frontier
 from hierplan.bench.stats import (
     Estimate,
     incomplete_beta,

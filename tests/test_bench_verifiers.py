@@ -164,12 +164,32 @@ def test_crafting_text_parses_back() -> None:
 def test_parallel_qa_answer_checker() -> None:
     assert pqa.check_answer("The answer is 1,234.", 1234).ok
     assert pqa.check_answer("-17.0", -17).ok
+    assert pqa.check_answer("829", 829).ok
     assert not pqa.check_answer("1235", 1234).ok
     assert "no number" in pqa.check_answer("I could not find it", 3).summary
-    assert not pqa.check_answer("f1: 12\nc1: 40", 12).ok  # the last number is the answer
     assert pqa.check_answer("\u221245", -45).ok  # a typographic minus is a minus
     assert not pqa.check_answer("\u221245", 45).ok
     assert pqa.check_answer("about .5", 0.5).ok and pqa.check_answer("-.5", -0.5).ok
+
+
+@pytest.mark.parametrize(
+    ("answer", "gold", "reason"),
+    [
+        # Several numbers are not one final answer, even when the last (or any) is right.
+        ("the answer is 7 (not 829)", 829, "not one final answer: 2 numbers (7, 829)"),
+        ("f1: 12\nc1: 40", 40, "not one final answer"),
+        ("3, 4", 34, "not one final answer"),  # not a thousands separator
+        # Gold answers are integers, compared exactly: no relative tolerance.
+        ("1026402", 1026401, "answer 1026402 is wrong"),
+        ("1,026,400", 1026401, "answer 1026400 is wrong"),
+        ("829.5", 829, "answer 829.5 is wrong"),
+        ("829.000001", 829, "is wrong"),
+    ],
+)
+def test_parallel_qa_refuses_each_kind_of_wrong_answer(answer: str, gold: int, reason: str) -> None:
+    verdict = pqa.check_answer(answer, gold)
+    assert not verdict.ok
+    assert reason in verdict.summary
 
 
 def test_parallel_qa_gold_answer_and_critical_path_by_hand() -> None:

@@ -154,12 +154,14 @@ def test_bench_keeps_no_password_of_the_base_url(
         url = server.base_url("openai").replace("http://", "http://bob:hunter2@")
         args = ["bench", "--suite", "game24", "--strategies", "react", "--tasks", "1",
                 "--model", MODELS["openai"], "--base-url", url, "--sim-latency-scale", "0",
-                "--no-plot", "--out", str(out)]  # fmt: skip
+                "--no-plot", "--yes", "--save-runs", "--out", str(out)]  # fmt: skip
         first = CliRunner().invoke(app, args)
         again = CliRunner().invoke(app, [*args, "--resume"])
     assert first.exit_code == 0, first.output
     assert again.exit_code == 0, again.output
-    for name in ("bench.json", "results.jsonl", "summary.md"):
+    saved = [p.relative_to(out).as_posix() for p in (out / "runs").glob("*/run.json")]
+    assert len(saved) == 3  # one task, three seeds
+    for name in ("bench.json", "results.jsonl", "summary.md", *saved):
         assert_no_secret((out / name).read_text())
     manifest: dict[str, Any] = json.loads((out / "bench.json").read_text())
     assert manifest["base_url"] == url.replace("bob:hunter2", IN_URL)

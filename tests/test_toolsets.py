@@ -392,6 +392,7 @@ def test_bench_gives_every_run_the_toolsets_of_its_flags(
     assert again.exit_code == 0, again.output
     other = run_cli([*args, "--tools", "mytools:toolset", "--resume"])
     assert other.exit_code == 2 and "cannot resume" in flat(other.output)
+    assert "--tools/--mcp: " in flat(other.output)  # named by its flags
     refused = run_cli([*args, "--mcp", "/no/such/server", "--out", str(tmp_path / "b2")])
     assert refused.exit_code == 2
     assert "command '/no/such/server' is not found" in flat(refused.output)

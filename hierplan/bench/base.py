@@ -14,17 +14,20 @@ with a counter, and the oracle believes the most recent report it can read.
 
 from __future__ import annotations
 
+import random
 import re
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, ClassVar, Generic, TypeVar
 
 from hierplan.agents.prompts import PlanPrompt, StepPrompt
 from hierplan.errors import ToolError
 from hierplan.models.base import ToolCall
 from hierplan.plans.plan import Plan, Step
+from hierplan.records import RunResult
 from hierplan.scenarios.base import Verification
 from hierplan.simulator.oracle import Action, Oracle
 from hierplan.tools.base import Tool
@@ -49,7 +52,9 @@ class BenchTask:
     """One generated task: its goal text, parameters, and the suite's own instance data.
 
     ``critical_path_s`` is the least wall time its tools need with unlimited parallelism
-    (from the gold DAG), when the suite's tools take time; ``None`` otherwise.
+    (from the gold DAG), when the suite's tools take time; ``None`` otherwise. ``name`` is
+    the task's name in the public set it comes from (a PlanBench instance's file name, a
+    Game of 24 puzzle's rank and numbers); ``None`` for a generated task.
     """
 
     suite: str
@@ -59,6 +64,12 @@ class BenchTask:
     params: dict[str, Any]
     data: Any = field(repr=False, compare=False)
     critical_path_s: float | None = None
+    name: str | None = None
+
+    @property
+    def display_name(self) -> str:
+        """The public name, else the id."""
+        return self.name or self.task_id
 
 
 @dataclass(slots=True)
@@ -66,18 +77,71 @@ class TaskEnv:
     """A task set up for one run: its goal, tools on fresh state, and its verifier.
 
     ``verify`` takes the run's final answer (suites that check the world ignore it).
+    ``check_run``, when given, reads the finished run's record and names why the run left the
+    suite's setting (e.g. a model called a tool where the setting allows only a plan written
+    at once), or returns ``None``; a run out of its setting fails whatever the world holds.
     """
 
     goal: str
     tools: list[Tool]
     verify: Callable[[str], Verification]
+    check_run: Callable[[RunResult], str | None] | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class Published:
+    """A published figure measured on a public task set, and the setting it was measured in.
+
+    ``success`` is a share (0.74 for 74%); ``setting`` says how the model was run (prompting,
+    tools, replanning); ``tasks`` which tasks it was measured on, ``split`` the split they
+    make (``None``: the whole set); ``suite`` names the suite that runs in the same setting,
+    ``None`` when no suite does (the figure is shown for its tasks only).
+    """
+
+    model: str
+    method: str
+    success: float
+    setting: str
+    tasks: str
+    source: str
+    suite: str | None = None
+    split: str | None = None
 
 
 class Suite(ABC):
-    """A named family of generated, verifiable tasks."""
+    """A named family of verifiable tasks: generated, or read from a public task set.
+
+    A suite from outside the package registers under the ``hierplan.suites`` entry point
+    group, naming its :class:`Suite` subclass (see ``hierplan bench --list``).
+    """
 
     name: ClassVar[str]
     description: ClassVar[str]
+    source: ClassVar[str | None] = None
+    """For a public task set: where it comes from, its licence and its paper."""
+    splits: ClassVar[tuple[str, ...]] = ()
+    """The splits of a public set (the first is the default); ``()`` when it has none."""
+    published: ClassVar[tuple[Published, ...]] = ()
+    """Published figures measured on its tasks."""
+    setting: ClassVar[str] = "interactive: tools, and replanning as the strategy does"
+    """How its runs are made, to compare with the published figures' settings."""
+    fixed_strategy: ClassVar[str | None] = None
+    """A suite that is a fixed setting (PlanBench's own) runs under this strategy only."""
+    fixed_settings: ClassVar[Mapping[str, Any]] = MappingProxyType({})
+    """Run settings the suite's setting fixes (they win over ``--set``)."""
+
+    @property
+    def split(self) -> str | None:
+        """The split the tasks come from (``None`` for a suite without splits)."""
+        return None
+
+    def with_split(self, split: str) -> Suite:
+        """This suite on ``split``; a suite without splits has only its whole set."""
+        raise ValueError(f"{self.name} has no splits")
+
+    def size(self) -> int | None:
+        """How many tasks there are (in the split), ``None`` for a generated suite."""
+        return None
 
     @abstractmethod
     def generate(self, count: int, seed: int = 0) -> list[BenchTask]:
@@ -99,8 +163,11 @@ class Suite(ABC):
         params: dict[str, Any],
         data: Any,
         critical_path_s: float | None = None,
+        *,
+        name: str | None = None,
     ) -> BenchTask:
-        """The ``index``-th task generated from ``seed``, with its id ``<suite>-<seed>-<index>``."""
+        """The ``index``-th task generated from ``seed``, with its id ``<suite>-<seed>-<index>``
+        (``name``: its name in the public set it comes from)."""
         return BenchTask(
             suite=self.name,
             index=index,
@@ -109,7 +176,21 @@ class Suite(ABC):
             params=params,
             data=data,
             critical_path_s=critical_path_s,
+            name=name,
         )
+
+
+ItemT = TypeVar("ItemT")
+
+
+def public_selection(items: Sequence[ItemT], count: int, seed: int, key: str) -> list[ItemT]:
+    """``count`` items of a public set (at most all of them): in the set's own order with seed
+    0, so that the first tasks are the set's first; a random sample without replacement,
+    drawn from ``key`` and ``seed``, with any other seed."""
+    chosen = list(items)
+    if seed:
+        random.Random(f"{key}:{seed}").shuffle(chosen)
+    return chosen[: max(0, count)]
 
 
 ActionT = TypeVar("ActionT")
@@ -122,9 +203,10 @@ class LoggedWorld(ABC, Generic[ActionT]):
     ``log`` holds the actions that happened, for a verifier to replay from the start.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, report: bool = True) -> None:
         self.counter = 0
         self.log: list[ActionT] = []
+        self.report = report
 
     @abstractmethod
     def state(self) -> str:
@@ -135,14 +217,17 @@ class LoggedWorld(ABC, Generic[ActionT]):
         """Apply ``action`` to the world, or raise :class:`ActionFailed` leaving it as it was."""
 
     def act(self, action: ActionT, done: str) -> str:
-        """Apply ``action``; the result (or the error) reports the state."""
+        """Apply ``action``; the result (or the error) reports the state, unless the world
+        was made not to report it (a plan that runs blind)."""
         try:
             self.change(action)
         except ActionFailed as exc:
+            if not self.report:
+                raise
             raise ActionFailed(f"{exc}. Now: {self.state()}") from None
         self.counter += 1
         self.log.append(action)
-        return f"{done}. Now: {self.state()}"
+        return f"{done}. Now: {self.state()}" if self.report else done
 
 
 ProblemT = TypeVar("ProblemT")

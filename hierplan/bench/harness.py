@@ -1,64 +1,91 @@
 """The benchmark harness: every (suite, task, seed, strategy) as one :func:`hierplan.run`.
 
-Every strategy gets the same tasks, tools, model and settings; only the strategy differs. Runs go
+Every strategy gets the same tasks, tools, model and settings; only the strategy differs (a
+suite that is a fixed setting, PlanBench's own, runs under its one strategy). Runs go
 ``concurrency`` at a time in one event loop. Each finished run is appended to ``results.jsonl``
 at once, so an interrupted benchmark keeps what it did and ``resume`` carries on from there.
 
-A run record holds: success (by the suite's verifier), input and output tokens by role (planner:
-planning-phase calls; executor: execution-phase calls), model calls, tool calls, replans, the
-depth reached, wall-clock latency and the critical-path bound, and the cost in USD. Records made
-with the simulator say so (``simulated: true``).
+A run's record (:mod:`hierplan.bench.records`) holds its outcome by the suite's verifier and by
+what the agent reported, tokens by role, calls, replans, depth, latency and cost, and where it
+comes from: the task's public name, the code's version and commit, the simulator's knobs, the
+latency scale and the model's price. Records made with the simulator say so.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 from pydantic import ValidationError
 
+from hierplan.bench import outdir
 from hierplan.bench.base import MAX_TASK_INDEX, MAX_TASK_SEED, BenchTask, Suite
-from hierplan.bench.suites import SUITE_NAMES, get_suite
+from hierplan.bench.outdir import MANIFEST, RESULTS, identity_differences, load_results
+from hierplan.bench.provenance import code_version
+from hierplan.bench.records import (
+    NOT_STARTED,
+    failed_record,
+    model_name,
+    model_price,
+    not_started_record,
+    run_record,
+    simulator_seed,
+)
+from hierplan.bench.suites import get_suite, suite_names
 from hierplan.core.instrument import Instrument
-from hierplan.core.settings import STRATEGY_NAMES, RunSettings
+from hierplan.core.settings import RunSettings, strategy_names
 from hierplan.core.views import NodeView
 from hierplan.errors import HierplanError, ModelAuthError, UserInputError
-from hierplan.files import make_directory, write_atomic
 from hierplan.models.base import Model, ToolCall, close_model, parse_model_string
-from hierplan.records import RunResult
 from hierplan.redact import redact, redact_data
 from hierplan.runner.models import SIMULATOR_ONLY, check_base_url, resolve_model
 from hierplan.runner.run import execute
 from hierplan.runner.spec import ModelChoice, RunSpec, is_simulated
+from hierplan.scenarios.base import Verification
 from hierplan.simulator.model import SimulatedModel
 from hierplan.simulator.oracle import Oracle
 from hierplan.simulator.profiles import PROFILES, NoiseProfile, Simulator
 from hierplan.tools.config import ToolsetSpec
 
-RESULTS = "results.jsonl"
-MANIFEST = "bench.json"
+__all__ = [
+    "MANIFEST",
+    "RESULTS",
+    "Admission",
+    "BenchConfig",
+    "BenchRun",
+    "RunGate",
+    "check_config",
+    "identity_differences",
+    "load_results",
+    "model_name",
+    "parse_list",
+    "plan_runs",
+    "run_bench",
+    "run_one",
+    "simulator_seed",
+    "suites_of",
+]
 
 
 @dataclass(slots=True, frozen=True)
 class BenchConfig:
     """What to run. ``model`` is ``sim`` (the simulator, with ``profile``) or a provider string.
 
-    Tasks are generated from ``task_seed``; seeds ``0 .. seeds-1`` seed the simulator, so each
-    task runs ``seeds`` times under every strategy, paired across strategies.
+    Tasks are generated (or, for a public set, chosen) from ``task_seed``; ``tasks`` of them a
+    suite, or ``None`` for every task of a public set's ``split``. Seeds ``0 .. seeds-1`` seed
+    the simulator, so each task runs ``seeds`` times under every strategy, paired across
+    strategies. ``save_runs`` keeps each run's ``run.json`` in the benchmark's directory.
     """
 
     suites: tuple[str, ...]
     strategies: tuple[str, ...]
-    tasks: int
+    tasks: int | None
     seeds: int = 1
     model: str = "sim"
     concurrency: int = 4
@@ -72,6 +99,13 @@ class BenchConfig:
     """Other run settings of every run (``--set``), checked: the same for every strategy."""
     tools: tuple[ToolsetSpec, ...] = ()
     """Toolsets every run gets beside its task's tools (``--tools``, ``--mcp``)."""
+    split: str | None = None
+    """The split of the suites that have splits (``None``: each one's default)."""
+    price_in: float | None = None
+    """USD per million input tokens of the model (``None``: the price table's)."""
+    price_out: float | None = None
+    """USD per million output tokens of the model (``None``: the price table's)."""
+    save_runs: bool = False
 
     @property
     def simulated(self) -> bool:
@@ -79,18 +113,21 @@ class BenchConfig:
         return self.model.split(":", 1)[0] == "sim"
 
     def identity(self) -> dict[str, Any]:
-        """What must match for a resumed benchmark to continue this one (``bench.json``), with
-        the credentials of a base URL redacted: the file is kept with the results."""
+        """What must match for a resumed benchmark to continue this one: the settings, the
+        model's price and the code (see :mod:`hierplan.bench.outdir`), with the credentials of a
+        base URL redacted: the file is kept with the results."""
         return {
             "model": self.model,
             "profile": self.profile.model_dump() if self.simulated else None,
             "latency_scale": self.latency_scale,
             "task_seed": self.task_seed,
             "max_depth": self.max_depth,
+            **({"split": self.split} if self.split else {}),
             **({"base_url": redact(self.base_url)} if self.base_url else {}),
-            # Only when given: a benchmark made before --set existed resumes as it was.
             **({"run_settings": dict(self.run_settings)} if self.run_settings else {}),
             **({"tools": redact_data([e.saved() for e in self.tools])} if self.tools else {}),
+            "price": model_price(self.model, self),
+            "code": code_version(),
         }
 
     def provider_options(self) -> dict[str, Any]:
@@ -117,20 +154,15 @@ def parse_list(text: str, known: Sequence[str], what: str, one: str) -> tuple[st
 
 def check_config(config: BenchConfig) -> None:
     """Raise :class:`UserInputError` with a one-line reason if ``config`` cannot run."""
-    for name in config.suites:
-        get_suite(name)
+    chosen = [get_suite(name, config.split) for name in config.suites]
+    known = strategy_names()
     for name in config.strategies:
-        if name not in STRATEGY_NAMES:
-            raise UserInputError(
-                f"unknown strategy {name!r}: choose from {', '.join(STRATEGY_NAMES)}"
-            )
+        if name not in known:
+            raise UserInputError(f"unknown strategy {name!r}: choose from {', '.join(known)}")
     if not config.suites or not config.strategies:
         raise UserInputError("name at least one suite and one strategy")
-    if not 1 <= config.tasks <= MAX_TASK_INDEX + 1:
-        raise UserInputError(
-            f"--tasks must be 1 to {MAX_TASK_INDEX + 1:,} (got {config.tasks}): a task's id, "
-            "which a goals file of hierplan batch names it by, has room for that many"
-        )
+    _check_split(config, chosen)
+    _check_tasks(config, chosen)
     if not 0 <= config.task_seed <= MAX_TASK_SEED:
         raise UserInputError(f"--task-seed must be 0 to {MAX_TASK_SEED:,} (got {config.task_seed})")
     if config.seeds < 1:
@@ -158,6 +190,30 @@ def check_config(config: BenchConfig) -> None:
         raise UserInputError(SIMULATOR_ONLY)
 
 
+def _check_split(config: BenchConfig, chosen: Sequence[Suite]) -> None:
+    if config.split is not None and not any(s.splits for s in chosen):
+        with_splits = [n for n in suite_names() if get_suite(n).splits]
+        raise UserInputError(
+            f"--split {config.split}: none of the suites run has splits (those with splits: "
+            f"{', '.join(with_splits) or 'none'})"
+        )
+
+
+def _check_tasks(config: BenchConfig, chosen: Sequence[Suite]) -> None:
+    if config.tasks is None:
+        generated = [s.name for s in chosen if s.size() is None]
+        if generated:
+            raise UserInputError(
+                f"--tasks all takes every task of a public set, but {', '.join(generated)} "
+                "generates its tasks: give a number"
+            )
+    elif not 1 <= config.tasks <= MAX_TASK_INDEX + 1:
+        raise UserInputError(
+            f"--tasks must be 1 to {MAX_TASK_INDEX + 1:,} (got {config.tasks}): a task's id, "
+            "which a goals file of hierplan batch names it by, has room for that many"
+        )
+
+
 @dataclass(slots=True, frozen=True)
 class BenchRun:
     """One run of the benchmark."""
@@ -172,17 +228,39 @@ class BenchRun:
         """Identifies the run in ``results.jsonl``."""
         return (self.suite.name, self.task.task_id, self.seed, self.strategy)
 
+    @property
+    def run_id(self) -> str:
+        """The run's id (and the name of its directory under ``runs/``)."""
+        return f"{self.task.task_id}-s{self.seed}-{self.strategy}"
+
+
+def strategies_for(suite: Suite, config: BenchConfig) -> tuple[str, ...]:
+    """The strategies ``suite`` runs under: its fixed one, else the configured ones."""
+    return (suite.fixed_strategy,) if suite.fixed_strategy else config.strategies
+
 
 def plan_runs(config: BenchConfig) -> list[BenchRun]:
     """Every run, task-major so that paired runs finish close together."""
     specs = []
     for name in config.suites:
-        suite = get_suite(name)
-        for task in suite.generate(config.tasks, config.task_seed):
+        suite = get_suite(name, config.split)
+        count = config.tasks if config.tasks is not None else suite.size() or 0
+        for task in suite.generate(count, config.task_seed):
             for seed in range(config.seeds):
-                for strategy in config.strategies:
+                for strategy in strategies_for(suite, config):
                     specs.append(BenchRun(suite, task, seed, strategy))
     return specs
+
+
+def run_settings(spec: BenchRun, config: BenchConfig) -> RunSettings:
+    """The settings of one run: its strategy and seed, the configured ones, and those the
+    suite's setting fixes (which win)."""
+    return RunSettings.model_validate(
+        {"strategy": spec.strategy, "seed": simulator_seed(spec.task.task_id, spec.seed)}
+        | ({"max_depth": config.max_depth} if config.max_depth is not None else {})
+        | dict(config.run_settings)
+        | dict(spec.suite.fixed_settings)
+    )
 
 
 class ToolCounter(Instrument):
@@ -199,109 +277,80 @@ class ToolCounter(Instrument):
         return None
 
 
-def run_record(
+@dataclass(slots=True, frozen=True)
+class Admission:
+    """Whether a run may start (``refused``: why not), and the instruments it runs with."""
+
+    instruments: tuple[Instrument, ...] = ()
+    refused: str | None = None
+
+
+class RunGate(Protocol):
+    """Admits each run before it starts, for as long as it runs: a budget shared by the whole
+    benchmark grants the run its part (or refuses it a start) and takes back what it did not
+    spend when it ends."""
+
+    def admit(
+        self, spec: BenchRun, settings: RunSettings, goal: str
+    ) -> AbstractAsyncContextManager[Admission]:
+        """The run's admission, held while the run runs."""
+        ...
+
+
+async def run_one(
     spec: BenchRun,
-    result: RunResult,
-    tool_calls: int,
-    success: bool,
-    verdict: str,
     config: BenchConfig,
     model: str | Model,
+    *,
+    gate: RunGate | None = None,
+    out: Path | None = None,
 ) -> dict[str, Any]:
-    """The JSON-ready record of one finished run of ``model``."""
-    tokens = {"planning": [0, 0], "execution": [0, 0]}
-    calls = replans = 0
-    for node in result.nodes():
-        for c in node.calls:
-            calls += 1
-            tokens[c.phase][0] += c.usage.input_tokens
-            tokens[c.phase][1] += c.usage.output_tokens
-        replans += sum(1 for v in node.plan_versions if v.reason == "replan")
-    totals = result.totals()
-    bound = spec.task.critical_path_s
-    return {
-        "suite": spec.suite.name,
-        "task": spec.task.index,
-        "task_id": spec.task.task_id,
-        "seed": spec.seed,
-        "sim_seed": simulator_seed(spec.task.task_id, spec.seed),
-        "strategy": spec.strategy,
-        "model": model_name(model),
-        "simulated": result.simulated,
-        "profile": noise_profile_name(model, config),
-        "success": success,
-        "status": result.status,
-        "verification": verdict,
-        "planner_input_tokens": tokens["planning"][0],
-        "planner_output_tokens": tokens["planning"][1],
-        "executor_input_tokens": tokens["execution"][0],
-        "executor_output_tokens": tokens["execution"][1],
-        "tokens": sum(tokens["planning"]) + sum(tokens["execution"]),
-        "model_calls": calls,
-        "tool_calls": tool_calls,
-        "replans": replans,
-        "depth": max(n.depth for n in result.nodes()),
-        "latency_s": round(result.finished_at - result.started_at, 4),
-        "critical_path_s": None if bound is None else round(bound * config.latency_scale, 4),
-        # A run with calls of no known price has no known cost (not a cost of 0).
-        "cost_usd": None if totals["unpriced_calls"] else totals["cost_usd"],
-        "unpriced_calls": totals["unpriced_calls"],
-        "params": spec.task.params,
-        # An error may quote the URL of a failed request, credentials and all.
-        "error": None if result.error is None else redact(result.error),
-        "run_id": result.run_id,
-    }
-
-
-def model_name(model: str | Model) -> str:
-    """The name records give ``model`` (the model string, or the model's own name)."""
-    return model if isinstance(model, str) else model.name
-
-
-def noise_profile_name(model: str | Model, config: BenchConfig) -> str | None:
-    """The simulator noise profile the runs of ``model`` had, ``None`` for any other model.
-
-    Only the simulator applies a profile: a test double is labelled simulated, but no noise
-    profile shaped its answers, and a real model's none.
-    """
-    if isinstance(model, SimulatedModel):
-        return model.profile.name
-    if isinstance(model, str) and parse_model_string(model).provider == "sim":
-        return config.profile.name
-    return None
-
-
-def simulator_seed(task_id: str, seed: int) -> int:
-    """The simulator's seed for one task and benchmark seed, the same for every strategy.
-
-    The simulator keys its draws by the asking node's path, which is the same in every task
-    (the root is ``1``); seeding each task differently keeps the noise of different tasks
-    independent, while runs of one task and seed stay paired across strategies.
-    """
-    digest = hashlib.sha256(f"{task_id}:{seed}".encode()).digest()
-    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
-
-
-async def run_one(spec: BenchRun, config: BenchConfig, model: str | Model) -> dict[str, Any]:
-    """Run one (suite, task, seed, strategy) and verify it."""
+    """Run one (suite, task, seed, strategy) and verify it; with ``out``, keep its run.json."""
     env = spec.suite.environment(spec.task, latency_scale=config.latency_scale)
     counter = ToolCounter()
-    seed = simulator_seed(spec.task.task_id, spec.seed)
-    settings = RunSettings.model_validate(
-        {"strategy": spec.strategy, "seed": seed}
-        | ({"max_depth": config.max_depth} if config.max_depth is not None else {})
-        | dict(config.run_settings)
-    )
+    settings = run_settings(spec, config)
     run_spec = RunSpec(
         goal=env.goal,
         model=_bench_model(model, config, spec.suite.oracle()),
         settings=settings,
-        run_id=f"{spec.task.task_id}-s{spec.seed}-{spec.strategy}",
+        price_in=config.price_in,
+        price_out=config.price_out,
+        run_id=spec.run_id,
         tools=config.tools,
     )
-    result = await execute(run_spec, tools=env.tools, instruments=[counter])
+    async with _admitted(gate, spec, settings, env.goal) as admission:
+        if admission.refused is not None:
+            return not_started_record(spec, config, admission.refused, model)
+        result = await execute(
+            run_spec, tools=env.tools, instruments=[counter, *admission.instruments]
+        )
     verdict = env.verify(result.answer)
-    return run_record(spec, result, counter.calls, verdict.ok, verdict.summary, config, model)
+    left = env.check_run(result) if env.check_run is not None and verdict.ok else None
+    if left is not None:
+        verdict = Verification(False, left)
+    result.verification = verdict.to_dict()
+    record = run_record(spec, result, counter.calls, verdict, config, model)
+    if out is not None:
+        record["run_json"] = outdir.save_run(out, spec.run_id, result.to_json())
+    return record
+
+
+def _admitted(
+    gate: RunGate | None, spec: BenchRun, settings: RunSettings, goal: str
+) -> AbstractAsyncContextManager[Admission]:
+    if gate is None:
+        return _Open()
+    return gate.admit(spec, settings, goal)
+
+
+class _Open:
+    """The admission of a run when nothing gates the benchmark."""
+
+    async def __aenter__(self) -> Admission:
+        return Admission()
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
 
 
 def _bench_model(model: str | Model, config: BenchConfig, oracle: Oracle) -> ModelChoice:
@@ -327,112 +376,8 @@ def _bench_model(model: str | Model, config: BenchConfig, oracle: Oracle) -> Mod
     return model
 
 
-def load_results(path: Path) -> list[dict[str, Any]]:
-    """The records of a ``results.jsonl`` (a torn last line, from an interruption, is skipped)."""
-    records = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise UserInputError(f"cannot read {path}: {exc.strerror or exc}") from None
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if number == len(lines):
-                break
-            raise UserInputError(f"{path} line {number} is not JSON") from None
-    return records
-
-
-def _prepare_out(config: BenchConfig, out: Path, resume: bool) -> list[dict[str, Any]]:
-    results = out / RESULTS
-    manifest = out / MANIFEST
-    if not resume:
-        if results.exists():
-            raise UserInputError(
-                f"{results} already exists: pass --resume to continue that benchmark, or choose "
-                "another --out"
-            )
-        make_directory(out, "the benchmark directory")
-        write_atomic(manifest, json.dumps(config.identity(), indent=1))
-        return []
-    if not results.exists():
-        raise UserInputError(f"nothing to resume: {results} does not exist")
-    try:
-        # Redacted as identity() is now: a file written before it redacted still matches.
-        before = redact_data(json.loads(manifest.read_text(encoding="utf-8")))
-    except (OSError, json.JSONDecodeError):
-        raise UserInputError(f"cannot resume: {manifest} is missing or unreadable") from None
-    now = json.loads(json.dumps(config.identity()))
-    if before != now:
-        differences = "; ".join(identity_differences(before, now))
-        raise UserInputError(
-            f"cannot resume {out}: it was made with other settings ({differences}); use the "
-            "same ones or another --out"
-        )
-    records = load_results(results)
-    _end_with_a_whole_line(results)
-    return records
-
-
-# The flag that sets each part of a benchmark's identity (see BenchConfig.identity).
-IDENTITY_FLAGS: Mapping[str, str] = MappingProxyType(
-    {
-        "model": "--model",
-        "profile": "--sim-profile",
-        "latency_scale": "--sim-latency-scale",
-        "task_seed": "--task-seed",
-        "max_depth": "--max-depth",
-        "base_url": "--base-url",
-        "run_settings": "--set",
-    }
-)
-
-
-def identity_differences(before: Any, now: dict[str, Any]) -> list[str]:
-    """Each setting in which ``now`` differs from the recorded identity ``before``, named by
-    its flag (and, within the simulator's profile or ``--set``, by its field), with the value
-    recorded and the value given."""
-    if not isinstance(before, dict):
-        return [f"{MANIFEST} holds no settings"]
-    found: list[str] = []
-    for key in dict.fromkeys([*before, *now]):
-        was, given = before.get(key), now.get(key)
-        if was == given:
-            continue
-        flag = IDENTITY_FLAGS.get(key, key)
-        if isinstance(was, dict) and isinstance(given, dict):
-            for field_name in dict.fromkeys([*was, *given]):
-                if was.get(field_name) != given.get(field_name):
-                    recorded, asked = _shown(was.get(field_name)), _shown(given.get(field_name))
-                    found.append(f"{flag} {field_name}: {recorded} then, {asked} now")
-        else:
-            found.append(f"{flag}: {_shown(was)} then, {_shown(given)} now")
-    return found
-
-
-def _shown(value: Any) -> str:
-    """A recorded value as it reads in a message (``not given`` for none)."""
-    return "not given" if value is None or value == {} else json.dumps(value)
-
-
-def _end_with_a_whole_line(results: Path) -> None:
-    """Make ``results`` end with a newline before records are appended to it: a last line an
-    interruption left without one is completed if it is a whole record (it was loaded), else
-    cut off (it was skipped), so that the next record starts a line of its own."""
-    with results.open("rb+") as handle:
-        data = handle.read()
-        if not data or data.endswith(b"\n"):
-            return
-        cut = data.rfind(b"\n") + 1
-        try:
-            json.loads(data[cut:])
-        except ValueError:
-            handle.truncate(cut)
-        else:
-            handle.write(b"\n")
+Confirm = Callable[[Sequence[BenchRun]], Awaitable[None]]
+"""Asked with the runs about to start, before anything is written; raises to refuse them."""
 
 
 async def run_bench(
@@ -443,13 +388,17 @@ async def run_bench(
     model: Model | None = None,
     on_start: Callable[[int, int], None] | None = None,
     on_result: Callable[[dict[str, Any]], None] | None = None,
+    confirm: Confirm | None = None,
+    gate: RunGate | None = None,
 ) -> list[dict[str, Any]]:
     """Run the benchmark into ``out``; returns every record (resumed ones included).
 
     ``model`` replaces the ``config.model`` string (for library use and tests). A
     :class:`SimulatedModel` lends its profile, priced-as model and latency scale to a simulator
     of each run's own, with the suite's oracle and the run's seed, as ``sim`` runs have.
-    ``on_start(total, already_done)`` and ``on_result(record)`` report progress.
+    ``on_start(total, already_done)`` and ``on_result(record)`` report progress; ``confirm``
+    sees the runs about to start (a paid benchmark's cost is shown and agreed there);
+    ``gate`` admits each run (a budget for the whole benchmark).
     """
     check_config(config)
     owned: Model | None = None
@@ -457,7 +406,9 @@ async def run_bench(
         # One client for every run, made before anything is written: a missing key stops here.
         owned = resolve_model(config.model, **config.provider_options())
     try:
-        return await _run_all(config, out, resume, model or owned, on_start, on_result)
+        return await _run_all(
+            config, out, resume, model or owned, on_start, on_result, confirm, gate
+        )
     finally:
         if owned is not None:
             await close_model(owned)
@@ -470,34 +421,37 @@ async def _run_all(
     model: Model | None,
     on_start: Callable[[int, int], None] | None,
     on_result: Callable[[dict[str, Any]], None] | None,
+    confirm: Confirm | None,
+    gate: RunGate | None,
 ) -> list[dict[str, Any]]:
-    previous = _prepare_out(config, out, resume)
-    done = {(r["suite"], r["task_id"], r["seed"], r["strategy"]) for r in previous}
+    identity = config.identity()
+    if resume:
+        previous = outdir.read_for_resume(out, identity)
+    else:
+        outdir.check_new(out)
+        previous = []
+    # A run the budget did not start is run again; its old record is superseded.
+    records = [r for r in previous if r.get("outcome") != NOT_STARTED]
+    done = {(r["suite"], r["task_id"], r["seed"], r["strategy"]) for r in records}
     specs = [s for s in plan_runs(config) if s.key not in done]
+    if confirm is not None:
+        await confirm(specs)
+    if resume:
+        outdir.end_with_a_whole_line(out / RESULTS)
+    else:
+        outdir.start_new(out, identity)
     if on_start is not None:
         on_start(len(specs) + len(done), len(done))
-    records = list(previous)
     limiter = anyio.CapacityLimiter(config.concurrency)
     chosen: str | Model = model if model is not None else config.model
+    keep = out if config.save_runs else None
 
     with (out / RESULTS).open("a", encoding="utf-8") as sink:
 
         async def one(spec: BenchRun) -> None:
             async with limiter:
-                try:
-                    record = await run_one(spec, config, chosen)
-                except (UserInputError, ModelAuthError):
-                    raise  # the benchmark cannot go on: say why
-                except HierplanError as exc:
-                    record = _failed_record(spec, config, exc, chosen)
-                except BaseExceptionGroup as group:
-                    # A strategy whose steps run in a task group raises what they raised as a
-                    # group: a run error like any other, as a lone step's would be.
-                    failure = _run_error(group)
-                    if failure is None:
-                        raise
-                    record = _failed_record(spec, config, failure, chosen)
-            sink.write(json.dumps(record) + "\n")
+                record = await _recorded(spec, config, chosen, gate, keep)
+            sink.write(_json_line(record))
             sink.flush()
             records.append(record)
             if on_result is not None:
@@ -510,6 +464,33 @@ async def _run_all(
         except* (UserInputError, ModelAuthError) as group:
             raise group.exceptions[0] from None
     return records
+
+
+async def _recorded(
+    spec: BenchRun,
+    config: BenchConfig,
+    model: str | Model,
+    gate: RunGate | None,
+    keep: Path | None,
+) -> dict[str, Any]:
+    """The record of one run, whatever became of it."""
+    try:
+        return await run_one(spec, config, model, gate=gate, out=keep)
+    except (UserInputError, ModelAuthError):
+        raise  # the benchmark cannot go on: say why
+    except HierplanError as exc:
+        return failed_record(spec, config, exc, model)
+    except BaseExceptionGroup as group:
+        # A strategy whose steps run in a task group raises what they raised as a group: a
+        # run error like any other, as a lone step's would be.
+        failure = _run_error(group)
+        if failure is None:
+            raise
+        return failed_record(spec, config, failure, model)
+
+
+def _json_line(record: Mapping[str, Any]) -> str:
+    return json.dumps(record) + "\n"
 
 
 def _run_error(group: BaseExceptionGroup[Any]) -> HierplanError | None:
@@ -528,31 +509,8 @@ def _run_error(group: BaseExceptionGroup[Any]) -> HierplanError | None:
     return first if isinstance(first, HierplanError) else None
 
 
-def _failed_record(
-    spec: BenchRun, config: BenchConfig, exc: Exception, model: str | Model
-) -> dict[str, Any]:
-    """A run of ``model`` that raised instead of returning a result (counted as a failure);
-    it names the model the runs used, which ``run_bench(model=...)`` may give instead of the
-    configured one."""
-    return {
-        "suite": spec.suite.name,
-        "task": spec.task.index,
-        "task_id": spec.task.task_id,
-        "seed": spec.seed,
-        "strategy": spec.strategy,
-        "model": model_name(model),
-        "simulated": model.simulated if not isinstance(model, str) else config.simulated,
-        "profile": noise_profile_name(model, config),
-        "success": False,
-        "status": "error",
-        "verification": "",
-        "params": spec.task.params,
-        "error": redact(f"{type(exc).__name__}: {exc}"),
-        "finished_at": time.time(),
-    }
-
-
 def suites_of(records: Iterable[Mapping[str, Any]]) -> list[str]:
-    """The suites present in ``records``, in the built-in order."""
+    """The suites present in ``records``, built-in ones first in their order."""
     present = {r["suite"] for r in records}
-    return [s for s in SUITE_NAMES if s in present] + sorted(present - set(SUITE_NAMES))
+    order = suite_names()
+    return [s for s in order if s in present] + sorted(present - set(order))

@@ -1,11 +1,12 @@
-"""Summaries of benchmark records: rich tables, Markdown, CSV, and the cost-vs-success plot.
+"""Summaries of benchmark records, and their CSV files (the terminal tables and Markdown are in
+:mod:`hierplan.bench.tables`, the plot in :mod:`hierplan.bench.plot`).
 
 Per suite and strategy, every metric is a mean with a 95% confidence interval over runs (Wilson
-for the success rate, Student t otherwise). Paired differences compare each strategy with a
-baseline on the same tasks and seeds (the success rates' difference with Newcombe's paired
-interval; for the other metrics the mean difference with a t interval on the differences; and
-the ratio of the means). Runs of one task share the task, so they are not independent; the
-intervals treat runs as the unit and are therefore somewhat narrow when tasks differ a lot.
+for the success rate, Student t otherwise). Paired comparisons against a baseline
+(:mod:`hierplan.bench.paired`) give differences and ratios of means with task-clustered
+bootstrap intervals, and McNemar's exact test of paired success with Holm's adjustment. A suite
+of a public task set shows the published figures for its tasks beside its table, with the
+setting each was measured in.
 
 Everything made from simulated runs says SIMULATED, in the tables, the files and the plot.
 """
@@ -15,33 +16,47 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
+from hierplan.bench.base import Published
 from hierplan.bench.harness import suites_of
-from hierplan.bench.stats import (
-    Estimate,
-    mean_ci,
-    paired_difference,
-    paired_proportion_difference,
-    wilson,
-)
-from hierplan.core.settings import STRATEGY_NAMES
+from hierplan.bench.paired import BOTH_SOLVED, PairedRow, compare, metric_value, with_holm
+from hierplan.bench.provenance import describe_version
+from hierplan.bench.records import OUTCOMES, counts_as_success, latest_records, started
+from hierplan.bench.stats import BOOTSTRAP_REPS, Estimate, mean_ci, wilson
+from hierplan.bench.suites import get_suite
+from hierplan.core.settings import strategy_names
 from hierplan.errors import UserInputError
 from hierplan.files import write_atomic
-from hierplan.redact import redact
 
-# (key, label); "success" is a proportion, the rest are means.
+__all__ = [
+    "CPU_ONLY_NOTE",
+    "ERRORED_NOTE",
+    "METRICS",
+    "Cell",
+    "Summary",
+    "errored_runs",
+    "not_started_runs",
+    "number",
+    "show",
+    "show_difference",
+    "show_ratio",
+    "summarize",
+    "unpriced_runs",
+    "write_csv",
+]
+
+# (key, label); "success" is a proportion, the rest are means. "latency_solved" is the
+# latency of the runs that succeeded only.
 METRICS: tuple[tuple[str, str], ...] = (
     ("success", "success"),
     ("cost_usd", "cost USD"),
     ("latency_s", "latency s"),
+    ("latency_solved", "latency s, solved runs"),
     ("critical_path_s", "critical path s"),
     ("tokens", "tokens"),
     ("planner_input_tokens", "planner in"),
@@ -53,35 +68,27 @@ METRICS: tuple[tuple[str, str], ...] = (
     ("replans", "replans"),
     ("depth", "depth"),
 )
-PAIRED_METRICS: tuple[str, ...] = ("success", "cost_usd", "latency_s", "tokens")
 # A run that raised has no usage to report: left out of the means, it would make a strategy
 # that often errs look cheap and fast, so the tables say how many there were.
 ERRORED_NOTE = (
     "runs that ended in an error: {}. They count as failures, but their cost, tokens and "
     "latency are unknown and left out of those figures."
 )
+CPU_ONLY_NOTE = (
+    "latencies are CPU time only: the latency scale was 0, so no simulated model or tool time "
+    "was waited for"
+)
 
 
 @dataclass(slots=True)
 class Cell:
-    """One suite x strategy: its runs and an estimate per metric."""
+    """One suite x strategy: its runs, an estimate per metric and a count per outcome."""
 
     suite: str
     strategy: str
     runs: int
     estimates: dict[str, Estimate] = field(default_factory=dict)
-
-
-@dataclass(slots=True, frozen=True)
-class PairedRow:
-    """``strategy`` minus ``baseline`` on the same tasks and seeds, for one metric."""
-
-    suite: str
-    strategy: str
-    baseline: str
-    metric: str
-    difference: Estimate
-    ratio: float | None
+    outcomes: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -95,6 +102,15 @@ class Summary:
     profile: str | None
     model: str
     errored: int = 0
+    not_started: int = 0
+    count_gave_up: bool = False
+    versions: list[str] = field(default_factory=list)
+    cpu_only: bool = False
+    details: list[str] = field(default_factory=list)
+    """What the records say they were made with: the model's price, the simulator's knobs."""
+    published: dict[str, tuple[Published, ...]] = field(default_factory=dict)
+    settings: dict[str, str] = field(default_factory=dict)
+    splits: dict[str, str | None] = field(default_factory=dict)
 
     def label(self) -> str:
         """``SIMULATED (profile typical, model sim)``, ``SIMULATED (model function)`` for a test
@@ -113,15 +129,6 @@ class Summary:
         return None
 
 
-def _value(record: Mapping[str, Any], metric: str) -> float | None:
-    value = record.get(metric)
-    if metric == "success":
-        return 1.0 if value else 0.0
-    if value is None or (metric == "cost_usd" and record.get("unpriced_calls")):
-        return None  # unknown (records written before unpriced runs were recorded so)
-    return float(value)
-
-
 def unpriced_runs(records: Iterable[Mapping[str, Any]]) -> int:
     """How many runs made calls of no known price (their cost is left out of the figures)."""
     return sum(1 for r in records if r.get("unpriced_calls"))
@@ -133,78 +140,137 @@ def errored_runs(records: Iterable[Mapping[str, Any]]) -> int:
     return sum(1 for r in records if r.get("status") == "error")
 
 
+def not_started_runs(records: Iterable[Mapping[str, Any]]) -> int:
+    """How many runs the bench's budget could not start (in no figure)."""
+    return sum(1 for r in latest_records(records) if not started(r))
+
+
 def _strategies(records: Iterable[Mapping[str, Any]]) -> list[str]:
     present = {r["strategy"] for r in records}
-    return [s for s in STRATEGY_NAMES if s in present] + sorted(present - set(STRATEGY_NAMES))
+    order = strategy_names()
+    return [s for s in order if s in present] + sorted(present - set(order))
 
 
-def summarize(records: Sequence[Mapping[str, Any]], baseline: str | None = "react") -> Summary:
-    """Estimates per suite and strategy, and paired differences against ``baseline``."""
+def _cell(suite: str, strategy: str, runs: Sequence[Mapping[str, Any]], gave_up: bool) -> Cell:
+    cell = Cell(suite, strategy, len(runs))
+    solved = [r for r in runs if counts_as_success(r, gave_up)]
+    for metric, _ in METRICS:
+        source, key = (solved, "latency_s") if metric == "latency_solved" else (runs, metric)
+        values = [v for r in source if (v := metric_value(r, key, gave_up)) is not None]
+        if metric == "success":
+            cell.estimates[metric] = wilson(int(sum(values)), len(values))
+        else:
+            cell.estimates[metric] = mean_ci(values)
+    outcomes = Counter(str(r.get("outcome") or ("success" if r.get("success") else "failed"))
+                       for r in runs)  # fmt: skip
+    cell.outcomes = {o: outcomes[o] for o in OUTCOMES if outcomes[o]}
+    return cell
+
+
+def summarize(
+    records: Sequence[Mapping[str, Any]],
+    baseline: str | None = "react",
+    *,
+    count_gave_up: bool = False,
+    reps: int = BOOTSTRAP_REPS,
+) -> Summary:
+    """Estimates per suite and strategy, and paired comparisons against ``baseline``.
+
+    ``count_gave_up`` counts a run that gave up with the goal reached as a success (by default
+    a failure). Runs the budget could not start are left out of every figure.
+    """
     if not records:
         raise UserInputError("no benchmark records to summarise")
+    latest = latest_records(records)
+    ran = [r for r in latest if started(r)]
+    if not ran:
+        raise UserInputError("no benchmark run started: nothing to summarise")
     groups: dict[tuple[str, str], list[Mapping[str, Any]]] = defaultdict(list)
-    for r in records:
+    for r in ran:
         groups[(r["suite"], r["strategy"])].append(r)
-    cells = []
-    for suite in suites_of(records):
-        for strategy in _strategies(records):
-            runs = groups.get((suite, strategy))
-            if not runs:
-                continue
-            cell = Cell(suite, strategy, len(runs))
-            for metric, _ in METRICS:
-                values = [v for r in runs if (v := _value(r, metric)) is not None]
-                if metric == "success":
-                    cell.estimates[metric] = wilson(int(sum(values)), len(values))
-                else:
-                    cell.estimates[metric] = mean_ci(values)
-            cells.append(cell)
-    paired = [] if baseline is None else _paired(groups, baseline)
-    first = records[0]
-    return Summary(
+    cells = [
+        _cell(suite, strategy, groups[(suite, strategy)], count_gave_up)
+        for suite in suites_of(ran)
+        for strategy in _strategies(ran)
+        if groups.get((suite, strategy))
+    ]
+    paired = [] if baseline is None else _paired(groups, baseline, count_gave_up, reps)
+    first = ran[0]
+    summary = Summary(
         cells=cells,
         paired=paired,
         baseline=baseline,
-        simulated=any(bool(r.get("simulated")) for r in records),
+        simulated=any(bool(r.get("simulated")) for r in ran),
         profile=first.get("profile"),
         model=str(first.get("model", "")),
-        errored=errored_runs(records),
+        errored=errored_runs(ran),
+        not_started=len(latest) - len(ran),
+        count_gave_up=count_gave_up,
+        versions=sorted({describe_version(r) for r in ran if "hierplan_version" in r}),
+        cpu_only=any(bool(r.get("latency_cpu_only")) for r in ran),
+        details=made_with(ran),
     )
+    _add_suite_facts(summary, ran)
+    return summary
+
+
+def made_with(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The model's price and the simulator's knobs and latency scale the records name (each
+    different one once)."""
+    lines: dict[str, None] = {}
+    for r in records:
+        if "price_model" in r:
+            price = (
+                "no known price"
+                if r.get("price_in_per_mtok") is None
+                else f"${r['price_in_per_mtok']:g} / ${r['price_out_per_mtok']:g} per 1M input "
+                f"/ output tokens (as of {r.get('price_as_of')}, price table "
+                f"{r.get('price_table')})"
+            )
+            lines[f"Model {r.get('model')} priced as {r['price_model']}: {price}."] = None
+        knobs = {k.removeprefix("sim_"): v for k, v in r.items() if k.startswith("sim_")}
+        knobs.pop("seed", None)
+        if r.get("profile") is not None and knobs:
+            shown = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
+                              for k, v in knobs.items())  # fmt: skip
+            lines[
+                f"Simulator profile {r['profile']}: {shown}; latency scale "
+                f"{r.get('latency_scale')}."
+            ] = None
+    return list(lines)
+
+
+def _add_suite_facts(summary: Summary, records: Sequence[Mapping[str, Any]]) -> None:
+    """Each suite's published figures, setting and split (a suite no longer installed has
+    none)."""
+    for name in suites_of(records):
+        split = next((r.get("split") for r in records if r["suite"] == name), None)
+        summary.splits[name] = split
+        try:
+            suite = get_suite(name)
+        except UserInputError:
+            continue
+        summary.published[name] = suite.published
+        summary.settings[name] = suite.setting
 
 
 def _paired(
-    groups: Mapping[tuple[str, str], list[Mapping[str, Any]]], baseline: str
+    groups: Mapping[tuple[str, str], list[Mapping[str, Any]]],
+    baseline: str,
+    count_gave_up: bool,
+    reps: int,
 ) -> list[PairedRow]:
-    rows = []
+    rows: list[PairedRow] = []
     for (suite, strategy), runs in groups.items():
         base_runs = groups.get((suite, baseline))
         if strategy == baseline or not base_runs:
             continue
-        base = {(r["task_id"], r["seed"]): r for r in base_runs}
-        for metric in PAIRED_METRICS:
-            a: list[float] = []
-            b: list[float] = []
-            for r in runs:
-                other = base.get((r["task_id"], r["seed"]))
-                if other is None:
-                    continue
-                x, y = _value(r, metric), _value(other, metric)
-                if x is not None and y is not None:
-                    a.append(x)
-                    b.append(y)
-            if not a:
-                continue
-            mean_b = math.fsum(b) / len(b)
-            ratio = (math.fsum(a) / len(a)) / mean_b if mean_b else None
-            difference = (
-                paired_proportion_difference(a, b)
-                if metric == "success"
-                else paired_difference(a, b)
-            )
-            rows.append(PairedRow(suite, strategy, baseline, metric, difference, ratio))
-    order = {s: i for i, s in enumerate(STRATEGY_NAMES)}
-    rows.sort(key=lambda r: (r.suite, order.get(r.strategy, 99), PAIRED_METRICS.index(r.metric)))
-    return rows
+        rows += compare(
+            suite, strategy, baseline, runs, base_runs, count_gave_up=count_gave_up, reps=reps
+        )
+    order = {s: i for i, s in enumerate(strategy_names())}
+    rows.sort(key=lambda r: (r.suite, order.get(r.strategy, len(order))))  # stable: metrics
+    return with_holm(rows)
 
 
 def number(value: float) -> str:
@@ -245,166 +311,19 @@ def show_difference(row: PairedRow) -> str:
     return text
 
 
-TABLE_COLUMNS: tuple[tuple[str, str, bool], ...] = (
-    # (metric, header, with interval)
-    ("success", "success [95% CI]", True),
-    ("cost_usd", "cost USD [95% CI]", True),
-    ("latency_s", "latency s [95% CI]", True),
-    ("critical_path_s", "crit. path s", False),
-    ("planner_input_tokens", "planner in", False),
-    ("planner_output_tokens", "planner out", False),
-    ("executor_input_tokens", "executor in", False),
-    ("executor_output_tokens", "executor out", False),
-    ("model_calls", "calls", False),
-    ("tool_calls", "tools", False),
-    ("replans", "replans", False),
-    ("depth", "depth", False),
-)
+def show_ratio(ratio: Estimate, *, interval: bool = True) -> str:
+    """A ratio of means as text, e.g. ``2.10× [1.80, 2.50]`` (``-`` when unknown)."""
+    if ratio.n == 0 or math.isnan(ratio.mean):
+        return "-"
+    text = f"{ratio.mean:.2f}×"
+    if interval and ratio.has_interval:
+        text += f" [{ratio.low:.2f}, {ratio.high:.2f}]"
+    return text
 
 
-TERMINAL_COLUMNS: tuple[tuple[str, str, bool], ...] = (
-    ("success", "success [95% CI]", True),
-    ("cost_usd", "USD/run", False),
-    ("latency_s", "latency s", False),
-    ("tokens", "tokens", False),
-    ("model_calls", "calls", False),
-    ("tool_calls", "tools", False),
-    ("replans", "replans", False),
-    ("depth", "depth", False),
-)
-
-
-def rich_tables(summary: Summary, width: int | None = None) -> list[Table]:
-    """One compact table per suite, then its paired differences (Markdown has every column).
-
-    ``width``: a terminal's width, which each table fits by leaving out its last columns (its
-    caption names them); ``None`` keeps every column, however wide the table is."""
-    tables = []
-    for suite in dict.fromkeys(c.suite for c in summary.cells):
-        shown = len(TERMINAL_COLUMNS)
-        table = _suite_table(summary, suite, shown)
-        while width is not None and shown > 1 and natural_width(table) > width:
-            shown -= 1
-            table = _suite_table(summary, suite, shown)
-        tables.append(table)
-        rows = [r for r in summary.paired if r.suite == suite]
-        if rows:
-            tables.append(_paired_table(suite, rows, summary))
-    return tables
-
-
-def _suite_table(summary: Summary, suite: str, shown: int) -> Table:
-    """``suite``'s table with the first ``shown`` of :data:`TERMINAL_COLUMNS`; no cell wraps
-    (a figure cut in two reads as two figures)."""
-    columns, left_out = TERMINAL_COLUMNS[:shown], TERMINAL_COLUMNS[shown:]
-    caption = None
-    if left_out:
-        names = ", ".join(header for _, header, _ in left_out)
-        caption = f"not shown at this width: {names} (summary.md has every column)"
-    table = Table(
-        title=f"{suite}: {summary.label()}",
-        title_justify="left",
-        caption=caption,
-        caption_justify="left",
-    )
-    table.add_column("strategy", no_wrap=True)
-    table.add_column("runs", justify="right", no_wrap=True)
-    for _, header, _ in columns:
-        table.add_column(header, justify="right", no_wrap=True)
-    for cell in (c for c in summary.cells if c.suite == suite):
-        table.add_row(
-            cell.strategy,
-            str(cell.runs),
-            *(show(cell.estimates[m], m, interval=i) for m, _, i in columns),
-        )
-    return table
-
-
-def natural_width(table: Table) -> int:
-    """The columns ``table`` takes when nothing in it is squeezed."""
-    return Console(width=_UNLIMITED).measure(table).maximum
-
-
-_UNLIMITED = 10_000
-
-
-def print_tables(summary: Summary, console: Console) -> None:
-    """Print :func:`rich_tables`: on a terminal each fits its width; piped (to a file, a pager,
-    a CI log) each keeps every column at full width, nothing cut or wrapped."""
-    if console.is_terminal:
-        for table in rich_tables(summary, console.width):
-            console.print(table)
-        return
-    width = console.width
-    for table in rich_tables(summary):
-        console.width = max(width, natural_width(table))
-        try:
-            console.print(table)
-        finally:
-            console.width = width
-
-
-def _paired_table(suite: str, rows: Sequence[PairedRow], summary: Summary) -> Table:
-    table = Table(
-        title=f"{suite}: vs {summary.baseline} on the same tasks and seeds ({summary.label()})",
-        title_justify="left",
-    )
-    table.add_column("strategy")
-    table.add_column("Δ success [95% CI]", justify="right")
-    for metric in PAIRED_METRICS[1:]:
-        table.add_column(f"{metric.split('_')[0]} ×", justify="right")
-    for strategy in dict.fromkeys(r.strategy for r in rows):
-        by_metric = {r.metric: r for r in rows if r.strategy == strategy}
-        success = by_metric.get("success")
-        cells = ["-" if success is None else show_difference(success)]
-        for metric in PAIRED_METRICS[1:]:
-            ratio = by_metric[metric].ratio if metric in by_metric else None
-            cells.append("-" if ratio is None else f"{ratio:.2f}")
-        table.add_row(strategy, *cells)
-    return table
-
-
-def markdown(summary: Summary, command: str | None = None) -> str:
-    """The summary as Markdown: a table per suite and its paired differences, after the
-    ``command`` that reproduces it, if given (redacted: ``--base-url`` may hold a password)."""
-    out = io.StringIO()
-    out.write(f"# Strategy benchmark — {summary.label()}\n\n")
-    if summary.simulated:
-        # Only the simulator has a noise profile; other simulated answers come from a test double.
-        source = "the offline simulator" if summary.profile is not None else "a test double"
-        out.write(
-            f"All figures come from {source}: token counts, costs and latencies "
-            "are simulated, not measured on a real model.\n\n"
-        )
-    if command:
-        out.write(f"Command:\n\n```\n{redact(command)}\n```\n\n")
-    out.write(
-        "Means over runs with 95% confidence intervals (Wilson for success, Student t "
-        "otherwise). Cost is USD per run; tokens are per run, planner = planning-phase calls, "
-        "executor = execution-phase calls.\n"
-    )
-    if summary.errored:
-        note = ERRORED_NOTE.format(summary.errored)
-        out.write(f"\n{note[0].upper()}{note[1:]}\n")
-    for suite in dict.fromkeys(c.suite for c in summary.cells):
-        out.write(f"\n## {suite}\n\n")
-        headers = ["strategy", "runs", *(h for _, h, _ in TABLE_COLUMNS)]
-        out.write("| " + " | ".join(headers) + " |\n")
-        out.write("|" + "---|" * len(headers) + "\n")
-        for cell in (c for c in summary.cells if c.suite == suite):
-            values = [show(cell.estimates[m], m, interval=i) for m, _, i in TABLE_COLUMNS]
-            out.write("| " + " | ".join([cell.strategy, str(cell.runs), *values]) + " |\n")
-        rows = [r for r in summary.paired if r.suite == suite]
-        if rows:
-            out.write(
-                f"\nPaired with {summary.baseline} on the same tasks and seeds "
-                "(difference [95% CI]; × is the ratio of means):\n\n"
-            )
-            out.write("| strategy | metric | difference | × |\n|---|---|---|---|\n")
-            for r in rows:
-                ratio = "" if r.ratio is None or r.metric == "success" else f"{r.ratio:.2f}"
-                out.write(f"| {r.strategy} | {r.metric} | {show_difference(r)} | {ratio} |\n")
-    return out.getvalue()
+def row_label(row: PairedRow) -> str:
+    """``latency_s`` or ``latency_s, both solved``."""
+    return row.metric if row.subset != BOTH_SOLVED else f"{row.metric}, both solved"
 
 
 def write_csv(summary: Summary, summary_path: Path, paired_path: Path) -> None:
@@ -422,118 +341,21 @@ def write_csv(summary: Summary, summary_path: Path, paired_path: Path) -> None:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(
-        [
-            *head,
-            "suite",
-            "strategy",
-            "baseline",
-            "metric",
-            "n",
-            "mean_difference",
-            "ci_low",
-            "ci_high",
-            "ratio_of_means",
-        ]
-    )
+        [*head, "suite", "strategy", "baseline", "metric", "pairs", "n", "tasks",
+         "mean_difference", "ci_low", "ci_high", "ratio_of_means", "ratio_ci_low",
+         "ratio_ci_high", "only_strategy", "only_baseline", "p_mcnemar", "p_holm"]
+    )  # fmt: skip
     for r in summary.paired:
-        e = r.difference
-        ratio = "" if r.ratio is None else repr(r.ratio)
-        writer.writerow([*meta, r.suite, r.strategy, r.baseline, r.metric, e.n, *_floats(e), ratio])
+        test = r.mcnemar
+        tested = ["", "", "", ""] if test is None else [
+            test.only_strategy, test.only_baseline, repr(test.p_value), repr(test.p_holm)
+        ]  # fmt: skip
+        writer.writerow(
+            [*meta, r.suite, r.strategy, r.baseline, r.metric, r.subset, r.difference.n,
+             r.tasks, *_floats(r.difference), *_floats(r.ratio), *tested]
+        )  # fmt: skip
     write_atomic(paired_path, buffer.getvalue())
 
 
 def _floats(e: Estimate) -> list[str]:
     return ["" if math.isnan(x) else repr(x) for x in (e.mean, e.low, e.high)]
-
-
-def pareto_frontier(points: Mapping[str, tuple[float, float]]) -> list[str]:
-    """Names of the points (cost, success) no other point beats on both, cheapest first.
-
-    A point is dominated when another costs no more and succeeds no less, and is strictly
-    better in one of the two.
-    """
-    names = []
-    for name, (cost, success) in points.items():
-        dominated = any(
-            c <= cost and s >= success and (c < cost or s > success)
-            for other, (c, s) in points.items()
-            if other != name
-        )
-        if not dominated:
-            names.append(name)
-    return sorted(names, key=lambda n: (points[n][0], -points[n][1]))
-
-
-def plot_cost_success(summary: Summary, path: Path) -> Path:
-    """A PNG of mean cost per run against success rate, per suite, with the Pareto frontier.
-
-    Needs matplotlib (``pip install 'hierplan[bench]'``).
-    """
-    try:
-        from matplotlib.figure import Figure
-        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-    except ImportError:
-        raise UserInputError(
-            "the cost-vs-success plot needs matplotlib: pip install 'hierplan[bench]' "
-            "(or pass --no-plot)"
-        ) from None
-    suites = list(dict.fromkeys(c.suite for c in summary.cells))
-    if not any(c.estimates["cost_usd"].mean > 0 for c in summary.cells):
-        raise UserInputError("no cost-vs-success plot: no run has a known cost above zero")
-    cols = min(2, len(suites))
-    rows = math.ceil(len(suites) / cols)
-    figure = Figure(figsize=(6.0 * cols, 4.2 * rows + 0.8), layout="constrained")
-    axes = figure.subplots(rows, cols, squeeze=False)
-    strategies = list(dict.fromkeys(c.strategy for c in summary.cells))
-    colours = {s: f"C{i}" for i, s in enumerate(strategies)}
-    for ax, suite in zip(axes.flat, suites, strict=False):
-        cells = [c for c in summary.cells if c.suite == suite]
-        points = {
-            c.strategy: (c.estimates["cost_usd"].mean, c.estimates["success"].mean)
-            for c in cells
-            if c.estimates["cost_usd"].mean > 0  # unknown (nan) or free: no place on a log axis
-        }
-        ax.set_title(suite)
-        if not points:
-            ax.text(0.5, 0.5, "no run with a known cost", ha="center", transform=ax.transAxes)
-            ax.set_axis_off()
-            continue
-        for c in cells:
-            if c.strategy not in points:
-                continue
-            cost, success = points[c.strategy]
-            e = c.estimates["success"]
-            err = [[success - e.low], [e.high - success]] if e.has_interval else None
-            ax.errorbar(
-                [cost],
-                [success],
-                yerr=err,
-                fmt="o",
-                capsize=3,
-                color=colours[c.strategy],
-                label=c.strategy,
-            )
-        front = pareto_frontier(points)
-        xs, ys = [points[n][0] for n in front], [points[n][1] for n in front]
-        ax.plot(xs, ys, "k--", lw=1, drawstyle="steps-post", label="Pareto frontier")
-        ax.scatter(xs, ys, s=160, facecolors="none", edgecolors="k", linewidths=1)
-        ax.set_xscale("log")
-        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:.2g}"))
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_xlabel("mean cost per run (USD, log scale)")
-        ax.set_ylabel("success rate (95% CI)")
-        ax.set_ylim(-0.05, 1.05)
-        ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(suites) :]:
-        ax.set_visible(False)
-    handles, labels = [], []
-    for ax in axes.flat:  # the first panel with points (another may have none)
-        handles, labels = ax.get_legend_handles_labels()
-        if handles:
-            break
-    figure.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 4 * cols))
-    figure.suptitle(f"Cost vs success — {summary.label()}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    return path

@@ -4,9 +4,10 @@ token caps, each with a default and a range."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hierplan.plans.plan import DEFAULT_MAX_DEPTH, DEFAULT_MAX_STEPS
 
@@ -20,6 +21,22 @@ STRATEGY_NAMES: tuple[str, ...] = (
     "hierarchical",
     "as-needed",
 )
+
+STRATEGY_ENTRY_POINTS = "hierplan.strategies"
+"""The entry point group through which an installed package adds a strategy: the entry point's
+name is the strategy's, its object a ``hierplan.hierarchy.strategies.Strategy`` subclass."""
+
+
+def registered_strategies() -> dict[str, EntryPoint]:
+    """The strategies installed packages register, by name (a built-in name stays built-in)."""
+    found = entry_points(group=STRATEGY_ENTRY_POINTS)
+    return {ep.name: ep for ep in found if ep.name not in STRATEGY_NAMES}
+
+
+def strategy_names() -> tuple[str, ...]:
+    """Every strategy a run may name: the built-in ones, then the registered ones."""
+    return STRATEGY_NAMES + tuple(sorted(registered_strategies()))
+
 
 # Upper bounds of the settings: past them a run waits or retries for so long that it looks
 # hung (an infinite or NaN delay never ends), so such a value is refused as a mistake.
@@ -51,8 +68,9 @@ class RunSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    strategy: StrategyName = Field(
-        "hierarchical", description="How the goal is planned and run (see STRATEGY_NAMES)."
+    strategy: str = Field(
+        "hierarchical",
+        description="How the goal is planned and run (see STRATEGY_NAMES, or a registered one).",
     )
     max_depth: int = Field(DEFAULT_MAX_DEPTH, ge=1, le=10, description="Deepest plan level.")
     concurrency: int = Field(8, ge=1, description="Executor steps running at once, run-wide.")
@@ -119,6 +137,16 @@ class RunSettings(BaseModel):
     seed: int = Field(
         0, ge=0, le=MAX_SEED, description="Seed of the simulator: the same seed, the same run."
     )
+
+    @field_validator("strategy")
+    @classmethod
+    def _known_strategy(cls, value: str) -> str:
+        # Only a name that is not built in costs a look at the installed entry points.
+        if value not in STRATEGY_NAMES and value not in registered_strategies():
+            raise ValueError(
+                f"unknown strategy {value!r}: choose one of {', '.join(strategy_names())}"
+            )
+        return value
 
     @classmethod
     def checked(cls, values: Mapping[str, Any], *, strict: bool = False) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from types import MappingProxyType
 from typing import ClassVar
 
 from hierplan.core.results import StepResult
-from hierplan.core.settings import STRATEGY_NAMES
+from hierplan.core.settings import STRATEGY_NAMES, registered_strategies, strategy_names
 from hierplan.errors import UserInputError
 from hierplan.hierarchy.context import NodeContext
 from hierplan.hierarchy.leaf import run_task_node
@@ -113,10 +113,21 @@ assert tuple(STRATEGIES) == STRATEGY_NAMES
 
 
 def get_strategy(name: str) -> Strategy:
-    """The strategy called ``name``; a clear error lists the known ones."""
-    try:
+    """The strategy called ``name``: a built-in one, or one an installed package registers
+    under the ``hierplan.strategies`` entry point group; a clear error lists the known ones."""
+    if name in STRATEGIES:
         return STRATEGIES[name]()
-    except KeyError:
+    ep = registered_strategies().get(name)
+    if ep is None:
         raise UserInputError(
-            f"unknown strategy {name!r}: choose one of {', '.join(STRATEGY_NAMES)}"
-        ) from None
+            f"unknown strategy {name!r}: choose one of {', '.join(strategy_names())}"
+        )
+    try:
+        loaded = ep.load()
+    except Exception as exc:  # a broken package: say which, not a traceback
+        raise UserInputError(f"cannot load strategy {name!r} ({ep.value}): {exc}") from None
+    if not (isinstance(loaded, type) and issubclass(loaded, Strategy)) or loaded.name != name:
+        raise UserInputError(
+            f"strategy {name!r} ({ep.value}) is not a Strategy subclass whose name is {name!r}"
+        )
+    return loaded()

@@ -1,4 +1,5 @@
-"""Blocksworld: PlanBench-style block stacking with 3 to 7 blocks.
+"""Blocksworld: synthetic PlanBench-style block stacking with 3 to 7 blocks (generated tasks;
+``planbench`` has PlanBench's own instances).
 
 One hand moves one clear block at a time with four actions (the PDDL ``blocksworld-4ops``
 domain): ``pick_up`` a clear block from the table, ``unstack`` a clear block from another,
@@ -99,7 +100,9 @@ _EXPECTED = re.compile(r"<expected: (towers [^;>]*; hand [a-z]+)>")
 _TARGET = re.compile(r"<target: towers ([^>]*)>")
 _BODY = re.compile(r"towers ([^;]*); hand ([a-z]+)")
 _FACT = re.compile(r"the ([a-z]+) block is on the ([a-z]+) block")
-_ROOT = "Blocksworld problem."
+# A root goal starts "Blocksworld problem." or names where it comes from, e.g.
+# "Blocksworld problem (PlanBench instance-17).": one oracle reads both.
+_ROOT = re.compile(r"^Blocksworld problem(?: \([^)]*\))?\.")
 _SUB = "Blocksworld sub-goal:"
 
 
@@ -252,16 +255,25 @@ class Problem:
     root: bool
 
 
-def root_goal(start: World, goal: Mapping[str, str]) -> str:
-    """The task text a model gets."""
+ROOT_CLOSING = "When the goal holds, answer with the final state."
+
+
+def root_goal(
+    start: World,
+    goal: Mapping[str, str],
+    *,
+    source: str | None = None,
+    closing: str = ROOT_CLOSING,
+) -> str:
+    """The task text a model gets (``source``: where the problem comes from, if public)."""
     blocks = sorted(b for b, _ in start.below)
     facts = ", and ".join(f"the {x} block is on the {y} block" for x, y in goal.items())
+    head = "Blocksworld problem" + (f" ({source})" if source else "") + "."
     return (
-        f"{_ROOT} Blocks: {', '.join(blocks)}. One hand moves one block at a time: pick_up takes "
+        f"{head} Blocks: {', '.join(blocks)}. One hand moves one block at a time: pick_up takes "
         "a clear block from the table, unstack takes a clear block off another block, put_down "
         "puts the held block on the table, stack puts it on a clear block. Towers are listed "
-        f"bottom to top. Start: {start.describe('state 0')}. Goal: {facts}. When the goal "
-        "holds, answer with the final state."
+        f"bottom to top. Start: {start.describe('state 0')}. Goal: {facts}. {closing}"
     )
 
 
@@ -278,9 +290,9 @@ def subgoal_text(start: World, target: World) -> str:
 def parse_problem(text: str) -> Problem | None:
     """The problem stated by a root goal or a sub-goal text, else ``None``."""
     text = one_line(text)
-    if text.startswith(_ROOT):
+    if _ROOT.match(text):
         state = _STATE.search(text)
-        goal_part = text.split(" Goal: ", 1)[-1]
+        goal_part = text.split(" Goal: ", 1)[-1].split(". ", 1)[0]
         if state is None:
             return None
         goal = {x: y for x, y in _FACT.findall(goal_part)}
@@ -377,33 +389,39 @@ class BlocksEnv(LoggedWorld[BlockAction]):
 
     def tools(self) -> list[Tool]:
         """The four actions and ``look``, acting on this world."""
+        return block_tools(self)
 
-        @tool
-        async def pick_up(block: str) -> str:
-            """Pick up a clear block from the table (the hand must be empty)."""
-            return self.act(("pick_up", block), f"picked up {block}")
 
-        @tool
-        async def unstack(block: str, from_block: str) -> str:
-            """Take a clear block off the block it is on (the hand must be empty)."""
-            return self.act(("unstack", block, from_block), f"unstacked {block}")
+def block_tools(world: LoggedWorld[BlockAction], *, observe: bool = True) -> list[Tool]:
+    """The four actions (and ``look`` unless the world is not to be observed) on ``world``."""
 
-        @tool
-        async def put_down(block: str) -> str:
-            """Put the held block down on the table."""
-            return self.act(("put_down", block), f"put down {block}")
+    @tool
+    async def pick_up(block: str) -> str:
+        """Pick up a clear block from the table (the hand must be empty)."""
+        return world.act(("pick_up", block), f"picked up {block}")
 
-        @tool
-        async def stack(block: str, onto: str) -> str:
-            """Put the held block on top of a clear block."""
-            return self.act(("stack", block, onto), f"stacked {block} on {onto}")
+    @tool
+    async def unstack(block: str, from_block: str) -> str:
+        """Take a clear block off the block it is on (the hand must be empty)."""
+        return world.act(("unstack", block, from_block), f"unstacked {block}")
 
-        @tool
-        async def look() -> str:
-            """Describe the towers (bottom to top) and what the hand holds."""
-            return self.state()
+    @tool
+    async def put_down(block: str) -> str:
+        """Put the held block down on the table."""
+        return world.act(("put_down", block), f"put down {block}")
 
-        return [pick_up, unstack, put_down, stack, look]
+    @tool
+    async def stack(block: str, onto: str) -> str:
+        """Put the held block on top of a clear block."""
+        return world.act(("stack", block, onto), f"stacked {block} on {onto}")
+
+    @tool
+    async def look() -> str:
+        """Describe the towers (bottom to top) and what the hand holds."""
+        return world.state()
+
+    actions: list[Tool] = [pick_up, unstack, put_down, stack]
+    return [*actions, look] if observe else actions
 
 
 @dataclass(slots=True, frozen=True)
@@ -427,10 +445,13 @@ def _random_towers(blocks: Sequence[str], rng: random.Random) -> list[list[str]]
 
 
 class Blocksworld(Suite):
-    """PlanBench-style Blocksworld instances (3-7 blocks), validated action by action."""
+    """Synthetic PlanBench-style Blocksworld instances (3-7 blocks), validated action by action."""
 
     name = "blocksworld"
-    description = "PlanBench-style block stacking, 3-7 blocks; validator checks every action"
+    description = (
+        "synthetic: generated PlanBench-style block stacking, 3-7 blocks; validator checks "
+        "every action"
+    )
 
     def generate(self, count: int, seed: int = 0) -> list[BenchTask]:
         """``count`` different problems whose goal does not hold at the start."""

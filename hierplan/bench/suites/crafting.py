@@ -500,7 +500,9 @@ class Crafting(Suite):
     """TextCraft-style crafting with synthetic recipes 2-4 levels deep."""
 
     name = "crafting"
-    description = "TextCraft-style synthetic recipes, depth 2-4; target must end in the inventory"
+    description = (
+        "synthetic: TextCraft-style generated recipes, depth 2-4; target must end in the inventory"
+    )
 
     def generate(self, count: int, seed: int = 0) -> list[BenchTask]:
         """``count`` crafting tasks."""

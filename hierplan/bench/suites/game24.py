@@ -1,4 +1,5 @@
-"""Game of 24: combine four numbers from 1 to 13 with + - * / into 24.
+"""Game of 24: combine four numbers from 1 to 13 with + - * / into 24 (synthetic draws; ``tot24``
+has Tree of Thoughts' ranked puzzles).
 
 Puzzles are drawn from the solvable multisets (1,362 of the 1,820 multisets of four numbers
 from 1 to 13). The tools keep a pool of numbers: ``combine(a, op, b)`` replaces two of them by
@@ -160,7 +161,8 @@ def describe(pool: Sequence[Entry], counter: int) -> str:
 
 
 _POOL = re.compile(r"<pool (\d+): ([^>]*)>")
-_HEAD = "Game of 24:"
+# "Game of 24:" or, for a puzzle of a public set, "Game of 24 (Tree of Thoughts rank 901):".
+_HEAD = re.compile(r"^Game of 24(?: \([^)]*\))?:")
 
 
 def parse_pool(body: str) -> list[Entry]:
@@ -172,12 +174,13 @@ def parse_pool(body: str) -> list[Entry]:
     return out
 
 
-def task_text(numbers: Sequence[int]) -> str:
-    """The task text a model gets."""
+def task_text(numbers: Sequence[int], source: str | None = None) -> str:
+    """The task text a model gets (``source``: where the puzzle comes from, if public)."""
     start = describe([(Fraction(n), str(n)) for n in numbers], 0)
     listed = ", ".join(map(str, numbers))
+    head = "Game of 24" + (f" ({source})" if source else "") + ":"
     return (
-        f"{_HEAD} use each of the numbers {listed} exactly once with + - * / to make 24. "
+        f"{head} use each of the numbers {listed} exactly once with + - * / to make 24. "
         "combine(a, op, b) replaces two numbers of the pool by the result, reset() restores the "
         f"four numbers, look() shows the pool. Start: {start}. When the pool holds only 24, "
         "answer with its expression."
@@ -189,7 +192,7 @@ Start = tuple[int, list[Entry]]  # the start report's counter and pool
 
 def _start(text: str) -> Start | None:
     text = one_line(text)
-    if not text.startswith(_HEAD):
+    if not _HEAD.match(text):
         return None
     match = _POOL.search(text)
     return None if match is None else (int(match.group(1)), parse_pool(match.group(2)))
@@ -343,10 +346,13 @@ class Puzzle:
 
 
 class Game24(Suite):
-    """Solvable Game of 24 puzzles with an exact checker."""
+    """Synthetic draws of the solvable Game of 24 puzzles, with an exact checker."""
 
     name = "game24"
-    description = "Game of 24 from the 1,362 solvable puzzles; exact rational checker"
+    description = (
+        "synthetic: Game of 24 drawn uniformly from the 1,362 solvable puzzles; exact rational "
+        "checker"
+    )
 
     def generate(self, count: int, seed: int = 0) -> list[BenchTask]:
         """``count`` puzzles drawn without replacement (with replacement past 1,362)."""

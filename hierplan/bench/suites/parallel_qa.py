@@ -17,6 +17,7 @@ import random
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from types import MappingProxyType
 
 import anyio
@@ -363,17 +364,47 @@ def critical_path_s(expr: Expr) -> float:
     return ARITHMETIC_S + max(critical_path_s(c) for c in expr.children)
 
 
+# A number as a model writes one: a sign, thousands in groups of three ("1,026,401"),
+# decimals, an exponent; not digits inside a word.
+_NUMBER = re.compile(
+    r"(?<![A-Za-z_\d])-?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?(?:[eE][+-]?\d+)?(?![\d])"
+)
+
+
+def numbers_in(text: str) -> list[Decimal]:
+    """Every number written in ``text``, exactly (a typographic minus is a minus)."""
+    text = text.replace("\u2212", "-")
+    found = []
+    for match in _NUMBER.finditer(text):
+        written = match.group(0)
+        if not any(ch.isdigit() for ch in written) or written[-1:] in "eE":
+            continue
+        try:
+            found.append(Decimal(written.replace(",", "")))
+        except InvalidOperation:
+            continue
+    return found
+
+
 def check_answer(answer: str, gold: float) -> Verification:
-    """The last number of ``answer`` must equal ``gold``."""
-    # A typographic minus (U+2212) is a minus; ".5" is 0.5.
-    text = answer.replace(",", "").replace("\u2212", "-")
-    found = re.findall(r"-?(?:\d+(?:\.\d+)?|\.\d+)(?:[eE][+-]?\d+)?", text)
+    """The answer must hold one number, equal to the (integer) gold answer exactly.
+
+    An answer naming several numbers ("7 (not 829)") is not one final answer, whichever of
+    them is right; ``829.0`` is 829, ``829.5`` and ``1026402`` (for 1,026,401) are not.
+    """
+    exact = Decimal(int(gold)) if float(gold).is_integer() else Decimal(str(gold))
+    found = numbers_in(answer)
     if not found:
         return Verification(False, f"no number in the answer (gold {_fmt(gold)})")
-    value = float(found[-1])
-    if abs(value - gold) <= 1e-6 * max(1.0, abs(gold)):
-        return Verification(True, f"answer {_fmt(value)} is correct")
-    return Verification(False, f"answer {_fmt(value)} is wrong (gold {_fmt(gold)})")
+    if len(found) > 1:
+        listed = ", ".join(_fmt(float(v)) for v in found[:5])
+        return Verification(
+            False, f"not one final answer: {len(found)} numbers ({listed}) (gold {_fmt(gold)})"
+        )
+    (value,) = found
+    if value == exact:
+        return Verification(True, f"answer {_fmt(gold)} is correct")
+    return Verification(False, f"answer {value} is wrong (gold {_fmt(gold)})")
 
 
 class QAEnv:
@@ -460,7 +491,8 @@ class ParallelQA(Suite):
 
     name = "parallel_qa"
     description = (
-        "ParallelQA-style lookups and arithmetic over a fictional KB, fan-out 2-5, depth 1-3"
+        "synthetic: ParallelQA-style lookups and arithmetic over a generated fictional KB, "
+        "fan-out 2-5, depth 1-3; one integer answer, compared exactly"
     )
 
     def generate(self, count: int, seed: int = 0) -> list[BenchTask]:
