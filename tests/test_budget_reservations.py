@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 
 import anyio
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from wire import MODELS, Reply, WireCall, WireServer, model_options
 
 import hierplan
 from hierplan.agents.prompts import PLAN_OUTPUT_NAME, parse_plan_prompt, parse_step_prompt
+from hierplan.errors import BudgetTooSmall
 from hierplan.models.base import ModelRequest, OutputSchema, ToolSpec
 from hierplan.models.tokens import estimate_request_tokens
 from hierplan.records import RunResult
@@ -169,7 +170,13 @@ def _property(examples: int) -> Callable[[tuple[WireServer, Stress]], None]:
         )
         @given(case=cases)
         def spend_stays_within(case: Case) -> None:
-            result = anyio.run(run_case, server, stress, case, "exact")
+            try:
+                result = anyio.run(run_case, server, stress, case, "exact")
+            except BudgetTooSmall as exc:
+                # Too small for the first call: refused before it was sent, at no cost.
+                event("too small to start")
+                assert "The smallest budget that starts this run is" in str(exc)
+                return
             check_within(result, case)
 
         spend_stays_within()
@@ -183,6 +190,10 @@ test_the_default_reservation_holds_against_a_provider_counting_three_times_more 
 test_the_default_reservation_holds_over_a_thousand_runs = pytest.mark.slow(_property(SLOW_EXAMPLES))
 
 
+# Enough for the planning call as the estimate counts it, and for an overshoot past it.
+BUDGET = 6_000
+
+
 def test_reserved_by_the_estimate_the_same_run_overshoots(
     stress_server: tuple[WireServer, Stress],
 ) -> None:
@@ -192,7 +203,7 @@ def test_reserved_by_the_estimate_the_same_run_overshoots(
     case = Case(
         parts=8,
         texts=("数据迁移🚀 0123456789;" * 12,) * 8,
-        tokens=3_000,
+        tokens=BUDGET,
         usd=None,
         planner_max_tokens=400,
         executor_max_tokens=64,
@@ -200,7 +211,7 @@ def test_reserved_by_the_estimate_the_same_run_overshoots(
     )
     overshot = anyio.run(run_case, server, stress, case, "estimate")
     assert overshot.budget is not None
-    assert overshot.budget["spent"]["tokens"] > 3_000
+    assert overshot.budget["spent"]["tokens"] > BUDGET
     assert overshot.budget["overrun"]["tokens"] > 0
     held = anyio.run(run_case, server, stress, case, "exact")
     check_within(held, case)
