@@ -124,8 +124,8 @@ async def test_torture_1000_concurrent_reservations_admit_exactly_what_fits() ->
     refused = 0
     # Not the default ``need``: a refused call would wait for the admitted ones to give back
     # what they do not use, and they only end once every call was admitted or refused.
-    budget = Budget(tokens=admitted * WORST)
-    async with budgeted_node(model, budget, allocation="equal") as (node, instrument):
+    limit = Budget(tokens=admitted * WORST)
+    async with budgeted_node(model, limit, allocation="equal") as (node, instrument):
 
         async def one() -> None:
             nonlocal refused
