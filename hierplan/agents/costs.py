@@ -111,9 +111,20 @@ class BudgetCheck:
         self.done = frozenset(done)
         self.cheapest_refused: Cost | None = None
         self.refused = False
+        # The last plan checked and its figures: the plan approved is usually the one the
+        # gate just checked, whose step costs the node keeps (a prompt rendered per step).
+        self._last: tuple[Plan, tuple[Cost, dict[str, Cost]]] | None = None
 
     def least(self, plan: Plan) -> tuple[Cost, dict[str, Cost]]:
         """The plan's least cost, and each step's (steps already done cost nothing)."""
+        last = self._last
+        if last is not None and last[0] is plan:
+            return last[1]
+        figures = self._least(plan)
+        self._last = (plan, figures)
+        return figures
+
+    def _least(self, plan: Plan) -> tuple[Cost, dict[str, Cost]]:
         total = NOTHING
         steps: dict[str, Cost] = {}
         for step in plan.steps:
