@@ -219,6 +219,29 @@ async def test_fixed_grant_must_fit(ledger: Ledger) -> None:
     assert (await ledger.close(batch)).released_tokens == 100
 
 
+async def test_a_grant_that_does_not_fit_names_only_the_limited_dimensions(
+    ledger: Ledger,
+) -> None:
+    platform = await ledger.open("platform", None, Fixed(None, usd_to_pico(0.005)))
+    with pytest.raises(BudgetExceeded) as usd_only:
+        await ledger.open("run", platform, Fixed(None, usd_to_pico(0.01)))
+    assert str(usd_only.value) == "'run' needs $0.010000 but 'platform' has only $0.005000 left"
+    pool = await ledger.open("pool", None, Fixed(1_000, None))
+    with pytest.raises(BudgetExceeded) as tokens_only:
+        await ledger.open("run", pool, Fixed(5_000, None))
+    assert (
+        str(tokens_only.value) == "'run' needs 5,000 tokens but 'pool' has only 1,000 tokens left"
+    )
+    both = await ledger.open("both", None, Fixed(1_000, usd_to_pico(1)))
+    with pytest.raises(BudgetExceeded) as caught:
+        await ledger.open("run", both, Fixed(5_000, usd_to_pico(0.5)))
+    assert str(caught.value) == (
+        "'run' needs 5,000 tokens and $0.500000 but 'both' has only 1,000 tokens and $1.000000 left"
+    )
+    for account in (platform, pool, both):
+        await ledger.close(account)
+
+
 async def test_contract_misuse_is_refused(ledger: Ledger) -> None:
     with pytest.raises(LedgerError, match="Fixed"):
         await ledger.open("1", None, Share(1.0, 1.0))

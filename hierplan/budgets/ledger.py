@@ -242,10 +242,7 @@ class LocalLedger(Ledger):
                         f"account {name!r} cannot be unlimited where its parent is limited"
                     )
                 if not self._fits(up, want_t or 0, want_p or 0):
-                    raise BudgetExceeded(
-                        f"{name!r} needs {want_t or 0:,} tokens and ${pico_to_usd(want_p or 0):g}"
-                        f" but {up.name!r} has only {_fmt_avail(avail_t, avail_p)} left"
-                    )
+                    raise open_refused(name, up.name, (want_t, want_p), (avail_t, avail_p))
             account = LocalAccount(name, up, kind, want_t, want_p)
             self._take(up, account.alloc_t, account.alloc_p, grant=True)
         up.children += 1
@@ -482,9 +479,25 @@ def _part(available: int | None, fraction: float) -> int | None:
 
 
 def _fmt_avail(tokens: int | None, pico: int | None) -> str:
+    """An amount in the dimensions it has (``None``: not limited there), as messages show it."""
     parts = []
     if tokens is not None:
         parts.append(f"{tokens:,} tokens")
     if pico is not None:
         parts.append(f"${pico_to_usd(pico):.6f}")
     return " and ".join(parts) or "an unlimited budget"
+
+
+def open_refused(
+    name: str,
+    parent: str,
+    wanted: tuple[int | None, int | None],
+    available: tuple[int | None, int | None],
+) -> BudgetExceeded:
+    """The error of a :class:`Fixed` grant that does not fit its parent: what it needs and
+    what the parent has left, each in the dimensions that are limited (a USD-only budget's
+    message names USD only)."""
+    return BudgetExceeded(
+        f"{name!r} needs {_fmt_avail(*wanted)} but {parent!r} has only "
+        f"{_fmt_avail(*available)} left"
+    )

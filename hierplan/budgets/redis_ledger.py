@@ -39,11 +39,10 @@ from hierplan.budgets.budget import (
     Reservation,
     Share,
 )
-from hierplan.budgets.ledger import Ledger, Outstanding
+from hierplan.budgets.ledger import Ledger, Outstanding, open_refused
 from hierplan.budgets.redis_scripts import SCRIPTS
-from hierplan.errors import BudgetExceeded, UserInputError
+from hierplan.errors import UserInputError
 from hierplan.models.base import Phase
-from hierplan.units import pico_to_usd
 
 if TYPE_CHECKING:
     import redis
@@ -184,10 +183,8 @@ class RedisLedger(Ledger):
         reply = await self._call(self._open, name, *args, shield=True)
         if reply[0] == "nofit":
             assert isinstance(grant, Fixed) and parent is not None
-            avail = _fmt_avail(_opt(reply[1]), _opt(reply[2]))
-            raise BudgetExceeded(
-                f"{name!r} needs {grant.tokens or 0:,} tokens and "
-                f"${pico_to_usd(grant.pico or 0):g} but {parent.name!r} has only {avail} left"
+            raise open_refused(
+                name, parent.name, (grant.tokens, grant.pico), (_opt(reply[1]), _opt(reply[2]))
             )
         return RedisAccount(name, parent, reply[1])
 
@@ -354,12 +351,3 @@ def _balance(f: dict[str, str]) -> Balance:
 def _check_fraction(fraction: float) -> None:
     if not 0.0 <= fraction <= 1.0:
         raise LedgerError(f"a fraction must be between 0 and 1, not {fraction!r}")
-
-
-def _fmt_avail(tokens: int | None, pico: int | None) -> str:
-    parts = []
-    if tokens is not None:
-        parts.append(f"{tokens:,} tokens")
-    if pico is not None:
-        parts.append(f"${pico_to_usd(pico):.6f}")
-    return " and ".join(parts) or "an unlimited budget"
