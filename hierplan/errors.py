@@ -12,6 +12,7 @@ The hierarchy::
     ├── StepFailed                a step or node failed for good; ``status`` says how
     ├── SimulatorCoverageError    the offline simulator was asked about something no oracle knows
     ├── BudgetExceeded            a call did not fit the node's budget and was not made
+    ├── RunSkipped                the run did not start (its budget could not be granted)
     ├── ModelError                a model call failed (provider errors are wrapped in it)
     │   ├── ModelAuthError        the provider refused the credentials (401/403): the run stops
     │   └── UnexpectedModelCall   a ScriptedModel was called past its script
@@ -172,6 +173,16 @@ class BudgetExceeded(HierplanError):
 class BudgetTooSmall(UserInputError):
     """A run's budget cannot pay for its root's first call at the lowest ``max_tokens``
     allowed: nothing was called; the message names the smallest budget that would start."""
+
+
+class RunSkipped(HierplanError):
+    """An instrument's scope around the root node declined to start the run: a budget whose
+    parent account could not grant the run's budget, say. Never raised out of a run: the run
+    ends with status ``skipped`` and ``reason`` (``budget``), and the message as its error."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class UnexpectedModelCall(ModelError):

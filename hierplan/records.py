@@ -66,8 +66,9 @@ NodeStatus = Literal[
     "rejected",
     "budget_exhausted",
     "paused",
+    "skipped",
 ]
-RunStatus = Literal["succeeded", "partial", "failed", "rejected", "cancelled", "paused"]
+RunStatus = Literal["succeeded", "partial", "failed", "rejected", "cancelled", "paused", "skipped"]
 FINISHED_OK: frozenset[str] = frozenset({"succeeded"})
 
 
@@ -170,7 +171,8 @@ class NodeRecord:
     ``goal`` is what it was asked to do, ``step_id`` the step of its parent's plan it does
     (``None`` for the root) and ``tool`` the tool that step names, if any. ``status`` is one
     of ``pending``, ``running``, ``succeeded``, ``partial``, ``failed``, ``cancelled``,
-    ``rejected``, ``budget_exhausted`` or ``paused``; ``output`` is its result as text and
+    ``rejected``, ``budget_exhausted``, ``paused`` or ``skipped`` (the root of a run that did not
+    start); ``output`` is its result as text and
     ``error`` why it did not succeed. ``usage``, ``cost_pico``, ``planning_cost_pico`` and
     ``execution_cost_pico`` (in USD: ``cost_usd``, ...) count its own ``calls`` only
     (``subtree_cost_usd`` adds the nodes below), ``unpriced_calls`` those without a known
@@ -274,10 +276,12 @@ class NodeRecord:
 class RunResult:
     """The outcome of a run: status, answer, and the whole tree with usage and cost.
 
-    ``status`` is ``succeeded``, ``partial``, ``failed``, ``rejected``, ``cancelled`` or
-    ``paused`` (:attr:`ok` says whether it succeeded); ``answer`` is the final answer, and
-    ``answer_complete`` false unless the run succeeded (the answer then covers what was done;
-    :meth:`not_done` lists the rest); ``error`` says why a run did not succeed. ``tree`` is the
+    ``status`` is ``succeeded``, ``partial``, ``failed``, ``rejected``, ``cancelled``,
+    ``paused`` or ``skipped`` (the run did not start; ``reason`` says why: ``budget`` when its
+    parent budget could not grant its budget) (:attr:`ok` says whether it succeeded);
+    ``answer`` is the final answer, and ``answer_complete`` false unless the run succeeded (the
+    answer then covers what was done; :meth:`not_done` lists the rest); ``error`` says why a
+    run did not succeed. ``tree`` is the
     root :class:`NodeRecord` (:meth:`nodes` walks every node; :meth:`levels` and
     :meth:`totals` give the rollups). ``run_id``, ``goal``, ``strategy``, ``model``,
     ``scenario``, ``seed`` and ``settings`` say what ran; ``started_at`` and ``finished_at``
@@ -309,6 +313,8 @@ class RunResult:
     price_table: str = ""
     budget: dict[str, Any] | None = None
     format: int = RECORD_FORMAT
+    # Last, and None by default: a run.json written before runs could be skipped loads.
+    reason: str | None = None
 
     @property
     def ok(self) -> bool:

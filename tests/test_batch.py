@@ -31,7 +31,7 @@ from hierplan.budgets.budget import Fixed
 from hierplan.cli import app
 from hierplan.core.settings import RunSettings
 from hierplan.errors import UserInputError
-from hierplan.units import usd_to_pico
+from hierplan.units import pico_to_usd, usd_to_pico
 
 HERE = Path(__file__).resolve().parent
 
@@ -816,20 +816,27 @@ def test_the_batch_panel_follows_goals_while_they_run(tmp_path: Path) -> None:
     batch = config(goals, tmp_path / "out", 1.0, 1)
     display = BatchDisplay(Console(file=StringIO()), Tally(1, {}, 0, 0, None, None))
     seen: list[tuple[int, int]] = []
+    drawn: list[str] = []
     run_stand_in = batch.run_fn
 
     async def then_look(goal: str | None, **kwargs: Any) -> RunResult:
         result = await run_stand_in(goal, **kwargs)
         await anyio.sleep(0.75)  # the goal still runs, its calls settled
         seen.append((display.tally.counts["running"], display.tally.spent_pico))
+        panel = StringIO()
+        Console(file=panel, width=200, color_system=None).print(display.live.get_renderable())
+        drawn.append(panel.getvalue())
         return result
 
     batch.run_fn = then_look
     with display:
         summary = anyio.run(run_batch, batch, display)
-    # While the goal ran, the panel showed it running and what its calls had spent.
+    # While the goal ran, the panel showed it running, what its calls had spent, and what the
+    # batch's budget had left.
     assert seen == [(1, summary["spent_pico"])]
     assert summary["spent_pico"] > 0
+    left = pico_to_usd(usd_to_pico(1.0) - summary["spent_pico"])
+    assert f"remaining ${left:.4f}" in drawn[0], drawn[0]
     assert display.tally.counts["succeeded"] == 1 and display.tally.finished_now == 1
 
 

@@ -52,6 +52,33 @@ def test_the_progress_line_shows_the_figures_as_they_are_when_it_is_drawn() -> N
         display.stop()
 
 
+def test_the_progress_line_shows_what_the_run_budget_has_left() -> None:
+    display = RunConsole(Console(file=io.StringIO(), color_system=None), simulated=True)
+    try:
+        # The root's start says what the run was given; its calls' figures, what it spent.
+        display(NodeStarted(path="1", kind="planner", goal="g", limit_tokens=1_000, limit_usd=1.0))
+        display(NodeStarted(path="1.1", kind="executor", goal="g", limit_tokens=500))
+        display(_called("1.1", 0.25))
+        assert "left $0.7500 / 985 tok" in _drawn(display)
+        display(_called("1.1", 0.5))
+        assert "left $0.2500 / 970 tok" in _drawn(display)
+    finally:
+        display.stop()
+    # A USD-only budget shows USD only; without a budget nothing is left to show.
+    usd_only = RunConsole(Console(file=io.StringIO(), color_system=None), simulated=True)
+    unbudgeted = RunConsole(Console(file=io.StringIO(), color_system=None), simulated=True)
+    try:
+        usd_only(NodeStarted(path="1", kind="executor", goal="g", limit_usd=0.5))
+        unbudgeted(NodeStarted(path="1", kind="executor", goal="g"))
+        for shown in (usd_only, unbudgeted):
+            shown(_called("1", 0.25))
+        assert "left $0.2500" in _drawn(usd_only) and "tok" not in _drawn(usd_only)
+        assert "left" not in _drawn(unbudgeted) and "$0.2500" in _drawn(unbudgeted)
+    finally:
+        usd_only.stop()
+        unbudgeted.stop()
+
+
 def test_the_display_takes_no_budget_events() -> None:
     display = RunConsole(Console(file=io.StringIO()), simulated=False)
     ignored = ignored_by(display)
@@ -85,3 +112,7 @@ async def test_a_run_shown_by_the_display_counts_every_step() -> None:
     assert (display.started, display.finished, display.running) == (2, 2, 0)
     assert "plan for node 1 [SIMULATED]" in out.getvalue()
     assert "2/2" in _drawn(display)
+    # What the run's budget has left: its limit less what its calls spent, as the record says.
+    assert result.budget is not None
+    left = 100_000 - result.budget["spent"]["tokens"]
+    assert f"left {left:,} tok" in _drawn(display)

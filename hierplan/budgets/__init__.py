@@ -1,7 +1,8 @@
 """Budgets: token and USD limits per node of the run tree, exact under concurrency.
 
 :mod:`hierplan.budgets.budget` holds :class:`Budget` and the :class:`Ledger` contract (with
-:class:`LocalLedger`); :mod:`hierplan.budgets.instrument` plugs them into a run;
+:class:`LocalLedger`); :mod:`hierplan.budgets.instrument` plugs them into a run (and
+:mod:`hierplan.budgets.snapshot` says where each node's account stands while it goes);
 :mod:`hierplan.pricing` holds the price table.
 """
 
@@ -19,6 +20,7 @@ from hierplan.budgets.budget import (
     Share,
 )
 from hierplan.budgets.ledger import Ledger, LocalLedger, Outstanding
+from hierplan.budgets.snapshot import AccountSnapshot
 from hierplan.pricing import Price, PriceTable
 from hierplan.units import PICO_PER_USD, pico_to_usd, usd_to_pico
 
@@ -26,6 +28,7 @@ __all__ = [
     "ALLOCATIONS",
     "PICO_PER_USD",
     "Account",
+    "AccountSnapshot",
     "Balance",
     "Budget",
     "Draw",

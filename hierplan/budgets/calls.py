@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import anyio
+
 from hierplan.budgets.budget import Account, Reservation
 from hierplan.budgets.ledger import LocalLedger
 from hierplan.core.calls import CallOutcome
@@ -122,7 +124,7 @@ class BudgetCallScope(CallScope):
         if usage is None:
             await ledger.release(reservation)
             flags = ["failed", "released"] if outcome.made else ["released"]
-            self._settled(reservation, 0, 0, flags)
+            await self._settled(reservation, 0, 0, flags)
             return
         tokens = usage.input_tokens + usage.output_tokens
         pico = outcome.cost_pico or 0
@@ -134,7 +136,7 @@ class BudgetCallScope(CallScope):
         if tokens > reservation.tokens or pico > reservation.pico:
             flags.append("overrun")
             self._overrun(reservation, tokens, pico, outcome)
-        self._settled(reservation, tokens, pico, flags)
+        await self._settled(reservation, tokens, pico, flags)
 
     def _overrun(
         self, reservation: Reservation, tokens: int, pico: int, outcome: CallOutcome
@@ -157,21 +159,43 @@ class BudgetCallScope(CallScope):
                 )
             )
 
-    def _settled(self, reservation: Reservation, tokens: int, pico: int, flags: list[str]) -> None:
+    async def _settled(
+        self, reservation: Reservation, tokens: int, pico: int, flags: list[str]
+    ) -> None:
+        """Say what the call was settled at, and where its account stands now."""
         bus = self.node.run.bus
-        if bus.wants("budget_settled"):
-            bus.emit(
-                BudgetSettled(
-                    run_id=bus.run_id,
-                    path=self.node.path,
-                    phase=reservation.phase,
-                    tokens=tokens,
-                    usd=self.budget.usd(pico),
-                    reserved_tokens=reservation.tokens,
-                    reserved_usd=self.budget.usd(reservation.pico),
-                    flags=flags,
-                )
+        if not bus.wants("budget_settled"):
+            return
+        budget = self.budget
+        ledger = budget.ledger
+        account = reservation.account
+        if isinstance(ledger, LocalLedger):  # directly, as in start()
+            balance = ledger.balance_now(account)
+            avail_t, avail_p = ledger.available_now(account)
+        else:
+            # Settled already: a cancellation now must not lose the event that says so.
+            with anyio.CancelScope(shield=True):
+                balance = await ledger.balance(account)
+                avail_t, avail_p = await ledger.available(account)
+        usd = budget.usd
+        bus.emit(
+            BudgetSettled(
+                run_id=bus.run_id,
+                path=self.node.path,
+                phase=reservation.phase,
+                tokens=tokens,
+                usd=usd(pico),
+                reserved_tokens=reservation.tokens,
+                reserved_usd=usd(reservation.pico),
+                flags=flags,
+                spent_tokens=balance.spent_tokens,
+                spent_usd=usd(balance.spent_pico),
+                held_tokens=balance.reserved_tokens,
+                held_usd=usd(balance.reserved_pico),
+                remaining_tokens=avail_t,
+                remaining_usd=None if avail_p is None else usd(avail_p),
             )
+        )
 
     async def _fit(
         self, account: Account, request: ModelRequest, estimate: int

@@ -31,18 +31,20 @@ from hierplan.budgets.budget import (
     Draw,
     Fixed,
     Grant,
+    LedgerError,
     Share,
     step_weights,
 )
 from hierplan.budgets.calls import BUDGET_OPTIONS, BudgetCallScope, CallCounts, amount_text
-from hierplan.budgets.ledger import Ledger, LocalLedger
+from hierplan.budgets.ledger import Ledger, LocalAccount, LocalLedger
 from hierplan.budgets.resumed import (
     _continued,
 )
+from hierplan.budgets.snapshot import AccountSnapshot, closed_account, open_account
 from hierplan.core.instrument import CallScope, Instrument
 from hierplan.core.spend import Funds
-from hierplan.core.views import NodeView, RunView
-from hierplan.errors import BudgetExceeded, UserInputError
+from hierplan.core.views import Allocation, NodeView, RunView
+from hierplan.errors import BudgetExceeded, RunSkipped, UserInputError
 from hierplan.models.base import ModelRequest
 from hierplan.models.counting import RESERVATIONS, Reservation
 from hierplan.pricing import PriceTable
@@ -127,6 +129,13 @@ class BudgetInstrument(Instrument):
     ``reservation`` is how a call's input is counted before it goes out (``exact``, ``bound``
     or ``estimate``; see :mod:`hierplan.models.counting`).
 
+    When ``parent`` cannot grant a run its budget now (other runs hold it), the run is
+    **skipped**: it ends with status ``skipped`` and reason ``budget``, without raising. With
+    ``wait_for_budget`` its root waits instead until the parent can grant it (woken when the
+    ledger gives something back; a ledger shared between processes is looked at every
+    :data:`SHARED_LEDGER_POLL_S`), for at most ``wait_timeout_s`` seconds (``None``: until
+    the run is cancelled), and is skipped if it still cannot start then.
+
     The instrument holds only this configuration: one instrument may serve many runs, at once
     or one after another, and each run gets its own :class:`RunBudget` (its root account, its
     spend, its prices) when it starts (:meth:`for_run`). Without ``parent`` each run gets the
@@ -146,6 +155,8 @@ class BudgetInstrument(Instrument):
         parent: Account | None = None,
         budget_options: str = BUDGET_OPTIONS,
         reservation: Reservation = "exact",
+        wait_for_budget: bool = False,
+        wait_timeout_s: float | None = None,
     ) -> None:
         if allocation not in ALLOCATIONS:
             raise UserInputError(
@@ -157,6 +168,14 @@ class BudgetInstrument(Instrument):
         ):
             if not 0.0 < value <= 1.0:
                 raise UserInputError(f"{label} must be above 0 and at most 1, not {value!r}")
+        if wait_timeout_s is not None and (
+            isinstance(wait_timeout_s, bool)
+            or not isinstance(wait_timeout_s, int | float)
+            or not wait_timeout_s >= 0
+        ):
+            raise UserInputError(
+                f"wait_timeout_s must be a number of seconds, 0 or more, not {wait_timeout_s!r}"
+            )
         self.budget = budget
         self.allocation = allocation
         self.ledger: Ledger = ledger or LocalLedger()
@@ -165,6 +184,8 @@ class BudgetInstrument(Instrument):
         self.parent = parent
         self.budget_options = budget_options
         self.reservation = reservation
+        self.wait_for_budget = wait_for_budget
+        self.wait_timeout_s = wait_timeout_s
         # Keys of this instrument's entries in a node's state (which is the run's own).
         self.shares_key = object()
         self.counts_key = object()
@@ -263,6 +284,10 @@ class RunBudget:
         self.waiting = 0
         self.waiting_leaves = 0
         self._returned: anyio.Event | None = None
+        # The accounts open now, by node path, and the run's tree of records (a closed node's
+        # figures are in its record): what a snapshot reads.
+        self.open_accounts: dict[str, Account] = {}
+        self.tree: NodeRecord | None = None
         self._worst_case: dict[str, tuple[int, int]] = {}
         # A resumed run goes on with what the paused part left: both parts share the budget.
         resumed = run.resumed
@@ -377,6 +402,37 @@ class RunBudget:
     def account(self, node: NodeView) -> Account:
         """The account a node's calls are charged to: its own, else its nearest ancestor's."""
         return self.instrument.account(node)
+
+    async def snapshot(self) -> dict[str, AccountSnapshot]:
+        """Every node's account now, open and closed, by node path in the order of the tree
+        (parents before children); nodes without an account of their own (a step that only
+        calls a tool, a node not started yet) are left out.
+
+        On a :class:`LocalLedger` the figures are taken at one moment (nothing awaits); on a
+        ledger that waits for I/O, account by account."""
+        ledger = self.ledger
+        live: dict[str, AccountSnapshot] = {}
+        for path, account in list(self.open_accounts.items()):
+            if isinstance(ledger, LocalLedger):
+                balance, available = ledger.balance_now(account), ledger.available_now(account)
+            else:
+                try:
+                    balance = await ledger.balance(account)
+                    available = await ledger.available(account)
+                except LedgerError:
+                    continue  # closed and gone meanwhile: its record has its figures
+            live[path] = open_account(path, balance, available, self.usd_tracked)
+        if self.tree is None:
+            return live
+        found: dict[str, AccountSnapshot] = {}
+        for record in self.tree.walk():
+            path = record.path
+            figures = live.get(path)
+            if figures is None and record.budget is not None and path not in self.open_accounts:
+                figures = closed_account(path, record.budget)
+            if figures is not None:
+                found[path] = figures
+        return found
 
     def grant(self, node: NodeView) -> Grant:
         """How a (non-root) node's account is funded from its parent's."""
@@ -582,6 +638,14 @@ class _NodeBudget(AbstractAsyncContextManager[None]):
         self.prior = node.record.budget if run_budget.resumed else None
 
     async def __aenter__(self) -> None:
+        if self.node.parent is None:
+            self.run_budget.tree = self.node.record
+            if self.run_budget.instrument.parent is not None:
+                await self._open_funded_root()
+                return
+        await self._open()
+
+    async def _open(self) -> None:
         ledger = self.run_budget.ledger
         if type(ledger) is LocalLedger:
             # No await: nothing can come between carving the allocation and registering it.
@@ -596,12 +660,42 @@ class _NodeBudget(AbstractAsyncContextManager[None]):
         with anyio.CancelScope(shield=True):
             account = await ledger.open(*self._funding())
             try:
-                planner = self.node.record.kind == "planner"
-                balance = await ledger.balance(account) if planner else None
+                # A planner sees its budget; node_started says what a node was given (a local
+                # account says it without a look at the ledger).
+                wanted = self.node.record.kind == "planner" or (
+                    not isinstance(account, LocalAccount)
+                    and self.node.run.bus.wants("node_started")
+                )
+                balance = await ledger.balance(account) if wanted else None
             except BaseException:
                 await ledger.close(account)  # __aexit__ will not run: give the allocation back
                 raise
             self._opened(account, balance)
+
+    async def _open_funded_root(self) -> None:
+        """Open the run's root account from the instrument's parent account: at once, or
+        with ``wait_for_budget`` once the parent can grant it (up to ``wait_timeout_s``);
+        otherwise the run is skipped (:class:`RunSkipped`, reason ``budget``)."""
+        instrument = self.run_budget.instrument
+        timeout = instrument.wait_timeout_s
+        deadline = None if timeout is None else anyio.current_time() + timeout
+        while True:
+            try:
+                await self._open()
+                return
+            except BudgetExceeded as exc:
+                refused = str(exc)
+            if not instrument.wait_for_budget or (
+                deadline is not None and anyio.current_time() >= deadline
+            ):
+                break
+            await _until_freed(self.run_budget.ledger, deadline)
+        waited = f" (waited {timeout:g} s)" if instrument.wait_for_budget and timeout else ""
+        raise RunSkipped(
+            f"budget: the run's budget ({instrument.budget}) cannot be granted now: "
+            f"{refused}{waited}; the run did not start",
+            reason="budget",
+        )
 
     def _funding(self) -> tuple[str, Account | None, Grant]:
         budget = self.run_budget
@@ -611,17 +705,21 @@ class _NodeBudget(AbstractAsyncContextManager[None]):
         return node.path, budget.account(node.parent), budget.grant(node)
 
     def _opened(self, account: Account, balance: Balance | None) -> None:
-        """Register the open account; a planner sees its budget while it plans (the gate too)."""
+        """Register the open account; a planner sees its budget while it plans (the gate too),
+        and the node's ``node_started`` event says what it was given."""
         budget = self.run_budget
         node = self.node
         self.account = account
         node.state[budget.instrument] = account
+        budget.open_accounts[node.path] = account
         if node.parent is None:
             budget.root = account
-        if balance is not None:
+        if node.record.kind == "executor":
+            budget.leaf_opened()  # (its balance, if looked up, is only for node_started)
+        elif balance is not None:
             node.record.budget = _continued(self.prior, budget.record(balance, node))
-        elif node.record.kind == "executor":
-            budget.leaf_opened()
+        if node.run.bus.wants("node_started"):
+            node.allocation = _allocation(budget, account, balance)
 
     async def __aexit__(
         self,
@@ -640,5 +738,38 @@ class _NodeBudget(AbstractAsyncContextManager[None]):
             balance = await ledger.close(account)
         self.node.record.budget = _continued(self.prior, budget.record(balance, self.node))
         budget.account_closed(self.node)
+        budget.open_accounts.pop(self.node.path, None)
         if self.node.parent is None:
             budget.root_balance = balance
+
+
+SHARED_LEDGER_POLL_S = 0.2
+"""How often a run waiting for its budget looks at a ledger shared between processes (which
+cannot wake it when another process gives something back)."""
+
+_LOCAL_LEDGER_POLL_S = 1.0
+# A local ledger wakes its waiters when it gives something back; the waiter also looks at
+# this pace, in case the parent's budget grew in another way.
+
+
+async def _until_freed(ledger: Ledger, deadline: float | None) -> None:
+    """Wait until ``ledger`` may have something more to grant, or ``deadline``."""
+    now = anyio.current_time()
+    if isinstance(ledger, LocalLedger):
+        until = now + _LOCAL_LEDGER_POLL_S
+        with anyio.CancelScope(deadline=until if deadline is None else min(until, deadline)):
+            await ledger.freed().wait()
+    else:
+        until = now + SHARED_LEDGER_POLL_S
+        await anyio.sleep_until(until if deadline is None else min(until, deadline))
+
+
+def _allocation(budget: RunBudget, account: Account, balance: Balance | None) -> Allocation:
+    """What a node was given, from its balance, or from a local account's own figures."""
+    if balance is not None:
+        tokens, pico = balance.limit_tokens, balance.limit_pico
+    elif isinstance(account, LocalAccount):
+        tokens, pico = account.limit_t, account.limit_p
+    else:
+        return Allocation(None, None)
+    return Allocation(tokens, None if pico is None else budget.usd(pico))

@@ -7,6 +7,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+import anyio
+
 from hierplan.budgets.budget import (
     Account,
     Balance,
@@ -165,6 +167,22 @@ class LocalLedger(Ledger):
         self._out_t = 0
         self._out_p = 0
         self._open_accounts = 0
+        self._freed: anyio.Event | None = None
+
+    def freed(self) -> anyio.Event:
+        """An event set the next time something is given back in this ledger (a settlement
+        or a release returns what a call held and did not use, an account closes and returns
+        what it did not spend): what a run waiting for its budget waits on."""
+        if self._freed is None:
+            self._freed = anyio.Event()
+        return self._freed
+
+    def _notify(self) -> None:
+        """Wake whoever waits on :meth:`freed` (one check when nobody does)."""
+        freed = self._freed
+        if freed is not None:
+            self._freed = None
+            freed.set()
 
     # -- the contract --------------------------------------------------------------------
 
@@ -300,6 +318,8 @@ class LocalLedger(Ledger):
                 break
             _returned(a, held_t, held_p, tokens, pico)
             a = a.up
+        if self._freed is not None:
+            self._notify()
 
     def top_up_now(self, account: Account, tokens: int, pico: int) -> bool:
         """:meth:`top_up` without the coroutine."""
@@ -339,6 +359,8 @@ class LocalLedger(Ledger):
         up = acc.up
         if up is not None:
             up.children -= 1
+        if self._freed is not None:
+            self._notify()  # a waiter runs once this returns, with the figures below done
         if not acc.fixed:
             return self.balance_now(acc)
         # The child's allocation comes back: its spend stays spent, the rest is free again.

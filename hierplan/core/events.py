@@ -54,12 +54,20 @@ class RunStarted(RunEvent):
 
 
 class NodeStarted(RunEvent):
-    """A planner or executor node started."""
+    """A planner or executor node started.
+
+    Under a budget, ``limit_tokens`` and ``limit_usd`` are the node's allocation: what it was
+    granted and may spend (the run's budget at the root, its share of its planner's below; an
+    on-demand node's cap on what it may draw). ``None`` in a dimension that is unlimited (or
+    untracked, for USD), and without a budget.
+    """
 
     type: Literal["node_started"] = "node_started"
     kind: str
     goal: str
     step_id: str | None = None
+    limit_tokens: int | None = None
+    limit_usd: float | None = None
 
 
 class NodeFinished(RunEvent):
@@ -167,6 +175,12 @@ class BudgetSettled(RunEvent):
     usage counts), ``cut_short`` (cancelled or past a deadline before the reply came: settled
     at the reservation, since the provider may have billed it), ``released`` (nothing used:
     the call failed before the provider took it, or without usage).
+
+    The account the call was charged to (the node's, or its nearest budgeted ancestor's), just
+    after the settlement: ``spent_*`` (what it has spent: its own calls, its closed children's
+    and its on-demand children's), ``held_*`` (what it holds now for calls in flight) and
+    ``remaining_*`` (what it could reserve now; ``None`` where unlimited). USD figures are
+    ``None`` when USD is not tracked.
     """
 
     type: Literal["budget_settled"] = "budget_settled"
@@ -176,6 +190,12 @@ class BudgetSettled(RunEvent):
     reserved_tokens: int
     reserved_usd: float | None
     flags: list[str] = Field(default_factory=list)
+    spent_tokens: int | None = None
+    spent_usd: float | None = None
+    held_tokens: int | None = None
+    held_usd: float | None = None
+    remaining_tokens: int | None = None
+    remaining_usd: float | None = None
 
 
 class BudgetExhausted(RunEvent):
@@ -200,7 +220,7 @@ class BudgetOverrun(RunEvent):
 
 
 class RunFinished(RunEvent):
-    """The run finished."""
+    """The run finished. ``reason`` says why a ``skipped`` run did not start (``budget``)."""
 
     type: Literal["run_finished"] = "run_finished"
     status: str
@@ -209,6 +229,7 @@ class RunFinished(RunEvent):
     input_tokens: int = 0
     output_tokens: int = 0
     error: str | None = None
+    reason: str | None = None
 
 
 AnyEvent = Annotated[

@@ -5,9 +5,10 @@ it reads a run through them: instruments (budgets, tracing, a user's own) get a
 :class:`RunView` and :class:`NodeView`, planners and executors a :class:`StepEnv`. None of
 them sees how the orchestration is built, so it can change without them.
 
-Views are read-only but for two things an instrument owns: the ``state`` mappings (what it keeps
-per run or per node, under a key of its own) and the fields of a node's record that instruments
-fill in (``budget``, ``flags``).
+Views are read-only but for what an instrument owns: the ``state`` mappings (what it keeps
+per run or per node, under a key of its own), the fields of a node's record that instruments
+fill in (``budget``, ``flags``), and a node's ``allocation`` (which its ``node_started`` event
+carries).
 """
 
 from __future__ import annotations
@@ -57,6 +58,14 @@ class StepWork(NamedTuple):
     direct: bool
     estimate_tokens: int | None = None
     estimate_usd: float | None = None
+
+
+class Allocation(NamedTuple):
+    """What a node was granted to spend, as a budget instrument sets it when the node's account
+    opens: tokens and USD, ``None`` in a dimension that is unlimited (or, for USD, untracked)."""
+
+    tokens: int | None
+    usd: float | None
 
 
 @dataclass(slots=True, frozen=True)
@@ -179,6 +188,10 @@ class NodeView(Protocol):
     def work(self) -> StepWork | None:
         """What the step behind this node asks for; ``None`` for the root."""
         ...
+
+    allocation: Allocation | None
+    """The node's allocation, set by a budget instrument's node scope (``None`` without one):
+    the node's ``node_started`` event, emitted once every node scope is open, carries it."""
 
     def plan_needs(self, include: str | None = None) -> PlanNeeds | None:
         """The unstarted model-using steps of this node's current plan (and step ``include``,

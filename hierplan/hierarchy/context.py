@@ -23,7 +23,7 @@ from hierplan.core.events import EventBus
 from hierplan.core.instrument import Instrument
 from hierplan.core.settings import RunSettings
 from hierplan.core.spend import Cost, Spending
-from hierplan.core.views import PlanNeeds, Resumed, SpanIds, StepWork
+from hierplan.core.views import Allocation, PlanNeeds, Resumed, SpanIds, StepWork
 from hierplan.durable.restore import Restore
 from hierplan.hierarchy import calls
 from hierplan.hierarchy.gate import Gate
@@ -137,6 +137,7 @@ class NodeContext:
         "_model",
         "_work",
         "_work_of",
+        "allocation",
         "allowed_tools",
         "parent",
         "record",
@@ -161,6 +162,8 @@ class NodeContext:
         self.step = step
         self.allowed_tools = allowed_tools
         self.state: dict[object, Any] = {}
+        # Set by a budget's node scope; the node's node_started event carries it.
+        self.allocation: Allocation | None = None
         self._model: Model | None = None
         # The least cost of each step of the node's approved plan, when a budget limits it:
         # the floor of each step's share under the ``need`` allocation.

@@ -24,6 +24,7 @@ from hierplan.errors import (
     BudgetTooSmall,
     HierplanError,
     ModelAuthError,
+    RunSkipped,
     StepFailed,
     UnexpectedModelCall,
 )
@@ -34,9 +35,11 @@ OUTPUT_LIMIT = 2000
 
 
 class NodeLifecycle:
-    """Marks the node running, opens every instrument's node scope, and closes the record
+    """Marks the node running, opens every instrument's node scope (then emits
+    ``node_started``, which carries what the scopes gave the node), and closes the record
     whatever happens (success, failure, cancellation). Use it as ``async with
-    node_lifecycle(node):``. A node scope cannot suppress the node's exception."""
+    node_lifecycle(node):``. A node scope cannot suppress the node's exception; one that
+    raises :class:`~hierplan.errors.RunSkipped` at the root ends the node ``skipped``."""
 
     __slots__ = ("node", "scope")
 
@@ -50,16 +53,6 @@ class NodeLifecycle:
         run = node.run
         record.status = "running"
         record.started_at = time.time()
-        if run.bus.wants("node_started"):
-            run.bus.emit(
-                NodeStarted(
-                    run_id=run.run_id,
-                    path=record.path,
-                    kind=record.kind,
-                    goal=record.goal,
-                    step_id=record.step_id,
-                )
-            )
         try:
             scopes = []
             for instrument in run.instruments:
@@ -68,9 +61,31 @@ class NodeLifecycle:
                     scopes.append(scope)
             self.scope = await _enter_all(scopes)
         except BaseException as exc:
+            self._started()
             self._failed(exc)
             self._ended()
             raise
+        self._started()
+
+    def _started(self) -> None:
+        """Say that the node started, once its scopes are open: with the allocation a budget's
+        scope gave it (its account opens there)."""
+        node = self.node
+        run = node.run
+        if run.bus.wants("node_started"):
+            record = node.record
+            allocation = node.allocation
+            run.bus.emit(
+                NodeStarted(
+                    run_id=run.run_id,
+                    path=record.path,
+                    kind=record.kind,
+                    goal=record.goal,
+                    step_id=record.step_id,
+                    limit_tokens=None if allocation is None else allocation.tokens,
+                    limit_usd=None if allocation is None else allocation.usd,
+                )
+            )
 
     async def __aexit__(
         self,
@@ -108,6 +123,9 @@ class NodeLifecycle:
             else:
                 record.status = "cancelled"
                 record.error = record.error or "cancelled"
+        elif isinstance(exc, RunSkipped):
+            record.status = "skipped"  # the run did not start: its root's scope declined it
+            record.error = str(exc)
         elif node.parent is None and run.cancel_requested:
             record.status = "cancelled"  # the root failed after the run was cancelled
             record.error = record.error or "cancelled"

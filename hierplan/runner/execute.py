@@ -13,7 +13,7 @@ import anyio.to_thread
 
 from hierplan.core.events import RunFinished, RunStarted
 from hierplan.core.instrument import enter_scopes
-from hierplan.errors import ModelAuthError, StepFailed, UserInputError
+from hierplan.errors import ModelAuthError, RunSkipped, StepFailed, UserInputError
 from hierplan.hierarchy.context import NodeContext, RunContext
 from hierplan.hierarchy.strategies import Strategy
 from hierplan.records import NodeRecord, RunResult, RunStatus
@@ -47,7 +47,7 @@ async def execute_run(
         if ctx.bus.wants("run_started"):
             ctx.bus.emit(_run_started(ctx, prepared.goal))
         try:
-            status, answer, error = await _run_nodes(ctx, chosen, root)
+            status, answer, error, reason = await _run_nodes(ctx, chosen, root)
             ctx.status = status  # before the run's scopes close: the trace says it
         except BaseException as exc:
             # The run raises (a refused API key, a scripted model used up, Ctrl-C) or its caller
@@ -77,8 +77,9 @@ async def execute_run(
             "priced_as": sorted({ctx.planner_model.priced_as, ctx.executor_model.priced_as}),
         },
         price_table=ctx.pricing.version,
+        reason=reason,
     )
-    if prepared.env is not None and status not in ("paused", "cancelled"):
+    if prepared.env is not None and status not in ("paused", "cancelled", "skipped"):
         verdict = await anyio.to_thread.run_sync(prepared.env.verify)
         result.verification = verdict.to_dict()
     if ctx.bus.wants("run_finished"):
@@ -93,6 +94,7 @@ async def execute_run(
                 input_tokens=totals["input_tokens"],
                 output_tokens=totals["output_tokens"],
                 error=error,
+                reason=reason,
             )
         )
     return result
@@ -114,12 +116,14 @@ async def _open_toolsets(ctx: RunContext, prepared: Prepared, stack: AsyncExitSt
 
 async def _run_nodes(
     ctx: RunContext, chosen: Strategy, root: NodeContext
-) -> tuple[RunStatus, str, str | None]:
-    """Run the strategy from ``root``; the run's status, answer and error."""
+) -> tuple[RunStatus, str, str | None, str | None]:
+    """Run the strategy from ``root``; the run's status, answer, error, and why it was
+    skipped (a root's scope that declined to start it: a budget that could not be granted)."""
     record = root.record
     status: RunStatus = "succeeded"
     answer = ""
     error: str | None = None
+    reason: str | None = None
     # cancel() from outside (a run handle) cancels this scope: the run ends "cancelled".
     with tool_threads(ctx.settings.concurrency), anyio.CancelScope() as cancel_scope:
         ctx.cancel_scope = cancel_scope
@@ -137,6 +141,8 @@ async def _run_nodes(
                 status = _run_status(record)
                 answer = record.output or ""
                 error = str(exc)
+            except RunSkipped as exc:
+                status, error, reason = "skipped", str(exc), exc.reason
             except BaseExceptionGroup as group:
                 # What the run lets through (a refused API key, a scripted model used up,
                 # Ctrl-C, a bug) leaves it as itself, whatever the strategy and however deep
@@ -146,10 +152,10 @@ async def _run_nodes(
     ctx.cancel_scope = None
     if cancel_scope.cancelled_caught or status == "cancelled":
         _retire_pending(record)
-        return "cancelled", record.output or "", "cancelled by the caller"
+        return "cancelled", record.output or "", "cancelled by the caller", None
     if ctx.pause.paused:
-        return "paused", "", None
-    return status, answer, error
+        return "paused", "", None, None
+    return status, answer, error, reason
 
 
 def _run_failed(run_id: str, record: NodeRecord, exc: BaseException) -> RunFinished:

@@ -34,6 +34,8 @@ from typing import Unpack
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from hierplan.budgets.instrument import BudgetInstrument, RunBudget
+from hierplan.budgets.snapshot import AccountSnapshot
 from hierplan.core.events import Listener, RunEvent, RunFinished
 from hierplan.core.instrument import Instrument
 from hierplan.core.views import RunView
@@ -106,6 +108,7 @@ class RunHandle:
         self._done: anyio.Event | None = None
         self._ctx: RunContext | None = None
         self._attached = False
+        self._budget: RunBudget | None = None
         self._cancel_requested = False
         self._outer: anyio.CancelScope | None = None
         self._started: TaskStatus[None] | None = None
@@ -119,6 +122,22 @@ class RunHandle:
         if since < 0:
             raise ValueError(f"since must be 0 or more, not {since}")
         return EventStream(self, since)
+
+    async def budget_snapshot(self) -> dict[str, AccountSnapshot]:
+        """Every node's budget account now, by node path (parents before children): its
+        allocation (``limit_*``), what it has spent, holds for calls in flight and could
+        still reserve (``remaining_*``), and whether it has closed; see
+        :class:`~hierplan.budgets.snapshot.AccountSnapshot`. Nodes that have no account of
+        their own (a step that only calls a tool, a node not started) are left out.
+
+        Empty for a run without a budget, and before the run's root has its account (a run
+        waiting for its budget, one skipped for it). It works during the run and after it.
+        A coroutine, as a ledger shared between processes answers over the network; on the
+        usual local ledger the figures are all taken at one moment."""
+        budget = self._budget
+        if budget is None:
+            return {}
+        return await budget.snapshot()
 
     @property
     def event_count(self) -> int:
@@ -243,6 +262,10 @@ class RunHandle:
     def _attach(self, ctx: RunContext) -> None:
         self._ctx = ctx
         self._attached = True
+        # The run's budget state, kept after the run (which drops its context) for snapshots.
+        for instrument in ctx.instruments:
+            if isinstance(instrument, BudgetInstrument):
+                self._budget = instrument.for_run(ctx)
         self.run_id = ctx.run_id  # a resumed run's, read from its checkpoint
         if self._cancel_requested:
             ctx.cancel()

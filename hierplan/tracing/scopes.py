@@ -26,6 +26,7 @@ from opentelemetry.util.types import AttributeValue
 
 from hierplan.core.events import RunEvent
 from hierplan.core.views import NodeView, RunView, SpanIds
+from hierplan.errors import RunSkipped
 from hierplan.models.base import ToolCall
 from hierplan.records import NodeRecord
 from hierplan.tracing.attributes import (
@@ -321,6 +322,8 @@ def _status_after(node: NodeView, exc: BaseException) -> str:
     run = node.run
     if isinstance(exc, anyio.get_cancelled_exc_class()):
         return "paused" if run.pausing else "cancelled"
+    if isinstance(exc, RunSkipped):
+        return "skipped"  # the run did not start (its budget could not be granted)
     if node.parent is None and run.cancel_requested:
         return "cancelled"  # the root failed after the run was cancelled
     status = node.record.status

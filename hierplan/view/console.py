@@ -1,7 +1,8 @@
 """What ``hierplan run`` and ``demo`` show while a run goes: plans, replans, progress.
 
 :class:`RunConsole` is an event listener: it prints the root plan when it is proposed, one line per
-sub-plan and replan, and a progress line for the executor steps. While a plan is reviewed at the
+sub-plan and replan, and a progress line for the executor steps, with what the run has spent and,
+under a budget, what it has left. While a plan is reviewed at the
 console (:class:`hierplan.review.ConsoleReviewer`) it stands aside: the progress line stops and
 its output is held back until the review ends.
 """
@@ -83,6 +84,10 @@ class RunConsole:
         self.finished = 0
         self.running = 0
         self.cost = 0.0
+        self.tokens = 0
+        # The run's budget, as its root's node_started says (None: no limit in that dimension).
+        self.limit_tokens: int | None = None
+        self.limit_usd: float | None = None
         self.executors: set[str] = set()
         self.live = False
         self.progress.before_draw = self._update
@@ -105,6 +110,8 @@ class RunConsole:
             line.append(f" node {event.path} v{event.version}: {plain(event.diff)}")
             out.print(line, highlight=False)
         elif isinstance(event, NodeStarted) and event.kind == "executor":
+            if event.path == "1":
+                self._budget(event)
             self.executors.add(event.path)
             self.started += 1
             self.running += 1
@@ -112,10 +119,30 @@ class RunConsole:
                 self.live = True
                 if self._held is None:
                     self.progress.start()
+        elif isinstance(event, NodeStarted) and event.path == "1":
+            self._budget(event)
         elif isinstance(event, NodeFinished):
             self._finished(event)
-        elif isinstance(event, ModelCalled) and event.cost_usd:
-            self.cost += event.cost_usd
+        elif isinstance(event, ModelCalled):
+            # What the budget counts the call for: the events' figures are the settlements'.
+            self.tokens += event.input_tokens + event.output_tokens
+            if event.cost_usd:
+                self.cost += event.cost_usd
+
+    def _budget(self, root: NodeStarted) -> None:
+        """Take the run's budget from its root's start (what the root was granted)."""
+        self.limit_tokens = root.limit_tokens
+        self.limit_usd = root.limit_usd
+
+    def left(self) -> str:
+        """What the run's budget has left, as the progress line shows it (``""`` without a
+        budget): its allocation less what its calls have spent so far."""
+        parts = []
+        if self.limit_usd is not None:
+            parts.append(money(max(0.0, self.limit_usd - self.cost)))
+        if self.limit_tokens is not None:
+            parts.append(f"{max(0, self.limit_tokens - self.tokens):,} tok")
+        return f"  left {' / '.join(parts)}" if parts else ""
 
     def _update(self) -> None:
         """Give the progress line its figures: when it is drawn (ten times a second), not on
@@ -124,7 +151,7 @@ class RunConsole:
             self.task,
             total=max(self.started, 1),
             completed=self.finished,
-            info=f"running {self.running}  cost {money(self.cost)}",
+            info=f"running {self.running}  cost {money(self.cost)}{self.left()}",
         )
 
     def print(self, *objects: Any, **options: Any) -> None:

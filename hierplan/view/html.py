@@ -40,7 +40,7 @@ table{border-collapse:collapse;margin:6px 0}td,th{border:1px solid #e5e7eb;paddi
 text-align:left}th{background:#f3f4f6}td.num,th.num{text-align:right}
 .badge{display:inline-block;border-radius:4px;padding:0 6px;font-size:12px;color:#fff;
 background:#6b7280}.s-succeeded{background:#15803d}.s-failed{background:#b91c1c}
-.s-partial,.s-budget_exhausted,.s-paused{background:#b45309}.s-rejected{background:#7e22ce}
+.s-partial,.s-budget_exhausted,.s-paused,.s-skipped{background:#b45309}.s-rejected{background:#7e22ce}
 .s-cancelled,.s-pending{background:#9ca3af}.s-running{background:#0369a1}
 .sim{background:#ca8a04}details.node{margin-left:18px;border-left:1px dotted #d1d5db;
 padding-left:6px}details.node>summary{cursor:pointer;padding:2px 0}

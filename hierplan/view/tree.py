@@ -35,6 +35,7 @@ STATUS_STYLE: Mapping[str, str] = {
     "pending": "bright_black",
     "running": "cyan",
     "paused": "yellow",
+    "skipped": "yellow",
 }
 DECISION_STYLE: Mapping[str, str] = {
     "approved": "green",
