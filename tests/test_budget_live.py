@@ -110,6 +110,10 @@ class RemoteLedger(Ledger):
     async def release(self, reservation: Reservation) -> None:
         self.inner.settle_now(reservation, 0, 0, used=False)
 
+    async def top_up(self, account: Account, tokens: int, pico: int) -> bool:
+        await anyio.lowlevel.checkpoint()
+        return self.inner.top_up_now(self._local(account), tokens, pico)
+
     async def close(self, account: Account) -> Balance:
         return self.inner.close_now(self._local(account))
 
