@@ -200,6 +200,27 @@ def test_resume_with_an_edited_plan(paused: Path, tmp_path: Path) -> None:
     assert data["verification"]["ok"]
 
 
+def test_an_edited_plan_that_fails_and_is_replanned_pauses_again_with_its_diff(
+    paused: Path, tmp_path: Path
+) -> None:
+    """The replan replaces the edited plan that ran: the printout diffs against that one."""
+    plan = yaml.safe_load((paused / PENDING_DIR / "1.yaml").read_text())
+    plan["steps"] = [{"id": "a", "title": "A", "instruction": "do a thing no oracle knows"}]
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(yaml.safe_dump(plan))
+    code, out = hierplan("resume", paused, "--plan", edited, "--node", "1")
+    assert code == PAUSED, out
+    assert "Traceback" not in out
+    versions = record(paused)["tree"]["plan_versions"]
+    assert [v["reason"] for v in versions] == ["initial", "edit", "replan"]
+    assert "node 1: plan v3 replaces v2" in out
+    assert "  - a [" in out  # the edited plan's step, removed by the replan
+    # A later pause of the same node prints as well.
+    code, out = hierplan("resume", paused, "--reject", "try again")
+    assert code == PAUSED, out
+    assert "Traceback" not in out and "node 1: plan v4 replaces v3" in out
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

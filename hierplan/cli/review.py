@@ -89,14 +89,21 @@ def print_paused(console: Console, result: RunResult, out: Path) -> None:
     """What waits for a decision (with the diff of a new proposal) and how to continue."""
     waiting = pending_versions(result.tree)
     for node, version in waiting:
+        # A proposal replaces the plan before it, an approved edit included (that edit is what
+        # ran); edits the validators refused never ran, so they are passed over.
         earlier = [
-            v for v in node.plan_versions if v.version < version.version and v.reason != "edit"
+            v
+            for v in node.plan_versions
+            if v.version < version.version and not (v.reason == "edit" and v.decision == "invalid")
         ]
         if earlier:
+            replaced = earlier[-1]
             console.print(
-                Text(f"node {node.path}: plan v{version.version} replaces v{earlier[-1].version}")
+                Text(f"node {node.path}: plan v{version.version} replaces v{replaced.version}")
             )
-            console.print(diff_view(earlier[-1].plan, version.plan, version.diff))
+            # The diff is taken between the two plans shown, not read from the record, whose
+            # diff may be against another version.
+            console.print(diff_view(replaced.plan, version.plan))
     pending = [node.path for node, _ in waiting]
     console.print(
         f"paused: {len(pending)} plan(s) wait for a decision: "
