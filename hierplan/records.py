@@ -181,7 +181,8 @@ class NodeRecord:
     ``started_at`` and ``finished_at`` are Unix times, ``attempts`` how many times the step
     was tried, ``budget`` its figures under a run budget (``None`` without one) and ``flags``
     marks such as ``overrun``. ``tool_calls`` holds each tool call it made, in the order they
-    finished (:class:`ToolCallRecord`).
+    finished (:class:`ToolCallRecord`). ``transient_retries`` counts the rounds of retries
+    its model calls got after a pause, having spent their own on transient errors.
     """
 
     path: str
@@ -209,6 +210,8 @@ class NodeRecord:
     flags: list[str] = field(default_factory=list)
     # Last, and empty by default: a run.json written before tool calls were recorded loads.
     tool_calls: list[ToolCallRecord] = field(default_factory=list)
+    # Zero by default: a run.json written before these rounds were counted loads.
+    transient_retries: int = 0
 
     def add_call(self, call: CallRecord) -> None:
         """Record a call and add its usage and cost to this node's totals."""

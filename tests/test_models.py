@@ -225,10 +225,10 @@ def test_the_function_models_docstring_shows_a_run_that_works() -> None:
 
 
 def _node(model: Model) -> NodeContext:
-    """A one-node run context calling ``model``, retrying at once."""
+    """A one-node run context calling ``model``, retrying at once (no pause either)."""
     ctx = RunContext(
         run_id="t",
-        settings=RunSettings(model_retries=2, retry_backoff_s=0),
+        settings=RunSettings(model_retries=2, retry_backoff_s=0, transient_pause_s=0),
         toolbox=Toolbox(),
         planner_model=model,
         executor_model=model,
@@ -270,7 +270,8 @@ async def test_a_model_raising_oserror_is_retried_as_a_transient_failure() -> No
     with pytest.raises(ModelError, match="raised OSError: network is unreachable") as e:
         await node.call_model(REQ)
     assert e.value.retryable and isinstance(e.value.__cause__, OSError)
-    assert always.calls == 3  # the first attempt and model_retries=2
+    # The first attempt and model_retries=2, then one more such round (transient_retries=1).
+    assert always.calls == 6 and node.record.transient_retries == 1
 
 
 async def test_a_run_whose_model_raises_ends_failed_with_the_models_message() -> None:

@@ -177,7 +177,7 @@ async def test_an_attempt_that_could_not_connect_counts_for_nothing(provider: st
         model=hierplan.ModelSpec(
             name=MODELS[provider], **{"base_url": base_url, "api_key": "test-key", "timeout_s": 2.0}
         ),
-        settings=hierplan.RunSettings(model_retries=0),
+        settings=hierplan.RunSettings(model_retries=0, transient_retries=0),
     )
     assert result.status == "failed"
     assert result.error is not None and "connection failed" in result.error
@@ -189,11 +189,87 @@ async def test_an_attempt_that_could_not_connect_counts_for_nothing(provider: st
 async def test_exhausted_retries_fail_the_node_not_the_process(provider: str) -> None:
     with WireServer(script()) as server:
         server.faults.script(["server_error", "server_error"])
-        result = await mini_run(server, provider, model_retries=1)
+        result = await mini_run(server, provider, model_retries=1, transient_retries=0)
         assert server.count() == 2
     assert result.status == "failed"
     assert result.error is not None and "planning failed" in result.error
     assert "HTTP 500" in result.error
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("at", [0, 1], ids=["planner", "executor"])
+async def test_a_call_whose_retries_ran_out_gets_one_more_round_after_a_pause(
+    provider: str, at: int
+) -> None:
+    events: list[RunEvent] = []
+    counted = CountingInstrument()
+    with WireServer(script()) as server:
+        server.faults.script([None] * at + ["server_error", "rate_limit"])
+        started = time.perf_counter()
+        result = await hierplan.run(
+            GOAL,
+            model=hierplan.ModelSpec(name=MODELS[provider], **model_options(server, provider)),
+            settings=hierplan.RunSettings(
+                retry_backoff_s=0, model_retries=1, transient_pause_s=0.5
+            ),
+            listeners=[events.append],
+            instruments=[counted],
+        )
+        elapsed = time.perf_counter() - started
+        hits = server.count()
+    assert result.status == "succeeded", result.error
+    assert elapsed >= 0.5
+    node = [n for n in result.nodes() if n.calls][at]
+    assert [(c.attempt, c.ok) for c in node.calls] == [(1, False), (2, False), (3, True)]
+    assert node.transient_retries == 1
+    assert sum(n.transient_retries for n in result.nodes()) == 1
+    # The round's attempt is a call like any other: recorded, and seen by every instrument.
+    assert len(calls(result)) == hits == counted.attempts == 4
+    paused = [e for e in events if isinstance(e, StepRetried) and e.delay_s == 0.5]
+    assert len(paused) == 1 and paused[0].path == node.path
+    assert "HTTP 429" in paused[0].error and "one more round after a pause" in paused[0].error
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_node_gets_its_extra_round_once(provider: str) -> None:
+    with WireServer(script()) as server:
+        server.faults.script(["server_error"] * 4)
+        result = await mini_run(server, provider, model_retries=1, transient_pause_s=0)
+        assert server.count() == 4
+    assert result.status == "failed"
+    assert result.error is not None and "planning failed" in result.error
+    assert result.tree.transient_retries == 1
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_the_pause_before_the_extra_round_honours_retry_after(provider: str) -> None:
+    events: list[RunEvent] = []
+    with WireServer(script(), retry_after_s=1, retry_after_ms=False) as server:
+        server.faults.script(["rate_limit"])
+        started = time.perf_counter()
+        result = await hierplan.run(
+            GOAL,
+            model=hierplan.ModelSpec(name=MODELS[provider], **model_options(server, provider)),
+            settings=hierplan.RunSettings(retry_backoff_s=0, model_retries=0, transient_pause_s=0),
+            listeners=[events.append],
+        )
+        elapsed = time.perf_counter() - started
+    assert result.status == "succeeded", result.error
+    assert elapsed >= 1.0
+    assert [e.delay_s for e in events if isinstance(e, StepRetried)] == [1.0]
+    assert result.tree.transient_retries == 1
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_no_extra_round_for_a_provider_asking_to_wait_past_the_cap(provider: str) -> None:
+    with WireServer(script(), retry_after_s=30, retry_after_ms=False) as server:
+        server.faults.script(["rate_limit"])
+        result = await mini_run(
+            server, provider, model_retries=0, model_retry_max_delay_s=5, transient_pause_s=0
+        )
+        assert server.count() == 1
+    assert result.status == "failed"
+    assert result.tree.transient_retries == 0
 
 
 class CountingInstrument(hierplan.Instrument):

@@ -140,7 +140,7 @@ async def test_a_sub_planner_out_of_retries_fails_alone_and_its_parent_replans(
     workdir, env = scenario
     with WireServer(OracleBackend(env.oracle)) as server:
         server.faults.script([None, "server_error"])  # the first sub-planner's call
-        result = await migrate(server, "openai", workdir, model_retries=0)
+        result = await migrate(server, "openai", workdir, model_retries=0, transient_retries=0)
     assert_migrated(result)
     failed = [n for n in result.nodes() if n.status == "failed"]
     assert len(failed) == 1 and failed[0].kind == "planner" and failed[0].depth == 2

@@ -17,13 +17,20 @@ from hierplan.core.settings import DAY_S, MAX_OUTPUT_TOKENS, MAX_RETRIES, MAX_TU
 from hierplan.errors import UserInputError
 from hierplan.runner.goals import goal_from_data, settings_from_assignments
 
-TIMES = ("retry_backoff_s", "retry_max_delay_s", "step_timeout_s", "model_retry_max_delay_s")
+TIMES = (
+    "retry_backoff_s",
+    "retry_max_delay_s",
+    "step_timeout_s",
+    "model_retry_max_delay_s",
+    "transient_pause_s",
+)
 COUNTS = {
     "max_retries": MAX_RETRIES,
     "max_replans": MAX_RETRIES,
     "max_rejections": MAX_RETRIES,
     "max_invalid_plans": MAX_RETRIES,
     "model_retries": MAX_RETRIES,
+    "transient_retries": MAX_RETRIES,
     "executor_max_turns": MAX_TURNS,
     "react_max_turns": MAX_TURNS,
     "planner_max_tokens": MAX_OUTPUT_TOKENS,

@@ -134,6 +134,25 @@ class RunSettings(BaseModel):
         allow_inf_nan=False,
         description="Longest wait before a model retry; a provider asking for more fails the call.",
     )
+    transient_retries: int = Field(
+        1,
+        ge=0,
+        le=MAX_RETRIES,
+        description=(
+            "Rounds of retries more a node gets, after transient_pause_s, when one of its model "
+            "calls spent model_retries on transient errors (rate limits, server errors, timeouts)."
+        ),
+    )
+    transient_pause_s: float = Field(
+        5.0,
+        ge=0,
+        le=DAY_S,
+        allow_inf_nan=False,
+        description=(
+            "Pause before such a round; a provider's longer Retry-After wins (up to "
+            "model_retry_max_delay_s)."
+        ),
+    )
     seed: int = Field(
         0, ge=0, le=MAX_SEED, description="Seed of the simulator: the same seed, the same run."
     )

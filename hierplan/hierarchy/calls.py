@@ -6,7 +6,10 @@ trace starts its span), sends the request, builds the attempt's
 :class:`~hierplan.core.calls.CallOutcome` once, ends the scopes with it (the budget settles, the
 span ends) and records it on the node (a :class:`~hierplan.records.CallRecord` and a
 ``model_called`` event). A :class:`~hierplan.models.retry.RetryingModel` around it retries what
-may be retried, so every attempt is counted on its own.
+may be retried, so every attempt is counted on its own. :class:`PatientModel` around that gives a
+call whose retries were all spent on transient errors one more round after a pause, once per
+node (``transient_retries``): a burst of faults that outlasts the backoff does not fail the
+node, and the round's attempts are counted and budgeted like any other.
 
 :func:`call_tool` is the same for a tool call: every instrument's tool scope around it, then a
 :class:`~hierplan.records.ToolCallRecord` and a ``tool_called`` event.
@@ -44,7 +47,10 @@ def node_model(node: NodeContext) -> Model:
     for instrument in node.run.instruments:
         base = instrument.wrap_model(base, node)
     accounted = AccountedModel(base, node)
-    return RetryingModel(accounted, node.run.retry_policy, accounted.retried)
+    retrying = RetryingModel(accounted, node.run.retry_policy, accounted.retried)
+    if node.run.settings.transient_retries == 0:
+        return retrying
+    return PatientModel(retrying, accounted)
 
 
 def retry_policy(settings: RunSettings) -> RetryPolicy:
@@ -56,6 +62,69 @@ def retry_policy(settings: RunSettings) -> RetryPolicy:
         settings.model_retry_max_delay_s,
         "model_retry_max_delay_s",
     )
+
+
+class PatientModel:
+    """A node's retrying model with more rounds of retries, each after a pause, for calls whose
+    retries were all spent on transient errors (see the module docstring).
+
+    A :class:`~hierplan.errors.ModelError` that leaves the retrying model still ``retryable``
+    is one whose retries ran out on errors that may pass (rate limits, server errors, timeouts,
+    unreadable replies); a provider asking to wait longer than ``model_retry_max_delay_s`` is
+    not, so it is not asked again here either. The node's record counts the rounds
+    (``transient_retries``), at most the run's ``transient_retries`` per node, so that a
+    provider that stays down still fails the node soon.
+    """
+
+    __slots__ = ("accounted", "inner")
+
+    def __init__(self, inner: RetryingModel, accounted: AccountedModel) -> None:
+        self.inner = inner
+        self.accounted = accounted
+
+    @property
+    def name(self) -> str:
+        """The wrapped model's name."""
+        return self.inner.name
+
+    @property
+    def provider(self) -> str:
+        """The wrapped model's provider."""
+        return self.inner.provider
+
+    @property
+    def priced_as(self) -> str:
+        """The wrapped model's price key."""
+        return self.inner.priced_as
+
+    @property
+    def simulated(self) -> bool:
+        """Whether the wrapped model is simulated."""
+        return self.inner.simulated
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        """Send ``request`` through the retrying model; after a transient failure, pause and
+        send it again while the node has rounds left."""
+        node = self.accounted.node
+        settings = node.run.settings
+        while True:
+            try:
+                return await self.inner.request(request)
+            except ModelError as exc:
+                record = node.record
+                if not exc.retryable or record.transient_retries >= settings.transient_retries:
+                    raise
+                if (exc.retry_after or 0.0) > settings.model_retry_max_delay_s:
+                    raise  # the limit will not lift soon: as between retries, no waiting
+                # The provider's own wait, when longer, is honoured here as between retries.
+                pause = max(settings.transient_pause_s, exc.retry_after or 0.0)
+                record.transient_retries += 1
+                self.accounted.retried(
+                    self.accounted.attempt,
+                    ModelError(f"{exc} (retries spent; one more round after a pause)"),
+                    pause,
+                )
+            await anyio.sleep(pause)
 
 
 class AccountedModel:
