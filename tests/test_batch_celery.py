@@ -5,7 +5,6 @@ killed delivery spent is counted once (marked ``celery``: ``.ci/run`` runs it)."
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sqlite3
 import subprocess
@@ -18,7 +17,7 @@ import pytest
 from batch_support import load_benchmark
 from redis_support import RedisServer, redis_available
 
-from hierplan.batch.celery_backend import LEASE_VARIABLE, goal_key
+from hierplan.batch.celery_backend import goal_key
 from hierplan.batch.journal import Journal
 from hierplan.budgets.redis_ledger import connect
 from hierplan.units import usd_to_pico
@@ -67,10 +66,9 @@ def _driver(url: str, goals: Path, out: Path, budget: float, log: Path) -> subpr
         [str(BIN / "hierplan"), "batch", str(goals), "--out", str(out),
          "--backend", "celery", "--broker", url, "--budget-usd", str(budget),
          "--concurrency", str(SLOTS), "--sim-latency-scale", "1",
-         "--visibility-timeout", str(VISIBILITY_S)],
+         "--visibility-timeout", str(VISIBILITY_S), "--lease", str(LEASE_S)],
         stdout=_log(log),
         stderr=subprocess.STDOUT,
-        env={**os.environ, LEASE_VARIABLE: str(LEASE_S)},
     )  # fmt: skip
 
 

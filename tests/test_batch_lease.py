@@ -9,13 +9,16 @@ from typing import Any
 import anyio
 import pytest
 from redis_support import require_redis
+from typer.testing import CliRunner
 
-from hierplan.batch import RunOptions, parse_goals
+from hierplan.batch import BatchConfig, RunOptions, parse_goals
 from hierplan.batch.celery_backend import Delivery, WorkerState, goal_key, lease_key, work_on_goal
 from hierplan.batch.celery_backend.lease import REQUEUE, Lease, lease_seconds
 from hierplan.batch.celery_backend.protocol import CLAIM, START
 from hierplan.budgets.budget import Fixed
 from hierplan.budgets.redis_ledger import RedisLedger
+from hierplan.cli import app
+from hierplan.cli import batch as cli_batch
 from hierplan.errors import UserInputError
 
 
@@ -132,3 +135,50 @@ def test_a_lease_is_a_number_of_seconds_from_the_config_or_the_environment(
             lease_seconds()
     with pytest.raises(UserInputError, match="the lease must be"):
         lease_seconds(0)
+
+
+def _batch(tmp_path: Path, *extra: str) -> tuple[int, str]:
+    goals = tmp_path / "goals.jsonl"
+    goals.write_text('{"goal": "Say hello", "id": "g"}\n')
+    args = ["batch", str(goals), "--out", str(tmp_path / "out"), *extra]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    return result.exit_code, " ".join(result.output.split())
+
+
+CELERY = ("--backend", "celery", "--broker", "redis://127.0.0.1:1/0")
+
+
+@pytest.mark.parametrize("given", ["0.5", "0", "-3", "nan", "inf"])
+def test_a_lease_option_below_a_second_or_not_finite_is_refused_before_anything(
+    tmp_path: Path, given: str
+) -> None:
+    code, out = _batch(tmp_path, *CELERY, "--lease", given)
+    assert code == 2, out
+    assert f"--lease must be a number of seconds of at least 1, not {float(given)!r}" in out
+    assert "Traceback" not in out and not (tmp_path / "out").exists()
+
+
+def test_a_lease_option_applies_to_celery_only(tmp_path: Path) -> None:
+    code, out = _batch(tmp_path, "--lease", "10")
+    assert code == 2 and "--lease applies to --backend celery only" in out
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_lease_option_is_the_batchs_lease_over_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HIERPLAN_BATCH_LEASE_S", "12.5")
+    prepared: list[BatchConfig] = []
+
+    def stop_at_prepare(config: BatchConfig, pricing: object = None) -> object:
+        prepared.append(config)
+        raise UserInputError("stopped before the batch starts")
+
+    # Redis is not needed to see what the driver would send its workers.
+    monkeypatch.setattr(cli_batch, "check_reachable", lambda url, shown: None)
+    monkeypatch.setattr(cli_batch, "prepare", stop_at_prepare)
+    code, out = _batch(tmp_path, *CELERY, "--lease", "7.5")
+    assert code == 2 and "stopped before the batch starts" in out
+    assert lease_seconds(prepared[0].lease_s) == 7.5
+    code, out = _batch(tmp_path, *CELERY)
+    assert lease_seconds(prepared[1].lease_s) == 12.5  # no --lease: the environment's

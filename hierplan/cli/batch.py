@@ -68,6 +68,17 @@ VisibilityOpt = Annotated[
     ),
 ]
 
+LeaseOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--lease",
+        metavar="SECONDS",
+        help="Celery: seconds a running goal's lease lasts without its worker's heartbeat "
+        "before the goal is queued again (at least 1) [default: $HIERPLAN_BATCH_LEASE_S, "
+        "else 30]",
+    ),
+]
+
 
 def _pico(usd: float | None) -> int | None:
     if usd is None:
@@ -158,6 +169,7 @@ def batch_command(
     sim_profile: ProfileOpt = "typical",
     sim_latency_scale: LatencyOpt = 1.0,
     visibility_timeout: VisibilityOpt = 3600.0,
+    lease: LeaseOpt = None,
     trace: TraceOpt = None,
     set_: SetOpt = None,
     base_url: BaseUrlOpt = None,
@@ -176,6 +188,13 @@ def batch_command(
     tracing = None
     try:
         _check_choices(backend, strategy, allocation, sim_profile, broker, trace)
+        if lease is not None:
+            if backend != "celery":
+                raise UserInputError("--lease applies to --backend celery only")
+            # Imported here: the Celery side stays out of the command line's start-up.
+            from hierplan.batch.celery_backend.lease import lease_seconds
+
+            lease_seconds(lease, name="--lease")
         tracing = configure_tracing(trace) if backend == "local" else None
         budget = BatchBudget(
             budget_tokens,
@@ -208,6 +227,7 @@ def batch_command(
             resume=resume,
             broker=broker,
             visibility_timeout=visibility_timeout,
+            lease_s=lease,
             instruments=tracing.instruments if tracing is not None else (),
             given=_given_flags(context),
         )

@@ -62,11 +62,12 @@ def lease_key(namespace: str, goal_id: str) -> str:
     return f"{{{namespace}}}:l:{goal_id}"
 
 
-def lease_seconds(given: float | None = None) -> float:
+def lease_seconds(given: float | None = None, *, name: str = "the lease") -> float:
     """The lease of a batch: ``given``, else :data:`LEASE_VARIABLE` from the environment,
     else :data:`DEFAULT_LEASE_S`; a :class:`UserInputError` for one that is not a number of
-    seconds of at least :data:`MIN_LEASE_S`."""
-    where = "the lease"
+    seconds of at least :data:`MIN_LEASE_S`, calling ``given`` ``name`` (``--lease`` on the
+    command line)."""
+    where = name
     if given is None:
         text = os.environ.get(LEASE_VARIABLE, "").strip()
         if not text:
