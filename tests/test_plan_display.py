@@ -115,6 +115,36 @@ def test_the_review_renderings_show_plan_text_as_symbols(text: str) -> None:
     assert "after " in shown and "tools: other" in shown
 
 
+def test_a_review_shows_the_changes_from_the_plan_it_names_whatever_diff_it_was_given() -> None:
+    """The gate's diff may be against another version than the one shown as replaced (a
+    refused edit in between): the review shows the changes between the two plans it names."""
+    shown_before = Plan.model_construct(
+        goal="g", steps=[Step(id="a", title="A", instruction="a")], rationale=""
+    )
+    refused_edit = Plan.model_construct(
+        goal="g", steps=[Step(id="z", title="Z", instruction="z")], rationale=""
+    )
+    proposal = Plan.model_construct(
+        goal="g", steps=[Step(id="b", title="B", instruction="b")], rationale=""
+    )
+    context = GateContext(
+        path="1",
+        goal="g",
+        depth=1,
+        max_depth=3,
+        max_steps=50,
+        allowed_tools=frozenset(),
+        toolbox=Toolbox(),
+        version=3,
+        reason="retry",
+        previous=shown_before,
+        diff=diff_plans(refused_edit, proposal),
+    )
+    shown = render(review_view(proposal, context))
+    assert "+ b [task] B" in shown and "- a [task] A" in shown
+    assert "z [task]" not in shown
+
+
 def test_problem_messages_are_printable_whatever_a_validator_quotes() -> None:
     """A validator of someone else's may quote plan text as it is: printed, it is symbols."""
     from hierplan.plans.plan import PlanProblem

@@ -297,7 +297,7 @@ def test_waves_tree_and_diff_show_what_changed() -> None:
     assert [[s.id for s in w] for w in waves(old)] == [["a", "c"], ["b"]]
     console = Console(file=io.StringIO(), width=120, color_system=None)
     console.print(plan_review_tree(old, title="plan v1"))
-    console.print(diff_view(old, new, diff_plans(old, new)))
+    console.print(diff_view(old, new))
     text = console.file.getvalue()  # type: ignore[attr-defined]
     assert "wave 1 (2 in parallel)" in text
     assert "c [subgoal] C  est. $0.2500" in text

@@ -101,8 +101,6 @@ def print_paused(console: Console, result: RunResult, out: Path) -> None:
             console.print(
                 Text(f"node {node.path}: plan v{version.version} replaces v{replaced.version}")
             )
-            # The diff is taken between the two plans shown, not read from the record, whose
-            # diff may be against another version.
             console.print(diff_view(replaced.plan, version.plan))
     pending = [node.path for node, _ in waiting]
     console.print(

@@ -14,7 +14,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from hierplan.hierarchy.gate import GateContext
-from hierplan.plans.plan import Plan, PlanDiff, Step, diff_plans, topological_order
+from hierplan.plans.plan import Plan, Step, diff_plans, topological_order
 from hierplan.review.policy import destructive_tools
 from hierplan.tools.base import ToolHints
 from hierplan.view.tree import LISTED_IDS, data_text, id_list, money, plain, short
@@ -119,14 +119,14 @@ def plan_review_tree(
     return tree
 
 
-def diff_view(
-    old: Plan,
-    new: Plan,
-    diff: PlanDiff | None = None,
-    hints: Mapping[str, ToolHints] | None = None,
-) -> Text:
-    """Steps added, removed and changed from ``old`` to ``new``, one line each."""
-    diff = diff or diff_plans(old, new)
+def diff_view(old: Plan, new: Plan, hints: Mapping[str, ToolHints] | None = None) -> Text:
+    """Steps added, removed and changed from ``old`` to ``new``, one line each.
+
+    The diff is taken here, between the two plans shown: a diff recorded with a plan version
+    may be against another version (a refused edit, the edited plan that ran), and would name
+    steps that neither plan has.
+    """
+    diff = diff_plans(old, new)
     text = Text()
     text.append(f"changes: {plain(diff.summary())}\n", style="bold")
     before, after = old.step_map(), new.step_map()
@@ -189,6 +189,6 @@ def review_view(plan: Plan, ctx: GateContext, *, rejected: str | None = None) ->
             note = Text("This plan replaces the previous proposal", style="yellow")
         if rejected:
             note.append(f", which was rejected: {short(rejected, 200)}", style="yellow")
-        parts += [note, diff_view(ctx.previous, plan, ctx.diff, hints)]
+        parts += [note, diff_view(ctx.previous, plan, hints)]
     parts.append(plan_review_tree(plan, title=f"plan v{ctx.version}", hints=hints))
     return Group(*parts)
