@@ -186,14 +186,19 @@ plan_data = st.fixed_dictionaries(
 )
 
 
-def _shown_safely(data: dict[str, Any]) -> None:
+def _shown_safely(data: dict[str, Any], earlier: dict[str, Any]) -> None:
     """Whatever the plan data, reading it gives a plan or a printable error, and every
-    rendering of the plan and its problems prints (UTF-8, strict) with no control character."""
+    rendering of the plan and its problems prints (UTF-8, strict) with no control character;
+    so does its diff against an earlier plan of any data, however unlike."""
     try:
         plan = plan_from_data(data)
     except UserInputError as exc:
         assert not UNPRINTABLE.search(render(str(exc)))
         return
+    try:
+        before = plan_from_data(earlier)
+    except UserInputError:
+        before = plan
     problems = validate_plan(plan, tools=["t"])
     context = GateContext(
         path="1",
@@ -205,26 +210,27 @@ def _shown_safely(data: dict[str, Any]) -> None:
         toolbox=Toolbox(),
         version=2,
         reason="replan",
-        previous=plan,
-        diff=diff_plans(plan, plan),
+        previous=before,
+        diff=diff_plans(before, plan),
         problems=tuple(str(p) for p in problems),
     )
     shown = render(
         plan_tree(plan),
         review_view(plan, context),
+        diff_view(plan, before),
         *(f"problem: {p}" for p in problems),
     )
     assert not UNPRINTABLE.search(shown), repr(shown)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(plan_data)
-def test_any_plan_data_is_shown_safely(data: dict[str, Any]) -> None:
-    _shown_safely(data)
+@given(plan_data, plan_data)
+def test_any_plan_data_is_shown_safely(data: dict[str, Any], earlier: dict[str, Any]) -> None:
+    _shown_safely(data, earlier)
 
 
 @pytest.mark.slow
 @settings(max_examples=10_000, deadline=None, suppress_health_check=list(HealthCheck))
-@given(plan_data)
-def test_any_plan_data_is_shown_safely_long(data: dict[str, Any]) -> None:
-    _shown_safely(data)
+@given(plan_data, plan_data)
+def test_any_plan_data_is_shown_safely_long(data: dict[str, Any], earlier: dict[str, Any]) -> None:
+    _shown_safely(data, earlier)
