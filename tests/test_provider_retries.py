@@ -24,6 +24,7 @@ from hierplan.models.base import Model, ModelRequest, ModelResponse
 from hierplan.models.openai import OpenAIModel
 from hierplan.models.retry import RetryPolicy
 from hierplan.records import RunResult
+from hierplan.view.html import render_html
 
 pytestmark = pytest.mark.anyio
 
@@ -228,6 +229,7 @@ async def test_a_call_whose_retries_ran_out_gets_one_more_round_after_a_pause(
     paused = [e for e in events if isinstance(e, StepRetried) and e.delay_s == 0.5]
     assert len(paused) == 1 and paused[0].path == node.path
     assert "HTTP 429" in paused[0].error and "one more round after a pause" in paused[0].error
+    assert "<b>retried after a pause</b>: 1 call(s)" in render_html(result)
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

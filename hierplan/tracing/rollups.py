@@ -119,6 +119,8 @@ def node_rollups(record: NodeRecord, tree: Tree | None = None) -> dict[str, Attr
         attributes = {}
     if record.attempts > 1:
         attributes["hierplan.node.attempts"] = record.attempts
+    if record.transient_retries:
+        attributes["hierplan.node.transient_retries"] = record.transient_retries
     if record.plan_versions:
         attributes["hierplan.plan.versions"] = len(record.plan_versions)
     return attributes

@@ -308,6 +308,11 @@ def _node_body(node: NodeRecord) -> str:
         facts.append(f'<div><b>step</b>: <span class="mono">{e(node.step_id)}</span></div>')
     if node.attempts > 1:
         facts.append(f"<div><b>attempts</b>: {node.attempts}</div>")
+    if node.transient_retries:
+        facts.append(
+            "<div><b>retried after a pause</b>: "
+            f"{node.transient_retries} call(s) whose retries ran out on transient errors</div>"
+        )
     if node.duration_s is not None:
         facts.append(f"<div><b>time</b>: {node.duration_s:.3f} s</div>")
     if node.error:
