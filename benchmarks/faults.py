@@ -4,8 +4,9 @@ Whole data-migration runs against the tests' local wire server (no real provider
 OpenAI and Anthropic formats, with a share of requests faulted (429, 500, 503/529, slow past the
 timeout, malformed JSON, missing usage, cut-off body; seeded, so a seed is the same run each
 time). A run completes when it succeeds and its verification passes. For each run: the model
-attempts it made, the faults that failed one, the step-level retries after a call spent its own
-retries, and for a run that did not complete, its error. Runs go a few at a time, each with its
+attempts it made, the faults that failed one, the rounds of retries its nodes got after a pause
+when a call had spent its own (``transient_retries``), and for a run that did not complete, its
+error. Runs go a few at a time, each with its
 own server and work directory.
 
 Run: ``.venv/bin/python benchmarks/faults.py`` (``--runs``, ``--rate``, ``--at-once``,
@@ -67,7 +68,7 @@ async def one_run(provider: str, rate: float, seed: int, retries: int) -> dict[s
         "attempts": len(calls),
         "failed_attempts": sum(not c.ok for c in calls),
         "faults_injected": faults,
-        "step_retries_after_faults": sum(n.transient_retries for n in nodes),
+        "transient_retries": sum(n.transient_retries for n in nodes),
     }
 
 
@@ -115,7 +116,7 @@ def main() -> None:
         "completion_rate": round(done / len(rows), 4),
         "attempts_per_run": round(sum(r["attempts"] for r in rows) / len(rows), 1),
         "failed_attempts_per_run": round(sum(r["failed_attempts"] for r in rows) / len(rows), 1),
-        "step_retries_after_faults": sum(r["step_retries_after_faults"] for r in rows),
+        "transient_retries": sum(r["transient_retries"] for r in rows),
         "seconds": round(time.perf_counter() - started, 1),
     }
     print(f"\n{done}/{len(rows)} runs completed with {args.rate:.0%} of requests faulted")

@@ -261,3 +261,16 @@ def test_the_record_benchmark_times_each_way_of_writing_the_record() -> None:
     assert set(data["us_per_leaf"]) == {"to_dict", "to_json", "json.dumps", "write", "print"}
     assert data["run_us_per_leaf"] > 0 and data["bytes_per_leaf"] > 0
     assert all(len(v) == 1 for v in data["samples_s"].values())
+
+
+def test_the_faults_benchmark_follows_every_run_it_starts() -> None:
+    import anyio
+
+    faults = _load("faults")
+    rows = anyio.run(faults.fault_runs, 2, 0.3, 2, 100, 3)
+    assert [(r["provider"], r["seed"]) for r in rows] == [("openai", 100), ("anthropic", 101)]
+    for row in rows:
+        # Every faulted attempt is one the record holds as failed (a loaded machine may time
+        # out one more), and a run that did not complete says why.
+        assert row["failed_attempts"] >= row["faults_injected"] > 0
+        assert row["completed"] or row["error"]
