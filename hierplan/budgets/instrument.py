@@ -277,10 +277,9 @@ class RunBudget:
         # budget cannot start the run at all.
         self.reserved_any = False
         # What a call short of funds under the ``need`` allocation waits on: calls in flight,
-        # leaves open, and how many of those leaves wait themselves; woken when a call ends
+        # and how many of the run's running leaves wait themselves; woken when a call ends
         # or an account closes, either of which may return funds.
         self.in_flight = 0
-        self.leaves_open = 0
         self.waiting = 0
         self.waiting_leaves = 0
         self._returned: anyio.Event | None = None
@@ -338,9 +337,11 @@ class RunBudget:
 
     def others_working(self, node: NodeView) -> bool:
         """Whether a node other than ``node`` may still return funds: a call in flight, or a
-        leaf that is open and not itself waiting."""
+        running leaf that is not itself waiting. (Leaves that wait for a place to run are not
+        counted: the places may all be taken by leaves that wait for funds.)"""
         own = 1 if node.record.kind == "executor" else 0
-        return self.in_flight > 0 or self.leaves_open - self.waiting_leaves - own > 0
+        running = node.run.active_leaves - self.waiting_leaves - own
+        return self.in_flight > 0 or running > 0
 
     async def returns(self, node: NodeView) -> None:
         """Wait until a call ends or an account closes."""
@@ -360,14 +361,8 @@ class RunBudget:
         self.in_flight -= 1
         self._wake()
 
-    def leaf_opened(self) -> None:
-        """A leaf's account opened."""
-        self.leaves_open += 1
-
     def account_closed(self, node: NodeView) -> None:
         """A node's account closed: its unspent allocation is back with its parent."""
-        if node.record.kind == "executor":
-            self.leaves_open -= 1
         self._wake()
 
     def _wake(self) -> None:
@@ -714,9 +709,7 @@ class _NodeBudget(AbstractAsyncContextManager[None]):
         budget.open_accounts[node.path] = account
         if node.parent is None:
             budget.root = account
-        if node.record.kind == "executor":
-            budget.leaf_opened()  # (its balance, if looked up, is only for node_started)
-        elif balance is not None:
+        if node.record.kind != "executor" and balance is not None:
             node.record.budget = _continued(self.prior, budget.record(balance, node))
         if node.run.bus.wants("node_started"):
             node.allocation = _allocation(budget, account, balance)

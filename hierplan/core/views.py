@@ -118,6 +118,11 @@ class RunView(Protocol):
         ...
 
     @property
+    def active_leaves(self) -> int:
+        """Leaves running now (each holding one of the run's places for a leaf)."""
+        ...
+
+    @property
     def cancel_requested(self) -> bool:
         """Whether someone cancelled the run."""
         ...
