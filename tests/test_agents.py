@@ -181,7 +181,7 @@ async def test_an_invalid_plan_gets_one_repair_attempt() -> None:
     model.assert_complete()
     assert result.status == "succeeded"
     repair = model.requests[1].messages[-1].content
-    assert repair.startswith("REPAIR: that plan was invalid: the plan is not valid JSON")
+    assert repair.startswith("REPAIR: that plan was invalid: plan line 1 ('not json')")
     assert [c.purpose for c in result.tree.calls] == ["plan", "plan-repair"]
 
 
