@@ -67,9 +67,12 @@ _STEP_LINE = re.compile(r"^\s*[A-Za-z0-9_][A-Za-z0-9_.\-]*\.\s", re.M)
 
 
 def _is_json(text: str) -> bool:
-    """Whether ``text`` holds a plan as JSON rather than compact lines: it starts with ``{``
-    or a JSON fence, or has a ``{`` and no step line."""
-    return text.startswith(("{", "```json")) or ("{" in text and _STEP_LINE.search(text) is None)
+    """Whether ``text`` holds a plan as JSON rather than compact lines: it has no step line
+    and a ``{``, or starts with ``{`` (after a Markdown fence, which models add to either)."""
+    if _STEP_LINE.search(text) is None:
+        return "{" in text
+    body = text.partition("\n")[2] if text.startswith("```") else text
+    return body.lstrip().startswith("{")
 
 
 def no_plan_reason(response: ModelResponse) -> str | None:
