@@ -55,6 +55,19 @@ async def nap(seconds: float) -> str:
     return "rested"
 
 
+def test_plans_parse_from_compact_lines_fenced_or_not() -> None:
+    lines = '1. echo("hi")\n2. task: say $1 twice'
+    for text in (lines, "```\n" + lines + "\n```", "```text\n" + lines + "\n```"):
+        plan = parse_plan_output(ModelResponse(text=text), goal="greet", params={"echo": ("text",)})
+        assert plan.goal == "greet"
+        assert [(s.id, s.args, s.depends_on) for s in plan.steps] == [
+            ("1", {"text": "hi"}, []),
+            ("2", None, ["1"]),
+        ]
+    with pytest.raises(PlanParseError, match=r"plan line 2 \('2. echo\(\)x'\): unexpected"):
+        parse_plan_output(ModelResponse(text='1. echo(text="a")\n2. echo()x'), goal="g")
+
+
 def test_plans_parse_from_structured_output_or_text() -> None:
     assert parse_plan_output(ModelResponse(output=GOOD)).steps[0].id == "a"
     fenced = "Here you go:\n```json\n" + json.dumps(GOOD) + "\n```\nthanks"
@@ -181,7 +194,7 @@ async def test_an_invalid_plan_gets_one_repair_attempt() -> None:
     model.assert_complete()
     assert result.status == "succeeded"
     repair = model.requests[1].messages[-1].content
-    assert repair.startswith("REPAIR: that plan was invalid: the plan is not valid JSON")
+    assert repair.startswith("REPAIR: that plan was invalid: plan line 1 ('not json')")
     assert [c.purpose for c in result.tree.calls] == ["plan", "plan-repair"]
 
 

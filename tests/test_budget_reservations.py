@@ -20,10 +20,10 @@ import anyio
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from wire import MODELS, Reply, WireCall, WireServer, model_options
+from wire import MODELS, Reply, WireCall, WireServer, model_options, plan_reply
 
 import hierplan
-from hierplan.agents.prompts import PLAN_OUTPUT_NAME, parse_plan_prompt, parse_step_prompt
+from hierplan.agents.prompts import parse_plan_prompt, parse_step_prompt
 from hierplan.errors import BudgetTooSmall
 from hierplan.models.base import ModelRequest, OutputSchema, ToolSpec
 from hierplan.models.tokens import estimate_request_tokens
@@ -57,7 +57,7 @@ class Stress:
     def answer(self, call: WireCall) -> Reply:
         self.calls += 1
         billed_in, billed_out = provider_count(call), call.max_tokens or 1
-        if call.schema_name == PLAN_OUTPUT_NAME:
+        if call.planning:
             prompt = parse_plan_prompt(call.messages)
             assert prompt is not None
             parts = int(prompt.goal.split()[1])
@@ -65,11 +65,9 @@ class Stress:
                 {"id": f"p{i}", "title": f"part {i}", "instruction": f"Do part {i}", "tool": "echo"}
                 for i in range(parts)
             ]
-            return Reply(
-                output={"goal": prompt.goal, "steps": steps},
-                input_tokens=billed_in,
-                output_tokens=billed_out,
-            )
+            reply = plan_reply(call, {"goal": prompt.goal, "steps": steps})
+            reply.input_tokens, reply.output_tokens = billed_in, billed_out
+            return reply
         step = parse_step_prompt(call.messages)
         assert step is not None
         if not any(m.role == "tool" for m in call.messages):

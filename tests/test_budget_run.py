@@ -21,7 +21,7 @@ from wire import TEST_KEY, Reply, ScriptBackend, WireServer
 
 import hierplan
 from hierplan.agents.planner import PLAN_SCHEMA
-from hierplan.agents.prompts import PLAN_OUTPUT_NAME, parse_plan_prompt, parse_step_prompt
+from hierplan.agents.prompts import parse_plan_prompt, parse_step_prompt
 from hierplan.budgets import calls as budget_calls
 from hierplan.budgets.budget import Account, Balance, Budget, Grant, Reservation
 from hierplan.budgets.instrument import BudgetInstrument
@@ -1163,7 +1163,7 @@ async def test_cancelling_a_run_from_outside_releases_every_reservation() -> Non
 async def test_demo_with_a_tiny_budget_ends_partial_within_budget_and_says_what_is_left(
     tmp_path: Path,
 ) -> None:
-    budget_usd = 0.01
+    budget_usd = 0.004
     result = await hierplan.run(
         scenario="data_migration",
         workdir=tmp_path,
@@ -1202,7 +1202,7 @@ async def test_the_shown_error_of_a_run_out_of_budget_ends_with_what_to_raise(
         scenario="data_migration",
         workdir=tmp_path,
         model=hierplan.Simulator(latency_scale=0),
-        budget={"usd": 0.01},
+        budget={"tokens": 9000},
     )
     assert result.error is not None and "larger budget" in result.error
     console = Console(width=100, record=True)
@@ -1218,7 +1218,7 @@ def test_cli_run_with_a_budget_and_view(tmp_path: Path) -> None:
         app,
         [
             *("run", "--scenario", "data_migration", "--yes", "--sim-latency-scale", "0"),
-            *("--out", str(out), "--budget-usd", "0.01", "--budget-tokens", "20000"),
+            *("--out", str(out), "--budget-usd", "0.01", "--budget-tokens", "9000"),
             *("--allocation", "weighted"),
         ],
         env={"COLUMNS": "200"},
@@ -1227,7 +1227,7 @@ def test_cli_run_with_a_budget_and_view(tmp_path: Path) -> None:
     assert "Traceback" not in done.output
     assert "out of budget" in done.output and "not done:" in done.output
     record = json.loads((out / "run.json").read_text())
-    assert record["budget"]["limit"] == {"tokens": 20_000, "usd": 0.01}
+    assert record["budget"]["limit"] == {"tokens": 9_000, "usd": 0.01}
     assert record["budget"]["policy"] == "weighted"
     viewed = runner.invoke(app, ["view", str(out / "run.json")], env={"COLUMNS": "200"})
     assert viewed.exit_code == 0
@@ -1326,17 +1326,17 @@ class _SixParts:
         self.max_tokens: list[int | None] = []
 
     def answer(self, call: Any) -> Any:
-        from wire import Reply
+        from wire import Reply, plan_reply
 
         self.max_tokens.append(call.max_tokens)
-        if call.schema_name == PLAN_OUTPUT_NAME:
+        if call.planning:
             prompt = parse_plan_prompt(call.messages)
             assert prompt is not None
             steps = [
                 {"id": f"p{i}", "title": f"part {i}", "instruction": f"Look up part {i}"}
                 for i in range(6)
             ]
-            return Reply(output={"goal": prompt.goal, "steps": steps})
+            return plan_reply(call, {"goal": prompt.goal, "steps": steps})
         if not any(m.role == "tool" for m in call.messages):
             return Reply(tool_calls=[("call_1", "echo", {"text": "x" * 200})])
         return Reply(text="found it " * 20)

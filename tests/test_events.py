@@ -315,7 +315,7 @@ async def test_budget_events_bracket_every_model_call() -> None:
 
 @pytest.mark.anyio
 async def test_a_budget_too_small_shows_in_exhausted_events() -> None:
-    result, events = await _capitals_run(budget={"tokens": 3000})
+    result, events = await _capitals_run(budget={"tokens": 2000})
     assert result.status == "partial"
     check_events(events, result)
     exhausted = [e for e in events if isinstance(e, BudgetExhausted)]

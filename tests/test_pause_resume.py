@@ -215,7 +215,7 @@ async def test_running_steps_finish_and_are_not_run_again(tmp_path: Path, source
         if (
             isinstance(event, NodeStarted)
             and event.kind == "executor"
-            and event.goal == "Copy the rows of products into the target"
+            and event.goal == 'copy_rows("products")'
         ):
             catalog_copying.set()
 
@@ -239,11 +239,11 @@ async def test_running_steps_finish_and_are_not_run_again(tmp_path: Path, source
     copies = {c.goal: c.status for c in catalog.children}
     # The copy that was running finished; the one that depends on it did not start.
     assert copies == {
-        "Copy the rows of products into the target": "succeeded",
-        "Copy the rows of inventory into the target": "pending",
+        'copy_rows("products")': "succeeded",
+        'copy_rows("inventory")': "pending",
     }
     assert catalog.status == "paused"
-    assert not any("customers" in g and g.startswith("Copy the rows") for g in first_starts)
+    assert not any(g == 'copy_rows("customers")' for g in first_starts)
 
     second_starts: list[str] = []
     second = await hierplan.resume(
@@ -252,7 +252,7 @@ async def test_running_steps_finish_and_are_not_run_again(tmp_path: Path, source
     assert second.status == "succeeded", second.error
     assert second.verification is not None and second.verification["ok"]
     assert not set(first_starts) & set(second_starts)  # nothing that ran ran again
-    every_copy = [g for g in first_starts + second_starts if g.startswith("Copy the rows")]
+    every_copy = [g for g in first_starts + second_starts if g.startswith("copy_rows(")]
     assert len(every_copy) == len(set(every_copy)) == 14
     statuses = {n.status for n in second.nodes()}
     assert statuses == {"succeeded"}

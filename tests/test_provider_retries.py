@@ -388,16 +388,14 @@ async def test_a_gateway_refusing_max_tokens_costs_one_failed_attempt_not_the_ru
 async def test_a_plan_cut_at_max_tokens_fails_at_once_naming_planner_max_tokens(
     provider: str,
 ) -> None:
-    cut = Reply(raw_output='{"goal": "Greet the user", "steps": [{"id": "gr', finish="length")
+    cut = Reply(text='a. greet(name="the us', finish="length")
     with WireServer(ScriptBackend([cut])) as server:
         result = await mini_run(server, provider)
         # no repair attempt: it would be asked with the same limit and cut again
         assert server.count() == 1
     assert result.status == "failed"
     assert result.error is not None
-    assert "in the middle of the plan; raise executor_max_tokens / planner_max_tokens" in (
-        result.error
-    )
+    assert "plan for node 1 was cut at the token limit (planner_max_tokens=4096)" in result.error
 
 
 @pytest.mark.parametrize(

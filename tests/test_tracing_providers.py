@@ -18,7 +18,7 @@ from wire import MODELS, TEST_KEY, OracleBackend, Reply, ScriptBackend, WireServ
 import hierplan
 from hierplan import FunctionModel
 from hierplan.models.counting import bound_input_tokens
-from hierplan.models.tokens import estimate_request_tokens
+from hierplan.models.tokens import anthropic_tool_prompt_tokens, estimate_request_tokens
 from hierplan.scenarios import get_scenario
 from hierplan.scenarios.base import ScenarioEnv
 
@@ -69,10 +69,8 @@ async def test_a_run_on_a_real_provider_is_traced(
 async def test_a_reply_without_usage_counts_anthropics_tool_use_prompt_in_span_and_record(
     budget_tokens: int | None,
 ) -> None:
-    # The planning call forces the plan tool, so Anthropic adds its 313-token tool-use system
-    # prompt: the worst case of a reply without usage holds it in the chat span, the record and
-    # the budget alike.
-    plan = {"goal": "greet", "steps": [{"id": "a", "title": "greet", "instruction": "say hi"}]}
+    # The executor's call offers a tool, so Anthropic adds its tool-use system prompt: the worst
+    # case of a reply without usage holds it in the chat span, the record and the budget alike.
     telemetry = Telemetry()
     seen: list[hierplan.ModelRequest] = []
 
@@ -86,27 +84,37 @@ async def test_a_reply_without_usage_counts_anthropics_tool_use_prompt_in_span_a
 
             return FunctionModel(send, model.name, model.priced_as, report_usage=False)
 
-    with WireServer(ScriptBackend([Reply(output=plan), Reply(text="hi")])) as server:
-        server.faults.script(["no_usage"])
+    @hierplan.tool
+    def wave(name: str) -> str:
+        """Wave at someone."""
+        return f"waved at {name}"
+
+    script = [Reply(text="a. task: say hi"), Reply(text="hi")]
+    with WireServer(ScriptBackend(script)) as server:
+        server.faults.script([None, "no_usage"])
         result = await hierplan.run(
             "greet",
             model=hierplan.ModelSpec(
                 name=MODELS["anthropic"], **model_options(server, "anthropic")
             ),
             strategy="dag",
+            tools=[wave],
             instruments=[Keep(), telemetry.tracing()],
             budget={"tokens": budget_tokens},
         )
     assert result.status == "succeeded", result.error
     spans = telemetry.finished()
     check_cost_invariants(result, spans)
-    (call,) = result.tree.calls
+    (call,) = [c for n in result.nodes() for c in n.calls if c.phase == "execution"]
     assert call.flags == ["no_usage"]
+    assert seen[1].tools  # the executor's request offers the tool
     # Under a budget the worst case is what it reserved: on Anthropic, by the bound (a token per
     # byte: no tokenizer of Anthropic's runs here); without one, the estimate.
     counted = bound_input_tokens if budget_tokens else estimate_request_tokens
-    assert call.usage.input_tokens == counted(seen[0]) + 313
-    (chat,) = [s for s in spans if (s.attributes or {}).get("hierplan.phase") == "planning"]
+    hidden = anthropic_tool_prompt_tokens(MODELS["anthropic"].partition(":")[2], forced=False)
+    assert hidden > 0
+    assert call.usage.input_tokens == counted(seen[1]) + hidden
+    (chat,) = [s for s in spans if (s.attributes or {}).get("hierplan.phase") == "execution"]
     assert (chat.attributes or {})["gen_ai.usage.input_tokens"] == call.usage.input_tokens
 
 
@@ -172,7 +180,8 @@ def test_no_duplicate_chat_span_from_the_anthropic_sdk(
     script = tmp_path / "check.py"
     script.write_text(ANTHROPIC_CHECK)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
-    env["PYTHONPATH"] = str(TESTS)
+    # The tests' helpers, before the hierplan under test (as the caller's PYTHONPATH gives it).
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p)
     done = subprocess.run(
         [sys.executable, str(script), mode], capture_output=True, text=True, env=env, timeout=120
     )

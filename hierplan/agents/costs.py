@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 def planning_request(
     prompt: PlanPrompt,
     tools: Sequence[ToolSpec],
-    schema: OutputSchema,
+    schema: OutputSchema | None,
     max_tokens: int,
     *,
     path: str = "",

@@ -1,7 +1,8 @@
 """LLMPlanner: a prompt in, a structured :class:`Plan` out; and replanning.
 
-The planner asks its node's model for a plan as structured output (the Plan JSON schema). Output
-that does not parse or does not match the schema gets one repair attempt with the errors in the
+The planner asks its node's model for a plan in the compact format (:mod:`hierplan.plans.compact`:
+one step a line), and reads it into the typed :class:`Plan`; a plan written as JSON is read too.
+Output that does not parse gets one repair attempt with the error (naming the line) in the
 prompt; if that fails too, :class:`PlanParseError` says what was wrong. A plan cut at the
 max-tokens limit gets no repair (it would be cut again): the error names the limit to raise.
 Semantic problems (cycles, unknown tools) are the gate's job; the node sends them back here as
@@ -24,6 +25,7 @@ from hierplan.agents.prompts import PlanPrompt, progress_summary
 from hierplan.errors import PlanParseError, field_problems
 from hierplan.models.base import Message, ModelRequest, ModelResponse
 from hierplan.models.provider import json_problem, loads_json
+from hierplan.plans.compact import Params, parse_compact, tool_params
 from hierplan.plans.plan import Plan
 
 if TYPE_CHECKING:
@@ -32,13 +34,19 @@ if TYPE_CHECKING:
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.S)
 
 
-def parse_plan_output(response: ModelResponse) -> Plan:
-    """The plan in a response: its structured ``output``, or JSON found in its text."""
+def parse_plan_output(
+    response: ModelResponse, *, goal: str = "", params: Params | None = None
+) -> Plan:
+    """The plan in a response: its text in the compact format (the goal is ``goal``, positional
+    arguments take the tools' ``params`` in order), or a plan as JSON: a structured ``output``
+    or a JSON object in its text, as models asked for JSON and test doubles answer."""
     data: Any = response.output
     if data is None:
         text = response.text.strip()
         if not text:
             raise PlanParseError("the response holds no plan (empty output)")
+        if not _is_json(text):
+            return parse_compact(text, goal=goal, params=params)
         fenced = _FENCE.search(text)
         if fenced:
             text = fenced.group(1).strip()
@@ -53,6 +61,18 @@ def parse_plan_output(response: ModelResponse) -> Plan:
     except ValidationError as exc:
         problems = field_problems(exc, "plan")
         raise PlanParseError(f"the plan does not match the schema: {problems}") from None
+
+
+_STEP_LINE = re.compile(r"^\s*[A-Za-z0-9_][A-Za-z0-9_.\-]*\.\s", re.M)
+
+
+def _is_json(text: str) -> bool:
+    """Whether ``text`` holds a plan as JSON rather than compact lines: it has no step line
+    and a ``{``, or starts with ``{`` (after a Markdown fence, which models add to either)."""
+    if _STEP_LINE.search(text) is None:
+        return "{" in text
+    body = text.partition("\n")[2] if text.startswith("```") else text
+    return body.lstrip().startswith("{")
 
 
 def no_plan_reason(response: ModelResponse) -> str | None:
@@ -151,7 +171,7 @@ class LLMPlanner:
                 # repair prompt would report the refusal as JSON that does not parse.
                 raise PlanParseError(f"no plan for node {node.path}: {stopped}")
             try:
-                return parse_plan_output(response)
+                return parse_plan_output(response, goal=node.goal, params=tool_params(tools))
             except PlanParseError as exc:
                 if was_cut(response):
                     # A repair, asked with the same max_tokens, would be cut at the same place
@@ -175,7 +195,7 @@ class LLMPlanner:
                         Message(
                             "user",
                             f"REPAIR: that plan was invalid: {exc}. Answer again with the "
-                            "corrected plan as a JSON object only.",
+                            "corrected plan only, one step a line.",
                         ),
                     ),
                     output_schema=request.output_schema,

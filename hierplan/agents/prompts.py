@@ -15,28 +15,37 @@ from types import MappingProxyType
 from typing import Any
 
 from hierplan.models.base import Message, OutputSchema, ToolSpec
+from hierplan.plans.compact import parse_compact, render_compact, tool_params
 from hierplan.plans.plan import Plan
 
 PLAN_OUTPUT_NAME = "plan"
 PLAN_SCHEMA: dict[str, Any] = Plan.model_json_schema()
-PLAN_OUTPUT = OutputSchema(PLAN_OUTPUT_NAME, PLAN_SCHEMA)
-"""The structured output of every planning call: one object, so that its token estimate is
-computed once (see :func:`~hierplan.models.tokens.estimate_request_tokens`)."""
+"""The typed plan's JSON schema: what plan files, ``run.json`` and ``hierplan validate`` hold."""
+PLAN_OUTPUT: OutputSchema | None = None
+"""The structured output a planning call asks for: none, since a planner writes its plan as
+text in the compact format (:mod:`hierplan.plans.compact`), one step a line, which is shorter
+than the plan's JSON and can be read line by line as it streams."""
 FAILED_PREFIX = "FAILED:"
 
 PLANNER_SYSTEM = """\
-You are the planner of a hierarchical planner-executor agent. Decompose the goal into a plan: a
-JSON object {"goal": ..., "steps": [...], "rationale": ...}. Each step has a unique "id" (letters,
-digits, _ . -), a short "title", an "instruction", "depends_on" (ids of steps of this plan that
-must finish first), and a "kind": "task" for work an executor does, or "subgoal" for a part big
-enough to be planned on its own by a sub-planner. A task may name a "tool" and its "args"; with
-both, the tool is called directly; with a tool but no args, an executor chooses the args. An arg
-that is exactly "$<id>" is replaced by the output of step <id> (it must be a dependency). Steps
-without dependencies between them run in parallel, so only add the dependencies that are real.
-The output of the steps no other step depends on is the answer. A sub-goal may carry
-"estimate_usd" or "estimate_tokens", your guess of what it will cost. Use only the tools listed.
-If a BUDGET is given, the plan must fit it; when it cannot do the whole goal, plan the part that
-matters most and say in "left_out" what is left out and why. Answer with the JSON object only."""
+You are the planner of a hierarchical planner-executor agent. Write a plan for the goal, one step
+a line, and nothing else:
+1. lookup("Oslo", "population")
+2. lookup(entity="Bergen", attribute="population")
+3. add($1, $2)
+4. task: write a one-line summary of $3
+5. goal: migrate the orders table
+Each line is "ID. HEAD", then optionally " after ID, ID" and ": TEXT". The HEAD is a tool call
+with JSON arguments (in the order of the tool's args, or name=value), which runs the tool
+directly; "TOOL(?)" with a TEXT, for an executor that chooses the arguments; "task" with a TEXT,
+for an executor with the tools; or "goal" with a TEXT, a part big enough to be planned on its
+own by a sub-planner. "task(tools=[...])" and "goal(tools=[...])" restrict the tools; a goal may
+carry usd= or tokens=, your guess of what it will cost. "$ID" in an argument or a TEXT is the
+result of the earlier step ID and makes this step wait for it; "after ID" waits for a step whose
+result is not used. Steps that do not wait for each other run in parallel, so add only real
+dependencies. The results of the steps no other step waits for are the answer. Use only the
+tools listed. If a BUDGET is given, the plan must fit it; when it cannot do the whole goal, plan
+the part that matters most and add a last line "left_out: what is left out, and why"."""
 
 EXECUTOR_SYSTEM = """\
 You are an executor of one step of a plan. Use the tools to do the step; call several tools at
@@ -95,6 +104,7 @@ class PlanPrompt:
     tools: tuple[str, ...] = ()
     inputs: dict[str, str] = field(default_factory=dict)
     current_plan: dict[str, Any] | None = None
+    tool_params: dict[str, tuple[str, ...]] = field(default_factory=dict)
     progress: dict[str, str] = field(default_factory=dict)
     failure: str | None = None
     feedback: str | None = None
@@ -152,11 +162,13 @@ def render_plan_prompt(p: PlanPrompt, tools: Sequence[ToolSpec]) -> tuple[Messag
     if p.inputs:
         parts.append(_block("INPUTS", p.inputs))
     if p.current_plan is not None:
-        parts.append(_block("CURRENT PLAN", p.current_plan))
+        current = Plan.model_validate(p.current_plan)
+        parts.append(f"CURRENT PLAN:\n```\n{render_compact(current, tool_params(tools))}\n```")
         parts.append(_block("PROGRESS", p.progress))
         parts.append(
-            "Revise the plan. Steps in PROGRESS are done: copy them unchanged (same id, tool, "
-            "args and dependencies) to keep their results; give a step a new id to redo it."
+            "Revise the plan. Steps in PROGRESS are done: copy their lines unchanged (same id, "
+            "tool, arguments and dependencies) to keep their results; give a step a new id to "
+            "redo it."
         )
     if p.budget is not None:
         parts.append(render_budget(p.budget))
@@ -278,20 +290,49 @@ def parse_plan_prompt(messages: Sequence[Message]) -> PlanPrompt | None:
         return None
     tools_section = text.split("TOOLS:\n", 1)[1] if "TOOLS:\n" in text else ""
     tools_section = tools_section.split("\n\n", 1)[0]
+    params = _tool_params(tools_section)
     feedback = _line(text, "FEEDBACK")
     return PlanPrompt(
         goal=goal,
         depth=int(depth.group(1)),
         max_depth=int(depth.group(2)),
         max_steps=int(depth.group(3)),
-        tools=tuple(_TOOL.findall(tools_section)),
+        tools=tuple(params),
+        tool_params=params,
         inputs=_json_block(text, "INPUTS") or {},
-        current_plan=_json_block(text, "CURRENT PLAN"),
+        current_plan=_current_plan(text, goal, params),
         progress=_json_block(text, "PROGRESS") or {},
         failure=_line(text, "FAILURE"),
         feedback=None if feedback is None else feedback.strip(),
         budget=parse_budget(text),
     )
+
+
+def _tool_params(section: str) -> dict[str, tuple[str, ...]]:
+    """Each tool's parameter names, in order, from the TOOLS section (a tool's entry ends
+    with its JSON schema, ``args={...}``, on one line)."""
+    starts = list(_TOOL.finditer(section))
+    out: dict[str, tuple[str, ...]] = {}
+    for match, after in zip(starts, [*starts[1:], None], strict=False):
+        entry = section[match.end() : None if after is None else after.start()]
+        schema = entry.rstrip("\n").rpartition(" args=")[2]
+        try:
+            props = json.loads(schema).get("properties")
+        except (ValueError, AttributeError):
+            props = None
+        out[match.group(1)] = tuple(props) if isinstance(props, dict) else ()
+    return out
+
+
+def _current_plan(
+    text: str, goal: str, params: Mapping[str, Sequence[str]]
+) -> dict[str, Any] | None:
+    """The CURRENT PLAN block of a replanning prompt, as the plan's data."""
+    match = re.search(r"^CURRENT PLAN:\n```\n(.*?)\n```", text, re.M | re.S)
+    if match is None:
+        return None
+    plan = parse_compact(match.group(1), goal=goal, params=params)
+    return plan.model_dump(mode="json", exclude_none=True)
 
 
 def parse_step_prompt(messages: Sequence[Message]) -> StepPrompt | None:

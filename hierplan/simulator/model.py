@@ -40,12 +40,14 @@ import anyio
 from hierplan.agents.prompts import (
     FAILED_PREFIX,
     PLAN_OUTPUT_NAME,
+    PLANNER_SYSTEM,
     parse_plan_prompt,
     parse_step_prompt,
 )
 from hierplan.errors import SimulatorCoverageError
 from hierplan.models.base import Message, ModelRequest, ModelResponse, ToolCall
 from hierplan.models.tokens import estimate_request_tokens, estimate_text_tokens
+from hierplan.plans.compact import render_compact
 from hierplan.plans.plan import Plan
 from hierplan.simulator.oracle import COVERAGE_HINT, Oracle
 from hierplan.simulator.profiles import (
@@ -126,10 +128,8 @@ class SimulatedModel:
         if self.oracle is None:
             raise SimulatorCoverageError(COVERAGE_HINT)
         rng = self._rng(request)
-        if request.output_schema is not None and request.output_schema.name == PLAN_OUTPUT_NAME:
-            response = self._plan(request, rng)
-        else:
-            response = self._act(request, rng)
+        plan = _asks_for_plan(request)
+        response = self._plan(request, rng) if plan else self._act(request, rng)
         visible = response.text + "".join(
             c.name + json.dumps(c.arguments, default=str) for c in response.tool_calls
         )
@@ -187,8 +187,10 @@ class SimulatedModel:
                 plan, kind = perturb_plan(plan, rng)
                 if kind:
                     flags.append(f"sim_plan_error:{kind}")
-        data: dict[str, Any] = plan.model_dump(mode="json", exclude_none=True)
-        return ModelResponse(text=json.dumps(data), output=data, flags=flags)
+        if request.output_schema is not None:  # asked for JSON: answer JSON
+            data: dict[str, Any] = plan.model_dump(mode="json", exclude_none=True)
+            return ModelResponse(text=json.dumps(data), output=data, flags=flags)
+        return ModelResponse(text=render_compact(plan, prompt.tool_params), flags=flags)
 
     def _plan_error_count(self, steps: int, rng: random.Random) -> int:
         """How many errors a plan of ``steps`` steps gets: one per plan, one per step."""
@@ -243,6 +245,16 @@ class SimulatedModel:
             if p > 0 and rng.random() < p:
                 return index
         return None
+
+
+def _asks_for_plan(request: ModelRequest) -> bool:
+    """Whether ``request`` is a planning call: one asking for the plan's structured output,
+    or a planning-phase call with the planner's prompt (which asks for compact lines)."""
+    if request.output_schema is not None:
+        return request.output_schema.name == PLAN_OUTPUT_NAME
+    return request.phase == "planning" and any(
+        m.role == "system" and m.content == PLANNER_SYSTEM for m in request.messages
+    )
 
 
 @dataclass(slots=True)

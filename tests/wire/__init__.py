@@ -14,6 +14,7 @@ from .backends import (
     WireCall,
     WireError,
     conform,
+    plan_reply,
 )
 from .server import FAULT_KINDS, NOT_FAILURES, Faults, Hit, WireServer
 
@@ -35,6 +36,7 @@ __all__ = [
     "calls",
     "conform",
     "model_options",
+    "plan_reply",
 ]
 
 MODELS = {"openai": "openai:gpt-5-mini", "anthropic": "anthropic:claude-haiku-4-5"}

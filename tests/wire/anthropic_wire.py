@@ -172,7 +172,12 @@ def _blocks(reply: Reply, call: WireCall) -> list[dict[str, Any]]:
         blocks.append({"type": "text", "text": reply.text})
     if reply.output is not None or reply.raw_output is not None:
         raw = reply.raw_output if reply.raw_output is not None else json.dumps(reply.output)
-        blocks.append({"type": "tool_use", "id": "toolu_out", "name": call.schema_name, "raw": raw})
+        if call.schema_name is None:  # no output tool offered: the model writes it as text
+            blocks.append({"type": "text", "text": raw})
+        else:
+            blocks.append(
+                {"type": "tool_use", "id": "toolu_out", "name": call.schema_name, "raw": raw}
+            )
     for call_id, name, args in reply.tool_calls:
         raw = reply.raw_arguments if reply.raw_arguments is not None else json.dumps(args)
         blocks.append({"type": "tool_use", "id": call_id, "name": name, "raw": raw})
@@ -200,11 +205,12 @@ def _usage(reply: Reply, call: WireCall, *, output_only: bool = False) -> dict[s
     return usage
 
 
-def stop_reason(reply: Reply) -> str:
-    """Anthropic's stop reason for ``reply``."""
+def stop_reason(reply: Reply, call: WireCall) -> str:
+    """Anthropic's stop reason for ``reply`` to ``call``."""
     if reply.finish:
         return _STOP.get(reply.finish, reply.finish)
-    return "tool_use" if reply.tool_calls or reply.output is not None else "end_turn"
+    output_tool = reply.output is not None and call.schema_name is not None
+    return "tool_use" if reply.tool_calls or output_tool else "end_turn"
 
 
 def message(reply: Reply, call: WireCall, *, usage: bool = True) -> dict[str, Any]:
@@ -221,7 +227,7 @@ def message(reply: Reply, call: WireCall, *, usage: bool = True) -> dict[str, An
         "role": "assistant",
         "model": call.model,
         "content": content,
-        "stop_reason": stop_reason(reply),
+        "stop_reason": stop_reason(reply, call),
         "stop_sequence": None,
     }
     if usage:
@@ -277,7 +283,7 @@ def events(reply: Reply, call: WireCall, *, usage: bool = True) -> list[tuple[st
         out.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
     delta: dict[str, Any] = {
         "type": "message_delta",
-        "delta": {"stop_reason": stop_reason(reply), "stop_sequence": None},
+        "delta": {"stop_reason": stop_reason(reply, call), "stop_sequence": None},
     }
     if reply.finish == "refusal" and reply.refusal:
         details = {"type": "refusal", "category": "cyber", "explanation": reply.refusal}

@@ -15,8 +15,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from hierplan.agents.prompts import PLAN_OUTPUT_NAME, parse_plan_prompt, parse_step_prompt
+from hierplan.agents.prompts import (
+    PLAN_OUTPUT_NAME,
+    PLANNER_SYSTEM,
+    parse_plan_prompt,
+    parse_step_prompt,
+)
 from hierplan.models.base import Message, ToolCall
+from hierplan.plans.compact import render_compact
+from hierplan.plans.plan import Plan
 from hierplan.simulator.oracle import Oracle
 
 
@@ -43,6 +50,24 @@ class WireCall:
     strict: bool
     max_tokens: int | None
     body: dict[str, Any]
+
+    @property
+    def planning(self) -> bool:
+        """Whether this is a planning call: the plan's structured output asked for, or the
+        planner's prompt, which asks for the plan as compact lines."""
+        if self.schema_name is not None:
+            return self.schema_name == PLAN_OUTPUT_NAME
+        return any(m.role == "system" and m.content == PLANNER_SYSTEM for m in self.messages)
+
+
+def plan_reply(call: WireCall, data: Mapping[str, Any]) -> Reply:
+    """A plan (its JSON data) as the model answers ``call``: structured output when the call
+    asks for it, else compact lines with positional arguments for the prompt's tools."""
+    if call.schema_name is not None:
+        return Reply(output=dict(data))
+    prompt = parse_plan_prompt(call.messages)
+    params = {} if prompt is None else prompt.tool_params
+    return Reply(text=render_compact(Plan.model_validate(data), params))
 
 
 @dataclass
@@ -139,7 +164,7 @@ class OracleBackend:
     def answer(self, call: WireCall) -> Reply:
         with self._lock:
             self.calls += 1
-        if call.schema_name == PLAN_OUTPUT_NAME:
+        if call.planning:
             return self._plan(call)
         prompt = parse_step_prompt(call.messages)
         action = None if prompt is None else self.oracle.act(prompt, transcript(call.messages))
@@ -165,9 +190,12 @@ class OracleBackend:
             spoil = not repairing and self.invalid_plans > 0
             if spoil:
                 self.invalid_plans -= 1
-        if spoil:
+        if spoil and call.schema_name is not None:
             data["steps"][0].pop("title")
-        return Reply(output=data)
+        reply = plan_reply(call, data)
+        if spoil and call.schema_name is None:
+            reply.text = reply.text.replace(". ", ": ", 1)  # a first line that does not read
+        return reply
 
 
 def transcript(messages: Sequence[Message]) -> list[tuple[ToolCall, str]]:

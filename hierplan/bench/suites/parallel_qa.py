@@ -249,15 +249,19 @@ class ParallelQAOracle(SuiteOracle[Expr]):
 
 def _keep_or_redo(steps: Sequence[Step], prompt: PlanPrompt) -> list[Step]:
     """On a replan, keep the ids of steps already done (their results carry over), and give a
-    new id to a done step whose output is not a number, so that it runs again."""
+    new id to a done step whose output is not a number, so that it runs again.
+
+    A step of the current plan is the same as a new one when it has the new step's id, less
+    any ``r`` suffixes earlier replans added, and the same tool: ids follow the expression.
+    """
     current = {
-        str(s.get("instruction")): str(s.get("id"))
+        str(s.get("id")).rstrip("r"): (str(s.get("id")), s.get("tool"))
         for s in (prompt.current_plan or {}).get("steps", [])
     }
     renames: dict[str, str] = {}
     for step in steps:
-        old = current.get(step.instruction)
-        if old is None:
+        old, tool = current.get(step.id, (None, None))
+        if old is None or tool != step.tool:
             continue
         output = prompt.progress.get(old)
         renames[step.id] = old + "r" if output is not None and _value(output) is None else old

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from hierplan.agents.prompts import PlanPrompt
 from hierplan.models.tokens import estimate_text_tokens
+from hierplan.plans.compact import render_step
 from hierplan.plans.plan import Step
 
 if TYPE_CHECKING:
@@ -124,8 +125,11 @@ def _prefixes(oracle: MigrationOracle, tables: Sequence[str]) -> list[list[Step]
 
 
 def _text_tokens(steps: Sequence[Step]) -> int:
-    text = json.dumps([s.model_dump(mode="json", exclude_none=True) for s in steps])
-    return estimate_text_tokens(text)
+    """The tokens of ``steps`` as a planner writes them (the compact format)."""
+    lines: list[str] = []
+    for step in steps:
+        lines.append(render_step(step, [s.id for s in steps[: len(lines)]]))
+    return estimate_text_tokens("\n".join(lines))
 
 
 def _fits(steps: Sequence[Step], prompt: PlanPrompt) -> bool:
