@@ -49,7 +49,7 @@ docs: $(DEV_STAMP)
 	$(MKDOCS) serve
 
 pytest: $(DEV_STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n auto
 
 E2E_STAMP := $(VENV)/.installed-e2e
 PHOENIX_VENV := .venv-phoenix

@@ -35,6 +35,7 @@ from hierplan.agents.prompts import parse_plan_prompt, parse_step_prompt
 from hierplan.budgets.budget import Budget
 from hierplan.budgets.instrument import BudgetInstrument
 from hierplan.core.settings import RunSettings
+from hierplan.errors import BudgetTooSmall
 from hierplan.models.base import ModelRequest, ModelResponse, ToolCall
 from hierplan.models.scripted import FunctionModel
 from hierplan.models.tokens import estimate_request_tokens
@@ -46,6 +47,7 @@ from hierplan.units import Usage
 OUT = Path(__file__).parent / "results"
 PRICING = PriceTable({"bench:model": Price(1.0, 4.0)})
 CALLS_WORTH = 20
+TABLES = range(14)  # the sample shop database's tables
 EXECUTOR_MAX_TOKENS = 400
 CALL_INPUT = 100
 PLAN_CALL = 300  # the planner's usage: 200 in, 100 out
@@ -57,15 +59,18 @@ PLAN_CALL = 300  # the planner's usage: 200 in, 100 out
 async def migration(usd: float | None, workdir: Path) -> dict[str, Any]:
     """One hierarchical data_migration run (seed 7, concurrency 64) with ``usd``."""
     settings = RunSettings(strategy="hierarchical", concurrency=64, seed=7)
-    result = await hierplan.run(
-        hierplan.RunSpec(
-            scenario="data_migration",
-            settings=settings,
-            model=Simulator(latency_scale=0),
-            budget=None if usd is None else hierplan.BudgetSpec(usd=usd),
-            workdir=workdir,
+    try:
+        result = await hierplan.run(
+            hierplan.RunSpec(
+                scenario="data_migration",
+                settings=settings,
+                model=Simulator(latency_scale=0),
+                budget=None if usd is None else hierplan.BudgetSpec(usd=usd),
+                workdir=workdir,
+            )
         )
-    )
+    except BudgetTooSmall as exc:  # refused before any call: nothing spent, nothing done
+        return {"status": "refused", "spent_usd": 0.0, "tables_done": 0, "error": str(exc)}
     totals = result.totals()
     details = (result.verification or {}).get("details", {})
     return {
@@ -234,7 +239,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         used = "" if row["percent"] is None else f"{row['used']:.2f}"
         print(
             f"{label:>10} {row['status']:>10} {row['spent_usd']:>10.6f} {used:>6} "
-            f"{row['tables_done']!s:>4}/{len(row['tables'] or ())}"
+            f"{row['tables_done']!s:>4}/{len(row.get('tables') or TABLES)}"
         )
     print(f"\nK-delegation: a limit worth {CALLS_WORTH} calls (calls made / {CALLS_WORTH})")
     print(f"{'K':>4} " + " ".join(f"{a:>10}" for a in allocations))

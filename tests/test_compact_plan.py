@@ -127,7 +127,8 @@ def plans(draw: st.DrawFn) -> Plan:
         if kind == "call":
             tool = draw(st.sampled_from(sorted(PARAMS)))
             names = draw(st.lists(st.sampled_from(PARAMS[tool]), unique=True))
-            args = {n: draw(_json | st.sampled_from([f"${d}" for d in deps] or [1])) for n in names}
+            refs: list[object] = [f"${d}" for d in deps] or [1]
+            args = {n: draw(_json | st.sampled_from(refs)) for n in names}
             step = Step(id=step_id, title="t", instruction="t", tool=tool, args=args)
         elif kind == "chosen":
             step = Step(id=step_id, title="t", instruction=text, tool="search")
