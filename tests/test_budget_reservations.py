@@ -189,7 +189,7 @@ test_the_default_reservation_holds_over_a_thousand_runs = pytest.mark.slow(_prop
 
 
 # Enough for the planning call as the estimate counts it, and for an overshoot past it.
-BUDGET = 6_000
+BUDGET = 4_000
 
 
 def test_reserved_by_the_estimate_the_same_run_overshoots(

@@ -8,8 +8,9 @@ and, for a public task set, the published figures with the setting each was meas
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
+from types import MappingProxyType
 
 from rich.console import Console
 from rich.table import Table
@@ -67,13 +68,15 @@ PAIRED_COLUMNS: tuple[tuple[str, str, str, str], ...] = (
     ("tokens", ALL, "ratio", "tokens ×"),
 )
 
-OUTCOME_LABELS = {
-    "success": "success",
-    "goal_reached_gave_up": "goal reached but gave up",
-    "claimed_success": "claimed success, goal not reached",
-    "failed": "failed",
-    "error": "error",
-}
+OUTCOME_LABELS: Mapping[str, str] = MappingProxyType(
+    {
+        "success": "success",
+        "goal_reached_gave_up": "goal reached but gave up",
+        "claimed_success": "claimed success, goal not reached",
+        "failed": "failed",
+        "error": "error",
+    }
+)
 
 
 def _fitted(build: Callable[[int], Table], count: int, width: int | None) -> Table:
