@@ -221,7 +221,12 @@ if yaml.__with_libyaml__:
         except yaml.YAMLError as exc:
             if "maximum nesting depth" in str(exc):
                 raise  # Python's recursion limit, far slower, would only say the same
-            return _load_yaml_python(text)
+            try:
+                return _load_yaml_python(text)
+            except (OverflowError, ValueError):
+                # PyYAML turns a "\U" escape past any character into chr() of it, which
+                # raises: libyaml's own message says what is wrong.
+                raise exc from None
 
     _load_yaml = _load_yaml_either
 

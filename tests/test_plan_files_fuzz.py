@@ -229,3 +229,24 @@ def test_any_goal_file_is_read_or_refused_with_a_printable_message_long(
     unix_socket: Path,
 ) -> None:
     _goal_read(kind, suffix, content, tmp_path_factory.mktemp("g"), unix_socket)
+
+
+# Found by the goal-file fuzzer: PyYAML turns a "\U" escape past any character into chr() of
+# it, which raised OverflowError out of the reader.
+BEYOND_UNICODE = b'goal: A\nsettings:\n  "0\\U00010000\\x1F\\UA0010000": 1\n'
+
+
+def test_an_escape_past_any_character_is_refused_in_a_goal_file(tmp_path: Path) -> None:
+    path = tmp_path / "goal.yaml"
+    path.write_bytes(BEYOND_UNICODE)
+    with pytest.raises(UserInputError, match="invalid Unicode character escape code"):
+        load_goal_file(path)
+
+
+def test_an_escape_past_any_character_is_refused_in_a_plan_file(tmp_path: Path) -> None:
+    path = tmp_path / "plan.yaml"
+    path.write_bytes(b'goal: g\nsteps:\n  - id: "\\UA0010000"\n')
+    result = CliRunner().invoke(app, ["validate", str(path)])
+    assert result.exit_code == 2, result.output
+    assert "invalid Unicode character escape code" in result.output
+    assert "Traceback" not in result.output

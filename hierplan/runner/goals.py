@@ -141,7 +141,7 @@ def _tools_lines(text: str) -> list[int] | None:
     """The line of each entry of the file's ``tools`` list (for messages), if it has one."""
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, OverflowError, ValueError):  # (a "\U" escape past any character)
         return None
     if not isinstance(root, yaml.MappingNode):
         return None
