@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hierplan.plans.plan import Step
 from hierplan.records import CallRecord, NodeRecord
 
 TOLERANCE_S = 1e-4
@@ -71,30 +72,6 @@ def _timed(node: NodeRecord) -> bool:
     return node.started_at is not None and node.finished_at is not None
 
 
-def _dependencies(parent: NodeRecord, child: NodeRecord) -> list[NodeRecord]:
-    """The timed siblings that ``child``'s step depends on, in the plan the parent had approved
-    when the child started (the latest approved version with that step, if none was yet), that
-    finished before the child started (a sibling of a later replan is no dependency)."""
-    if child.step_id is None or child.started_at is None:
-        return []
-    approved = [v for v in parent.plan_versions if v.decision == "approved"]
-    with_step = [v for v in approved if child.step_id in v.plan.step_map()]
-    if not with_step:
-        return []
-    earlier = [v for v in with_step if v.created_at <= child.started_at]
-    version = (earlier or with_step)[-1]
-    wanted = set(version.plan.step_map()[child.step_id].depends_on)
-    start = child.started_at
-    return [
-        sibling
-        for sibling in parent.children
-        if sibling is not child
-        and sibling.step_id in wanted
-        and _timed(sibling)
-        and (sibling.finished_at or 0.0) <= start + TOLERANCE_S
-    ]
-
-
 _Item = tuple[NodeRecord, int | None]
 """A node (``None``) or one of its calls (the call's index), with the times below."""
 
@@ -111,7 +88,8 @@ def _start(item: _Item) -> float:
 
 def _last(items: list[_Item]) -> _Item | None:
     """The item that ended last; on a tie the one that started first (it held the most of
-    the time), then the first in record order (children before calls, each in order)."""
+    the time), then the first listed (a node's children before its calls, a step's
+    dependencies in the order its plan names them)."""
     best: _Item | None = None
     for item in items:
         if best is None:
@@ -144,6 +122,10 @@ class _Walk:
                 self.parents[id(child)] = node
         self.links: list[Link] = []
         self.seen: set[Link] = set()
+        # Per planner, once: its approved plans' steps and its children by step. A chain of
+        # thousands of steps looks these up at every link.
+        self.plans: dict[int, list[tuple[float, dict[str, Step]]]] = {}
+        self.by_step: dict[int, dict[str, list[NodeRecord]]] = {}
 
     def add(self, link: Link) -> bool:
         """Record ``link``; false if it was found before (a record whose times loop)."""
@@ -165,6 +147,42 @@ class _Walk:
                 earlier = _last(_inside(node, node.calls[index].started_at))
                 item = earlier if earlier is not None else self.waited_for(node)
 
+    def dependencies(self, parent: NodeRecord, child: NodeRecord) -> list[NodeRecord]:
+        """The timed siblings that ``child``'s step depends on, in the plan the parent had
+        approved when the child started (the latest approved version with that step, if none
+        was yet), that finished before the child started (a sibling of a later replan is no
+        dependency)."""
+        if child.step_id is None or child.started_at is None:
+            return []
+        key = id(parent)
+        if key not in self.plans:
+            self.plans[key] = [
+                (v.created_at, v.plan.step_map())
+                for v in parent.plan_versions
+                if v.decision == "approved"
+            ]
+            by_step: dict[str, list[NodeRecord]] = {}
+            for sibling in parent.children:
+                if sibling.step_id is not None and _timed(sibling):
+                    by_step.setdefault(sibling.step_id, []).append(sibling)
+            self.by_step[key] = by_step
+        with_step = [steps for _, steps in self.plans[key] if child.step_id in steps]
+        if not with_step:
+            return []
+        earlier = [
+            steps
+            for created, steps in self.plans[key]
+            if child.step_id in steps and created <= child.started_at
+        ]
+        step = (earlier or with_step)[-1][child.step_id]
+        start = child.started_at
+        return [
+            sibling
+            for wanted in dict.fromkeys(step.depends_on)
+            for sibling in self.by_step[key].get(wanted, [])
+            if sibling is not child and (sibling.finished_at or 0.0) <= start + TOLERANCE_S
+        ]
+
     def waited_for(self, node: NodeRecord) -> _Item | None:
         """What ``node`` waited for before it started: of its dependencies and the planning
         call of its parent that produced it, the one that ended last before it started; the
@@ -173,7 +191,7 @@ class _Walk:
         parent = self.parents.get(id(node))
         if parent is None:
             return None
-        candidates: list[_Item] = [(dep, None) for dep in _dependencies(parent, node)]
+        candidates: list[_Item] = [(dep, None) for dep in self.dependencies(parent, node)]
         index = producing_call(parent, node)
         if index is not None:
             produced: _Item = (parent, index)

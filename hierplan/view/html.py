@@ -24,10 +24,19 @@ from hierplan.records import NodeRecord, PlanVersion, RunResult, subtree_costs
 from hierplan.redact import redact
 from hierplan.text import printable_lines
 from hierplan.units import PICO_PER_USD
+from hierplan.view.critical_path import (
+    call_end,
+    critical_path,
+    producing_call,
+    started_while_planning,
+)
 from hierplan.view.tree import ALLOCATED_NOTE, money, short
 
 TIMELINE_LIMIT = 2000
 """Nodes shown on the timeline at most (the earliest to start)."""
+
+CALLS_PER_ROW_LIMIT = 200
+"""Model calls drawn on one node's row of the timeline at most (the first made)."""
 
 OPEN_DEPTH = 2
 """Nodes down to this depth start expanded."""
@@ -49,9 +58,16 @@ padding-left:6px}details.node>summary{cursor:pointer;padding:2px 0}
 background:#f9fafb;padding:6px;border:1px solid #eef0f3}
 .d-added{background:#dcfce7}.d-removed{background:#fee2e2;text-decoration:line-through}
 .d-changed{background:#fef9c3}.toolbar button{margin-right:6px}
-.tl{position:relative;height:14px;background:#f3f4f6;min-width:400px}
-.bar{position:absolute;top:2px;height:10px;border-radius:2px;background:#60a5fa}
-.bar.k-planner{background:#a78bfa}.bar.st-failed{background:#f87171}
+.tl{position:relative;height:18px;background:#f3f4f6;min-width:400px}
+.bar{position:absolute;top:4px;height:10px;border-radius:2px;background:#60a5fa}
+.bar.k-planner{background:#ddd6fe}.bar.st-failed{background:#f87171}
+.bar.call.planning{top:1px;height:16px;background:#6d28d9}
+.bar.call.mark{top:7px;height:4px;background:#1e3a8a;border-radius:0}
+.bar.crit{outline:2px solid #111827;outline-offset:1px}
+.bar.streamed{background-image:repeating-linear-gradient(135deg,transparent 0 3px,
+rgba(255,255,255,.7) 3px 6px)}
+.legend .key{white-space:nowrap}.legend .bar{position:relative;display:inline-block;top:2px;
+width:18px;margin:0 2px}.legend .bar.node{background:#60a5fa}
 .tl-row td{padding:1px 6px}.tl-row td.lab{white-space:nowrap}#timeline{width:100%}
 #timeline td:last-child{width:60%}
 """
@@ -354,32 +370,117 @@ def _timed(root: NodeRecord) -> Iterator[NodeRecord]:
             yield node
 
 
+class _Axis:
+    """The timeline's one time axis: a time as a percentage of the run's span."""
+
+    def __init__(self, nodes: list[NodeRecord]) -> None:
+        starts = [n.started_at or 0.0 for n in nodes]
+        ends = [n.finished_at or 0.0 for n in nodes]
+        for node in nodes:
+            starts += [c.started_at for c in node.calls[:CALLS_PER_ROW_LIMIT]]
+            ends += [call_end(c) for c in node.calls[:CALLS_PER_ROW_LIMIT]]
+        self.start = min(starts)
+        self.span = max(max(ends) - self.start, 1e-9)
+
+    def place(self, begin: float, end: float) -> str:
+        """The style that puts a bar from ``begin`` to ``end`` (at least 0.2% wide: a call of
+        a millisecond in a run of minutes still shows)."""
+        left = (begin - self.start) / self.span * 100
+        width = max((end - begin) / self.span * 100, 0.2)
+        return f"left:{left:.3f}%;width:{width:.3f}%"
+
+
+def _bar(classes: str, style: str, label: str, data: str = "") -> str:
+    # The label is the bar's title (shown on hover) and its accessible name, so what the
+    # colours and outlines say is also said in words.
+    return (
+        f'<div class="{classes}"{data} style="{style}" role="img" title="{e(label)}" '
+        f'aria-label="{e(label)}"></div>'
+    )
+
+
+def _node_bar(node: NodeRecord, axis: _Axis, critical: bool, streamed: str | None) -> str:
+    started, finished = node.started_at or 0.0, node.finished_at or 0.0
+    classes = f"bar node k-{e(node.kind)} st-{e(node.status)}"
+    label = f"{node.path} ({node.kind}, {node.status}): {finished - started:.3f} s"
+    if critical:
+        classes += " crit"
+        label += "; on the critical path"
+    if streamed is not None:
+        classes += " streamed"
+        label += f"; started while its plan was being written ({streamed})"
+    return _bar(classes, axis.place(started, finished), label)
+
+
+def _call_bars(node: NodeRecord, axis: _Axis, critical: set[int]) -> str:
+    bars = []
+    for index, call in enumerate(node.calls[:CALLS_PER_ROW_LIMIT]):
+        planning = call.phase == "planning"
+        classes = "bar call planning" if planning else "bar call mark"
+        label = f"{node.path}: {call.phase} call {call.purpose!r}, {call.duration_s:.3f} s"
+        if index in critical:
+            classes += " crit"
+            label += "; on the critical path"
+        place = axis.place(call.started_at, call_end(call))
+        bars.append(_bar(classes, place, label, f' data-call="{index}"'))
+    return "".join(bars)
+
+
+def _streamed(parent: NodeRecord | None, node: NodeRecord) -> str | None:
+    """Why ``node`` counts as streamed (its plan's call, and how much later it ended), or
+    ``None`` when it started after its plan was written."""
+    if parent is None or not started_while_planning(parent, node):
+        return None
+    index = producing_call(parent, node)
+    assert index is not None  # started_while_planning found it
+    call = parent.calls[index]
+    ahead = call_end(call) - (node.started_at or 0.0)
+    return f"the planning call of {parent.path} ended {ahead:.3f} s later"
+
+
 def _timeline(result: RunResult) -> str:
     nodes = sorted(_timed(result.tree), key=lambda n: (n.started_at or 0.0, n.path))
     if not nodes:
         return '<p class="muted">No node has timings.</p>'
-    start = min(n.started_at or 0.0 for n in nodes)
-    end = max(n.finished_at or 0.0 for n in nodes)
-    span = max(end - start, 1e-9)
+    shown = nodes[:TIMELINE_LIMIT]
+    axis = _Axis(shown)
+    path = critical_path(result.tree)
+    critical_nodes = {link.path for link in path if link.call is None}
+    critical_calls: dict[str, set[int]] = {}
+    for link in path:
+        if link.call is not None:
+            critical_calls.setdefault(link.path, set()).add(link.call)
+    parents = {id(child): node for node in result.tree.walk() for child in node.children}
     rows = []
-    for node in nodes[:TIMELINE_LIMIT]:
-        left = ((node.started_at or start) - start) / span * 100
-        width = max(((node.finished_at or start) - (node.started_at or start)) / span * 100, 0.2)
+    for node in shown:
+        streamed = _streamed(parents.get(id(node)), node)
+        bars = _node_bar(node, axis, node.path in critical_nodes, streamed) + _call_bars(
+            node, axis, critical_calls.get(node.path, set())
+        )
         rows.append(
             f'<tr class="tl-row" data-path="{e(node.path)}"><td class="lab mono">'
             f'{e(node.path)}</td><td class="lab muted">{e(short(node.goal, 50))}</td>'
-            f'<td><div class="tl"><div class="bar k-{e(node.kind)} st-{e(node.status)}" '
-            f'style="left:{left:.3f}%;width:{width:.3f}%" '
-            f'title="{e(node.path)}: {(node.finished_at or 0) - (node.started_at or 0):.3f} s">'
-            "</div></div></td></tr>"
+            f'<td><div class="tl">{bars}</div></td></tr>'
         )
     more = ""
     if len(nodes) > TIMELINE_LIMIT:
         more = f'<p class="muted">{len(nodes) - TIMELINE_LIMIT} more nodes not shown.</p>'
     return (
-        f'<p class="muted">0 to {span:.3f} s; bars that overlap ran at the same time.</p>'
+        f'<p class="muted">0 to {axis.span:.3f} s; bars that overlap ran at the same time.</p>'
+        f"{_LEGEND}"
         f'<table id="timeline">{"".join(rows)}</table>{more}'
     )
+
+
+_LEGEND = (
+    '<p class="muted legend">One row a node: its bar runs from its start to its end. '
+    '<span class="key"><span class="bar call planning"></span> a planning call</span> '
+    '<span class="key"><span class="bar call mark"></span> an executor\'s model call</span> '
+    '<span class="key"><span class="bar node crit"></span> outlined: on the critical path, '
+    "the chain of steps and planning calls that ended last</span> "
+    '<span class="key"><span class="bar node streamed"></span> striped: a step that started '
+    "while its plan was being written</span>. Hover a bar for its figures.</p>"
+)
 
 
 def render_html(result: RunResult) -> str:
