@@ -1,16 +1,21 @@
 """The HTML report in headless Chromium (Debian's, driven by Playwright): the tree renders,
-nodes expand and collapse, the figures match run.json, and hostile content runs nothing."""
+nodes expand and collapse, the figures match run.json, hostile content runs nothing, and the
+timeline draws its bars where their times put them, with the critical path and streamed steps
+marked."""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support import hierplan
+from e2e_support import hierplan, ran
+from timeline_support import CRITICAL_CALLS, CRITICAL_NODES, STREAMED, TIMED, timeline_run
 
+from hierplan.view.html import write_html
 from hierplan.view.tree import money
 
 pytestmark = pytest.mark.e2e
@@ -187,3 +192,70 @@ def test_a_hostile_goal_runs_nothing(
     bold = "Array.from(document.querySelectorAll('b')).filter(b => b.textContent === 'bold?')"
     assert view.page.evaluate(bold + ".length") == 0
     assert view.requests == [report.as_uri()]
+
+
+BARS = """() => Array.from(document.querySelectorAll('#timeline div.bar')).map(b => {
+    const box = b.getBoundingClientRect(), style = getComputedStyle(b);
+    return {path: b.closest('tr').dataset.path, call: b.dataset.call ?? null,
+            classes: Array.from(b.classList), left: box.left, right: box.right,
+            width: box.width, outline: style.outlineStyle, image: style.backgroundImage};
+})"""
+
+
+def _bars(view: Page) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = view.page.evaluate(BARS)
+    return found
+
+
+def _node_bars(bars: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {bar["path"]: bar for bar in bars if bar["call"] is None}
+
+
+def test_the_timeline_draws_bars_in_time_order_with_the_critical_path_and_streaming(
+    browser: Any, tmp_path: Path
+) -> None:
+    report = write_html(timeline_run(), tmp_path / "report.html")
+    view = Page(browser, report)
+    bars = _bars(view)
+    assert bars and all(bar["width"] > 0 for bar in bars)
+    nodes = _node_bars(bars)
+    # by start: each node's bar begins right of the one that started before it
+    lefts = [nodes[path]["left"] for path in TIMED]
+    assert lefts == sorted(lefts) and len(set(lefts)) == len(lefts)
+    assert nodes["1.3"]["left"] >= nodes["1.2"]["right"]  # c waited for b
+    outlined = {(bar["path"], bar["call"]) for bar in bars if bar["outline"] == "solid"}
+    marked = {(bar["path"], bar["call"]) for bar in bars if "crit" in bar["classes"]}
+    wanted = {(path, None) for path in CRITICAL_NODES} | {(p, str(i)) for p, i in CRITICAL_CALLS}
+    assert outlined == marked == wanted
+    named = view.page.get_by_role("img", name=re.compile("on the critical path"))
+    assert named.count() == len(wanted)
+    # the streamed step starts left of the end of the root's planning call, striped; the
+    # step after it (b) starts right of that end, plain
+    call = next(bar for bar in bars if bar["path"] == "1" and bar["call"] == "0")
+    assert nodes[STREAMED]["left"] < call["right"] <= nodes["1.2"]["left"]
+    assert "repeating-linear-gradient" in nodes[STREAMED]["image"]
+    assert [p for p, bar in nodes.items() if bar["image"] != "none"] == [STREAMED]
+    streamed = view.page.get_by_role("img", name=re.compile("started while its plan"))
+    assert streamed.count() == 1
+    assert [m for m in view.console if m[0] == "error"] == []
+
+
+def test_a_real_runs_timeline_marks_a_critical_path_from_start_to_end(
+    browser: Any, demo: tuple[dict[str, Any], Path]
+) -> None:
+    record, report = demo
+    view = Page(browser, report)
+    bars = _bars(view)
+    nodes = _node_bars(bars)
+    assert set(nodes) == set(ran(record["tree"]))
+    assert all(bar["width"] > 0 for bar in bars)
+    planners = {n["path"] for n in _nodes(record["tree"]) if n["kind"] == "planner"}
+    drawn = {bar["path"] for bar in bars if "planning" in bar["classes"]}
+    assert drawn == planners & set(nodes)
+    critical = [bar for bar in bars if "crit" in bar["classes"]]
+    assert all(bar["outline"] == "solid" for bar in critical)
+    # the path ends with the root, and its first planning call is the root's plan
+    assert "crit" in nodes["1"]["classes"]
+    first = min((bar for bar in critical if bar["call"] is not None), key=lambda b: b["left"])
+    assert (first["path"], first["call"]) == ("1", "0")
+    assert len({bar["path"] for bar in critical}) >= 3
