@@ -12,8 +12,8 @@ from hierplan.records import CallRecord, NodeRecord, PlanVersion
 from hierplan.units import Usage
 from hierplan.view.critical_path import (
     Link,
-    critical_path,
     producing_call,
+    run_critical_path,
     started_while_planning,
 )
 
@@ -71,20 +71,20 @@ def diamond(b_start: float = 1.1, b_end: float = 5.0) -> NodeRecord:
 
 
 def test_the_path_runs_through_the_dependency_that_finished_last() -> None:
-    assert critical_path(diamond()) == links(("1", 0), "1.2", "1.3", "1")
+    assert run_critical_path(diamond()) == links(("1", 0), "1.2", "1.3", "1")
     # a ends last instead: the path goes through a
     root = diamond(b_end=2.0)
     root.children[2].started_at = 3.1
-    assert critical_path(root) == links(("1", 0), "1.1", "1.3", "1")
+    assert run_critical_path(root) == links(("1", 0), "1.1", "1.3", "1")
 
 
 def test_of_two_that_end_together_the_one_that_started_first_is_on_the_path() -> None:
     root = diamond(b_start=1.05, b_end=3.0)
     root.children[2].started_at = 3.1
-    assert critical_path(root) == links(("1", 0), "1.2", "1.3", "1")
+    assert run_critical_path(root) == links(("1", 0), "1.2", "1.3", "1")
     # the same start and end too: the first in the record
     root.children[1].started_at = 1.1
-    assert critical_path(root) == links(("1", 0), "1.1", "1.3", "1")
+    assert run_critical_path(root) == links(("1", 0), "1.1", "1.3", "1")
 
 
 def test_a_node_without_timings_is_never_on_the_path() -> None:
@@ -92,9 +92,9 @@ def test_a_node_without_timings_is_never_on_the_path() -> None:
     never = root.children[1]
     never.started_at = never.finished_at = None
     # c's other dependency never ran (as if c were started by a later decision): a is the one
-    assert critical_path(root) == links(("1", 0), "1.1", "1.3", "1")
+    assert run_critical_path(root) == links(("1", 0), "1.1", "1.3", "1")
     root.started_at = None
-    assert critical_path(root) == ()
+    assert run_critical_path(root) == ()
 
 
 def test_a_step_waits_for_its_plan_when_its_dependencies_ended_before_the_plan_did() -> None:
@@ -106,7 +106,7 @@ def test_a_step_waits_for_its_plan_when_its_dependencies_ended_before_the_plan_d
         [call(0.0, 1.0), call(6.1, 1.9, "replan")],
     )  # fmt: skip
     root.children[1].status = "failed"
-    assert critical_path(root) == links(("1", 0), "1.2", ("1", 1), "1.3", "1")
+    assert run_critical_path(root) == links(("1", 0), "1.2", ("1", 1), "1.3", "1")
 
 
 def test_a_repair_follows_the_call_it_repairs() -> None:
@@ -114,7 +114,7 @@ def test_a_repair_follows_the_call_it_repairs() -> None:
         "1", 0.0, 4.0, {"a": []}, [leaf("1.1", "a", 2.1, 3.9)],
         [call(0.0, 1.0), call(1.0, 1.0, "plan-repair")],
     )  # fmt: skip
-    assert critical_path(root) == links(("1", 0), ("1", 1), "1.1", "1")
+    assert run_critical_path(root) == links(("1", 0), ("1", 1), "1.1", "1")
 
 
 def test_the_path_goes_into_a_sub_planner_and_on_from_its_dependencies() -> None:
@@ -128,7 +128,7 @@ def test_the_path_goes_into_a_sub_planner_and_on_from_its_dependencies() -> None
         "1", 0.0, 8.1, {"a": [], "b": ["a"]}, [leaf("1.1", "a", 1.1, 3.0), inner],
         [call(0.0, 1.0)],
     )  # fmt: skip
-    assert critical_path(root) == links(("1", 0), "1.1", ("1.2", 0), "1.2.2", "1.2", "1")
+    assert run_critical_path(root) == links(("1", 0), "1.1", ("1.2", 0), "1.2.2", "1.2", "1")
 
 
 def test_a_step_started_before_its_plan_call_ended_is_streamed() -> None:
@@ -142,7 +142,7 @@ def test_a_step_started_before_its_plan_call_ended_is_streamed() -> None:
     assert started_while_planning(root, a)
     assert not started_while_planning(root, b)
     # a could not start before its line of the plan was written: the call is what it waited for
-    assert critical_path(root) == links(("1", 0), "1.1", "1.2", "1")
+    assert run_critical_path(root) == links(("1", 0), "1.1", "1.2", "1")
 
 
 def test_the_producing_call_is_the_last_planning_call_started_before_the_step() -> None:
@@ -163,7 +163,7 @@ def test_a_step_without_a_planning_call_waits_for_what_its_planner_waited_for() 
     """A resumed run's planner had its plan approved before the pause: it made no call."""
     resumed = planner("1.1", 1.1, 3.0, {"x": []}, [leaf("1.1.1", "x", 1.2, 2.9)], [], step="a")
     root = planner("1", 0.0, 3.1, {"a": []}, [resumed], [call(0.0, 1.0)])
-    assert critical_path(root) == links(("1", 0), "1.1.1", "1.1", "1")
+    assert run_critical_path(root) == links(("1", 0), "1.1.1", "1.1", "1")
 
 
 @settings(max_examples=200, deadline=None)
@@ -181,7 +181,7 @@ def test_any_times_give_a_path_of_distinct_links_that_exist(times: list[float]) 
         "1", next(t), next(t), {"a": [], "b": ["a"]}, [leaf("1.1", "a", next(t), next(t)), inner],
         [call(next(t), 0.5), call(next(t), 0.5, "replan")],
     )  # fmt: skip
-    path = critical_path(root)
+    path = run_critical_path(root)
     assert len(set(path)) == len(path)
     assert path and path[-1] == Link("1")
     for link in path:

@@ -205,9 +205,10 @@ class _Walk:
         return self.waited_for(parent)
 
 
-def critical_path(root: NodeRecord) -> tuple[Link, ...]:
-    """The critical path of the run under ``root``, earliest link first: nodes (a planner
-    because the path runs through its work, a leaf as a whole) and planning calls.
+def run_critical_path(root: NodeRecord) -> tuple[Link, ...]:
+    """The critical path of the run under ``root`` as it ran, earliest link first: nodes (a
+    planner because the path runs through its work, a leaf as a whole) and planning calls.
+    (:func:`hierplan.critical_path` is a plan's longest chain before it runs.)
 
     Empty when ``root`` has no timings."""
     if not _timed(root):

@@ -26,8 +26,8 @@ from hierplan.text import printable_lines
 from hierplan.units import PICO_PER_USD
 from hierplan.view.critical_path import (
     call_end,
-    critical_path,
     producing_call,
+    run_critical_path,
     started_while_planning,
 )
 from hierplan.view.tree import ALLOCATED_NOTE, money, short
@@ -444,7 +444,7 @@ def _timeline(result: RunResult) -> str:
         return '<p class="muted">No node has timings.</p>'
     shown = nodes[:TIMELINE_LIMIT]
     axis = _Axis(shown)
-    path = critical_path(result.tree)
+    path = run_critical_path(result.tree)
     critical_nodes = {link.path for link in path if link.call is None}
     critical_calls: dict[str, set[int]] = {}
     for link in path:
