@@ -78,7 +78,7 @@ $(BENCH_STAMP): pyproject.toml $(DEV_STAMP)
 	touch $@
 
 ## bench: the performance benchmarks (overhead against anyio and LangGraph, in time and, with
-## valgrind, in instructions; makespan, 100,000 leaves, tracing cost); writes
+## valgrind, in instructions; makespan, 100,000 leaves, tracing cost, start-up time); writes
 ## benchmarks/results/*.json and the tables of benchmarks/README.md
 bench: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/overhead.py
@@ -87,6 +87,7 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/makespan.py
 	$(BIN)/python benchmarks/scale.py
 	$(BIN)/python benchmarks/tracing.py
+	$(BIN)/python benchmarks/startup.py
 	$(BIN)/python benchmarks/report.py
 
 clean:

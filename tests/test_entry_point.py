@@ -49,7 +49,9 @@ def _child(code: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]
 
 @pytest.mark.parametrize("entry", [CONSOLE_SCRIPT, RUN_MODULE], ids=["script", "python -m"])
 @pytest.mark.parametrize(
-    "trigger", ["hierplan.cli", "pydantic", "rich", "hierplan.runner.run", "typer"]
+    # hierplan.cli.inspect: the module of the command named (validate), imported once named.
+    "trigger",
+    ["hierplan.cli", "pydantic", "rich", "hierplan.cli.inspect", "typer"],
 )
 def test_ctrl_c_while_the_command_is_imported_ends_in_one_line_and_130(
     entry: str, trigger: str, tmp_path: Path

@@ -274,3 +274,13 @@ def test_the_faults_benchmark_follows_every_run_it_starts() -> None:
         # out one more), and a run that did not complete says why.
         assert row["failed_attempts"] >= row["faults_injected"] > 0
         assert row["completed"] or row["error"]
+
+
+def test_the_startup_benchmark_times_each_command_against_the_bare_interpreter() -> None:
+    startup = _load("startup")
+    data = startup.main(["--repeats", "2", "--no-out"])
+    assert set(data["median_ms"]) == {"python -c pass", "import hierplan", "hierplan --help"}
+    assert all(len(v) == 2 and min(v) > 0 for v in data["samples_s"].values())
+    base = data["median_ms"]["python -c pass"]
+    for name, ratio in data["ratio"].items():
+        assert ratio == data["median_ms"][name] / base

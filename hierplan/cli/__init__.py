@@ -1,7 +1,8 @@
 """The ``hierplan`` command: run, demo, resume, view, validate, scenarios, tools, batch, worker,
 bench.
 
-Each command lives in a module of its own; the options several share are declared once in
+Each command lives in a module of its own, imported when a command line names the command
+(:mod:`hierplan.cli.lazy`); the options several share are declared once in
 :mod:`hierplan.cli.options`. Bad input is one ``error:`` line and exit status 2, never a
 traceback (see :mod:`hierplan.cli.running` for the other exit statuses).
 """
@@ -10,21 +11,66 @@ from __future__ import annotations
 
 import os
 import sys
+from types import MappingProxyType
 from typing import Annotated, Any, cast
 
 import typer
 
-from hierplan import __version__
-from hierplan.cli.batch import register as register_batch_commands
-from hierplan.cli.bench import bench_command
-from hierplan.cli.inspect import scenarios_command, validate_command, view_command
-from hierplan.cli.options import fail
-from hierplan.cli.resume import resume_command
-from hierplan.cli.run import demo_command, run_command
-from hierplan.cli.tools import tools_command
+from hierplan.cli.lazy import LazyCommand, LazyGroup
+
+# The commands, with the function of each and its line in `hierplan --help`. A command's module
+# is imported only when a command line names it: `hierplan --help` imports none of them.
+COMMANDS = MappingProxyType(
+    {
+        "run": LazyCommand(
+            "hierplan.cli.run:run_command",
+            "Plan and run a goal or a scenario; write DIR/run.json.",
+        ),
+        "demo": LazyCommand(
+            "hierplan.cli.run:demo_command",
+            "Migrate the sample shop database on the offline simulator.",
+        ),
+        "resume": LazyCommand(
+            "hierplan.cli.resume:resume_command",
+            "Continue a paused run with a decision on its pending plans.",
+        ),
+        "view": LazyCommand(
+            "hierplan.cli.inspect:view_command",
+            "Show a finished run: its tree, tokens and cost.",
+        ),
+        "validate": LazyCommand(
+            "hierplan.cli.inspect:validate_command",
+            "Check a plan file: schema, dependencies, cycles, tools...",
+        ),
+        "scenarios": LazyCommand(
+            "hierplan.cli.inspect:scenarios_command", "List the built-in scenarios."
+        ),
+        "tools": LazyCommand(
+            "hierplan.cli.tools:tools_command",
+            "List the tools of the toolsets a goal file or flags name.",
+        ),
+        "batch": LazyCommand(
+            "hierplan.cli.batch:batch_command",
+            "Run many goals under one global budget, resumably.",
+        ),
+        "worker": LazyCommand(
+            "hierplan.cli.batch:worker_command",
+            "Start a Celery worker for `hierplan batch --backend celery`.",
+        ),
+        "bench": LazyCommand(
+            "hierplan.cli.bench:bench_command", "Compare strategies on the benchmark suites."
+        ),
+    }
+)
+
+
+class _HierplanGroup(LazyGroup):
+    lazy_commands = COMMANDS
+
 
 app = typer.Typer(
     name="hierplan",
+    cls=_HierplanGroup,
     help="Hierarchical planner-executor agents: inspectable plans, exact budgets, traced trees.",
     add_completion=False,
     no_args_is_help=True,
@@ -37,6 +83,8 @@ app = typer.Typer(
 
 def _print_version(value: bool) -> None:
     if value:
+        from hierplan import __version__  # read from the installed metadata: only when asked
+
         typer.echo(f"hierplan {__version__}")
         raise typer.Exit()
 
@@ -54,17 +102,6 @@ def _root(
     ] = False,
 ) -> None:
     """Hierarchical planner-executor agents: inspectable plans, exact budgets, traced trees."""
-
-
-app.command("run")(run_command)
-app.command("demo")(demo_command)
-app.command("resume")(resume_command)
-app.command("view")(view_command)
-app.command("validate")(validate_command)
-app.command("scenarios")(scenarios_command)
-app.command("tools")(tools_command)
-register_batch_commands(app)
-app.command("bench")(bench_command)
 
 
 # The parser's error for a command line it refuses: click's UsageError, which newer typer
@@ -91,6 +128,8 @@ def main() -> None:
             # plain formatter would print it to stderr, as an error).
             typer.echo(error.ctx.get_help())
             sys.exit(error.exit_code)
+        from hierplan.cli.options import fail  # a command's options: imported on a refusal only
+
         where = error.ctx.command_path if error.ctx is not None else "hierplan"
         message = " ".join(error.format_message().split())
         try:

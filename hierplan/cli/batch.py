@@ -370,9 +370,3 @@ def worker_command(
     finally:
         if tracing is not None:
             tracing.shutdown()
-
-
-def register(app: typer.Typer) -> None:
-    """Add ``batch`` and ``worker`` to the ``hierplan`` command."""
-    app.command("batch")(batch_command)
-    app.command("worker")(worker_command)

@@ -20,9 +20,8 @@ from collections import Counter, deque
 from collections.abc import Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import networkx as nx
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -34,6 +33,9 @@ from hierplan.files import (
 from hierplan.plans.problems import MAX_PROBLEMS as MAX_PROBLEMS
 from hierplan.plans.problems import PlanProblem as PlanProblem
 from hierplan.plans.problems import ProblemList, chain_text, names_text, quoted
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 DEFAULT_MAX_STEPS = 50
 DEFAULT_MAX_DEPTH = 3
@@ -160,6 +162,8 @@ class Plan(BaseModel):
 
     def graph(self) -> nx.DiGraph[str]:
         """The dependency graph: an edge ``a -> b`` means b depends on a."""
+        import networkx as nx  # here, not on import: importing networkx alone takes ~0.1 s
+
         g: nx.DiGraph[str] = nx.DiGraph()
         for s in self.steps:
             g.add_node(s.id)
@@ -405,6 +409,8 @@ def _acyclic(plan: Plan) -> bool:
 def _cycle_problems(plan: Plan) -> list[PlanProblem]:
     if _acyclic(plan):
         return []
+    import networkx as nx  # only a plan with a cycle needs it, to name the cycle
+
     graph = plan.graph()
     graph.remove_edges_from(list(nx.selfloop_edges(graph)))  # reported as self_dependency
     order = {s.id: i for i, s in enumerate(plan.steps)}
@@ -453,6 +459,8 @@ def topological_order(plan: Plan) -> list[str]:
 
     Raises ``ValueError`` if the plan has a cycle (validate it first).
     """
+    import networkx as nx  # here, not on import, as in Plan.graph
+
     order = {s.id: i for i, s in enumerate(plan.steps)}
     try:
         return list(nx.lexicographical_topological_sort(plan.graph(), key=order.__getitem__))

@@ -19,14 +19,16 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from hierplan.agents.prompts import PlanPrompt, StepPrompt, one_line
 from hierplan.models.base import ToolCall
 from hierplan.plans.plan import Plan, Step
 from hierplan.scenarios.data_migration import layouts
 from hierplan.simulator.oracle import Action
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 REJECTED_PREFIX = "The reviewer rejected"
 ROOT_GOAL = (
@@ -288,6 +290,8 @@ class MigrationOracle:
         return out
 
     def fk_order(self, tables: Sequence[str]) -> list[str]:
+        import networkx as nx  # here, not on import: importing networkx alone takes ~0.1 s
+
         graph: nx.DiGraph[str] = nx.DiGraph()
         graph.add_nodes_from(tables)
         for t in tables:
