@@ -17,22 +17,35 @@ class NoiseProfile(BaseModel):
     """How far the simulator strays from its oracle. Rates are probabilities.
 
     Every mechanism applies to every request the same way, whatever the strategy that sent it,
-    so that differences between strategies emerge from what they ask of the model:
+    so that differences between strategies emerge from what they ask of the model. The same
+    decision has the same error rate whoever makes it:
 
-    - **Plan errors grow with plan size.** A plan of ``n`` steps has an error with probability
-      ``1 - (1 - plan_error_rate) * (1 - plan_error_per_step) ** n``; each step can carry its
-      own error, so long plans may have several (a dropped step, a missing dependency, a wrong
-      tool argument).
-    - **Executor errors grow with the horizon and after an error.** The ``k``-th tool call of
-      one executor loop (``k`` counts every call already made in that loop) is wrong with
+    - **Decisions.** A tool call with its arguments (chosen by an executor, or written as a
+      direct tool step of a plan) and an executor's final answer are decisions. The decision
+      made after ``k`` others in the same context (an executor loop's earlier tool calls; a
+      plan's earlier steps, and those of the answers a repair follows) is wrong with
       probability ``executor_error_rate + executor_error_per_action * k``, or
-      ``executor_error_after_error + executor_error_per_action * k`` once the loop holds an
-      earlier error, capped at ``max_error_rate``. A final answer is one more decision. A wrong
-      decision is a wrong tool argument or, with probability ``give_up_share``, giving up.
+      ``executor_error_after_error + executor_error_per_action * k`` once the context reports
+      an error, capped at ``max_error_rate``. An executor's context reports an error once one
+      of its tool calls failed; a planning call's when its prompt reports a failed step, an
+      invalid answer to repair, a failed direct attempt or a rejected or invalid plan. A wrong
+      decision gives up (an executor answers ``FAILED:``) with probability ``give_up_share``;
+      otherwise it is wrong honestly: one argument of the tool call is wrong, or a final answer
+      states a wrong value. A plan cannot give up one step, so the give-up share of a plan's
+      wrong decisions is no error: a plan's tool step has a wrong argument exactly as often as
+      an executor's tool call at the same horizon, ``(1 - give_up_share)`` times the decision's
+      error rate. Lines a replan copies unchanged from steps already done are not decisions
+      (the replan prompt asks for them unchanged, and their results carry over).
+    - **Structural plan errors** (a dropped step, a missing dependency) only plans can make,
+      since only plans state steps and their order. A plan of ``n`` steps gets one with
+      probability ``1 - (1 - plan_error_rate) * (1 - s) ** n``, ``s`` being
+      ``plan_error_per_step``; each step can carry its own, so long plans may have several.
+      After a failure ``s`` grows by what a decision's rate grows by
+      (``executor_error_after_error - executor_error_rate``), capped at ``max_error_rate``.
     - **Parallel calls.** ``max_calls_per_turn`` (0: no limit) caps how many tool calls one turn
       may emit; the rest wait for later turns.
-    - **Latency** of a call: ``latency_median_s`` times a log-normal factor
-      (``latency_sigma``), plus ``latency_per_output_token_s`` per output token (hidden
+    - **Latency** of a call: a time to first token, ``latency_median_s`` times a log-normal
+      factor (``latency_sigma``), plus ``latency_per_output_token_s`` per output token (hidden
       reasoning included).
     - **Verbosity**: hidden reasoning of ``verbosity`` times the answer length, counted as
       output (and reasoning) tokens.
@@ -42,41 +55,62 @@ class NoiseProfile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = "custom"
-    plan_error_rate: float = Field(0.0, ge=0, le=1, description="Error chance of any plan.")
-    plan_error_per_step: float = Field(0.0, ge=0, le=1, description="Error chance per plan step.")
+    plan_error_rate: float = Field(
+        0.0, ge=0, le=1, description="Structural error chance of any plan."
+    )
+    plan_error_per_step: float = Field(
+        0.0, ge=0, le=1, description="Structural error chance per plan step."
+    )
     executor_error_rate: float = Field(
-        0.0, ge=0, le=1, description="Error chance of an executor's first decision."
+        0.0, ge=0, le=1, description="Error chance of a first decision (tool call or answer)."
     )
     executor_error_per_action: float = Field(
-        0.0, ge=0, le=1, description="Added per tool call already made in the same loop."
+        0.0, ge=0, le=1, description="Added per decision already made in the same context."
     )
     executor_error_after_error: float = Field(
-        0.0, ge=0, le=1, description="Error chance once the loop holds an earlier error."
+        0.0, ge=0, le=1, description="Error chance once the context reports an earlier error."
     )
-    max_error_rate: float = Field(0.5, ge=0, le=1, description="Cap of an executor error chance.")
+    max_error_rate: float = Field(0.5, ge=0, le=1, description="Cap of a decision's error chance.")
     give_up_share: float = Field(
-        0.3, ge=0, le=1, description="Share of executor errors that give up the step."
+        0.3, ge=0, le=1, description="Share of an executor's wrong decisions that give up."
     )
     max_calls_per_turn: int = Field(0, ge=0, description="Tool calls one turn may emit (0: any).")
-    latency_median_s: float = Field(0.0, ge=0, description="Median fixed latency of a call.")
+    latency_median_s: float = Field(0.0, ge=0, description="Median time to first token of a call.")
     latency_sigma: float = Field(0.0, ge=0, description="Log-normal spread of that latency.")
     latency_per_output_token_s: float = Field(
         0.0, ge=0, description="Generation time per output token."
     )
     verbosity: float = Field(0.0, ge=0, description="Extra reasoning text, x the answer length.")
 
-    def plan_error_probability(self, steps: int) -> float:
-        """Chance that a plan of ``steps`` steps gets at least one error."""
-        return 1 - (1 - self.plan_error_rate) * (1 - self.plan_error_per_step) ** steps
+    def decision_error_probability(self, horizon: int, had_error: bool) -> float:
+        """Chance that a decision is wrong: an executor's next tool call or final answer, or a
+        plan's direct tool step.
 
-    def executor_error_probability(self, calls_made: int, had_error: bool) -> float:
-        """Chance that the next decision of an executor loop is wrong.
-
-        ``calls_made`` is how many tool calls the loop has made so far; ``had_error`` whether
-        one of them (or an earlier answer) failed.
+        ``horizon`` is how many decisions the same context made before it; ``had_error``
+        whether the context reports an earlier error.
         """
         base = self.executor_error_after_error if had_error else self.executor_error_rate
-        return min(self.max_error_rate, base + self.executor_error_per_action * calls_made)
+        return min(self.max_error_rate, base + self.executor_error_per_action * horizon)
+
+    def wrong_args_probability(self, horizon: int, had_error: bool) -> float:
+        """Chance that a tool call decided at ``horizon`` has a wrong argument: the decision is
+        wrong and does not give up. The same for an executor's call and a plan's tool step."""
+        return self.decision_error_probability(horizon, had_error) * (1 - self.give_up_share)
+
+    def plan_step_error_probability(self, after_failure: bool) -> float:
+        """Chance of a structural error per plan step; after a failure it grows by what a
+        decision's error chance grows by."""
+        if not after_failure:
+            return self.plan_error_per_step
+        growth = max(0.0, self.executor_error_after_error - self.executor_error_rate)
+        return min(
+            max(self.max_error_rate, self.plan_error_per_step), self.plan_error_per_step + growth
+        )
+
+    def plan_error_probability(self, steps: int, after_failure: bool = False) -> float:
+        """Chance that a plan of ``steps`` steps gets at least one structural error."""
+        step = self.plan_step_error_probability(after_failure)
+        return 1 - (1 - self.plan_error_rate) * (1 - step) ** steps
 
 
 # Where the defaults come from (the simulator is calibrated, not fitted to any benchmark):
