@@ -113,28 +113,50 @@ class NoiseProfile(BaseModel):
         return 1 - (1 - self.plan_error_rate) * (1 - step) ** steps
 
 
-# Where the defaults come from (the simulator is calibrated, not fitted to any benchmark):
+# Where the defaults come from (the simulator is calibrated, not fitted to any benchmark). Each
+# value of "typical" and "weak", with its source, or "assumption" where no published figure
+# was found (docs/simulator.md has the same list):
 #
-# - Plan errors. PlanBench (Valmeekam et al., arXiv:2206.10498) finds GPT-4 writes a correct
-#   Blocksworld plan about a third of the time, worse as plans get longer; LLMCompiler
-#   (Kim et al., arXiv:2312.04511) reports about 90% accuracy on ParallelQA with plans of a few
+# - plan_error_rate 0.03 / 0.09, plan_error_per_step 0.02 / 0.06 (structural errors).
+#   PlanBench (Valmeekam et al., arXiv:2206.10498, 2022) finds GPT-4 writes a correct
+#   Blocksworld plan about a third of the time, worse as plans get longer; LLMCompiler (Kim et
+#   al., arXiv:2312.04511, 2023) reports about 90% accuracy on ParallelQA with plans of a few
 #   to ten calls. One profile serves every suite, so "typical" takes 2% per step plus 3% per
-#   plan, which matches ParallelQA-sized plans and is optimistic for Blocksworld; "weak"
-#   triples it.
-# - Executor errors. A few percent of a GPT-4-class model's tool calls carry a wrong argument
-#   (an assumption of the same order as the plan errors above). Per-step accuracy falls as a
-#   single context executes more steps, and falls faster once the context holds the model's own
-#   earlier errors ("self-conditioning", Sinha et al., arXiv:2509.09677): hence the growth per
-#   action and the higher rate after an error. ADaPT (Prasad et al., arXiv:2311.05772) attributes
-#   ReAct's failures on TextCraft to exactly this loss of track over long trajectories. A third
-#   of errors are give-ups, two thirds wrong arguments (an assumption).
-# - Latency. A hosted small model answers a short request in about half a second and generates
-#   roughly 100 tokens per second (an order of magnitude, not a measurement): median 0.5 s,
-#   log-normal sigma 0.4, 10 ms per output token. "weak" is a slower, larger-latency endpoint.
-# - Verbosity: hidden reasoning of 0.3x the answer, as a reasoning model at low effort spends.
-# - Parallel calls: no cap; the prompts ask for independent calls in one turn and current
-#   function-calling models do so. Set max_calls_per_turn=1 for the one-call-per-thought ReAct
-#   of the papers.
+#   plan, which matches ParallelQA-sized plans and is optimistic for Blocksworld. "weak"
+#   triples it (assumption).
+# - executor_error_rate 0.03 / 0.09: a few percent of a GPT-4-class model's decisions are
+#   wrong (assumption, of the same order as the plan errors above); "weak" triples it.
+# - executor_error_per_action 0.004 / 0.012 and executor_error_after_error 0.10 / 0.30: per-step
+#   accuracy falls as one context executes more steps, and faster once the context holds the
+#   model's own earlier errors ("self-conditioning", Sinha et al., arXiv:2509.09677, 2025);
+#   ADaPT (Prasad et al., arXiv:2311.05772, 2023) attributes ReAct's failures on TextCraft to
+#   this loss of track over long trajectories. The direction is sourced, the values are an
+#   assumption.
+# - max_error_rate 0.5 / 0.8: assumption (a decision stays better than a coin flip for
+#   "typical").
+# - give_up_share 0.3: a third of wrong decisions give up, two thirds are wrong arguments or
+#   answers (assumption).
+# - max_calls_per_turn 0: no cap; the prompts ask for independent calls in one turn and current
+#   function-calling models make them (a design choice). Set 1 for the one-call-per-thought
+#   ReAct of the papers.
+# - latency_median_s 0.8 (time to first token). The usage is priced as openai:gpt-5-mini by
+#   default, used without (or with minimal) reasoning effort. Measured: a mean time to first
+#   token of 0.78 s for gpt-5-mini at minimal reasoning effort over 32 requests (Fetch Rewards,
+#   "Landing Page Agent Latency Optimization", 2025-12-08); Artificial Analysis's provider
+#   pages (median of the past 72 hours, 10k input tokens; pages as stored, undated, after
+#   GPT-5.1's release of November 2025) give 0.89 s for GPT-5 (minimal) and 0.93 s for
+#   GPT-4.1 mini on OpenAI's API. "weak" 1.7: the slower provider of that class on the same
+#   pages (GPT-5 (minimal) on Azure, 1.70 s).
+# - latency_sigma 0.4 / 0.6: assumption (no published spread of the time to first token was
+#   found); the Fetch Rewards measurement's total times (p95 1.5x the mean) fit a log-normal
+#   spread of about 0.27, for whole responses rather than their first token.
+# - latency_per_output_token_s 0.014: Artificial Analysis's median output speed of GPT-5 mini
+#   (minimal), 71.2 tokens/s (as quoted from its data by shadabchow.com's page on the model,
+#   undated, 2025), and 77.2 tokens/s for GPT-4.1 mini on OpenAI's API (Artificial Analysis,
+#   as above). "weak" 0.02 (50 tokens/s): assumption, a slower endpoint.
+# - verbosity 0.3 / 1.0: hidden reasoning of 0.3x the answer, as a reasoning model at low effort
+#   spends (assumption; at minimal effort gpt-5-mini spends none, Fetch Rewards as above);
+#   "weak" reasons at length (assumption).
 #
 # "ideal" is the oracle itself: no errors, no latency, no verbosity.
 PROFILES: Mapping[str, NoiseProfile] = {
@@ -148,9 +170,9 @@ PROFILES: Mapping[str, NoiseProfile] = {
         executor_error_after_error=0.10,
         max_error_rate=0.5,
         give_up_share=0.3,
-        latency_median_s=0.5,
+        latency_median_s=0.8,
         latency_sigma=0.4,
-        latency_per_output_token_s=0.01,
+        latency_per_output_token_s=0.014,
         verbosity=0.3,
     ),
     "weak": NoiseProfile(
@@ -162,7 +184,7 @@ PROFILES: Mapping[str, NoiseProfile] = {
         executor_error_after_error=0.30,
         max_error_rate=0.8,
         give_up_share=0.3,
-        latency_median_s=0.8,
+        latency_median_s=1.7,
         latency_sigma=0.6,
         latency_per_output_token_s=0.02,
         verbosity=1.0,
