@@ -74,14 +74,14 @@ async def test_large_tasks_are_decomposed_by_hierarchical_and_as_needed() -> Non
 
 def test_executor_error_grows_with_the_horizon_and_after_an_error() -> None:
     p = PROFILES["typical"]
-    first = p.executor_error_probability(0, had_error=False)
-    later = p.executor_error_probability(20, had_error=False)
-    after = p.executor_error_probability(20, had_error=True)
+    first = p.decision_error_probability(0, had_error=False)
+    later = p.decision_error_probability(20, had_error=False)
+    after = p.decision_error_probability(20, had_error=True)
     assert first == p.executor_error_rate
     assert later == pytest.approx(p.executor_error_rate + 20 * p.executor_error_per_action)
     assert first < later < after
-    assert p.executor_error_probability(10_000, had_error=True) == p.max_error_rate
-    assert PROFILES["ideal"].executor_error_probability(50, had_error=True) == 0
+    assert p.decision_error_probability(10_000, had_error=True) == p.max_error_rate
+    assert PROFILES["ideal"].decision_error_probability(50, had_error=True) == 0
 
 
 def test_plan_errors_grow_with_plan_size() -> None:
@@ -89,8 +89,8 @@ def test_plan_errors_grow_with_plan_size() -> None:
     assert p.plan_error_probability(1) < p.plan_error_probability(10) < p.plan_error_probability(30)
     model = SimulatedModel(None, profile=p)
     rng = random.Random(1)
-    small = sum(model._plan_error_count(3, rng) for _ in range(2000))
-    large = sum(model._plan_error_count(30, rng) for _ in range(2000))
+    small = sum(model._plan_error_count(3, False, rng) for _ in range(2000))
+    large = sum(model._plan_error_count(30, False, rng) for _ in range(2000))
     # expected: 2000 * (0.03 + 3 * 0.02) = 180 and 2000 * (0.03 + 30 * 0.02) = 1260
     assert 120 < small < 250
     assert 1100 < large < 1420

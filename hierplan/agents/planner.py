@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from hierplan.agents.costs import planning_request, prompt_budget
 from hierplan.agents.prompts import PLAN_OUTPUT as PLAN_OUTPUT
 from hierplan.agents.prompts import PLAN_SCHEMA as PLAN_SCHEMA  # re-exported: where tests look
-from hierplan.agents.prompts import PlanPrompt, progress_summary
+from hierplan.agents.prompts import REPAIR_PREFIX, PlanPrompt, progress_summary
 from hierplan.errors import PlanParseError, field_problems
 from hierplan.models.base import Message, ModelRequest, ModelResponse
 from hierplan.models.provider import json_problem, loads_json
@@ -194,7 +194,7 @@ class LLMPlanner:
                         Message("assistant", said),
                         Message(
                             "user",
-                            f"REPAIR: that plan was invalid: {exc}. Answer again with the "
+                            f"{REPAIR_PREFIX} that plan was invalid: {exc}. Answer again with the "
                             "corrected plan only, one step a line.",
                         ),
                     ),

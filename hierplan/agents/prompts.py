@@ -26,6 +26,14 @@ PLAN_OUTPUT: OutputSchema | None = None
 text in the compact format (:mod:`hierplan.plans.compact`), one step a line, which is shorter
 than the plan's JSON and can be read line by line as it streams."""
 FAILED_PREFIX = "FAILED:"
+REPAIR_PREFIX = "REPAIR:"
+"""How a planner's follow-up message starts when its last answer was not a valid plan."""
+ATTEMPT_FAILED = "A direct attempt at this goal failed"
+PLAN_REJECTED = "The reviewer rejected your last plan"
+PLAN_INVALID = "Your last plan was invalid"
+FAILURE_FEEDBACK = (ATTEMPT_FAILED, PLAN_REJECTED, PLAN_INVALID)
+"""How the feedback of a planning prompt starts when it reports a failure of earlier work
+(the simulator reads it back: a prompt that reports a failure is answered as after an error)."""
 
 PLANNER_SYSTEM = """\
 You are the planner of a hierarchical planner-executor agent. Write a plan for the goal, one step
@@ -351,6 +359,17 @@ def parse_step_prompt(messages: Sequence[Message]) -> StepPrompt | None:
         inputs=_json_block(text, "INPUTS") or {},
         react=react,
     )
+
+
+def reports_failure(messages: Sequence[Message], prompt: PlanPrompt) -> bool:
+    """Whether a planning call's messages report a failure of earlier work: a failed step
+    (``FAILURE:``), an answer to repair (``REPAIR:``), or feedback that a direct attempt
+    failed or the last plan was rejected or invalid."""
+    if prompt.failure is not None:
+        return True
+    if prompt.feedback is not None and prompt.feedback.startswith(FAILURE_FEEDBACK):
+        return True
+    return any(m.role == "user" and m.content.startswith(REPAIR_PREFIX) for m in messages)
 
 
 def progress_summary(outputs: Mapping[str, str], limit: int = 500) -> dict[str, str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from hierplan.agents.prompts import PLAN_INVALID, PLAN_REJECTED
 from hierplan.core.results import StepResult
 from hierplan.core.views import Resumed, SpanIds
 from hierplan.plans.decisions import Decision
@@ -26,12 +27,12 @@ ENDED = frozenset({"failed", "cancelled", "rejected", "budget_exhausted", "parti
 
 def rejection_feedback(reason: str) -> str:
     """What the planner is told about a rejected plan."""
-    return f"The reviewer rejected your last plan: {reason}"
+    return f"{PLAN_REJECTED}: {reason}"
 
 
 def invalid_feedback(problems: list[str]) -> str:
     """What the planner is told about an invalid plan."""
-    return "Your last plan was invalid: " + "; ".join(problems)
+    return f"{PLAN_INVALID}: " + "; ".join(problems)
 
 
 @dataclass(slots=True)

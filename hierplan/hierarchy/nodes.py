@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Mapping
 
+from hierplan.agents.prompts import ATTEMPT_FAILED
 from hierplan.core.results import StepResult
 from hierplan.durable.restore import Restore
 from hierplan.errors import (
@@ -416,7 +417,7 @@ async def run_as_needed_node(
         )
         feedback: str | None = None
         if start == "plan" and not node.record.plan_versions:
-            feedback = "A direct attempt at this goal failed; decompose it into smaller steps."
+            feedback = f"{ATTEMPT_FAILED}; decompose it into smaller steps."
         if start == "done" and earlier is not None:
             _finish(node, "succeeded", output=earlier.text)
             return earlier
@@ -428,10 +429,7 @@ async def run_as_needed_node(
                 if exc.status == "budget_exhausted":
                     _finish(node, exc.status, error=str(exc))
                     raise
-                feedback = (
-                    f"A direct attempt at this goal failed ({exc}); decompose it into smaller "
-                    "steps."
-                )
+                feedback = f"{ATTEMPT_FAILED} ({exc}); decompose it into smaller steps."
             else:
                 _finish(node, "succeeded", output=result.text)
                 return result

@@ -3,14 +3,19 @@
 It receives the same :class:`ModelRequest` a real provider would (the real prompts, tool schemas
 and output schema), reads it back with :mod:`hierplan.agents.prompts`, and asks an
 :class:`Oracle` (a scenario's or benchmark suite's) what a competent model would answer. It then
-applies a seeded :class:`NoiseProfile`: plan errors (a dropped step, a missing dependency, a wrong
-tool argument) more likely as plans grow; executor errors (a wrong tool argument, a give-up) more
-likely the more tool calls one executor loop has made, and more likely again after an earlier
-error in that loop; a cap on the tool calls of one turn; latency (log-normal, plus time per
-output token); and verbosity (hidden reasoning, counted as output and reasoning tokens as a
-reasoning model would). How likely each error is depends on the request only (the plan's size,
-the loop's calls and errors), never on the strategy that sent it, so that differences between
-strategies emerge from what they ask of the model.
+applies a seeded :class:`NoiseProfile`. The same decision has the same error rate whoever
+makes it: a tool call with its arguments, whether an executor chose it or a plan wrote it as a
+direct tool step, is wrong more likely the more decisions its context made before it, and more
+likely again once the context reports an error (an executor's failed call; a planning prompt
+reporting a failed step, an answer to repair, a failed attempt or a rejected plan). Plans also
+get structural errors (a dropped step, a missing dependency), which only plans can make, more
+likely as plans grow and after a failure. A wrong decision of an executor gives up with the
+profile's give-up share, else is a wrong argument or a wrong final answer. There is also a cap
+on the tool calls of one turn; latency (a log-normal time to first token, plus time per output
+token); and verbosity (hidden reasoning, counted as output and reasoning tokens as a reasoning
+model would). How likely each error is depends on the request only (the plan's size, the
+context's decisions and errors), never on the strategy that sent it, so that differences
+between strategies emerge from what they ask of the model.
 
 Usage is computed from the actual request and response text by the estimate in
 :mod:`hierplan.models.tokens`. Cost is that usage priced as if the model were a named real
@@ -30,8 +35,10 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from hashlib import sha256
 from typing import Any
 
@@ -41,14 +48,16 @@ from hierplan.agents.prompts import (
     FAILED_PREFIX,
     PLAN_OUTPUT_NAME,
     PLANNER_SYSTEM,
+    PlanPrompt,
     parse_plan_prompt,
     parse_step_prompt,
+    reports_failure,
 )
 from hierplan.errors import SimulatorCoverageError
 from hierplan.models.base import Message, ModelRequest, ModelResponse, ToolCall
 from hierplan.models.tokens import estimate_request_tokens, estimate_text_tokens
 from hierplan.plans.compact import render_compact
-from hierplan.plans.plan import Plan
+from hierplan.plans.plan import Plan, Step
 from hierplan.simulator.oracle import COVERAGE_HINT, Oracle
 from hierplan.simulator.profiles import (
     DEFAULT_SIMULATED_PRICED_AS,
@@ -180,24 +189,55 @@ class SimulatedModel:
             raise SimulatorCoverageError(
                 f"no oracle knows the goal {prompt.goal[:200]!r}. {COVERAGE_HINT}"
             )
-        flags: list[str] = []
-        repair = any(m.role == "user" and m.content.startswith("REPAIR:") for m in request.messages)
-        if not repair:
-            for _ in range(self._plan_error_count(len(plan.steps), rng)):
-                plan, kind = perturb_plan(plan, rng)
-                if kind:
-                    flags.append(f"sim_plan_error:{kind}")
+        # Repairs get noise too: a model asked to fix its answer can err again, and more
+        # likely so, since the prompt reports a failure (as an executor's errors grow).
+        after_failure = reports_failure(request.messages, prompt)
+        plan, flags = self._plan_decisions(plan, prompt, request.messages, after_failure, rng)
+        for _ in range(self._plan_error_count(len(plan.steps), after_failure, rng)):
+            plan, kind = perturb_plan(plan, rng)
+            if kind:
+                flags.append(f"sim_plan_error:{kind}")
         if request.output_schema is not None:  # asked for JSON: answer JSON
             data: dict[str, Any] = plan.model_dump(mode="json", exclude_none=True)
             return ModelResponse(text=json.dumps(data), output=data, flags=flags)
         return ModelResponse(text=render_compact(plan, prompt.tool_params), flags=flags)
 
-    def _plan_error_count(self, steps: int, rng: random.Random) -> int:
-        """How many errors a plan of ``steps`` steps gets: one per plan, one per step."""
+    def _plan_decisions(
+        self,
+        plan: Plan,
+        prompt: PlanPrompt,
+        messages: Sequence[Message],
+        after_failure: bool,
+        rng: random.Random,
+    ) -> tuple[Plan, list[str]]:
+        """The plan with its direct tool steps' arguments wrong as often as an executor's tool
+        calls at the same horizon: the step's place among the lines written in this context.
+
+        One draw per step whatever it is, so that a step's draw does not depend on the kinds
+        of the steps before it."""
+        horizon = _earlier_plan_steps(messages)
+        copied = _copied_steps(prompt)
+        steps = list(plan.steps)
+        flags: list[str] = []
+        for i, step in enumerate(steps):
+            p = self.profile.wrong_args_probability(horizon + i, after_failure)
+            wrong = p > 0 and rng.random() < p
+            if wrong and step.tool is not None and step.args and step.id not in copied:
+                args = corrupt_step_args(step, rng)
+                steps[i] = step.model_copy(update={"args": args})
+                flags.append("sim_plan_error:wrong_args")
+        if not flags:
+            return plan, flags
+        return plan.model_copy(update={"steps": steps}), flags
+
+    def _plan_error_count(self, steps: int, after_failure: bool, rng: random.Random) -> int:
+        """How many structural errors a plan of ``steps`` steps gets: one per plan, one per
+        step."""
         p = self.profile
         count = int(rng.random() < p.plan_error_rate)
-        if p.plan_error_per_step > 0:
-            count += sum(rng.random() < p.plan_error_per_step for _ in range(steps))
+        per_step = p.plan_step_error_probability(after_failure)
+        if per_step > 0:
+            count += sum(rng.random() < per_step for _ in range(steps))
         return count
 
     def _act(self, request: ModelRequest, rng: random.Random) -> ModelResponse:
@@ -222,29 +262,67 @@ class SimulatedModel:
             ToolCall(f"call_{transcript.calls + i}", c.name, c.arguments)
             for i, c in enumerate(calls)
         ]
-        wrong = self._wrong_decision(len(calls), transcript, rng)
-        if wrong is None:
-            return ModelResponse(text=action.text, tool_calls=tuple(calls))
-        if calls and rng.random() >= self.profile.give_up_share:
-            c = calls[wrong]
-            calls[wrong] = ToolCall(c.id, c.name, corrupt_args(c.arguments, rng))
-            return ModelResponse(tool_calls=tuple(calls), flags=["sim_executor_error:wrong_args"])
-        return ModelResponse(
-            text=f"{FAILED_PREFIX} (simulated executor error) lost track of the step",
-            flags=["sim_executor_error:gave_up"],
-        )
-
-    def _wrong_decision(
-        self, calls: int, transcript: _Transcript, rng: random.Random
-    ) -> int | None:
-        """Index of the first wrong decision of this turn (a final answer is one), or None."""
-        for index in range(max(1, calls)):
-            p = self.profile.executor_error_probability(
-                transcript.calls + index, transcript.had_error
+        if not calls:  # a final answer: one decision
+            if not self._wrong(transcript.calls, transcript.had_error, rng):
+                return ModelResponse(text=action.text)
+            if rng.random() < self.profile.give_up_share:
+                return _gave_up()
+            return ModelResponse(
+                text=corrupt_answer(action.text, rng), flags=["sim_executor_error:wrong_answer"]
             )
-            if p > 0 and rng.random() < p:
-                return index
-        return None
+        flags: list[str] = []
+        for index, c in enumerate(calls):
+            # Each call is a decision; the turn's earlier wrong calls are not known to be
+            # wrong yet (no result came back), so they do not raise the rate.
+            if not self._wrong(transcript.calls + index, transcript.had_error, rng):
+                continue
+            if rng.random() < self.profile.give_up_share:
+                return _gave_up()
+            calls[index] = ToolCall(c.id, c.name, corrupt_args(c.arguments, rng))
+            flags.append("sim_executor_error:wrong_args")
+        return ModelResponse(text=action.text, tool_calls=tuple(calls), flags=flags)
+
+    def _wrong(self, horizon: int, had_error: bool, rng: random.Random) -> bool:
+        """Whether the decision at ``horizon`` is wrong."""
+        p = self.profile.decision_error_probability(horizon, had_error)
+        return p > 0 and rng.random() < p
+
+
+def _gave_up() -> ModelResponse:
+    return ModelResponse(
+        text=f"{FAILED_PREFIX} (simulated executor error) lost track of the step",
+        flags=["sim_executor_error:gave_up"],
+    )
+
+
+_STEP_LINE = re.compile(r"^\s*[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}\. ", re.M)
+
+
+def _earlier_plan_steps(messages: Sequence[Message]) -> int:
+    """Steps the model wrote in earlier answers of this conversation (those a repair
+    follows): decisions already made in the context."""
+    count = 0
+    for m in messages:
+        if m.role != "assistant":
+            continue
+        try:
+            data = json.loads(m.content)
+        except ValueError:
+            data = None
+        steps = data.get("steps") if isinstance(data, dict) else None
+        if isinstance(steps, list):
+            count += len(steps)
+        else:
+            count += len(_STEP_LINE.findall(m.content))
+    return count
+
+
+def _copied_steps(prompt: PlanPrompt) -> set[str]:
+    """Ids of done steps of a replan's current plan (those the prompt says to copy)."""
+    if prompt.current_plan is None:
+        return set()
+    steps = prompt.current_plan.get("steps", [])
+    return {str(s.get("id")) for s in steps if isinstance(s, dict)} & set(prompt.progress)
 
 
 def _asks_for_plan(request: ModelRequest) -> bool:
@@ -293,6 +371,10 @@ def _clip(response: ModelResponse, max_tokens: int) -> ModelResponse:
     )
 
 
+_SHIFTS = (-3, -1, 1, 2, 7)
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
 def corrupt_args(args: Any, rng: random.Random) -> dict[str, Any]:
     """One argument made wrong: a string gets a suffix, a number is shifted."""
     out = dict(args)
@@ -304,21 +386,48 @@ def corrupt_args(args: Any, rng: random.Random) -> dict[str, Any]:
     if isinstance(value, bool):
         out[key] = not value
     elif isinstance(value, int | float):
-        out[key] = value + rng.choice((-3, -1, 1, 2, 7))
+        out[key] = value + rng.choice(_SHIFTS)
     else:
         out[key] = f"{value}_x"
     return out
 
 
+def corrupt_answer(text: str, rng: random.Random) -> str:
+    """A final answer made wrong: its last number shifted (as a wrong numeric argument is),
+    else its text with a suffix (as a wrong string argument is)."""
+    numbers = list(_NUMBER.finditer(text))
+    if not numbers:
+        return f"{text}_x"
+    last = numbers[-1]
+    # Decimal keeps every digit: a float would round a long number back to itself.
+    shifted = Decimal(last.group()) + rng.choice(_SHIFTS)
+    return text[: last.start()] + str(shifted) + text[last.end() :]
+
+
+def corrupt_step_args(step: Step, rng: random.Random) -> dict[str, Any]:
+    """A plan step's arguments with one made wrong. An argument that is a reference to another
+    step's result (``$id``) refers to another of the steps it depends on, when it has one, so
+    that the wrong value runs as an executor's wrong number would; else it is changed as
+    :func:`corrupt_args` changes any argument."""
+    args = dict(step.args or {})
+    key = rng.choice(sorted(args)) if args else None
+    value = args.get(key) if key is not None else None
+    if key is not None and value in {f"${d}" for d in step.depends_on}:
+        others = [d for d in step.depends_on if f"${d}" != value]
+        if others:
+            args[key] = f"${rng.choice(others)}"
+            return args
+    return corrupt_args(args, rng)
+
+
 def perturb_plan(plan: Plan, rng: random.Random) -> tuple[Plan, str | None]:
-    """Introduce one plan error: drop a step, drop a dependency, or corrupt a tool argument."""
+    """Introduce one structural plan error: drop a step, or drop a dependency. (A wrong tool
+    argument is a decision's error: see :meth:`SimulatedModel._plan_decisions`.)"""
     kinds = []
     if len(plan.steps) > 1:
         kinds.append("dropped_step")
     if any(s.depends_on for s in plan.steps):
         kinds.append("missing_dependency")
-    if any(s.args for s in plan.steps):
-        kinds.append("wrong_args")
     if not kinds:
         return plan, None
     kind = rng.choice(kinds)
@@ -329,14 +438,10 @@ def perturb_plan(plan: Plan, rng: random.Random) -> tuple[Plan, str | None]:
             s.model_copy(update={"depends_on": [d for d in s.depends_on if d != victim.id]})
             for s in steps
         ]
-    elif kind == "missing_dependency":
+    else:
         candidates = [i for i, s in enumerate(steps) if s.depends_on]
         i = rng.choice(candidates)
         deps = list(steps[i].depends_on)
         deps.pop(rng.randrange(len(deps)))
         steps[i] = steps[i].model_copy(update={"depends_on": deps})
-    else:
-        candidates = [i for i, s in enumerate(steps) if s.args]
-        i = rng.choice(candidates)
-        steps[i] = steps[i].model_copy(update={"args": corrupt_args(steps[i].args, rng)})
     return plan.model_copy(update={"steps": steps}), kind
