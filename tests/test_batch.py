@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shlex
 import shutil
@@ -28,6 +29,7 @@ from hierplan.batch.goals import BatchGoal, goal_seed, load_goals
 from hierplan.batch.journal import Journal, open_journal
 from hierplan.bench.suites import get_suite
 from hierplan.budgets.budget import Fixed
+from hierplan.budgets.instrument import DEFAULT_MIN_OUTPUT_FRACTION
 from hierplan.cli import app
 from hierplan.core.settings import RunSettings
 from hierplan.errors import UserInputError
@@ -1251,7 +1253,9 @@ def test_a_goals_minimum_counts_the_tool_specs_its_planning_prompt_lists() -> No
     with pytest.raises(UnexpectedModelCall):
         hierplan.run_sync(env.goal, model=model, tools=env.tools)
     (first,) = model.requests
-    assert tokens == estimate_request_tokens(first) + run_settings.planner_max_tokens // 4
+    assert tokens == estimate_request_tokens(first) + math.ceil(
+        run_settings.planner_max_tokens * DEFAULT_MIN_OUTPUT_FRACTION
+    )
 
 
 def test_batch_set_gives_every_goal_a_run_setting_that_a_line_overrides(tmp_path: Path) -> None:

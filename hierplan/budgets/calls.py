@@ -271,16 +271,17 @@ class BudgetCallScope(CallScope):
     async def _more_funds(self, account: Account, short_t: int, short_p: int) -> bool:
         """Under the ``need`` allocation: whether the account got more to try again with,
         taken from its parent's free funds, or after waiting for other nodes to return theirs
-        (only while some other node is still at work: else nothing more will come)."""
+        (only while some other node is still at work, or another waiting node that lacks more gives
+        up: else nothing more will come)."""
         budget = self.budget
         if budget.instrument.allocation != "need":
             return False
         if await budget.ledger.top_up(account, short_t, short_p):
             return True
-        if not budget.others_working(self.node):
+        short = (short_p, short_t)
+        if not budget.others_working(self.node) and not budget.yield_to(short):
             return False
-        await budget.returns(self.node)
-        return True
+        return await budget.returns(self.node, short)
 
     def _nothing_spent(self) -> bool:
         """Whether the run has reserved nothing yet, on a budget of its own (not a shared

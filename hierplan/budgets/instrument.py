@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from types import MappingProxyType, TracebackType
 from typing import Any
 
@@ -51,7 +52,14 @@ from hierplan.pricing import PriceTable
 from hierplan.records import NodeRecord
 from hierplan.units import PICO_PER_USD
 
-DEFAULT_MIN_OUTPUT_FRACTION = 0.25
+DEFAULT_MIN_OUTPUT_FRACTION = 0.125
+"""How far a call's ``max_tokens`` may be lowered to fit what is left. A planner told its
+budget writes a plan that fits the answer it may write, so a low floor mostly lets a late,
+short call (a continuation that covers what a plan left out, a repair) go out instead of being
+refused. An eighth rather than a quarter: over seeds 1-8 of the hierarchical data_migration
+run (simulated, typical profile) at 30/50/70 % of its unbudgeted cost, tables done went from
+1.3/2.1/4.0 to 1.8/3.5/6.9 on average and the budget used from 0.37/0.61/0.73 to
+0.73/0.76/0.86."""
 
 
 def unknown_price_message(priced_as: str) -> str:
@@ -260,6 +268,16 @@ class BudgetInstrument(Instrument):
         raise BudgetExceeded(f"node {node.path} has no budget account (the run has no root)")
 
 
+@dataclass(slots=True)
+class _Waiter:
+    """A node waiting for funds: what its call lacks (pico-dollars, tokens), whether it is a
+    leaf, and whether it was told to give up."""
+
+    short: tuple[int, int]
+    leaf: bool
+    gave_up: bool = False
+
+
 class RunBudget:
     """One run's budget under a :class:`BudgetInstrument`: the prices of its models, its root
     account and final balance, and what a paused run spent before it went on. Made by
@@ -282,6 +300,7 @@ class RunBudget:
         self.in_flight = 0
         self.waiting = 0
         self.waiting_leaves = 0
+        self._waiters: list[_Waiter] = []
         self._returned: anyio.Event | None = None
         # The accounts open now, by node path, and the run's tree of records (a closed node's
         # figures are in its record): what a snapshot reads.
@@ -343,18 +362,38 @@ class RunBudget:
         running = node.run.active_leaves - self.waiting_leaves - own
         return self.in_flight > 0 or running > 0
 
-    async def returns(self, node: NodeView) -> None:
-        """Wait until a call ends or an account closes."""
-        leaf = node.record.kind == "executor"
+    async def returns(self, node: NodeView, short: tuple[int, int]) -> bool:
+        """Wait until a call ends or an account closes; false when this node was told to give
+        up instead (see :meth:`yield_to`). ``short`` is what its call lacks (pico-dollars,
+        tokens)."""
+        waiter = _Waiter(short, leaf=node.record.kind == "executor")
         self.waiting += 1
-        self.waiting_leaves += leaf
+        self.waiting_leaves += waiter.leaf
+        self._waiters.append(waiter)
         try:
             if self._returned is None:
                 self._returned = anyio.Event()
             await self._returned.wait()
         finally:
+            self._waiters.remove(waiter)
             self.waiting -= 1
-            self.waiting_leaves -= leaf
+            if not waiter.gave_up:
+                self.waiting_leaves -= waiter.leaf
+        return not waiter.gave_up
+
+    def yield_to(self, short: tuple[int, int]) -> bool:
+        """When nobody else is at work and other nodes wait for funds too, one of them must
+        give up so that what it holds goes to the rest: the one that lacks the most (this
+        node, lacking ``short``, or a waiting one), whatever order they asked in. True when a
+        waiting node was told to give up (this one then waits for what it returns)."""
+        neediest = max(self._waiters, key=lambda w: (not w.gave_up, w.short), default=None)
+        if neediest is None or neediest.gave_up or neediest.short <= short:
+            return False
+        neediest.gave_up = True
+        # From now on it counts as a running leaf again: it is about to end and return funds.
+        self.waiting_leaves -= neediest.leaf
+        self._wake()
+        return True
 
     def call_ended(self) -> None:
         """A call settled or released its reservation."""
