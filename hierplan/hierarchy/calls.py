@@ -18,8 +18,8 @@ node, and the round's attempts are counted and budgeted like any other.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from contextlib import AsyncExitStack
+from collections.abc import AsyncGenerator, Mapping
+from contextlib import AsyncExitStack, aclosing
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -30,7 +30,14 @@ from hierplan.core.events import ModelCalled, StepRetried, ToolCalled
 from hierplan.core.instrument import CallScope
 from hierplan.core.settings import RunSettings
 from hierplan.errors import HierplanError, ModelError, ToolError, stray_cancellation
-from hierplan.models.base import Model, ModelRequest, ModelResponse, ToolCall
+from hierplan.models.base import (
+    Model,
+    ModelRequest,
+    ModelResponse,
+    StreamItem,
+    ToolCall,
+    stream_of,
+)
 from hierplan.models.retry import RetryingModel, RetryPolicy
 from hierplan.pricing import PicoRates
 from hierplan.records import TOOL_TEXT_LIMIT, CallRecord, ToolCallRecord
@@ -126,6 +133,11 @@ class PatientModel:
                 )
             await anyio.sleep(pause)
 
+    def stream(self, request: ModelRequest) -> AsyncGenerator[StreamItem, None]:
+        """Stream ``request`` through the retrying model, with no rounds after a pause: the
+        reader may have acted on what an earlier round wrote."""
+        return self.inner.stream(request)
+
 
 class AccountedModel:
     """A node's model with every attempt of every call counted once (see the module
@@ -177,25 +189,9 @@ class AccountedModel:
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         """One attempt: scopes, the call, its outcome, the record (see the module docstring)."""
-        self.attempt = self.attempt + 1 if request is self._last else 1
-        self._last = request
-        node = self.node
-        run = node.run
-        estimate = node.count_input(request)
-        scopes: list[CallScope] = []
-        sent = request
         started, t0 = time.time(), time.perf_counter()
-        try:
-            for instrument in run.instruments:
-                scope = instrument.call_scope(node, request)
-                if scope is not None:
-                    scopes.append(scope)  # ended even if it fails to start: it may hold
-                    sent = await scope.start(sent, estimate)
-        except BaseException as exc:
-            # Refused before it went out (a budget), or cancelled while a scope waited.
-            await _end(scopes, calls.not_made(sent, exc))
-            raise
-        rates = run.pricing.rates(node.base_model.priced_as)
+        sent, estimate, scopes = await self._open(request)
+        rates = self.node.run.pricing.rates(self.node.base_model.priced_as)
         try:
             response = await self.inner.request(sent)
         except BaseException as exc:
@@ -204,14 +200,79 @@ class AccountedModel:
             outcome = calls.answered(sent, estimate, response, rates)
         await _end(scopes, outcome)
         self._record(outcome, started, time.perf_counter() - t0)
+        return self._result(outcome)
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[StreamItem, None]:
+        """One attempt, streamed: as :meth:`request`, the deltas passed on as they come. A
+        stream closed or cancelled before its end counts for the text it wrote by then
+        (:func:`~hierplan.core.calls.stream_cut`): its reservation is settled at that."""
+        started, t0 = time.time(), time.perf_counter()
+        sent, estimate, scopes = await self._open(request)
+        rates = self.node.run.pricing.rates(self.node.base_model.priced_as)
+        written: list[str] = []
+        response: ModelResponse | None = None
+        try:
+            async with aclosing(stream_of(self.inner, sent)) as items:
+                async for item in items:
+                    if isinstance(item, ModelResponse):
+                        response = item
+                    else:
+                        written.append(item)
+                        yield item
+        except GeneratorExit:
+            # The reader closed the stream (a step it refused): settle what was written, then
+            # let the generator close. Shielded: the reader may be closing it while cancelled.
+            outcome = calls.stream_cut(sent, estimate, "".join(written), None, rates)
+            with anyio.CancelScope(shield=True):
+                await _end(scopes, outcome)
+            self._record(outcome, started, time.perf_counter() - t0)
+            raise
+        except BaseException as exc:
+            if isinstance(exc, anyio.get_cancelled_exc_class()):
+                outcome = calls.stream_cut(sent, estimate, "".join(written), exc, rates)
+            else:
+                outcome = self._failure(sent, estimate, exc, rates)
+        else:
+            if response is None:
+                error = ModelError(f"model {self.inner.name!r} ended its stream with no answer")
+                outcome = calls.failed(sent, estimate, error, rates)
+            else:
+                outcome = calls.answered(sent, estimate, response, rates)
+        await _end(scopes, outcome)
+        self._record(outcome, started, time.perf_counter() - t0)
+        yield self._result(outcome)
+
+    async def _open(self, request: ModelRequest) -> tuple[ModelRequest, int, list[CallScope]]:
+        """Number the attempt and open every instrument's call scope: the request as the scopes
+        let it go out (a budget may lower its ``max_tokens``), its input estimate, the scopes."""
+        self.attempt = self.attempt + 1 if request is self._last else 1
+        self._last = request
+        node = self.node
+        estimate = node.count_input(request)
+        scopes: list[CallScope] = []
+        sent = request
+        try:
+            for instrument in node.run.instruments:
+                scope = instrument.call_scope(node, request)
+                if scope is not None:
+                    scopes.append(scope)  # ended even if it fails to start: it may hold
+                    sent = await scope.start(sent, estimate)
+        except BaseException as exc:
+            # Refused before it went out (a budget), or cancelled while a scope waited.
+            await _end(scopes, calls.not_made(sent, exc))
+            raise
+        return sent, estimate, scopes
+
+    def _result(self, outcome: CallOutcome) -> ModelResponse:
+        """The response of an outcome that answered; raises the error of one that did not."""
         error = outcome.error
         if error is None:
             assert outcome.response is not None
             return outcome.response
         if isinstance(error, anyio.get_cancelled_exc_class()) and stray_cancellation():
             raise ModelError(
-                f"model {node.base_model.name!r} raised {type(error).__name__} though nothing "
-                "cancelled the call"
+                f"model {self.node.base_model.name!r} raised {type(error).__name__} though "
+                "nothing cancelled the call"
             ) from error
         raise error
 
