@@ -112,31 +112,50 @@ class PatientModel:
     async def request(self, request: ModelRequest) -> ModelResponse:
         """Send ``request`` through the retrying model; after a transient failure, pause and
         send it again while the node has rounds left."""
-        node = self.accounted.node
-        settings = node.run.settings
         while True:
             try:
                 return await self.inner.request(request)
             except ModelError as exc:
-                record = node.record
-                if not exc.retryable or record.transient_retries >= settings.transient_retries:
-                    raise
-                if (exc.retry_after or 0.0) > settings.model_retry_max_delay_s:
-                    raise  # the limit will not lift soon: as between retries, no waiting
-                # The provider's own wait, when longer, is honoured here as between retries.
-                pause = max(settings.transient_pause_s, exc.retry_after or 0.0)
-                record.transient_retries += 1
-                self.accounted.retried(
-                    self.accounted.attempt,
-                    ModelError(f"{exc} (retries spent; one more round after a pause)"),
-                    pause,
-                )
+                pause = self._pause(exc)
             await anyio.sleep(pause)
 
-    def stream(self, request: ModelRequest) -> AsyncGenerator[StreamItem, None]:
-        """Stream ``request`` through the retrying model, with no rounds after a pause: the
-        reader may have acted on what an earlier round wrote."""
-        return self.inner.stream(request)
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[StreamItem, None]:
+        """Stream ``request`` through the retrying model, with rounds after a pause as
+        :meth:`request` has, for failures before the first delta (after it, the reader has
+        acted on the text: the error stands)."""
+        while True:
+            written = False
+            try:
+                async with aclosing(self.inner.stream(request)) as items:
+                    async for item in items:
+                        written = written or isinstance(item, str)
+                        yield item
+                return
+            except ModelError as exc:
+                if written:
+                    raise
+                pause = self._pause(exc)
+            await anyio.sleep(pause)
+
+    def _pause(self, exc: ModelError) -> float:
+        """The pause before one more round after ``exc``, counted on the node; raises ``exc``
+        when it gets none."""
+        node = self.accounted.node
+        settings = node.run.settings
+        record = node.record
+        if not exc.retryable or record.transient_retries >= settings.transient_retries:
+            raise exc
+        if (exc.retry_after or 0.0) > settings.model_retry_max_delay_s:
+            raise exc  # the limit will not lift soon: as between retries, no waiting
+        # The provider's own wait, when longer, is honoured here as between retries.
+        pause = max(settings.transient_pause_s, exc.retry_after or 0.0)
+        record.transient_retries += 1
+        self.accounted.retried(
+            self.accounted.attempt,
+            ModelError(f"{exc} (retries spent; one more round after a pause)"),
+            pause,
+        )
+        return pause
 
 
 class AccountedModel:
