@@ -10,6 +10,8 @@ For each strategy, the means over its runs of:
 - ``first line s``: from the run's start to when the first step's line of the root plan was read
   (``parsed_at``): the planner's time to its first token plus the time to write that line
   (streamed plans only; ``-`` when the plan was not streamed);
+- ``tool after line ms``: the first tool call's start after that line was read (streamed
+  plans only);
 - ``planning call s``: the root's first planning call, start to end;
 - ``latency s``: the run's start to its end.
 """
@@ -41,6 +43,7 @@ def figures(run: dict[str, Any]) -> dict[str, float | None]:
     return {
         "first tool s": min(tools) - start if tools else None,
         "first line s": min(parsed) - start if parsed else None,
+        "tool after line ms": (min(tools) - min(parsed)) * 1000 if tools and parsed else None,
         "planning call s": planning[0]["duration_s"] if planning else None,
         "latency s": run["finished_at"] - start,
     }
@@ -57,7 +60,7 @@ def main(out: Path) -> None:
     for path in sorted((out / "runs").glob("*/run.json")):
         run = json.loads(path.read_text())
         by_strategy[run["strategy"]].append(figures(run))
-    columns = ["first tool s", "first line s", "planning call s", "latency s"]
+    columns = ["first tool s", "first line s", "tool after line ms", "planning call s", "latency s"]
     print("| strategy | runs | " + " | ".join(columns) + " |")
     print("|---|---|" + "---|" * len(columns))
     for strategy, runs in sorted(by_strategy.items()):

@@ -120,8 +120,9 @@ async def stream_first_plan(
 ) -> Streamed:
     """Plan ``node``'s goal as a stream and run each step as it is accepted. ``prepare`` makes
     a step's child node (its record) when the step is accepted. The plan is recorded as a
-    version once the stream ends: approved by ``stream`` when it was written to its end,
-    invalid (with the problem) when a step was refused."""
+    version with its first step, approved by ``stream``; once the stream ends the version
+    holds the plan as written, and is decided invalid (with the problem) if a step was
+    refused."""
     ctx = _checks(node, policy)
     accepted: list[Step] = []
     send, receive = anyio.create_memory_object_stream[Step](max_buffer_size=float("inf"))

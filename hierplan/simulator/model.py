@@ -148,13 +148,15 @@ class SimulatedModel:
         if first > 0:
             await anyio.sleep(first)
         text = response.text
-        # The visible output's time, spread over chunks of a few tokens each by their length.
+        # The visible output's time, spread over chunks of a few tokens each by their length;
+        # each chunk is due at a time from the first, so that late wake-ups do not add up.
         visible_s = per_token * max(0, usage.output_tokens - usage.reasoning_tokens)
+        began = anyio.current_time()
         for start in range(0, len(text), _STREAM_CHUNK_CHARS):
-            chunk = text[start : start + _STREAM_CHUNK_CHARS]
+            end = min(len(text), start + _STREAM_CHUNK_CHARS)
             if visible_s > 0:
-                await anyio.sleep(visible_s * len(chunk) / len(text))
-            yield chunk
+                await anyio.sleep_until(began + visible_s * end / len(text))
+            yield text[start:end]
         yield response
 
     def _latency_parts(self, rng: random.Random) -> tuple[float, float]:
