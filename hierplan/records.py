@@ -183,6 +183,9 @@ class NodeRecord:
     marks such as ``overrun``. ``tool_calls`` holds each tool call it made, in the order they
     finished (:class:`ToolCallRecord`). ``transient_retries`` counts the rounds of retries
     its model calls got after a pause, having spent their own on transient errors.
+    ``parsed_at`` and ``dispatched_at`` (Unix times, steps of a streamed plan only) say when
+    the step's line was read and when it was handed to the scheduler; it started when its
+    dependencies were done (``started_at``).
     """
 
     path: str
@@ -212,6 +215,10 @@ class NodeRecord:
     tool_calls: list[ToolCallRecord] = field(default_factory=list)
     # Zero by default: a run.json written before these rounds were counted loads.
     transient_retries: int = 0
+    # Last, None by default: a run.json written before plans streamed loads. When the step's
+    # line of a streamed plan was read, and when the step was handed to the scheduler.
+    parsed_at: float | None = None
+    dispatched_at: float | None = None
 
     def add_call(self, call: CallRecord) -> None:
         """Record a call and add its usage and cost to this node's totals."""

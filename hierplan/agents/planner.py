@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -25,8 +26,8 @@ from hierplan.agents.prompts import REPAIR_PREFIX, PlanPrompt, progress_summary
 from hierplan.errors import PlanParseError, field_problems
 from hierplan.models.base import Message, ModelRequest, ModelResponse
 from hierplan.models.provider import json_problem, loads_json
-from hierplan.plans.compact import Params, parse_compact, tool_params
-from hierplan.plans.plan import Plan
+from hierplan.plans.compact import CompactStream, Params, parse_compact, tool_params
+from hierplan.plans.plan import Plan, Step
 
 if TYPE_CHECKING:
     from hierplan.core.views import StepEnv
@@ -97,6 +98,64 @@ def was_cut(response: ModelResponse) -> bool:
     return "truncated" in response.flags or response.finish_reason in CUT_FINISH_REASONS
 
 
+def _cut(node: StepEnv, request: ModelRequest) -> PlanParseError:
+    """The error of a plan cut at the token limit, naming the limit to raise."""
+    return PlanParseError(
+        f"the model's plan for node {node.path} was cut at the token limit "
+        f"(planner_max_tokens={request.max_tokens}) before it was "
+        "complete: raise it with --set planner_max_tokens=N "
+        "(RunSettings.planner_max_tokens), or the node's budget if it lowered it"
+    )
+
+
+def _repair_request(
+    request: ModelRequest, said: str, exc: PlanParseError, purpose: str, path: str
+) -> ModelRequest:
+    """``request`` again, with what the model ``said`` and why it did not read."""
+    return ModelRequest(
+        messages=(
+            *request.messages,
+            Message("assistant", said),
+            Message(
+                "user",
+                f"{REPAIR_PREFIX} that plan was invalid: {exc}. Answer again with the "
+                "corrected plan only, one step a line.",
+            ),
+        ),
+        output_schema=request.output_schema,
+        max_tokens=request.max_tokens,
+        phase="planning",
+        node_path=path,
+        purpose=f"{purpose}-repair",
+    )
+
+
+class _Reading:
+    """A streamed plan as read so far: its text, its lines, whether it is JSON (told by its
+    first non-blank character) and, once it ends, whether a repair may help (``readable``: a
+    refusal or a cut is not repaired, a line that does not read is)."""
+
+    def __init__(self, lines: CompactStream) -> None:
+        self.lines = lines
+        self.text = ""
+        self.json: bool | None = None
+        self.readable = True
+
+    def feed(self, delta: str) -> Iterator[Step]:
+        """The steps whose lines ``delta`` completes, one line at a time: a step is taken
+        before a later line of the same delta is read (and perhaps refused)."""
+        self.text += delta
+        if self.json is None:
+            if not self.text.strip():
+                return
+            self.json = self.text.lstrip().startswith("{")
+            delta = self.text
+        if self.json:
+            return
+        for line in delta.splitlines(keepends=True):
+            yield from self.lines.feed(line)
+
+
 class LLMPlanner:
     """Plans and replans a node's goal with the node's model."""
 
@@ -134,6 +193,90 @@ class LLMPlanner:
         prompt.progress = progress_summary(progress)
         prompt.failure = failure
         return await self._ask(node, prompt, "replan")
+
+    async def stream_plan(
+        self,
+        node: StepEnv,
+        accept: Callable[[Step], None],
+        *,
+        inputs: Mapping[str, str] | None = None,
+        flat: bool = False,
+    ) -> Plan:
+        """A first plan for the node's goal, read as the model writes it: ``accept`` gets each
+        step as soon as its line is complete, and raises to refuse it. A refused step, or a
+        line that does not read, closes the stream, which cancels the call (it counts for what
+        it wrote). A line that does not read before any step was accepted gets the repair
+        attempts :meth:`plan` gives; otherwise the error propagates. A plan written as JSON is
+        read once it is whole, then its steps go to ``accept`` in order."""
+        tools = node.tool_specs()
+        prompt = self._prompt(node, inputs, None, flat)
+        await prompt_budget(node, prompt, tools)
+        max_tokens = node.settings.planner_max_tokens
+        request = planning_request(prompt, tools, PLAN_OUTPUT, max_tokens, path=node.path)
+        params = tool_params(tools)
+        accepted = 0
+
+        def counted(step: Step) -> None:
+            nonlocal accepted
+            accept(step)
+            accepted += 1
+
+        for attempt in range(self.repair_attempts + 1):
+            reading = _Reading(CompactStream(node.goal, params))
+            try:
+                return await self._stream_once(node, request, reading, counted)
+            except PlanParseError as exc:
+                if not reading.readable or accepted:
+                    raise
+                if attempt == self.repair_attempts:
+                    raise PlanParseError(
+                        f"the model's plan for node {node.path} was invalid after "
+                        f"{attempt + 1} attempt(s): {exc}"
+                    ) from None
+                request = _repair_request(request, reading.text, exc, "plan", node.path)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _stream_once(
+        self,
+        node: StepEnv,
+        request: ModelRequest,
+        reading: _Reading,
+        accept: Callable[[Step], None],
+    ) -> Plan:
+        """One streamed planning call read into ``reading`` (see :meth:`stream_plan`)."""
+        response: ModelResponse | None = None
+        async with aclosing(node.stream_model(request)) as items:
+            async for item in items:
+                if isinstance(item, ModelResponse):
+                    response = item
+                else:
+                    for step in reading.feed(item):
+                        accept(step)
+        assert response is not None  # a stream with no answer raised ModelError
+        stopped = no_plan_reason(response)
+        if stopped is not None:
+            reading.readable = False
+            raise PlanParseError(f"no plan for node {node.path}: {stopped}")
+        try:
+            # JSON, or nothing written, or a structured output (which wins over text, as in a
+            # whole call, unless its text already gave steps)
+            whole = response.output is not None and not reading.lines.reader.steps
+            if reading.json is not False or whole:
+                reading.text = response.text
+                params = reading.lines.reader.params
+                plan = parse_plan_output(response, goal=node.goal, params=params)
+                steps = plan.steps
+            else:
+                steps, plan = reading.lines.close()
+        except PlanParseError:
+            if was_cut(response):
+                # As in a whole call: a repair would be cut at the same place.
+                reading.readable = False
+                raise _cut(node, request) from None
+            raise
+        for step in steps:
+            accept(step)
+        return plan
 
     def _prompt(
         self,
@@ -176,32 +319,12 @@ class LLMPlanner:
                 if was_cut(response):
                     # A repair, asked with the same max_tokens, would be cut at the same place
                     # and paid in full: the node fails now, naming the limit to raise.
-                    raise PlanParseError(
-                        f"the model's plan for node {node.path} was cut at the token limit "
-                        f"(planner_max_tokens={request.max_tokens}) before it was "
-                        "complete: raise it with --set planner_max_tokens=N "
-                        "(RunSettings.planner_max_tokens), or the node's budget if it lowered it"
-                    ) from None
+                    raise _cut(node, request) from None
                 if attempt == self.repair_attempts:
                     raise PlanParseError(
                         f"the model's plan for node {node.path} was invalid after "
                         f"{attempt + 1} attempt(s): {exc}"
                     ) from None
                 said = response.text or json.dumps(response.output, default=str)
-                request = ModelRequest(
-                    messages=(
-                        *request.messages,
-                        Message("assistant", said),
-                        Message(
-                            "user",
-                            f"{REPAIR_PREFIX} that plan was invalid: {exc}. Answer again with the "
-                            "corrected plan only, one step a line.",
-                        ),
-                    ),
-                    output_schema=request.output_schema,
-                    max_tokens=request.max_tokens,
-                    phase="planning",
-                    node_path=node.path,
-                    purpose=f"{purpose}-repair",
-                )
+                request = _repair_request(request, said, exc, purpose, node.path)
         raise AssertionError("unreachable")  # pragma: no cover

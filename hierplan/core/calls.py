@@ -12,6 +12,9 @@ How a call counts:
   without saying (``no_usage``, a timeout say); nothing when it used nothing (flag ``failed``);
 - cut short (cancelled, a deadline): the worst case, since the provider may have billed it
   (flag ``cut_short``);
+- a stream closed or cancelled before its end: its estimated input and the output its text so
+  far counts for (at most ``max_tokens``; flags ``cut_short`` and ``stream_closed``), since a
+  stream stops the model writing when it is closed;
 - not made (a budget refused it, or it was cancelled before the request went out): no usage
   and ``made`` false; the record does not list it.
 
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field
 
 from hierplan.errors import ModelError
 from hierplan.models.base import ModelRequest, ModelResponse
+from hierplan.models.tokens import estimate_text_tokens
 from hierplan.pricing import PicoRates
 from hierplan.units import Usage
 
@@ -118,6 +122,21 @@ def cut_short(
     """The outcome of a call cut short (cancelled, a deadline): counted at its worst case."""
     usage = Usage(estimate, request.max_tokens)
     return _priced(CallOutcome(request, estimate, usage, flags=["cut_short"], error=error), rates)
+
+
+def stream_cut(
+    request: ModelRequest,
+    estimate: int,
+    text: str,
+    error: BaseException | None,
+    rates: PicoRates | None,
+) -> CallOutcome:
+    """The outcome of a stream closed (``error`` ``None``: its reader stopped reading) or
+    cancelled before its end: counted at the output its ``text`` so far estimates."""
+    output = min(request.max_tokens, estimate_text_tokens(text))
+    usage = Usage(estimate, output)
+    flags = ["cut_short", "stream_closed"]
+    return _priced(CallOutcome(request, estimate, usage, flags=flags, error=error), rates)
 
 
 def not_made(request: ModelRequest, error: BaseException) -> CallOutcome:

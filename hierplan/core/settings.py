@@ -109,6 +109,13 @@ class RunSettings(BaseModel):
         8, ge=1, le=MAX_TURNS, description="Model turns of an executor step."
     )
     react_max_turns: int = Field(30, ge=1, le=MAX_TURNS, description="Model turns of a ReAct run.")
+    stream_plans: bool = Field(
+        True,
+        description=(
+            "Run a first plan's steps as its lines are written, each checked on its own, when "
+            "no review, extra validator or budget asks to see the plan whole."
+        ),
+    )
     planner_max_tokens: int = Field(
         4096,
         ge=16,

@@ -13,7 +13,7 @@ carries).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from hierplan.core.events import EventBus
 from hierplan.core.settings import RunSettings
 from hierplan.core.spend import Cost, Spending
-from hierplan.models.base import Model, ModelRequest, ModelResponse, ToolSpec
+from hierplan.models.base import Model, ModelRequest, ModelResponse, StreamItem, ToolSpec
 from hierplan.pricing import PriceTable
 from hierplan.records import NodeRecord, RunStatus
 from hierplan.tools.base import Tool
@@ -250,6 +250,11 @@ class StepEnv(Protocol):
 
     async def call_model(self, request: ModelRequest) -> ModelResponse:
         """Call the node's model (retried, budgeted, recorded and traced)."""
+        ...
+
+    def stream_model(self, request: ModelRequest) -> AsyncGenerator[StreamItem, None]:
+        """Stream the node's model's answer (text deltas, then the response), counted as
+        :meth:`call_model` counts a call; close it early to cancel the call."""
         ...
 
     async def spending(self) -> Spending | None:

@@ -18,8 +18,8 @@ node, and the round's attempts are counted and budgeted like any other.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from contextlib import AsyncExitStack
+from collections.abc import AsyncGenerator, Mapping
+from contextlib import AsyncExitStack, aclosing
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -30,7 +30,14 @@ from hierplan.core.events import ModelCalled, StepRetried, ToolCalled
 from hierplan.core.instrument import CallScope
 from hierplan.core.settings import RunSettings
 from hierplan.errors import HierplanError, ModelError, ToolError, stray_cancellation
-from hierplan.models.base import Model, ModelRequest, ModelResponse, ToolCall
+from hierplan.models.base import (
+    Model,
+    ModelRequest,
+    ModelResponse,
+    StreamItem,
+    ToolCall,
+    stream_of,
+)
 from hierplan.models.retry import RetryingModel, RetryPolicy
 from hierplan.pricing import PicoRates
 from hierplan.records import TOOL_TEXT_LIMIT, CallRecord, ToolCallRecord
@@ -105,26 +112,50 @@ class PatientModel:
     async def request(self, request: ModelRequest) -> ModelResponse:
         """Send ``request`` through the retrying model; after a transient failure, pause and
         send it again while the node has rounds left."""
-        node = self.accounted.node
-        settings = node.run.settings
         while True:
             try:
                 return await self.inner.request(request)
             except ModelError as exc:
-                record = node.record
-                if not exc.retryable or record.transient_retries >= settings.transient_retries:
-                    raise
-                if (exc.retry_after or 0.0) > settings.model_retry_max_delay_s:
-                    raise  # the limit will not lift soon: as between retries, no waiting
-                # The provider's own wait, when longer, is honoured here as between retries.
-                pause = max(settings.transient_pause_s, exc.retry_after or 0.0)
-                record.transient_retries += 1
-                self.accounted.retried(
-                    self.accounted.attempt,
-                    ModelError(f"{exc} (retries spent; one more round after a pause)"),
-                    pause,
-                )
+                pause = self._pause(exc)
             await anyio.sleep(pause)
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[StreamItem, None]:
+        """Stream ``request`` through the retrying model, with rounds after a pause as
+        :meth:`request` has, for failures before the first delta (after it, the reader has
+        acted on the text: the error stands)."""
+        while True:
+            written = False
+            try:
+                async with aclosing(self.inner.stream(request)) as items:
+                    async for item in items:
+                        written = written or isinstance(item, str)
+                        yield item
+                return
+            except ModelError as exc:
+                if written:
+                    raise
+                pause = self._pause(exc)
+            await anyio.sleep(pause)
+
+    def _pause(self, exc: ModelError) -> float:
+        """The pause before one more round after ``exc``, counted on the node; raises ``exc``
+        when it gets none."""
+        node = self.accounted.node
+        settings = node.run.settings
+        record = node.record
+        if not exc.retryable or record.transient_retries >= settings.transient_retries:
+            raise exc
+        if (exc.retry_after or 0.0) > settings.model_retry_max_delay_s:
+            raise exc  # the limit will not lift soon: as between retries, no waiting
+        # The provider's own wait, when longer, is honoured here as between retries.
+        pause = max(settings.transient_pause_s, exc.retry_after or 0.0)
+        record.transient_retries += 1
+        self.accounted.retried(
+            self.accounted.attempt,
+            ModelError(f"{exc} (retries spent; one more round after a pause)"),
+            pause,
+        )
+        return pause
 
 
 class AccountedModel:
@@ -177,25 +208,9 @@ class AccountedModel:
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         """One attempt: scopes, the call, its outcome, the record (see the module docstring)."""
-        self.attempt = self.attempt + 1 if request is self._last else 1
-        self._last = request
-        node = self.node
-        run = node.run
-        estimate = node.count_input(request)
-        scopes: list[CallScope] = []
-        sent = request
         started, t0 = time.time(), time.perf_counter()
-        try:
-            for instrument in run.instruments:
-                scope = instrument.call_scope(node, request)
-                if scope is not None:
-                    scopes.append(scope)  # ended even if it fails to start: it may hold
-                    sent = await scope.start(sent, estimate)
-        except BaseException as exc:
-            # Refused before it went out (a budget), or cancelled while a scope waited.
-            await _end(scopes, calls.not_made(sent, exc))
-            raise
-        rates = run.pricing.rates(node.base_model.priced_as)
+        sent, estimate, scopes = await self._open(request)
+        rates = self.node.run.pricing.rates(self.node.base_model.priced_as)
         try:
             response = await self.inner.request(sent)
         except BaseException as exc:
@@ -204,14 +219,79 @@ class AccountedModel:
             outcome = calls.answered(sent, estimate, response, rates)
         await _end(scopes, outcome)
         self._record(outcome, started, time.perf_counter() - t0)
+        return self._result(outcome)
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[StreamItem, None]:
+        """One attempt, streamed: as :meth:`request`, the deltas passed on as they come. A
+        stream closed or cancelled before its end counts for the text it wrote by then
+        (:func:`~hierplan.core.calls.stream_cut`): its reservation is settled at that."""
+        started, t0 = time.time(), time.perf_counter()
+        sent, estimate, scopes = await self._open(request)
+        rates = self.node.run.pricing.rates(self.node.base_model.priced_as)
+        written: list[str] = []
+        response: ModelResponse | None = None
+        try:
+            async with aclosing(stream_of(self.inner, sent)) as items:
+                async for item in items:
+                    if isinstance(item, ModelResponse):
+                        response = item
+                    else:
+                        written.append(item)
+                        yield item
+        except GeneratorExit:
+            # The reader closed the stream (a step it refused): settle what was written, then
+            # let the generator close. Shielded: the reader may be closing it while cancelled.
+            outcome = calls.stream_cut(sent, estimate, "".join(written), None, rates)
+            with anyio.CancelScope(shield=True):
+                await _end(scopes, outcome)
+            self._record(outcome, started, time.perf_counter() - t0)
+            raise
+        except BaseException as exc:
+            if isinstance(exc, anyio.get_cancelled_exc_class()):
+                outcome = calls.stream_cut(sent, estimate, "".join(written), exc, rates)
+            else:
+                outcome = self._failure(sent, estimate, exc, rates)
+        else:
+            if response is None:
+                error = ModelError(f"model {self.inner.name!r} ended its stream with no answer")
+                outcome = calls.failed(sent, estimate, error, rates)
+            else:
+                outcome = calls.answered(sent, estimate, response, rates)
+        await _end(scopes, outcome)
+        self._record(outcome, started, time.perf_counter() - t0)
+        yield self._result(outcome)
+
+    async def _open(self, request: ModelRequest) -> tuple[ModelRequest, int, list[CallScope]]:
+        """Number the attempt and open every instrument's call scope: the request as the scopes
+        let it go out (a budget may lower its ``max_tokens``), its input estimate, the scopes."""
+        self.attempt = self.attempt + 1 if request is self._last else 1
+        self._last = request
+        node = self.node
+        estimate = node.count_input(request)
+        scopes: list[CallScope] = []
+        sent = request
+        try:
+            for instrument in node.run.instruments:
+                scope = instrument.call_scope(node, request)
+                if scope is not None:
+                    scopes.append(scope)  # ended even if it fails to start: it may hold
+                    sent = await scope.start(sent, estimate)
+        except BaseException as exc:
+            # Refused before it went out (a budget), or cancelled while a scope waited.
+            await _end(scopes, calls.not_made(sent, exc))
+            raise
+        return sent, estimate, scopes
+
+    def _result(self, outcome: CallOutcome) -> ModelResponse:
+        """The response of an outcome that answered; raises the error of one that did not."""
         error = outcome.error
         if error is None:
             assert outcome.response is not None
             return outcome.response
         if isinstance(error, anyio.get_cancelled_exc_class()) and stray_cancellation():
             raise ModelError(
-                f"model {node.base_model.name!r} raised {type(error).__name__} though nothing "
-                "cancelled the call"
+                f"model {self.node.base_model.name!r} raised {type(error).__name__} though "
+                "nothing cancelled the call"
             ) from error
         raise error
 

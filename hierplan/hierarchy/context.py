@@ -10,7 +10,7 @@ executor works in.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from functools import partial
 from types import MappingProxyType
 from typing import Any
@@ -29,7 +29,14 @@ from hierplan.hierarchy import calls
 from hierplan.hierarchy.gate import Gate
 from hierplan.hierarchy.pause import PauseControl
 from hierplan.hierarchy.scheduler import Slots
-from hierplan.models.base import Model, ModelRequest, ModelResponse, ToolSpec
+from hierplan.models.base import (
+    Model,
+    ModelRequest,
+    ModelResponse,
+    StreamItem,
+    ToolSpec,
+    stream_of,
+)
 from hierplan.models.counting import InputCounter
 from hierplan.models.tokens import estimate_input_tokens
 from hierplan.plans.plan import Plan, Step
@@ -279,6 +286,11 @@ class NodeContext:
         """Call this node's model: retried, budgeted, recorded and traced (see
         :mod:`hierplan.hierarchy.calls`)."""
         return await self.model.request(request)
+
+    def stream_model(self, request: ModelRequest) -> AsyncGenerator[StreamItem, None]:
+        """Stream this node's model's answer: retried before its first delta, budgeted and
+        recorded as :meth:`call_model`; closed early, it counts for what it wrote."""
+        return stream_of(self.model, request)
 
     async def call_tool(
         self, target: Tool, arguments: Mapping[str, Any], call_id: str, *, references: bool = False

@@ -19,10 +19,11 @@ through ``run.pause`` (:mod:`hierplan.hierarchy.pause`).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Mapping
+from typing import NoReturn
 
 from hierplan.agents.prompts import ATTEMPT_FAILED
 from hierplan.core.results import StepResult
-from hierplan.durable.restore import Restore
+from hierplan.durable.restore import Restore, invalid_feedback
 from hierplan.errors import (
     BudgetExceeded,
     StepFailed,
@@ -34,7 +35,8 @@ from hierplan.hierarchy.leaf import (
     run_task_node,
 )
 from hierplan.hierarchy.planning import PlanPolicy, obtain_plan
-from hierplan.hierarchy.scheduler import DagOutcome, run_dag
+from hierplan.hierarchy.scheduler import DagOutcome, RunStep, run_dag
+from hierplan.hierarchy.streaming import can_stream, stream_first_plan
 from hierplan.plans.plan import Plan, Step, topological_order
 from hierplan.records import NodeKind
 
@@ -84,6 +86,15 @@ class _Children:
                 if child.record.status == "pending":
                     _finish(child, "cancelled", error=f"dropped by plan version {version}")
                 del self.by_step[step_id]
+
+    def add(self, step: Step, policy: PlanPolicy) -> NodeContext:
+        """The child node of ``step`` of a plan being streamed, made on first sight."""
+        child = self.by_step.get(step.id)
+        if child is None:
+            number = len(self.node.record.children) + 1
+            kind: NodeKind = "planner" if _is_planner_step(step, self.node, policy) else "executor"
+            child = self.by_step[step.id] = self.node.child(number, kind, step.instruction, step)
+        return child
 
     def restore(self, restore: Restore, plan: Plan) -> dict[str, StepResult]:
         """Go on with the children a paused run left for ``plan`` (see
@@ -137,19 +148,19 @@ async def run_child(
 
 
 async def execute_plan(
-    node: NodeContext, plan: Plan, policy: PlanPolicy, inputs: Mapping[str, StepResult]
+    node: NodeContext, plan: Plan | None, policy: PlanPolicy, inputs: Mapping[str, StepResult]
 ) -> StepResult:
     """Run ``plan`` to the end, replanning on failure as the policy allows. A step that ran
     out of budget, answered by a revised plan with the same work left, ends the node: running
-    it again would only spend the rest of the budget on the same failure."""
+    it again would only spend the rest of the budget on the same failure.
+
+    ``plan`` ``None``: the node's first plan streams (:mod:`hierplan.hierarchy.streaming`),
+    its steps running as they are written."""
     settings = node.run.settings
     children = _Children(node)
     done: dict[str, StepResult] = {}
-    if node.run.restore is not None:
+    if node.run.restore is not None and plan is not None:
         done = children.restore(node.run.restore, plan)
-    # Counted from the record, not from zero: replans made before a pause still count after
-    # the run resumes (max_replans is per node, however many times the run was paused).
-    replans = sum(1 for v in node.record.plan_versions if v.reason == "replan")
     max_running = 1 if policy.sequential else settings.plan_concurrency
 
     def run_step(step: Step, step_inputs: dict[str, StepResult]) -> Awaitable[StepResult]:
@@ -160,14 +171,27 @@ async def execute_plan(
             return run_task_node(child, step, step_inputs)
         return run_child(child, step, step_inputs, policy)
 
+    streamed: DagOutcome | None = None
+    if plan is None:
+        plan, streamed, done = await _stream_first(
+            node, policy, inputs, children, run_step, max_running
+        )
+    # Counted from the record, not from zero: replans made before a pause still count after
+    # the run resumes (max_replans is per node, however many times the run was paused).
+    replans = sum(1 for v in node.record.plan_versions if v.reason == "replan")
+
     while True:
-        children.sync(plan, done, len(node.record.plan_versions), policy)
+        if streamed is None:  # a streamed plan's children were made as its steps came
+            children.sync(plan, done, len(node.record.plan_versions), policy)
         if policy.replan_each_step:
             return await _interleaved(node, plan, policy, inputs, children, done)
         can_replan = policy.replan_on_failure and replans < settings.max_replans
-        outcome = await run_dag(
-            plan, run_step, done=done, max_running=max_running, stop_on_failure=can_replan
-        )
+        if streamed is None:
+            outcome = await run_dag(
+                plan, run_step, done=done, max_running=max_running, stop_on_failure=can_replan
+            )
+        else:
+            outcome, streamed = streamed, None
         done = outcome.results
         children.retire(outcome.cancelled)
         if outcome.complete:
@@ -207,6 +231,57 @@ async def execute_plan(
             return _give_up(node, plan, done, _unchanged_after_budget(failure), budget=True)
         done = _carry_over(plan, new_plan, done)
         plan = new_plan
+
+
+async def _stream_first(
+    node: NodeContext,
+    policy: PlanPolicy,
+    inputs: Mapping[str, StepResult],
+    children: _Children,
+    run_step: RunStep,
+    max_running: int,
+) -> tuple[Plan, DagOutcome | None, dict[str, StepResult]]:
+    """Stream the node's first plan, its steps running as they come (see
+    :mod:`hierplan.hierarchy.streaming`): the plan to go on with, what its streamed steps did
+    (``None`` when the plan is a repair still to run) and the results that stand.
+
+    A stream stopped by a refused step is answered by a repaired plan, gated whole, that keeps
+    what ran; a planning call that failed before any step was accepted fails the node, as a
+    failed call of a plan gated whole does."""
+    settings = node.run.settings
+    streamed = await stream_first_plan(
+        node,
+        policy,
+        inputs,
+        run_step,
+        lambda step: children.add(step, policy),
+        max_running=max_running,
+        stop_on_failure=policy.replan_on_failure and settings.max_replans > 0,
+    )
+    outcome, partial = streamed.outcome, streamed.plan
+    if streamed.problem is None:
+        return partial, outcome, dict(outcome.results)
+    done = outcome.results
+    if streamed.failed is not None and not partial.steps:
+        _finish(node, streamed.failed.status, error=str(streamed.failed))
+        raise streamed.failed
+    failure = _failures(outcome)[0] if outcome.failed else None
+    try:
+        repaired = await obtain_plan(
+            node,
+            policy,
+            inputs,
+            previous=partial if partial.steps else None,
+            progress=done,
+            failure=failure,
+            feedback=invalid_feedback([streamed.problem]),
+            reason="retry",
+        )
+    except (StepFailed, BudgetExceeded) as exc:
+        why = f"{streamed.problem}; no repaired plan: {exc}"
+        children.retire(outcome.not_started, "not run: the node gave up")
+        _give_up(node, partial, done, why, budget=isinstance(exc, BudgetExceeded))
+    return repaired, None, _carry_over(partial, repaired, done)
 
 
 async def _interleaved(
@@ -376,7 +451,7 @@ def _give_up(
     failure: str,
     *,
     budget: bool = False,
-) -> StepResult:
+) -> NoReturn:
     # A node stopped by its budget is budget_exhausted (or partial, with results): the run
     # then ends partial, not failed.
     status = "partial" if done else ("budget_exhausted" if budget else "failed")
@@ -390,6 +465,8 @@ async def run_planner_node(
 ) -> StepResult:
     """Plan the node's goal, pass the gate, and execute the plan."""
     async with node_lifecycle(node):
+        if await can_stream(node, policy):
+            return await execute_plan(node, None, policy, inputs)
         try:
             plan = await obtain_plan(node, policy, inputs)
         except StepFailed as exc:

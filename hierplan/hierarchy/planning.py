@@ -105,7 +105,7 @@ def _plan_before(node: NodeContext, version: PlanVersion) -> Plan | None:
     return earlier[-1].plan if earlier else None
 
 
-def _add_version(node: NodeContext, plan: Plan, reason: str, previous: Plan | None) -> PlanVersion:
+def add_version(node: NodeContext, plan: Plan, reason: str, previous: Plan | None) -> PlanVersion:
     versions = node.record.plan_versions
     version = PlanVersion(
         version=len(versions) + 1,
@@ -150,7 +150,7 @@ def _replanned(node: NodeContext, version: PlanVersion, running: Plan) -> None:
     )
 
 
-def _decide(node: NodeContext, version: PlanVersion, outcome: GateOutcome) -> None:
+def decide(node: NodeContext, version: PlanVersion, outcome: GateOutcome) -> None:
     version.decision = outcome.kind
     version.decided_by = outcome.by
     version.decided_at = time.time()
@@ -223,8 +223,12 @@ async def obtain_plan(
     progress: Mapping[str, StepResult] | None = None,
     failure: str | None = None,
     feedback: str | None = None,
+    reason: str | None = None,
 ) -> Plan:
     """A plan the gate approved (or an approved edit of it).
+
+    ``reason`` labels the first version proposed (by default ``initial``, or ``replan`` with
+    a ``previous`` plan).
 
     Invalid plans return to the planner with the validators' findings, rejected ones with the
     reviewer's reason; past ``max_invalid_plans`` or ``max_rejections`` the node fails. A
@@ -235,7 +239,7 @@ async def obtain_plan(
     pause = node.run.pause
     restore = node.run.restore
     invalid = rejections = 0
-    reason = "initial" if previous is None else "replan"
+    reason = reason or ("initial" if previous is None else "replan")
     pending: PlanVersion | None = None
     restored = None if restore is None else restore.plan_state(node.record)
     if restored is not None:
@@ -248,7 +252,7 @@ async def obtain_plan(
         with pause.working():
             if pending is None:
                 plan = await _propose(node, policy, inputs, previous, progress, failure, feedback)
-                version = _add_version(node, plan, reason, previous or _last_plan(node))
+                version = add_version(node, plan, reason, previous or _last_plan(node))
                 decision = None
             else:
                 version, pending = pending, None
@@ -258,7 +262,7 @@ async def obtain_plan(
             outcome = await node.run.gate.review(
                 plan, _gate_context(node, plan, version, previous, policy, check), decision
             )
-            _decide(node, version, outcome)
+            decide(node, version, outcome)
             _record_refused(node, plan, outcome)
             if check is not None and outcome.kind in ("approved", "edited"):
                 node.step_costs = check.least(outcome.plan)[1]
@@ -269,8 +273,8 @@ async def obtain_plan(
                 _replanned(node, version, previous)
             return plan
         if outcome.kind == "edited":
-            edited = _add_version(node, outcome.plan, "edit", plan)
-            _decide(node, edited, GateOutcome("approved", outcome.plan, outcome.by, outcome.note))
+            edited = add_version(node, outcome.plan, "edit", plan)
+            decide(node, edited, GateOutcome("approved", outcome.plan, outcome.by, outcome.note))
             if previous is not None:
                 _replanned(node, edited, previous)
             return outcome.plan
@@ -341,9 +345,9 @@ def _resumed_context(
 def _record_refused(node: NodeContext, plan: Plan, outcome: GateOutcome) -> None:
     """Keep every edit the validators refused as a plan version, for the audit trail."""
     for refused in outcome.refused:
-        version = _add_version(node, refused.plan, "edit", plan)
+        version = add_version(node, refused.plan, "edit", plan)
         version.created_at = refused.at
-        _decide(
+        decide(
             node,
             version,
             GateOutcome(

@@ -14,7 +14,7 @@ the steps already running finish. Bookkeeping is O(1) per step and per dependenc
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterable, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 import anyio
@@ -192,3 +192,93 @@ class _Graph:
             if sid not in outcome.cancelled and sid not in outcome.results:
                 outcome.cancelled[sid] = reason
                 stack.extend(self.dependents[sid])
+
+
+async def run_streamed_dag(
+    source: AsyncIterable[Step],
+    run_step: RunStep,
+    *,
+    max_running: int | None = None,
+    stop_on_failure: bool = False,
+    dispatched: Callable[[Step], None] | None = None,
+) -> DagOutcome:
+    """Run the steps of a plan as ``source`` gives them (a plan being written), each after its
+    dependencies, at most ``max_running`` at once; ``dispatched`` is told of each step as it
+    joins. When ``source`` ends, the steps already given run to their end.
+
+    Each step may depend only on steps given before it (the per-step checks of a streamed plan
+    see to that), so the graph grows without ever waiting on a step not yet written. Failures
+    go as in :func:`run_dag`.
+    """
+    if max_running is not None and max_running < 1:
+        raise ValueError(f"max_running must be at least 1, not {max_running}")
+    outcome = DagOutcome()
+    results, failed, cancelled = outcome.results, outcome.failed, outcome.cancelled
+    order: list[str] = []
+    waiting: dict[str, int] = {}
+    dependents: dict[str, list[str]] = {}
+    ready: deque[Step] = deque()
+    running = 0
+    stopping = False
+
+    def cancel_dependents(step_id: str) -> None:
+        stack = [(d, step_id) for d in dependents[step_id]]
+        while stack:
+            sid, cause = stack.pop()
+            if sid not in cancelled and sid not in results:
+                cancelled[sid] = f"dependency {cause!r} failed"
+                stack.extend((d, sid) for d in dependents[sid])
+
+    def add(step: Step) -> None:
+        order.append(step.id)
+        dependents[step.id] = []
+        lost = [d for d in step.depends_on if d in failed or d in cancelled]
+        if lost:
+            cancelled[step.id] = f"dependency {lost[0]!r} failed"
+            return
+        blocked = [d for d in step.depends_on if d not in results]
+        for d in blocked:
+            dependents[d].append(step.id)
+        waiting[step.id] = len(blocked)
+        if not blocked:
+            ready.append(step)
+
+    def start_ready() -> None:
+        nonlocal running
+        while ready and not stopping and (max_running is None or running < max_running):
+            running += 1
+            step = ready.popleft()
+            tg.start_soon(run_one, step, name=step.id)
+
+    async def run_one(step: Step) -> None:
+        nonlocal stopping, running
+        try:
+            result = await run_step(step, {d: results[d] for d in step.depends_on})
+        except StepFailed as exc:
+            failed[step.id] = exc
+            if stop_on_failure:
+                stopping = True
+            else:
+                cancel_dependents(step.id)
+        else:
+            results[step.id] = result
+            for sid in dependents[step.id]:
+                waiting[sid] -= 1
+                if waiting[sid] == 0 and sid not in cancelled:
+                    ready.append(steps[sid])
+        finally:
+            running -= 1
+        start_ready()
+
+    steps: dict[str, Step] = {}
+    async with anyio.create_task_group() as tg:
+        async for step in source:
+            steps[step.id] = step
+            add(step)
+            if dispatched is not None:
+                dispatched(step)
+            start_ready()
+    outcome.not_started = [
+        s for s in order if s not in results and s not in failed and s not in cancelled
+    ]
+    return outcome

@@ -22,11 +22,14 @@ from hierplan.models.base import (
     ModelResponse,
     ModelString,
     OutputSchema,
+    StreamingModel,
+    StreamItem,
     ToolCall,
     ToolSpec,
     parse_model_string,
+    stream_of,
 )
-from hierplan.models.scripted import FunctionModel, ScriptedModel
+from hierplan.models.scripted import FunctionModel, ScriptedModel, StreamedText
 from hierplan.units import Usage
 
 _ADAPTERS: Mapping[str, tuple[str, str, str]] = {
@@ -88,9 +91,13 @@ __all__ = [
     "ModelString",
     "OutputSchema",
     "ScriptedModel",
+    "StreamItem",
+    "StreamedText",
+    "StreamingModel",
     "ToolCall",
     "ToolSpec",
     "Usage",
     "parse_model_string",
     "provider_model",
+    "stream_of",
 ]

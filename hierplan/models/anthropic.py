@@ -33,9 +33,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -48,6 +50,7 @@ from hierplan.models.base import (
     ModelRequest,
     ModelResponse,
     OutputSchema,
+    StreamItem,
     ToolCall,
     ToolSpec,
 )
@@ -141,12 +144,37 @@ class AnthropicModel(ProviderModel[anthropic.AsyncAnthropic]):
     async def request(self, request: ModelRequest) -> ModelResponse:
         """One streamed attempt at ``request``; failures raise
         :class:`~hierplan.errors.ModelError`."""
+        response: ModelResponse | None = None
+        async with aclosing(self.stream(request)) as items:
+            async for item in items:
+                if isinstance(item, ModelResponse):
+                    response = item
+        assert response is not None  # a stream ends with its response, or raises
+        return response
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[StreamItem, None]:
+        """One attempt at ``request``, its text deltas passed on as the stream brings them,
+        then the whole response. Closing it early closes the connection."""
         reply = _Reply()
-        try:
+        with self._errors(reply):
             stream = await self._client.messages.create(**self.build_params(request))
             async with stream:
                 async for event in stream:
-                    reply.add(event)
+                    text = reply.add(event)
+                    if text:
+                        yield text
+        if not reply.stopped:
+            raise malformed_error(
+                self._name, "the reply stream ended before message_stop", reply.usage()
+            )
+        yield self.to_response(reply, request)
+
+    @contextlib.contextmanager
+    def _errors(self, reply: _Reply) -> Iterator[None]:
+        """The SDK's and the HTTP library's errors as :class:`~hierplan.errors.ModelError`,
+        with what ``reply`` reported of its usage before it stopped."""
+        try:
+            yield
         except anthropic.APITimeoutError as exc:
             # Newer SDKs also wrap a timeout while the stream is read: what the reply reported
             # before it stopped still counts (none before message_start).
@@ -168,11 +196,6 @@ class AnthropicModel(ProviderModel[anthropic.AsyncAnthropic]):
             raise malformed_error(
                 self._name, f"{type(exc).__name__}: {exc}", reply.usage()
             ) from None
-        if not reply.stopped:
-            raise malformed_error(
-                self._name, "the reply stream ended before message_stop", reply.usage()
-            )
-        return self.to_response(reply, request)
 
     def _status_error(self, exc: anthropic.APIStatusError, reply: _Reply) -> Exception:
         message = body_message(exc.body) or exc.message
@@ -369,7 +392,8 @@ class _Reply:
     cache_write_1h: int = 0
     thinking: int = 0
 
-    def add(self, event: Any) -> None:
+    def add(self, event: Any) -> str:
+        """Take ``event`` in; the answer's text it adds (none but a text delta's)."""
         kind = getattr(event, "type", None)
         if kind == "message_start":
             message = getattr(event, "message", None)
@@ -378,7 +402,7 @@ class _Reply:
         elif kind == "content_block_start":
             self.blocks.append(_Block.start(getattr(event, "content_block", None)))
         elif kind == "content_block_delta":
-            self._delta(getattr(event, "index", -1), getattr(event, "delta", None))
+            return self._delta(getattr(event, "index", -1), getattr(event, "delta", None))
         elif kind == "message_delta":
             delta = getattr(event, "delta", None)
             self.stop_reason = str(getattr(delta, "stop_reason", None) or self.stop_reason)
@@ -386,19 +410,23 @@ class _Reply:
             self._usage(getattr(event, "usage", None))
         elif kind == "message_stop":
             self.stopped = True
+        return ""
 
-    def _delta(self, index: Any, delta: Any) -> None:
+    def _delta(self, index: Any, delta: Any) -> str:
         if not isinstance(index, int) or not 0 <= index < len(self.blocks):
             raise ValueError(f"a content delta names block {index!r}, which never started")
         kind = getattr(delta, "type", None)
         if kind == "text_delta":
-            self.blocks[index].parts.append(str(getattr(delta, "text", "")))
+            text = str(getattr(delta, "text", ""))
+            self.blocks[index].parts.append(text)
+            return text
         elif kind == "input_json_delta":
             self.blocks[index].parts.append(str(getattr(delta, "partial_json", "")))
         elif kind == "thinking_delta":
             self.blocks[index].parts.append(str(getattr(delta, "thinking", "")))
         elif kind == "signature_delta":
             self.blocks[index].signature = str(getattr(delta, "signature", ""))
+        return ""
 
     def _usage(self, raw: Any) -> None:
         # message_delta counts are cumulative and optional: a present count replaces the

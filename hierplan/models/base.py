@@ -9,7 +9,7 @@ sit on the hot path of every leaf; they are validated at the edges (plan parsing
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -138,6 +138,40 @@ class Model(Protocol):
     async def request(self, request: ModelRequest) -> ModelResponse:
         """Send one request and return the response."""
         ...
+
+
+StreamItem = str | ModelResponse
+"""What a model's stream yields: text deltas as they are written, then one :class:`ModelResponse`
+(the whole answer, with its usage) last."""
+
+
+@runtime_checkable
+class StreamingModel(Model, Protocol):
+    """A model that can also stream its answer: ``stream(request)`` is an async generator of
+    text deltas ending with the whole :class:`ModelResponse` (the same answer and usage
+    :meth:`Model.request` gives). Closing the generator early cancels the call; whoever wraps
+    the model (the budget's accounting) counts what was written by then."""
+
+    def stream(self, request: ModelRequest) -> AsyncGenerator[StreamItem, None]:
+        """Send one request; its text as it is written, then the response."""
+        ...
+
+
+def stream_of(model: Model, request: ModelRequest) -> AsyncGenerator[StreamItem, None]:
+    """``model``'s stream of ``request``: its own when it streams, else its whole answer as one
+    delta once :meth:`Model.request` returns. Close it (``contextlib.aclosing``) when done."""
+    stream = getattr(model, "stream", None)
+    if stream is not None:
+        streamed: AsyncGenerator[StreamItem, None] = stream(request)
+        return streamed
+    return _whole(model, request)
+
+
+async def _whole(model: Model, request: ModelRequest) -> AsyncGenerator[StreamItem, None]:
+    response = await model.request(request)
+    if response.text:
+        yield response.text
+    yield response
 
 
 async def close_model(model: object) -> None:

@@ -24,10 +24,11 @@ through ``base_url`` or ``OPENAI_BASE_URL``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Mapping, Sequence
-from types import MappingProxyType
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
+from types import MappingProxyType, SimpleNamespace
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -39,6 +40,7 @@ from hierplan.models.base import (
     ModelRequest,
     ModelResponse,
     OutputSchema,
+    StreamItem,
     ToolCall,
     ToolSpec,
 )
@@ -121,8 +123,33 @@ class OpenAIModel(ProviderModel[openai.AsyncOpenAI]):
     async def request(self, request: ModelRequest) -> ModelResponse:
         """One attempt at ``request``; failures raise :class:`~hierplan.errors.ModelError`."""
         params = self.build_params(request)
-        try:
+        with self._errors():
             completion = await self._client.chat.completions.create(**params)
+        return self.parse_completion(completion, request)
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[StreamItem, None]:
+        """One attempt at ``request``, streamed (``stream=True``, with the usage asked for in
+        ``stream_options``): the text deltas as they come, then the whole response, read as
+        :meth:`request` reads a completion. Closing it early closes the connection."""
+        params = {**self.build_params(request), "stream": True}
+        params["stream_options"] = {"include_usage": True}
+        whole = _Streamed()
+        with self._errors():
+            chunks = await self._client.chat.completions.create(**params)
+            try:
+                async for chunk in chunks:
+                    text = whole.add(chunk)
+                    if text:
+                        yield text
+            finally:
+                await chunks.close()
+        yield self.parse_completion(whole.completion(self.model_name), request)
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        """The SDK's errors as :class:`~hierplan.errors.ModelError`."""
+        try:
+            yield
         except openai.APITimeoutError as exc:
             raise timeout_error(self._name, self.timeout_s, after_sending=sent(exc)) from None
         except openai.APIConnectionError as exc:
@@ -131,7 +158,6 @@ class OpenAIModel(ProviderModel[openai.AsyncOpenAI]):
             raise self._status_error(exc) from None
         except (openai.APIResponseValidationError, json.JSONDecodeError, ValueError) as exc:
             raise malformed_error(self._name, f"{type(exc).__name__}: {exc}") from None
-        return self.parse_completion(completion, request)
 
     def _status_error(self, exc: openai.APIStatusError) -> ModelError:
         message = body_message(exc.body) or exc.message
@@ -257,6 +283,63 @@ class OpenAIModel(ProviderModel[openai.AsyncOpenAI]):
             call_id = str(getattr(item, "id", "") or f"call_{index}")
             calls.append(ToolCall(call_id, name, parsed))
         return calls
+
+
+class _Streamed:
+    """A streamed completion put back together from its chunks: its text, refusal, tool
+    calls (by index), finish reason, model and usage, as :meth:`OpenAIModel.parse_completion`
+    reads a whole one."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.refusal: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.finish: str | None = None
+        self.model: str | None = None
+        self.usage: Any = None
+
+    def add(self, chunk: Any) -> str:
+        """Take ``chunk`` in; the text it adds."""
+        self.model = getattr(chunk, "model", None) or self.model
+        if getattr(chunk, "usage", None) is not None:
+            self.usage = chunk.usage
+        added = ""
+        for choice in getattr(chunk, "choices", None) or ():
+            self.finish = getattr(choice, "finish_reason", None) or self.finish
+            delta = getattr(choice, "delta", None)
+            if delta is None:
+                continue
+            added += getattr(delta, "content", None) or ""
+            self.refusal.append(getattr(delta, "refusal", None) or "")
+            for part in getattr(delta, "tool_calls", None) or ():
+                call = self.calls.setdefault(part.index, {"id": None, "name": "", "args": ""})
+                call["id"] = getattr(part, "id", None) or call["id"]
+                function = getattr(part, "function", None)
+                if function is not None:
+                    call["name"] += getattr(function, "name", None) or ""
+                    call["args"] += getattr(function, "arguments", None) or ""
+        self.text.append(added)
+        return added
+
+    def completion(self, model: str) -> SimpleNamespace:
+        """The whole completion, shaped as the SDK's ``ChatCompletion`` is read."""
+        calls = [
+            SimpleNamespace(
+                id=c["id"], function=SimpleNamespace(name=c["name"], arguments=c["args"])
+            )
+            for _, c in sorted(self.calls.items())
+        ]
+        message = SimpleNamespace(
+            content="".join(self.text) or None,
+            refusal="".join(self.refusal) or None,
+            tool_calls=calls or None,
+        )
+        choice = SimpleNamespace(message=message, finish_reason=self.finish)
+        return SimpleNamespace(
+            choices=[choice] if self.finish or calls or message.content else [],
+            usage=self.usage,
+            model=self.model or model,
+        )
 
 
 def token_field_for(base_url: str | None) -> TokenField:

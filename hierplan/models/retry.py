@@ -11,13 +11,14 @@ passes through the wrapped model on its own: whatever wraps it counts every atte
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 
 import anyio
 
 from hierplan.errors import ModelError
-from hierplan.models.base import Model, ModelRequest, ModelResponse
+from hierplan.models.base import Model, ModelRequest, ModelResponse, StreamItem, stream_of
 
 RetryHook = Callable[[int, ModelError, float], None]
 """Called before a retry with the attempt that failed (1 for the first), its error and the
@@ -80,23 +81,47 @@ class RetryingModel:
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         """Send ``request`` to the wrapped model, retrying retryable errors."""
-        policy = self.policy
         attempt = 0
         while True:
             attempt += 1
             try:
                 return await self.inner.request(request)
             except ModelError as exc:
-                if not exc.retryable or attempt > policy.retries:
-                    raise
-                delay = policy.delay(attempt, exc)
-                if delay is None:
-                    raise ModelError(
-                        f"{exc} (the provider asked to wait {exc.retry_after:g} s, more than "
-                        f"{policy.max_delay_name}={policy.max_delay_s:g})",
-                        usage=exc.usage,
-                        unknown_usage=exc.unknown_usage,
-                    ) from exc
-                if self.on_retry is not None:
-                    self.on_retry(attempt, exc, delay)
+                delay = self._delay(attempt, exc)
             await anyio.sleep(delay)
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[StreamItem, None]:
+        """Stream ``request`` from the wrapped model, retrying retryable errors that come
+        before its first delta (after it, the reader has acted on the text: the error stands)."""
+        attempt = 0
+        while True:
+            attempt += 1
+            written = False
+            try:
+                async with aclosing(stream_of(self.inner, request)) as items:
+                    async for item in items:
+                        written = written or isinstance(item, str)
+                        yield item
+                return
+            except ModelError as exc:
+                if written:
+                    raise
+                delay = self._delay(attempt, exc)
+            await anyio.sleep(delay)
+
+    def _delay(self, attempt: int, exc: ModelError) -> float:
+        """How long to wait before retrying ``exc``; raises it when it is not to be retried."""
+        policy = self.policy
+        if not exc.retryable or attempt > policy.retries:
+            raise exc
+        delay = policy.delay(attempt, exc)
+        if delay is None:
+            raise ModelError(
+                f"{exc} (the provider asked to wait {exc.retry_after:g} s, more than "
+                f"{policy.max_delay_name}={policy.max_delay_s:g})",
+                usage=exc.usage,
+                unknown_usage=exc.unknown_usage,
+            ) from exc
+        if self.on_retry is not None:
+            self.on_retry(attempt, exc, delay)
+        return delay

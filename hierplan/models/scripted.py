@@ -9,18 +9,37 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 import anyio
 
 from hierplan.errors import ModelError, UnexpectedModelCall
-from hierplan.models.base import ModelRequest, ModelResponse, ToolCall
+from hierplan.models.base import ModelRequest, ModelResponse, StreamItem, ToolCall
 from hierplan.models.tokens import estimate_request_tokens, estimate_text_tokens
 from hierplan.units import Usage
 
-ScriptItem = ModelResponse | BaseException | Callable[[ModelRequest], ModelResponse]
+
+@dataclass(frozen=True, slots=True)
+class StreamedText:
+    """A scripted answer written in parts, for tests of what reads a stream: each ``str`` of
+    ``parts`` is a delta, each ``anyio.Event`` a pause until it is set (the model is still
+    writing). Asked with ``request``, the whole text comes once every pause has passed.
+
+    >>> StreamedText(("1. lookup(1)\n", "2. lookup(2)\n"))
+    StreamedText(parts=('1. lookup(1)\\n', '2. lookup(2)\\n'))
+    """
+
+    parts: Sequence[str | anyio.Event]
+
+    @property
+    def text(self) -> str:
+        """The whole text."""
+        return "".join(p for p in self.parts if isinstance(p, str))
+
+
+ScriptItem = ModelResponse | StreamedText | BaseException | Callable[[ModelRequest], ModelResponse]
 ResponseFunction = Callable[[ModelRequest], ModelResponse | Awaitable[ModelResponse]]
 """The function a :class:`FunctionModel` answers each request with (sync or async)."""
 
@@ -74,6 +93,37 @@ class ScriptedModel:
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         """Return the next scripted response, or raise if the script is used up."""
+        item = await self._take(request)
+        if isinstance(item, StreamedText):
+            for part in item.parts:
+                if not isinstance(part, str):
+                    await part.wait()
+            item = ModelResponse(text=item.text)
+        response = item(request) if callable(item) else item
+        return _finish(response, request, self.name, self.report_usage)
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[StreamItem, None]:
+        """The next scripted response as a stream: a :class:`StreamedText` part by part, any
+        other answer as one delta."""
+        item = await self._take(request)
+        if isinstance(item, StreamedText):
+            for part in item.parts:
+                if isinstance(part, str):
+                    yield part
+                else:
+                    await part.wait()
+            yield _finish(ModelResponse(text=item.text), request, self.name, self.report_usage)
+            return
+        response = item(request) if callable(item) else item
+        response = _finish(response, request, self.name, self.report_usage)
+        if response.text:
+            yield response.text
+        yield response
+
+    async def _take(
+        self, request: ModelRequest
+    ) -> ModelResponse | StreamedText | Callable[[ModelRequest], ModelResponse]:
+        """The next script item (raised, when it is an exception), after the latency."""
         self.requests.append(request)
         if self._next >= len(self._items):
             raise UnexpectedModelCall(
@@ -87,8 +137,7 @@ class ScriptedModel:
             await anyio.sleep(self.latency_s)
         if isinstance(item, BaseException):
             raise item
-        response = item(request) if callable(item) else item
-        return _finish(response, request, self.name, self.report_usage)
+        return item
 
     def assert_complete(self) -> None:
         """Raise ``AssertionError`` unless every scripted item was used."""

@@ -36,7 +36,7 @@ import json
 import math
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from hashlib import sha256
@@ -54,7 +54,7 @@ from hierplan.agents.prompts import (
     reports_failure,
 )
 from hierplan.errors import SimulatorCoverageError
-from hierplan.models.base import Message, ModelRequest, ModelResponse, ToolCall
+from hierplan.models.base import Message, ModelRequest, ModelResponse, StreamItem, ToolCall
 from hierplan.models.tokens import estimate_request_tokens, estimate_text_tokens
 from hierplan.plans.compact import render_compact
 from hierplan.plans.plan import Plan, Step
@@ -73,6 +73,9 @@ _FILLER = (
     "checking the inputs again before acting, ",
     "this follows from the previous results; ",
 )
+
+_STREAM_CHUNK_CHARS = 16
+"""A streamed answer's text comes in chunks of this many characters (about four tokens)."""
 
 
 class SimulatedModel:
@@ -134,6 +137,50 @@ class SimulatedModel:
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         """Answer from the oracle, with the profile's noise, latency and usage."""
+        response, rng = self._respond(request)
+        assert response.usage is not None
+        delay = self._latency(rng, response.usage.output_tokens)
+        if delay > 0:
+            await anyio.sleep(delay)
+        return response
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[StreamItem, None]:
+        """The answer :meth:`request` gives (the same text, usage and draws), written as a
+        stream: the fixed latency draw and the hidden reasoning's tokens pass before the first
+        delta, then the text comes at ``latency_per_output_token_s`` a token, so the whole
+        stream takes as long as :meth:`request` does."""
+        response, rng = self._respond(request)
+        assert response.usage is not None
+        usage = response.usage
+        fixed, per_token = self._latency_parts(rng)
+        first = fixed + per_token * usage.reasoning_tokens
+        if first > 0:
+            await anyio.sleep(first)
+        text = response.text
+        # The visible output's time, spread over chunks of a few tokens each by their length;
+        # each chunk is due at a time from the first, so that late wake-ups do not add up.
+        visible_s = per_token * max(0, usage.output_tokens - usage.reasoning_tokens)
+        began = anyio.current_time()
+        for start in range(0, len(text), _STREAM_CHUNK_CHARS):
+            end = min(len(text), start + _STREAM_CHUNK_CHARS)
+            if visible_s > 0:
+                await anyio.sleep_until(began + visible_s * end / len(text))
+            yield text[start:end]
+        yield response
+
+    def _latency_parts(self, rng: random.Random) -> tuple[float, float]:
+        """The fixed part of a call's latency and the time per output token, scaled: the same
+        draw :meth:`_latency` makes."""
+        p = self.profile
+        if self.latency_scale <= 0:
+            return 0.0, 0.0
+        fixed = 0.0
+        if p.latency_median_s > 0:
+            fixed = p.latency_median_s * math.exp(p.latency_sigma * rng.gauss())
+        return self.latency_scale * fixed, self.latency_scale * p.latency_per_output_token_s
+
+    def _respond(self, request: ModelRequest) -> tuple[ModelResponse, random.Random]:
+        """The answer to ``request`` with its usage, and the draws left for its latency."""
         if self.oracle is None:
             raise SimulatorCoverageError(COVERAGE_HINT)
         rng = self._rng(request)
@@ -154,10 +201,7 @@ class SimulatedModel:
         )
         response.model = "sim"
         response.simulated = True
-        delay = self._latency(rng, out)
-        if delay > 0:
-            await anyio.sleep(delay)
-        return response
+        return response, rng
 
     def _latency(self, rng: random.Random, output_tokens: int) -> float:
         p = self.profile

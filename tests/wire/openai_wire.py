@@ -168,6 +168,32 @@ def completion(reply: Reply, call: WireCall, *, usage: bool = True) -> dict[str,
     return body
 
 
+def chunks(reply: Reply, call: WireCall, *, usage: bool = True) -> list[str]:
+    """The ``chat.completion.chunk`` objects (as JSON) of ``reply`` streamed, as the API sends
+    them with ``stream_options={"include_usage": true}``: the role, the text in pieces, the
+    tool calls, the finish reason, then the usage in a chunk of its own (no choices)."""
+    whole = completion(reply, call, usage=usage)
+    message = whole["choices"][0]["message"]
+    base = {"id": whole["id"], "object": "chat.completion.chunk", "created": whole["created"]}
+    base["model"] = whole["model"]
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        return json.dumps({**base, "choices": [choice]})
+
+    out = [chunk({"role": "assistant", "content": ""})]
+    text = message["content"] or ""
+    out += [chunk({"content": text[i : i + 40]}) for i in range(0, len(text), 40)]
+    if message["refusal"]:
+        out.append(chunk({"refusal": message["refusal"]}))
+    for index, tool_call in enumerate(message.get("tool_calls") or ()):
+        out.append(chunk({"tool_calls": [{"index": index, **tool_call}]}))
+    out.append(chunk({}, whole["choices"][0]["finish_reason"]))
+    if usage:
+        out.append(json.dumps({**base, "choices": [], "usage": whole["usage"]}))
+    return out
+
+
 def _arguments(reply: Reply, args: dict[str, Any]) -> Any:
     if reply.raw_arguments is not None:
         return reply.raw_arguments

@@ -317,6 +317,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._stream(anthropic_wire.events(reply, call, usage=usage), fault)
         elif provider == "anthropic":
             self._json(200, anthropic_wire.message(reply, call, usage=usage), fault=fault)
+        elif call.body.get("stream"):
+            # As the API: a stream reports its usage only when stream_options asks for it.
+            asked = bool((call.body.get("stream_options") or {}).get("include_usage"))
+            self._sse(openai_wire.chunks(reply, call, usage=usage and asked), fault)
         else:
             self._json(200, openai_wire.completion(reply, call, usage=usage), fault=fault)
 
@@ -407,6 +411,33 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.flush()
                 time.sleep(self.server.wire.slow_s)  # the client has given up by now
             if fault in ("truncated", "stall"):
+                self.wfile.flush()
+                self._hang_up()
+                return
+            self.wfile.write(b"0\r\n\r\n")
+        except OSError:
+            self.close_connection = True
+
+    def _sse(self, chunks: list[str], fault: str | None) -> None:
+        """OpenAI's stream: ``data:`` lines, then ``data: [DONE]``. ``malformed`` sends a
+        chunk that does not parse; ``truncated`` hangs up after the first chunk, ``stall`` waits
+        ``slow_s`` there first (before any text: a client may retry)."""
+        if fault == "malformed":
+            chunks = [chunks[0], "{not json", *chunks[1:]]
+        broken = fault in ("truncated", "stall")
+        cut = 1 if broken else len(chunks)
+        try:
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            for data in [*chunks[:cut], *([] if broken else ["[DONE]"])]:
+                line = f"data: {data}\n\n".encode()
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+            if fault == "stall":
+                self.wfile.flush()
+                time.sleep(self.server.wire.slow_s)  # the client has given up by now
+            if broken:
                 self.wfile.flush()
                 self._hang_up()
                 return

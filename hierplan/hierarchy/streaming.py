@@ -1,0 +1,218 @@
+"""Plans that start running while they are written (streamed dispatch).
+
+When nothing asked to see a plan whole before it runs, a node's first plan streams: each step
+is read as soon as its line is complete, passes the per-step checks of the gate (its tool
+allowed for this node, its arguments valid against the tool's schema, dependencies on earlier
+steps only, the step limit, every other check :func:`~hierplan.plans.plan.validate_plan` makes
+of the steps written so far) and is scheduled at once; it starts when its dependencies are done.
+
+A plan is gated whole, as before, when an approver other than the automatic one is set (a
+review policy, a reviewer, a callback), when the gate has validators beyond the default ones,
+when a budget limits the node (its least cost is a whole-plan check), in a resumed run, for
+strategies that run one step at a time, and with ``stream_plans`` off.
+
+A step that fails its checks ends the stream: the planning call is cancelled and counts for
+what it wrote; the steps already dispatched run to their end, and the node asks for a repaired
+plan, gated whole, with what ran kept (see :func:`~hierplan.hierarchy.nodes.execute_plan`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+
+import anyio
+
+from hierplan.core.results import StepResult
+from hierplan.errors import (
+    ModelAuthError,
+    ModelError,
+    PlanParseError,
+    SimulatorCoverageError,
+    StepFailed,
+    UnexpectedModelCall,
+)
+from hierplan.hierarchy.context import NodeContext
+from hierplan.hierarchy.gate import (
+    DEFAULT_VALIDATORS,
+    AutoApprove,
+    GateContext,
+    GateOutcome,
+    args_validator,
+    structure_validator,
+)
+from hierplan.hierarchy.planning import PlanPolicy, add_version, decide
+from hierplan.hierarchy.scheduler import DagOutcome, RunStep, run_streamed_dag
+from hierplan.plans.plan import Plan, Step
+from hierplan.records import PlanVersion
+
+STREAMED_BY = "stream"
+"""Who decided a streamed plan, in its version's ``decided_by``: its steps were checked one by
+one as they were written, and no one saw it whole before it ran."""
+STREAMED_NOTE = "checked step by step as it was written"
+
+
+class StepRefused(Exception):
+    """A streamed step that failed its checks (the message says why); ``step`` is the step,
+    ``None`` when the plan as a whole was refused (it had no steps)."""
+
+    def __init__(self, message: str, step: Step | None = None) -> None:
+        super().__init__(message)
+        self.step = step
+
+
+@dataclass(slots=True)
+class Streamed:
+    """What a streamed first plan came to: the plan (the whole plan as written, or the steps
+    accepted before the stream stopped), what its steps did, and ``problem``, why the stream
+    stopped early (``None`` when the plan was written to its end)."""
+
+    plan: Plan
+    outcome: DagOutcome
+    problem: str | None
+    failed: StepFailed | None = None
+    """The planning call's own failure (after its retries), when that stopped the stream."""
+
+
+async def can_stream(node: NodeContext, policy: PlanPolicy) -> bool:
+    """Whether ``node``'s first plan may stream (see the module docstring)."""
+    run = node.run
+    if not run.settings.stream_plans or run.restore is not None:
+        return False
+    if policy.sequential or policy.replan_each_step or policy.as_needed:
+        return False
+    gate = run.gate
+    if not isinstance(gate.approver, AutoApprove):
+        return False
+    if any(v not in DEFAULT_VALIDATORS for v in gate.validators):
+        return False
+    return await node.spending() is None
+
+
+def _checks(node: NodeContext, policy: PlanPolicy) -> GateContext:
+    settings = node.run.settings
+    return GateContext(
+        path=node.path,
+        goal=node.record.goal,
+        depth=node.depth,
+        max_depth=node.depth if policy.flat else settings.max_depth,
+        max_steps=settings.max_steps,
+        allowed_tools=node.allowed_tools,
+        toolbox=node.run.toolbox,
+        version=len(node.record.plan_versions) + 1,
+        reason="initial",
+        step=node.step,
+        simulated=node.run.planner_model.simulated,
+    )
+
+
+async def stream_first_plan(
+    node: NodeContext,
+    policy: PlanPolicy,
+    inputs: Mapping[str, StepResult],
+    run_step: RunStep,
+    prepare: Callable[[Step], NodeContext],
+    *,
+    max_running: int | None,
+    stop_on_failure: bool,
+) -> Streamed:
+    """Plan ``node``'s goal as a stream and run each step as it is accepted. ``prepare`` makes
+    a step's child node (its record) when the step is accepted. The plan is recorded as a
+    version with its first step, approved by ``stream``; once the stream ends the version
+    holds the plan as written, and is decided invalid (with the problem) if a step was
+    refused."""
+    ctx = _checks(node, policy)
+    accepted: list[Step] = []
+    send, receive = anyio.create_memory_object_stream[Step](max_buffer_size=float("inf"))
+    whole: Plan | None = None
+    problem: str | None = None
+    failed: StepFailed | None = None
+    refused: list[Step] = []
+    version: PlanVersion | None = None
+
+    def accept(step: Step) -> None:
+        prefix = Plan(goal=node.goal, steps=[*accepted, step])
+        problems = structure_validator(prefix, ctx) + args_validator(prefix, ctx)
+        if problems:
+            raise StepRefused("; ".join(str(p) for p in problems), step)
+        accepted.append(step)
+        nonlocal version
+        if version is None:
+            # Proposed and approved with its first step, before that step can start: a
+            # plan's steps run after its approval, for whoever follows the run's events.
+            version = add_version(node, prefix, "initial", None)
+            decide(node, version, GateOutcome("approved", prefix, STREAMED_BY, STREAMED_NOTE))
+        else:
+            version.plan = prefix
+        prepare(step).record.parsed_at = time.time()
+        send.send_nowait(step)
+
+    async def write() -> None:
+        nonlocal whole, problem, failed
+        with send:
+            try:
+                whole = await _written(node, policy, inputs, accept)
+            except StepRefused as exc:
+                problem = str(exc)
+                refused.extend([] if exc.step is None else [exc.step])
+            except PlanParseError as exc:
+                problem = str(exc)
+                if not accepted:  # as for a plan gated whole: the node fails
+                    failed = StepFailed(problem)
+            except StepFailed as exc:
+                problem, failed = str(exc), exc
+
+    def dispatched(step: Step) -> None:
+        prepare(step).record.dispatched_at = time.time()
+
+    with node.run.pause.working(), receive:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(write)
+            outcome = await run_streamed_dag(
+                receive,
+                run_step,
+                max_running=max_running,
+                stop_on_failure=stop_on_failure,
+                dispatched=dispatched,
+            )
+    plan = whole if whole is not None else Plan(goal=node.goal, steps=accepted)
+    # The version shows the plan as written: up to and with the refused step, if one was.
+    written = Plan(goal=node.goal, steps=[*plan.steps, *refused]) if refused else plan
+    if version is None and written.steps:  # the first step written was refused
+        version = add_version(node, written, "initial", None)
+    if version is not None:
+        version.plan = written
+        if problem is not None:
+            decide(node, version, GateOutcome("invalid", written, STREAMED_BY, problems=[problem]))
+    return Streamed(plan, outcome, problem, failed)
+
+
+async def _written(
+    node: NodeContext,
+    policy: PlanPolicy,
+    inputs: Mapping[str, StepResult],
+    accept: Callable[[Step], None],
+) -> Plan:
+    """The planner's streamed plan inside every instrument's planning scope; a failed
+    planning call as :class:`StepFailed`, as :func:`~hierplan.hierarchy.planning.obtain_plan`
+    reports it."""
+    run = node.run
+    texts = {k: v.text for k, v in inputs.items()}
+    async with AsyncExitStack() as stack:
+        for instrument in run.instruments:
+            scope = instrument.planning_scope(node, "initial")
+            if scope is not None:
+                await stack.enter_async_context(scope)
+        try:
+            plan = await run.planner.stream_plan(node, accept, inputs=texts, flat=policy.flat)
+        except SimulatorCoverageError as exc:
+            raise StepFailed(str(exc)) from None
+        except (ModelAuthError, UnexpectedModelCall):
+            raise
+        except ModelError as exc:
+            raise StepFailed(f"planning failed: {exc}") from None
+    if not plan.steps:
+        raise StepRefused("the plan has no steps")  # as the gate's structure check says
+    return plan

@@ -1,0 +1,252 @@
+"""Streamed dispatch: a first plan's steps run as their lines are written, each checked on
+its own; review, extra validators and budgets still see the plan whole; a refused line cancels
+the planning call and the plan is repaired with what ran kept.
+
+Each test that shows a step starting before its planning call ends makes the model wait, mid
+plan, for an event only that step's tool sets: were the step not started while the plan is
+still being written, the run could not finish (``fail_after``), whatever the scheduling order.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import anyio
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_streaming import FanOutOracle
+
+import hierplan
+from hierplan import RunResult, RunSpec, ScriptedModel, tool
+from hierplan.core.settings import RunSettings
+from hierplan.hierarchy.gate import DEFAULT_VALIDATORS, CallbackApprover, Gate, GateContext
+from hierplan.models.base import ModelResponse
+from hierplan.models.scripted import StreamedText
+from hierplan.plans.decisions import Approve
+from hierplan.plans.plan import Plan, PlanProblem
+from hierplan.records import CallRecord, NodeRecord
+from hierplan.simulator.profiles import NoiseProfile, Simulator
+
+pytestmark = pytest.mark.anyio
+
+
+class Lookups:
+    """A ``lookup`` tool whose calls are recorded; a call with ``key`` in ``opens`` sets its
+    event (the model waits on it mid plan)."""
+
+    def __init__(self, opens: dict[int, anyio.Event] | None = None) -> None:
+        self.opens = opens or {}
+        self.keys: list[int] = []
+
+        @tool
+        def lookup(key: int) -> int:
+            """Look a key up."""
+            self.keys.append(key)
+            if key in self.opens:
+                self.opens[key].set()
+            return key * 10
+
+        self.tool = lookup
+
+
+async def run(model: Any, lookups: Lookups, **options: Any) -> RunResult:
+    spec = RunSpec(
+        goal="look things up",
+        model=model,
+        strategy="dag",
+        settings=RunSettings(retry_backoff_s=0, **options.pop("settings", {})),
+        gate=options.pop("gate", None),
+    )
+    with anyio.fail_after(20):
+        return await hierplan.run(spec, tools=[lookups.tool], **options)
+
+
+def planning_call(record: NodeRecord, index: int = 0) -> CallRecord:
+    return [c for c in record.calls if c.phase == "planning"][index]
+
+
+def ended(call: CallRecord) -> float:
+    return call.started_at + call.duration_s
+
+
+async def test_a_step_starts_while_its_plan_is_still_being_written() -> None:
+    opened = anyio.Event()
+    lookups = Lookups({1: opened})
+    model = ScriptedModel([StreamedText(("1. lookup(1)\n", opened, "2. lookup(2)\n"))])
+    result = await run(model, lookups)
+    model.assert_complete()
+    assert result.status == "succeeded"
+    assert lookups.keys == [1, 2]
+    first, second = result.tree.children
+    call = planning_call(result.tree)
+    assert first.started_at is not None and first.started_at < ended(call)
+    for child in (first, second):
+        assert child.parsed_at is not None and child.dispatched_at is not None
+        assert child.started_at is not None
+        assert child.parsed_at <= child.dispatched_at <= child.started_at
+    assert first.dispatched_at is not None and second.parsed_at is not None
+    assert first.dispatched_at < second.parsed_at
+    (version,) = result.tree.plan_versions
+    assert (version.decision, version.decided_by, version.reason) == (
+        "approved",
+        "stream",
+        "initial",
+    )
+    assert [s.id for s in version.plan.steps] == ["1", "2"]
+    assert call.ok and "stream_closed" not in call.flags
+
+
+async def test_the_simulator_streams_a_plan_whose_first_step_starts_before_the_call_ends() -> None:
+    profile = NoiseProfile(latency_median_s=0.02, latency_per_output_token_s=0.002)
+    lookups = Lookups()
+    model = Simulator(profile=profile, oracle=FanOutOracle(keys=8))
+    result = await run(model, lookups)
+    assert result.status == "succeeded"
+    assert sorted(lookups.keys) == list(range(1, 9))
+    call = planning_call(result.tree)
+    firsts = [c.tool_calls[0].started_at for c in result.tree.children]
+    assert min(firsts) < ended(call)
+    assert result.tree.plan_versions[0].decided_by == "stream"
+
+
+@pytest.mark.parametrize("gated", ["approver", "validator", "setting"])
+async def test_a_plan_someone_asked_to_see_whole_is_not_streamed(gated: str) -> None:
+    """A reviewer, an extra validator, or stream_plans off: the plan is gated whole, before
+    any of its steps runs."""
+    seen: list[Plan] = []
+
+    def review(plan: Plan, ctx: GateContext) -> Approve:
+        seen.append(plan)
+        return Approve(by="reviewer")
+
+    def one_lookup_at_most(plan: Plan, ctx: GateContext) -> list[PlanProblem]:
+        seen.append(plan)
+        return []
+
+    choices: dict[str, dict[str, Any]] = {
+        "approver": {"approver": CallbackApprover(review)},
+        "validator": {"gate": Gate(validators=(*DEFAULT_VALIDATORS, one_lookup_at_most))},
+        "setting": {"settings": {"stream_plans": False}},
+    }
+    options = choices[gated]
+    lookups = Lookups()
+    model = ScriptedModel([StreamedText(("1. lookup(1)\n", "2. lookup(2)\n"))])
+    result = await run(model, lookups, **options)
+    assert result.status == "succeeded"
+    call = planning_call(result.tree)
+    for child in result.tree.children:
+        assert child.parsed_at is None and child.dispatched_at is None
+        assert child.started_at is not None and child.started_at >= ended(call)
+    (version,) = result.tree.plan_versions
+    assert version.decided_by != "stream"
+    if gated != "setting":
+        assert [len(p.steps) for p in seen] == [2]
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [('2. lookup("two")', "expected integer, got string 'two'"), ("2. erase(2)", "erase")],
+)
+async def test_a_refused_line_cancels_the_call_and_the_plan_is_repaired_keeping_what_ran(
+    line: str, said: str
+) -> None:
+    """Line 2 fails its checks (arguments against the tool's schema; a tool the node does not
+    have): the stream stops there (the model would wait for ever after it: only a cancel ends
+    the call), step 1 runs to its end, and the repaired plan keeps its result rather than
+    running it again."""
+    never = anyio.Event()
+    lookups = Lookups()
+    model = ScriptedModel(
+        [
+            StreamedText((f"1. lookup(1)\n{line}\n", never, "3. lookup(3)\n")),
+            ModelResponse(text="1. lookup(1)\n2. lookup(2) after 1"),
+        ]
+    )
+    result = await run(model, lookups)
+    model.assert_complete()
+    assert result.status == "succeeded"
+    assert lookups.keys == [1, 2]  # step 1 ran once
+    first, second = result.tree.plan_versions
+    assert (first.decision, first.decided_by) == ("invalid", "stream")
+    assert said in first.problems[0]
+    assert (second.reason, second.decision) == ("retry", "approved")
+    cut = planning_call(result.tree, 0)
+    assert not cut.ok and "stream_closed" in cut.flags
+    assert cut.usage.output_tokens < 20  # what it wrote, not its max_tokens
+    repair_prompt = model.requests[1].messages[-1].content
+    assert said in repair_prompt and "PROGRESS" in repair_prompt
+    assert [c.step_id for c in result.tree.children] == ["1", "2"]
+
+
+async def test_an_unreadable_first_line_gets_the_planners_repair() -> None:
+    lookups = Lookups()
+    model = ScriptedModel(
+        [StreamedText(("what a nice goal\n", anyio.Event())), ModelResponse(text="1. lookup(4)")]
+    )
+    result = await run(model, lookups)
+    model.assert_complete()
+    assert result.status == "succeeded" and lookups.keys == [4]
+    assert (
+        model.requests[1]
+        .messages[-1]
+        .content.startswith("REPAIR: that plan was invalid: plan line 1")
+    )
+    assert [c.purpose for c in result.tree.calls] == ["plan", "plan-repair"]
+    assert "stream_closed" in result.tree.calls[0].flags
+
+
+async def test_a_step_that_fails_while_the_plan_streams_leads_to_a_replan() -> None:
+    @tool
+    def fragile(key: int) -> int:
+        """Fails on every key."""
+        raise RuntimeError(f"no {key}")
+
+    lookups = Lookups()
+    model = ScriptedModel(
+        [
+            StreamedText(("1. fragile(1)\n", "2. lookup(2) after 1\n")),
+            ModelResponse(text="1. lookup(3)"),
+        ]
+    )
+    with anyio.fail_after(20):
+        result = await hierplan.run(
+            "look things up",
+            model=model,
+            strategy="dag",
+            tools=[lookups.tool, fragile],
+            settings={"retry_backoff_s": 0, "max_retries": 0},
+        )
+    model.assert_complete()
+    assert result.status == "succeeded" and lookups.keys == [3]
+    assert [v.reason for v in result.tree.plan_versions] == ["initial", "replan"]
+    assert "step '1' failed" in model.requests[1].messages[1].content
+
+
+LINES = "1. lookup(1)\n2. lookup(2) after 1\n3. lookup(3)\n4. lookup(4) after 2, 3\n"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.integers(1, len(LINES) - 1), unique=True, max_size=12))
+def test_however_the_text_is_cut_into_deltas_the_same_plan_runs(cuts: list[int]) -> None:
+    edges = [0, *sorted(cuts), len(LINES)]
+    parts = tuple(LINES[a:b] for a, b in itertools.pairwise(edges))
+    lookups = Lookups()
+    model = ScriptedModel([StreamedText(parts)])
+    result = anyio.run(run, model, lookups)
+    assert result.status == "succeeded"
+    assert sorted(lookups.keys) == [1, 2, 3, 4]
+    (version,) = result.tree.plan_versions
+    assert [(s.id, s.depends_on) for s in version.plan.steps] == [
+        ("1", []),
+        ("2", ["1"]),
+        ("3", []),
+        ("4", ["2", "3"]),
+    ]
+    by_step = {c.step_id: c for c in result.tree.children}
+    four, two, three = by_step["4"], by_step["2"], by_step["3"]
+    assert four.started_at is not None and two.finished_at is not None
+    assert three.finished_at is not None and four.started_at >= max(
+        two.finished_at, three.finished_at
+    )
