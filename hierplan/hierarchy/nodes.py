@@ -265,6 +265,12 @@ async def _stream_first(
     if streamed.failed is not None and not partial.steps:
         _finish(node, streamed.failed.status, error=str(streamed.failed))
         raise streamed.failed
+    if settings.max_invalid_plans < 1:
+        # The refused step makes this plan an invalid proposal, as a plan gated whole with
+        # that step would be: no second proposal when none is allowed.
+        children.retire(outcome.not_started, "not run: the node gave up")
+        why = f"the planner proposed 1 invalid plan; last problems: {streamed.problem}"
+        _give_up(node, partial, done, why)
     failure = _failures(outcome)[0] if outcome.failed else None
     try:
         repaired = await obtain_plan(
