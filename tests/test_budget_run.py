@@ -981,6 +981,47 @@ async def test_when_the_planner_cannot_afford_to_replan_the_run_ends_partial(
     assert result.budget is not None and result.budget["spent"]["tokens"] <= 2_600
 
 
+@tool
+async def slow_lookup(key: str) -> str:
+    """Look a key up, slowly."""
+    await anyio.sleep(0.3)
+    return f"value of {key}"
+
+
+async def test_a_step_waiting_for_funds_gives_up_when_only_tool_steps_were_at_work() -> None:
+    """Step b lacks funds while step a (a tool and its arguments: no account, nothing to give
+    back) runs; when a ends nobody is at work any more, and b gives up instead of waiting for
+    ever."""
+    plans = {
+        "Copy two tables": [
+            {
+                "id": "a",
+                "title": "a",
+                "instruction": "a",
+                "tool": "slow_lookup",
+                "args": {"key": "a"},
+            },
+            {"id": "b", "title": "b", "instruction": "Copy table b " + "b" * 3_980},
+        ]
+    }
+    with anyio.fail_after(20):
+        result = await hierplan.run(
+            hierplan.RunSpec(
+                goal="Copy two tables",
+                model=_plan_model(plans),
+                executor_model=_delegating_executor([]),
+                settings=RunSettings(
+                    strategy="dag", executor_max_tokens=200, planner_max_tokens=1_000, max_replans=0
+                ),
+                pricing=PRICING,
+                budget={"tokens": 2_000},
+            ),
+            tools=[slow_lookup],
+        )
+    statuses = {n.step_id: n.status for n in result.nodes() if n.step_id}
+    assert statuses == {"a": "succeeded", "b": "budget_exhausted"}, statuses
+
+
 async def test_a_budget_too_small_for_the_first_plan_is_refused_naming_the_smallest() -> None:
     """No call is made; the error (a UserInputError: exit 2 on the command line) names the
     smallest budget that starts the run, and that budget does start it."""

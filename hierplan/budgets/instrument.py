@@ -268,6 +268,10 @@ class BudgetInstrument(Instrument):
         raise BudgetExceeded(f"node {node.path} has no budget account (the run has no root)")
 
 
+WAIT_RECHECK_S = 0.05
+"""How often a node waiting for funds looks again whether anybody is still at work."""
+
+
 @dataclass(slots=True)
 class _Waiter:
     """A node waiting for funds: what its call lacks (pico-dollars, tokens), whether it is a
@@ -363,9 +367,9 @@ class RunBudget:
         return self.in_flight > 0 or running > 0
 
     async def returns(self, node: NodeView, short: tuple[int, int]) -> bool:
-        """Wait until a call ends or an account closes; false when this node was told to give
-        up instead (see :meth:`yield_to`). ``short`` is what its call lacks (pico-dollars,
-        tokens)."""
+        """Wait until a call ends or an account closes (at most :data:`WAIT_RECHECK_S`); false
+        when this node was told to give up instead (see :meth:`yield_to`). ``short`` is what its
+        call lacks (pico-dollars, tokens)."""
         waiter = _Waiter(short, leaf=node.record.kind == "executor")
         self.waiting += 1
         self.waiting_leaves += waiter.leaf
@@ -373,7 +377,10 @@ class RunBudget:
         try:
             if self._returned is None:
                 self._returned = anyio.Event()
-            await self._returned.wait()
+            # Looked at again now and then: a step that only calls a tool holds no account,
+            # and its end, which may leave nobody at work, wakes nobody.
+            with anyio.move_on_after(WAIT_RECHECK_S):
+                await self._returned.wait()
         finally:
             self._waiters.remove(waiter)
             self.waiting -= 1
