@@ -22,7 +22,16 @@ from pydantic import ValidationError
 from hierplan.agents.costs import planning_request, prompt_budget
 from hierplan.agents.prompts import PLAN_OUTPUT as PLAN_OUTPUT
 from hierplan.agents.prompts import PLAN_SCHEMA as PLAN_SCHEMA  # re-exported: where tests look
-from hierplan.agents.prompts import REPAIR_PREFIX, PlanPrompt, progress_summary
+from hierplan.agents.prompts import (
+    REPAIR_PREFIX,
+    JoinDecision,
+    JoinParseError,
+    JoinPrompt,
+    PlanPrompt,
+    parse_join_output,
+    progress_summary,
+    render_join_prompt,
+)
 from hierplan.errors import PlanParseError, field_problems
 from hierplan.models.base import Message, ModelRequest, ModelResponse
 from hierplan.models.provider import json_problem, loads_json
@@ -277,6 +286,46 @@ class LLMPlanner:
         for step in steps:
             accept(step)
         return plan
+
+    async def join(self, node: StepEnv, results: Mapping[str, str], draft: str) -> JoinDecision:
+        """The joiner's decision on the node's finished steps: answer the goal, or replan.
+        One planning-phase call (purpose ``join``); an answer that does not read gets the
+        repair attempts a plan gets, then :class:`JoinParseError` says what was wrong. Budget
+        refusals and model errors propagate, as for any call."""
+        prompt = JoinPrompt(goal=node.goal, results=progress_summary(results), draft=draft)
+        request = ModelRequest(
+            messages=render_join_prompt(prompt),
+            max_tokens=node.settings.planner_max_tokens,
+            phase="planning",
+            node_path=node.path,
+            purpose="join",
+        )
+        for attempt in range(self.repair_attempts + 1):
+            response = await node.call_model(request)
+            try:
+                return parse_join_output(response.text)
+            except JoinParseError as exc:
+                if attempt == self.repair_attempts or was_cut(response):
+                    raise JoinParseError(
+                        f"the joiner's answer for node {node.path} did not read after "
+                        f"{attempt + 1} attempt(s): {exc}"
+                    ) from None
+                request = ModelRequest(
+                    messages=(
+                        *request.messages,
+                        Message("assistant", response.text),
+                        Message(
+                            "user",
+                            f"{REPAIR_PREFIX} that answer did not read: {exc}. Answer again "
+                            "with one ANSWER: or REPLAN: only.",
+                        ),
+                    ),
+                    max_tokens=request.max_tokens,
+                    phase="planning",
+                    node_path=node.path,
+                    purpose="join-repair",
+                )
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _prompt(
         self,

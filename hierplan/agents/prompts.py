@@ -375,3 +375,93 @@ def reports_failure(messages: Sequence[Message], prompt: PlanPrompt) -> bool:
 def progress_summary(outputs: Mapping[str, str], limit: int = 500) -> dict[str, str]:
     """Step outputs for a replan prompt, each cut to ``limit`` characters."""
     return {k: (v if len(v) <= limit else v[:limit] + "...") for k, v in outputs.items()}
+
+
+JOIN_SYSTEM = """\
+You are the joiner of a planner-executor agent. The steps of a plan for the GOAL have run; their
+RESULTS are given, and the DRAFT ANSWER the results of the last steps make. Decide whether the
+results answer the goal. Answer with exactly one of these, and nothing else:
+ANSWER: <the final answer to the goal, which may go on over further lines>
+REPLAN: <one line: what is missing or wrong, for a revised plan>"""
+
+JOIN_ANSWER = "ANSWER:"
+JOIN_REPLAN = "REPLAN:"
+
+
+@dataclass(slots=True)
+class JoinPrompt:
+    """What a joiner prompt says; :func:`parse_join_prompt` recovers it from the text.
+    ``results`` are the finished steps' outputs by step id, ``draft`` the answer they make as
+    it would stand without a joiner."""
+
+    goal: str
+    results: dict[str, str] = field(default_factory=dict)
+    draft: str = ""
+
+
+@dataclass(slots=True, frozen=True)
+class JoinDecision:
+    """A joiner's decision: ``answer`` (the final answer) or ``replan`` (with ``reason``)."""
+
+    kind: str
+    text: str
+
+    @property
+    def answers(self) -> bool:
+        """Whether the joiner answered (rather than asked for a replan)."""
+        return self.kind == "answer"
+
+
+def render_join_prompt(p: JoinPrompt) -> tuple[Message, ...]:
+    """Messages for a joiner call."""
+    parts = [
+        f"GOAL: {one_line(p.goal)}",
+        _block("RESULTS", p.results),
+        f"DRAFT ANSWER:\n```\n{p.draft}\n```",
+    ]
+    return (Message("system", JOIN_SYSTEM), Message("user", "\n\n".join(parts)))
+
+
+def parse_join_prompt(messages: Sequence[Message]) -> JoinPrompt | None:
+    """Recover a :class:`JoinPrompt` from joiner messages, or ``None`` if they are not one."""
+    if not any(m.role == "system" and m.content == JOIN_SYSTEM for m in messages):
+        return None
+    text = _user_text(messages)
+    goal = _line(text, "GOAL")
+    if goal is None:
+        return None
+    draft = re.search(r"^DRAFT ANSWER:\n```\n(.*)\n```", text, re.M | re.S)
+    return JoinPrompt(
+        goal=goal,
+        results=_json_block(text, "RESULTS") or {},
+        draft="" if draft is None else draft.group(1),
+    )
+
+
+class JoinParseError(ValueError):
+    """A joiner's answer is neither ``ANSWER: ...`` nor ``REPLAN: ...``."""
+
+
+def parse_join_output(text: str) -> JoinDecision:
+    """The decision in a joiner's answer: its first non-blank line starts with ``ANSWER:``
+    (the answer is the rest of the text, which may span lines) or ``REPLAN:`` (the reason is
+    that one line, and nothing may follow). Anything else raises :class:`JoinParseError`."""
+    body = text.strip()
+    if not body:
+        raise JoinParseError("the joiner's answer is empty")
+    head, _, rest = body.partition("\n")
+    if head.startswith(JOIN_ANSWER):
+        answer = (head[len(JOIN_ANSWER) :] + "\n" + rest).strip()
+        if not answer:
+            raise JoinParseError("ANSWER: holds no answer")
+        return JoinDecision("answer", answer)
+    if head.startswith(JOIN_REPLAN):
+        reason = head[len(JOIN_REPLAN) :].strip()
+        if not reason:
+            raise JoinParseError("REPLAN: gives no reason")
+        if rest.strip():
+            raise JoinParseError("REPLAN: must be one line, with nothing after it")
+        return JoinDecision("replan", reason)
+    raise JoinParseError(
+        f"the answer must start with {JOIN_ANSWER!r} or {JOIN_REPLAN!r}, not {head[:80]!r}"
+    )

@@ -116,6 +116,13 @@ class RunSettings(BaseModel):
             "no review, extra validator or budget asks to see the plan whole."
         ),
     )
+    join: bool = Field(
+        False,
+        description=(
+            "After a streamed plan's steps finish, ask the planner's model once whether their "
+            "results answer the goal (its answer is the node's) or call for a replan."
+        ),
+    )
     planner_max_tokens: int = Field(
         4096,
         ge=16,

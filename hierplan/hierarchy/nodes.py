@@ -34,7 +34,7 @@ from hierplan.hierarchy.leaf import (
     node_lifecycle,
     run_task_node,
 )
-from hierplan.hierarchy.planning import PlanPolicy, obtain_plan
+from hierplan.hierarchy.planning import PlanPolicy, ask_joiner, obtain_plan
 from hierplan.hierarchy.scheduler import DagOutcome, RunStep, run_dag
 from hierplan.hierarchy.streaming import can_stream, stream_first_plan
 from hierplan.plans.plan import Plan, Step, topological_order
@@ -172,6 +172,9 @@ async def execute_plan(
         return run_child(child, step, step_inputs, policy)
 
     streamed: DagOutcome | None = None
+    # Only a node whose plan streamed has a joiner: no one saw that plan whole before it ran.
+    # A plan gated whole was seen, and its results answer as they always have.
+    joins = plan is None and settings.join and not policy.replan_each_step
     if plan is None:
         plan, streamed, done = await _stream_first(
             node, policy, inputs, children, run_step, max_running
@@ -196,6 +199,10 @@ async def execute_plan(
         children.retire(outcome.cancelled)
         if outcome.complete:
             more = await _cover_left_out(node, policy, inputs, plan, done) if can_replan else None
+            if more is None and joins:
+                answer, more = await _join(node, policy, inputs, plan, done, can_replan)
+                if more is None:
+                    return _succeed(node, plan, done, answer)
             if more is None:
                 return _succeed(node, plan, done)
             replans += 1
@@ -427,8 +434,46 @@ async def _cover_left_out(
     return more
 
 
-def _succeed(node: NodeContext, plan: Plan, done: Mapping[str, StepResult]) -> StepResult:
-    answer = _answer(plan, done)
+async def _join(
+    node: NodeContext,
+    policy: PlanPolicy,
+    inputs: Mapping[str, StepResult],
+    plan: Plan,
+    done: Mapping[str, StepResult],
+    can_replan: bool,
+) -> tuple[str | None, Plan | None]:
+    """The joiner's word on a finished plan: its answer (``None``: the answer the results
+    make), or a revised plan when it asks for one and the node may still replan. A replan it
+    asks for that cannot be had (no replans left, no plan, no budget) leaves the answer from
+    the results, flagged ``join_replan_refused``."""
+    decision = await ask_joiner(node, done, _answer(plan, done))
+    if decision is None:
+        return None, None
+    if decision.answers:
+        return decision.text, None
+    if can_replan:
+        try:
+            revised = await obtain_plan(
+                node,
+                policy,
+                inputs,
+                previous=plan,
+                progress=done,
+                failure=f"the joiner asked for a replan: {decision.text}",
+            )
+        except (BudgetExceeded, StepFailed):
+            pass
+        else:
+            return None, revised
+    node.record.flags.append("join_replan_refused")
+    return None, None
+
+
+def _succeed(
+    node: NodeContext, plan: Plan, done: Mapping[str, StepResult], answer: str | None = None
+) -> StepResult:
+    if answer is None:
+        answer = _answer(plan, done)
     left_out = _left_out(node, plan)
     if left_out:
         # Every step did its work, but the plan (or a sub-goal's) did not cover the whole goal:

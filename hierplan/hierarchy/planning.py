@@ -14,11 +14,13 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
 from hierplan.agents.costs import BudgetCheck
+from hierplan.agents.prompts import JoinDecision, JoinParseError
 from hierplan.core.events import PlanDecided, PlanProposed, Replanned
 from hierplan.core.results import StepResult
 from hierplan.core.spend import Cost
 from hierplan.durable.restore import PlanState, invalid_feedback, rejection_feedback
 from hierplan.errors import (
+    BudgetExceeded,
     ModelAuthError,
     ModelError,
     PlanParseError,
@@ -212,6 +214,36 @@ async def _propose(
             # The model call failed after its retries: this node fails (its parent may replan)
             # rather than the whole run.
             raise StepFailed(f"planning failed: {exc}") from None
+
+
+async def ask_joiner(
+    node: NodeContext, results: Mapping[str, StepResult], draft: str
+) -> JoinDecision | None:
+    """The joiner's decision on a node whose steps are done (see
+    :meth:`~hierplan.agents.planner.LLMPlanner.join`), inside every instrument's planning
+    scope (reason ``join``). ``None`` when there is none to follow: an answer that did not read
+    after its repairs (flag ``join_unread``), a call the budget refused (``join_no_budget``)
+    or that failed after its retries (``join_failed``); the node then answers from its results,
+    as without a joiner."""
+    run = node.run
+    scopes = [i.planning_scope(node, "join") for i in run.instruments]
+    texts = {k: v.text for k, v in results.items()}
+    async with AsyncExitStack() as stack:
+        for scope in scopes:
+            if scope is not None:
+                await stack.enter_async_context(scope)
+        try:
+            return await run.planner.join(node, texts, draft)
+        except JoinParseError:
+            flag = "join_unread"
+        except BudgetExceeded:
+            flag = "join_no_budget"
+        except (ModelAuthError, UnexpectedModelCall):
+            raise
+        except ModelError:
+            flag = "join_failed"
+    node.record.flags.append(flag)
+    return None
 
 
 async def obtain_plan(

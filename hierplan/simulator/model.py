@@ -46,9 +46,14 @@ import anyio
 
 from hierplan.agents.prompts import (
     FAILED_PREFIX,
+    JOIN_ANSWER,
+    JOIN_REPLAN,
     PLAN_OUTPUT_NAME,
     PLANNER_SYSTEM,
+    REPAIR_PREFIX,
+    JoinPrompt,
     PlanPrompt,
+    parse_join_prompt,
     parse_plan_prompt,
     parse_step_prompt,
     reports_failure,
@@ -184,8 +189,13 @@ class SimulatedModel:
         if self.oracle is None:
             raise SimulatorCoverageError(COVERAGE_HINT)
         rng = self._rng(request)
-        plan = _asks_for_plan(request)
-        response = self._plan(request, rng) if plan else self._act(request, rng)
+        join = parse_join_prompt(request.messages) if request.phase == "planning" else None
+        if join is not None:
+            response = self._join(request, join, rng)
+        elif _asks_for_plan(request):
+            response = self._plan(request, rng)
+        else:
+            response = self._act(request, rng)
         visible = response.text + "".join(
             c.name + json.dumps(c.arguments, default=str) for c in response.tool_calls
         )
@@ -325,6 +335,32 @@ class SimulatedModel:
             calls[index] = ToolCall(c.id, c.name, corrupt_args(c.arguments, rng))
             flags.append("sim_executor_error:wrong_args")
         return ModelResponse(text=action.text, tool_calls=tuple(calls), flags=flags)
+
+    def _join(self, request: ModelRequest, prompt: JoinPrompt, rng: random.Random) -> ModelResponse:
+        """The joiner's decision: the oracle's answer (an oracle without ``join``, or one
+        that does not know the goal, answers with the draft the results make). One decision,
+        wrong as often as any other at its horizon (the answers it gave before in this
+        context, which a repair follows): a wrong one asks for a needless replan with the
+        profile's give-up share, else answers wrongly."""
+        join = getattr(self.oracle, "join", None)
+        answer = join(prompt) if callable(join) else None
+        if not isinstance(answer, str) or not answer.strip():
+            answer = prompt.draft
+        horizon = sum(1 for m in request.messages if m.role == "assistant")
+        had_error = any(
+            m.role == "user" and m.content.startswith(REPAIR_PREFIX) for m in request.messages
+        )
+        if not self._wrong(horizon, had_error, rng):
+            return ModelResponse(text=f"{JOIN_ANSWER} {answer}")
+        if rng.random() < self.profile.give_up_share:
+            return ModelResponse(
+                text=f"{JOIN_REPLAN} (simulated joiner error) the results may not answer the goal",
+                flags=["sim_join_error:needless_replan"],
+            )
+        return ModelResponse(
+            text=f"{JOIN_ANSWER} {corrupt_answer(answer, rng)}",
+            flags=["sim_join_error:wrong_answer"],
+        )
 
     def _wrong(self, horizon: int, had_error: bool, rng: random.Random) -> bool:
         """Whether the decision at ``horizon`` is wrong."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from hierplan.agents.prompts import (
+    JoinPrompt,
     PlanPrompt,
     StepPrompt,
 )
@@ -31,7 +32,12 @@ class Action:
 
 
 class Oracle(Protocol):
-    """Knows what a competent model would answer for the goals of one scenario or suite."""
+    """Knows what a competent model would answer for the goals of one scenario or suite.
+
+    An oracle may also have a ``join`` method (:class:`Joins`): the final answer a competent
+    joiner gives on a finished plan's results. Without one, the simulator's joiner answers
+    with the draft the results make, as a node without a joiner would.
+    """
 
     def plan(self, prompt: PlanPrompt) -> Plan | None:
         """The plan for a planning (or replanning) prompt, or ``None`` if not covered."""
@@ -39,4 +45,13 @@ class Oracle(Protocol):
 
     def act(self, prompt: StepPrompt, done: Sequence[tuple[ToolCall, str]]) -> Action | None:
         """The next action for a step, given the tool calls that succeeded so far."""
+        ...
+
+
+class Joins(Protocol):
+    """The optional part of an :class:`Oracle`: what a competent joiner answers."""
+
+    def join(self, prompt: JoinPrompt) -> str | None:
+        """The final answer to the goal of a joiner prompt, given the steps' results and the
+        draft they make; ``None`` to answer with the draft."""
         ...
