@@ -1,8 +1,9 @@
 """Per-leaf overhead counted in CPU instructions (valgrind), which the machine's load does not
 change: hierplan against a bare anyio task group and LangGraph, as ratios.
 
-    .venv/bin/python benchmarks/instructions.py [--leaves 1000] [--impls hierplan,anyio,langgraph]
-                                                [--tools 0] [--tree DIR] [--out DIR | --no-out]
+    .venv/bin/python benchmarks/instructions.py [--leaves 1000]
+        [--impls hierplan,hierplan-direct,anyio,langgraph] [--tools 0] [--tree DIR]
+        [--out DIR | --no-out]
 
 The workload is ``overhead.py``'s (a three-level hierplan tree on a zero-latency function
 model, budgets on, tracing off, concurrency not limited; N tasks sleeping 10 ms in one anyio
@@ -15,6 +16,10 @@ run alone, imports and warm-up excluded. Waiting (the 10 ms sleeps) executes no 
 the figure is what each implementation's own work costs, per leaf, on any machine and under any
 load. Timings (``overhead.py``) on a shared machine move by tens of percent between runs;
 these counts repeat within a fraction of a percent.
+
+``hierplan-direct`` is the same tree whose leaves are tool-only steps (a tool and its
+arguments: the step calls a tool that sleeps 10 ms, without a model call), so that what a leaf
+costs without a model call shows beside a model leaf (``hierplan direct over hierplan``).
 
 ``--tools N`` gives hierplan's executors N tools to choose from (four arguments each; the
 model answers without calling them), which a call's request then carries. ``--tree DIR``
@@ -45,7 +50,7 @@ import perfkit
 
 VALGRIND = "valgrind"
 MARKER = "os_getppid"  # the C function behind os.getppid(): callgrind dumps before each call
-DEFAULT_IMPLS = ("hierplan", "anyio", "langgraph")
+DEFAULT_IMPLS = ("hierplan", "hierplan-direct", "anyio", "langgraph")
 
 
 async def _measured_run(impl: str, leaves: int, tools: int) -> int:
@@ -134,12 +139,18 @@ def count(impl: str, leaves: int, tree: Path | None, tools: int = 0) -> dict[str
 
 
 def ratios(rows: list[dict[str, Any]]) -> dict[str, float | None]:
-    """hierplan / anyio and LangGraph / hierplan, per leaf (``None`` without both sides)."""
+    """hierplan / anyio, LangGraph / hierplan, and tool-only leaves over model leaves and over
+    anyio, per leaf (``None`` without both sides)."""
     per = {r["impl"]: r["per_leaf"] for r in rows}
     hp = per.get("hierplan")
+    direct = per.get("hierplan-direct")
     return {
         "hierplan_over_anyio": hp / per["anyio"] if hp and per.get("anyio") else None,
         "langgraph_over_hierplan": per["langgraph"] / hp if hp and per.get("langgraph") else None,
+        "hierplan_direct_over_hierplan": direct / hp if direct and hp else None,
+        "hierplan_direct_over_anyio": direct / per["anyio"]
+        if direct and per.get("anyio")
+        else None,
     }
 
 

@@ -88,20 +88,38 @@ def _subgoals(count: int, what: str) -> dict[str, Any]:
     return {"goal": what, "steps": steps}
 
 
-def _tasks(count: int) -> dict[str, Any]:
-    steps = [
+def _tasks(count: int, direct: bool = False) -> dict[str, Any]:
+    steps: list[dict[str, Any]] = [
         {"id": f"t{i}", "title": f"leaf {i}", "instruction": f"leaf {i}"} for i in range(count)
     ]
+    if direct:  # a tool and its arguments: the step calls the tool, no model call
+        for i, step in enumerate(steps):
+            step.update(tool=WAIT_TOOL, args={"n": i})
     return {"goal": "leaves", "steps": steps}
 
 
-def hierplan_model(leaves: int, leaf_s: float = LEAF_S) -> FunctionModel:
+WAIT_TOOL = "wait"
+
+
+def wait_tool(leaf_s: float = LEAF_S) -> Tool:
+    """The tool of a tool-only leaf: waits ``leaf_s``, as a model leaf's answer does."""
+
+    async def wait(n: int) -> int:
+        """Wait a moment, then give ``n`` back."""
+        await anyio.sleep(leaf_s)
+        return n
+
+    return tool(wait, name=WAIT_TOOL)
+
+
+def hierplan_model(leaves: int, leaf_s: float = LEAF_S, direct: bool = False) -> FunctionModel:
     """Planner and executor in one zero-latency function model: plans by node path, and a leaf
-    answer after ``leaf_s``. Plans are built once, so the model costs next to nothing."""
+    answer after ``leaf_s``. Plans are built once, so the model costs next to nothing. With
+    ``direct`` every leaf is a tool-only step (:func:`wait_tool`), which makes no model call."""
     shape = tree_shape(leaves)
     root = plan_response(_subgoals(len(shape), "part"))
     middles = [plan_response(_subgoals(len(m), "chunk")) for m in shape]
-    bottoms = {size: plan_response(_tasks(size)) for m in shape for size in m}
+    bottoms = {size: plan_response(_tasks(size, direct)) for m in shape for size in m}
     usage = Usage(200, 20)
 
     async def respond(request: ModelRequest) -> ModelResponse:
@@ -145,14 +163,15 @@ async def hierplan_result(
     leaf_s: float = LEAF_S,
     tools: Sequence[Tool] = (),
     listeners: Sequence[Listener] = (),
+    direct: bool = False,
 ) -> RunResult:
     """One hierplan run of ``leaves`` leaves (``tools`` available to every executor, its events
-    to ``listeners``); raises unless it succeeded."""
+    to ``listeners``; with ``direct``, tool-only leaves); raises unless it succeeded."""
     result = await hierplan.run(
         "many leaves",
         strategy="hierarchical",
-        model=hierplan_model(leaves, leaf_s),
-        tools=tools,
+        model=hierplan_model(leaves, leaf_s, direct),
+        tools=[*tools, wait_tool(leaf_s)] if direct else tools,
         settings=RunSettings(concurrency=leaves, plan_concurrency=max(leaves, PLAN_LIMIT)),
         listeners=listeners,
         budget={"usd": BUDGET_USD, "tokens": BUDGET_TOKENS},
@@ -166,6 +185,12 @@ async def run_hierplan(leaves: int, leaf_s: float = LEAF_S, tools: Sequence[Tool
     """One hierplan run of ``leaves`` leaves (``tools`` available to every executor); returns
     how many completed."""
     return count_leaves((await hierplan_result(leaves, leaf_s, tools)).tree)
+
+
+async def run_hierplan_direct(leaves: int, leaf_s: float = LEAF_S) -> int:
+    """One hierplan run of ``leaves`` tool-only leaves (a tool and its arguments, no model
+    call); returns how many completed."""
+    return count_leaves((await hierplan_result(leaves, leaf_s, direct=True)).tree)
 
 
 async def run_anyio(leaves: int, leaf_s: float = LEAF_S) -> int:
@@ -226,6 +251,7 @@ async def run_langgraph(leaves: int, leaf_s: float = LEAF_S, graph: Any = None) 
 
 RUNNERS: dict[str, Callable[[int], Coroutine[Any, Any, int]]] = {
     "hierplan": run_hierplan,
+    "hierplan-direct": run_hierplan_direct,  # instructions.py's tool-only leaves
     "anyio": run_anyio,
     "langgraph": run_langgraph,
 }

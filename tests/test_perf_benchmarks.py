@@ -12,10 +12,12 @@ import os
 import shutil
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import anyio
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,6 +51,16 @@ def test_the_hierplan_tree_keeps_every_plan_within_the_default_limit(overhead: A
         assert len(shape) <= 50 and all(len(m) <= 50 and max(m) <= 50 for m in shape)
     with pytest.raises(ValueError, match="at most 125000 leaves"):
         overhead.tree_shape(125_001)
+
+
+def test_tool_only_leaves_call_their_tool_and_no_model(overhead: Any) -> None:
+    result = anyio.run(partial(overhead.hierplan_result, 60, 0.0, direct=True))
+    leaves = [n for n in result.tree.walk() if n.kind == "executor"]
+    assert len(leaves) == overhead.count_leaves(result.tree) == 60
+    for leaf in leaves:
+        assert leaf.calls == [] and leaf.budget is None  # no model call, no account of its own
+        assert [t.tool for t in leaf.tool_calls] == [overhead.WAIT_TOOL]
+    assert anyio.run(overhead.run_hierplan_direct, 3) == 3
 
 
 def test_overhead_runs_every_leaf_of_each_implementation(
@@ -209,14 +221,17 @@ def test_instruction_counts_cover_the_measured_run_of_each_implementation() -> N
     _valgrind_or_skip()
     instructions = _load("instructions")
     small = instructions.main(
-        ["--leaves", "10", "--impls", "hierplan,anyio", "--tools", "2", "--no-out"]
+        ["--leaves", "10", "--impls", "hierplan,hierplan-direct,anyio", "--tools", "2", "--no-out"]
     )
     rows = {r["impl"]: r for r in small["rows"]}
-    assert set(rows) == {"hierplan", "anyio"}
+    assert set(rows) == {"hierplan", "hierplan-direct", "anyio"}
     assert (rows["hierplan"]["tools"], rows["anyio"]["tools"]) == (2, 0)
     assert all(r["leaves_completed"] == 10 and r["instructions"] > 0 for r in rows.values())
     assert small["ratios"]["hierplan_over_anyio"] == pytest.approx(
         rows["hierplan"]["per_leaf"] / rows["anyio"]["per_leaf"]
+    )
+    assert small["ratios"]["hierplan_direct_over_hierplan"] == pytest.approx(
+        rows["hierplan-direct"]["per_leaf"] / rows["hierplan"]["per_leaf"]
     )
     assert small["ratios"]["langgraph_over_hierplan"] is None
     head = subprocess.run(
