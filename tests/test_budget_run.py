@@ -992,7 +992,7 @@ async def test_a_step_waiting_for_funds_gives_up_when_only_tool_steps_were_at_wo
     """Step b lacks funds while step a (a tool and its arguments: no account, nothing to give
     back) runs; when a ends nobody is at work any more, and b gives up instead of waiting for
     ever."""
-    plans = {
+    plans: dict[str, list[dict[str, Any]]] = {
         "Copy two tables": [
             {
                 "id": "a",
