@@ -168,7 +168,7 @@ async def test_a_plan_step_has_wrong_arguments_and_nothing_else_from_the_decisio
         assert sorted(args.values()) in (["$x", "$x"], ["$y", "$y"])
 
 
-async def test_done_steps_a_replan_copies_are_not_decisions() -> None:
+async def test_done_steps_a_replan_keeps_are_not_written_and_not_decisions() -> None:
     always = NoiseProfile(  # before and after a failure (the replan reports one)
         executor_error_rate=1.0, executor_error_after_error=1.0, max_error_rate=1.0,
         give_up_share=0.0,
@@ -188,9 +188,9 @@ async def test_done_steps_a_replan_copies_are_not_decisions() -> None:
     )
     response = (await _answers(always, request, n=1))[0]
     assert response.output is not None
-    args = [s["args"] for s in response.output["steps"]]
-    assert args[:2] == [{"i": 0}, {"i": 1}]  # copied unchanged
-    assert all(a != {"i": i} for i, a in enumerate(args) if i >= 2)
+    steps = response.output["steps"]
+    assert [s["id"] for s in steps] == [f"s{i}" for i in range(2, STEPS)]  # done: not written
+    assert all(s["args"] != {"i": i} for i, s in enumerate(steps, start=2))  # each a decision
 
 
 # -- 2. repairs get noise, at the horizon of what they follow --------------------------------

@@ -250,3 +250,82 @@ def test_however_the_text_is_cut_into_deltas_the_same_plan_runs(cuts: list[int])
     assert three.finished_at is not None and four.started_at >= max(
         two.finished_at, three.finished_at
     )
+
+
+async def test_a_replan_streams_and_its_steps_build_on_the_done_ones() -> None:
+    @tool
+    def fragile(key: int) -> int:
+        """Fails on every key."""
+        raise RuntimeError(f"no {key}")
+
+    opened = anyio.Event()
+    lookups = Lookups({10: opened})
+    model = ScriptedModel(
+        [
+            StreamedText(("1. lookup(1)\n", "2. fragile(2) after 1\n")),
+            # the replan writes only what is left; 3 builds on done step 1, and starts
+            # before the replan's call ends (the call waits on the event 3's tool sets)
+            StreamedText(("3. lookup($1)\n", opened, "4. lookup(4)\n")),
+        ]
+    )
+    with anyio.fail_after(20):
+        result = await hierplan.run(
+            "look things up",
+            model=model,
+            strategy="dag",
+            tools=[lookups.tool, fragile],
+            settings={"retry_backoff_s": 0, "max_retries": 0},
+        )
+    model.assert_complete()
+    assert result.status == "succeeded"
+    assert lookups.keys == [1, 10, 4]  # done step 1 did not run again
+    assert "write only the steps still to do" in model.requests[1].messages[1].content
+    replan = result.tree.plan_versions[1]
+    assert (replan.reason, replan.decided_by, replan.decision) == ("replan", "stream", "approved")
+    assert [s.id for s in replan.plan.steps] == ["1", "3", "4"]
+    assert replan.diff is not None and replan.diff.summary() == (
+        "+2 -1 ~0 (added: 3, 4; removed: 2)"
+    )
+    by_step = {c.step_id: c for c in result.tree.children}
+    assert [c.step_id for c in result.tree.children] == ["1", "2", "3", "4"]
+    three = by_step["3"]
+    assert three.started_at is not None and three.started_at < ended(planning_call(result.tree, 1))
+    assert three.parsed_at is not None and three.dispatched_at is not None
+
+
+async def test_a_streamed_replan_runs_a_redone_step_again_and_not_a_copied_one() -> None:
+    @tool
+    def check(value: int) -> int:
+        """Accepts 50 only."""
+        if value != 50:
+            raise RuntimeError(f"not {value}")
+        return value
+
+    lookups = Lookups()
+    model = ScriptedModel(
+        [
+            StreamedText(("1. lookup(1)\n", "2. lookup(2)\n", "3. check($1) after 2\n")),
+            # 2 copied unchanged stands; 1 redone with other work runs again, and so does
+            # 3, which builds on it
+            StreamedText(("2. lookup(2)\n", "1. lookup(5)\n", "3. check($1) after 2\n")),
+        ]
+    )
+    with anyio.fail_after(20):
+        result = await hierplan.run(
+            "look things up",
+            model=model,
+            strategy="dag",
+            tools=[lookups.tool, check],
+            settings={"retry_backoff_s": 0, "max_retries": 0},
+        )
+    model.assert_complete()
+    assert result.status == "succeeded" and result.answer == "50"
+    assert sorted(lookups.keys) == [1, 2, 5]
+    statuses = [(c.step_id, c.status) for c in result.tree.children]
+    assert statuses == [
+        ("1", "succeeded"),
+        ("2", "succeeded"),
+        ("3", "failed"),
+        ("1", "succeeded"),
+        ("3", "succeeded"),
+    ]

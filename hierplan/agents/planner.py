@@ -15,6 +15,7 @@ import json
 import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import aclosing
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -37,6 +38,7 @@ from hierplan.models.base import Message, ModelRequest, ModelResponse
 from hierplan.models.provider import json_problem, loads_json
 from hierplan.plans.compact import CompactStream, Params, parse_compact, tool_params
 from hierplan.plans.plan import Plan, Step
+from hierplan.plans.revision import DoneSteps
 
 if TYPE_CHECKING:
     from hierplan.core.views import StepEnv
@@ -45,18 +47,24 @@ _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.S)
 
 
 def parse_plan_output(
-    response: ModelResponse, *, goal: str = "", params: Params | None = None
+    response: ModelResponse,
+    *,
+    goal: str = "",
+    params: Params | None = None,
+    done: DoneSteps | None = None,
 ) -> Plan:
     """The plan in a response: its text in the compact format (the goal is ``goal``, positional
     arguments take the tools' ``params`` in order), or a plan as JSON: a structured ``output``
-    or a JSON object in its text, as models asked for JSON and test doubles answer."""
+    or a JSON object in its text, as models asked for JSON and test doubles answer. ``done``:
+    the done steps of the plan a replan revises, which the plan keeps (see
+    :class:`~hierplan.plans.revision.DoneSteps`)."""
     data: Any = response.output
     if data is None:
         text = response.text.strip()
         if not text:
             raise PlanParseError("the response holds no plan (empty output)")
         if not _is_json(text):
-            return parse_compact(text, goal=goal, params=params)
+            return parse_compact(text, goal=goal, params=params, done=done)
         fenced = _FENCE.search(text)
         if fenced:
             text = fenced.group(1).strip()
@@ -67,10 +75,13 @@ def parse_plan_output(
         except ValueError as exc:
             raise PlanParseError(f"the plan is not valid JSON: {json_problem(exc)}") from None
     try:
-        return Plan.model_validate(data)
+        plan = Plan.model_validate(data)
     except ValidationError as exc:
         problems = field_problems(exc, "plan")
         raise PlanParseError(f"the plan does not match the schema: {problems}") from None
+    if done is None or not done.steps:
+        return plan
+    return plan.model_copy(update={"steps": done.merged(plan.steps)})
 
 
 _STEP_LINE = re.compile(r"^\s*[A-Za-z0-9_][A-Za-z0-9_.\-]*\.\s", re.M)
@@ -165,6 +176,27 @@ class _Reading:
             yield from self.lines.feed(line)
 
 
+@dataclass(frozen=True, slots=True)
+class Revising:
+    """What a replan revises: the running ``plan``, the results of its done steps
+    (``progress``) and what failed."""
+
+    plan: Plan
+    progress: Mapping[str, str]
+    failure: str | None = None
+
+    @property
+    def done(self) -> DoneSteps:
+        """The done steps the revision keeps."""
+        return DoneSteps.of(self.plan, self.progress)
+
+    def ask(self, prompt: PlanPrompt) -> None:
+        """Make ``prompt`` a replanning prompt: the current plan, progress and failure."""
+        prompt.current_plan = self.plan.model_dump(mode="json", exclude_none=True)
+        prompt.progress = progress_summary(self.progress)
+        prompt.failure = self.failure
+
+
 class LLMPlanner:
     """Plans and replans a node's goal with the node's model."""
 
@@ -196,12 +228,13 @@ class LLMPlanner:
         feedback: str | None = None,
         flat: bool = False,
     ) -> Plan:
-        """A revised plan given what is done (``progress``) and what failed (``failure``)."""
+        """A revised plan given what is done (``progress``) and what failed (``failure``). The
+        planner writes only what is left to do; the done steps it builds on are kept (see
+        :class:`~hierplan.plans.revision.DoneSteps`)."""
         prompt = self._prompt(node, inputs, feedback, flat)
-        prompt.current_plan = plan.model_dump(mode="json", exclude_none=True)
-        prompt.progress = progress_summary(progress)
-        prompt.failure = failure
-        return await self._ask(node, prompt, "replan")
+        revising = Revising(plan, progress, failure)
+        revising.ask(prompt)
+        return await self._ask(node, prompt, "replan", revising.done)
 
     async def stream_plan(
         self,
@@ -210,18 +243,29 @@ class LLMPlanner:
         *,
         inputs: Mapping[str, str] | None = None,
         flat: bool = False,
+        revising: Revising | None = None,
     ) -> Plan:
-        """A first plan for the node's goal, read as the model writes it: ``accept`` gets each
+        """A plan for the node's goal, read as the model writes it: ``accept`` gets each
         step as soon as its line is complete, and raises to refuse it. A refused step, or a
         line that does not read, closes the stream, which cancels the call (it counts for what
         it wrote). A line that does not read before any step was accepted gets the repair
         attempts :meth:`plan` gives; otherwise the error propagates. A plan written as JSON is
-        read once it is whole, then its steps go to ``accept`` in order."""
+        read once it is whole, then its steps go to ``accept`` in order.
+
+        ``revising``: a replan of that plan, as :meth:`replan` asks for it; ``accept`` gets the
+        lines written (the steps still to do) and the plan returned keeps the done steps."""
         tools = node.tool_specs()
         prompt = self._prompt(node, inputs, None, flat)
+        done: DoneSteps | None = None
+        purpose = "plan"
+        if revising is not None:
+            revising.ask(prompt)
+            done, purpose = revising.done, "replan"
         await prompt_budget(node, prompt, tools)
         max_tokens = node.settings.planner_max_tokens
-        request = planning_request(prompt, tools, PLAN_OUTPUT, max_tokens, path=node.path)
+        request = planning_request(
+            prompt, tools, PLAN_OUTPUT, max_tokens, path=node.path, purpose=purpose
+        )
         params = tool_params(tools)
         accepted = 0
 
@@ -231,7 +275,7 @@ class LLMPlanner:
             accepted += 1
 
         for attempt in range(self.repair_attempts + 1):
-            reading = _Reading(CompactStream(node.goal, params))
+            reading = _Reading(CompactStream(node.goal, params, done))
             try:
                 return await self._stream_once(node, request, reading, counted)
             except PlanParseError as exc:
@@ -242,7 +286,7 @@ class LLMPlanner:
                         f"the model's plan for node {node.path} was invalid after "
                         f"{attempt + 1} attempt(s): {exc}"
                     ) from None
-                request = _repair_request(request, reading.text, exc, "plan", node.path)
+                request = _repair_request(request, reading.text, exc, purpose, node.path)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _stream_once(
@@ -272,9 +316,11 @@ class LLMPlanner:
             whole = response.output is not None and not reading.lines.reader.steps
             if reading.json is not False or whole:
                 reading.text = response.text
-                params = reading.lines.reader.params
-                plan = parse_plan_output(response, goal=node.goal, params=params)
-                steps = plan.steps
+                reader = reading.lines.reader
+                plan = parse_plan_output(
+                    response, goal=node.goal, params=reader.params, done=reader.done
+                )
+                steps = plan.steps  # with the done steps kept: ``accept`` knows them
             else:
                 steps, plan = reading.lines.close()
         except PlanParseError:
@@ -344,7 +390,9 @@ class LLMPlanner:
             feedback=feedback,
         )
 
-    async def _ask(self, node: StepEnv, prompt: PlanPrompt, purpose: str) -> Plan:
+    async def _ask(
+        self, node: StepEnv, prompt: PlanPrompt, purpose: str, done: DoneSteps | None = None
+    ) -> Plan:
         tools = node.tool_specs()
         await prompt_budget(node, prompt, tools)
         request = planning_request(
@@ -363,7 +411,8 @@ class LLMPlanner:
                 # repair prompt would report the refusal as JSON that does not parse.
                 raise PlanParseError(f"no plan for node {node.path}: {stopped}")
             try:
-                return parse_plan_output(response, goal=node.goal, params=tool_params(tools))
+                params = tool_params(tools)
+                return parse_plan_output(response, goal=node.goal, params=params, done=done)
             except PlanParseError as exc:
                 if was_cut(response):
                     # A repair, asked with the same max_tokens, would be cut at the same place

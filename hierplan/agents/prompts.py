@@ -174,9 +174,9 @@ def render_plan_prompt(p: PlanPrompt, tools: Sequence[ToolSpec]) -> tuple[Messag
         parts.append(f"CURRENT PLAN:\n```\n{render_compact(current, tool_params(tools))}\n```")
         parts.append(_block("PROGRESS", p.progress))
         parts.append(
-            "Revise the plan. Steps in PROGRESS are done: copy their lines unchanged (same id, "
-            "tool, arguments and dependencies) to keep their results; give a step a new id to "
-            "redo it."
+            "Revise the plan: write only the steps still to do. Steps in PROGRESS are done and "
+            "keep their results: do not write them again, refer to them ($ID) as to lines "
+            "above. To redo a done step, write it again."
         )
     if p.budget is not None:
         parts.append(render_budget(p.budget))

@@ -18,7 +18,7 @@ through ``run.pause`` (:mod:`hierplan.hierarchy.pause`).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import NoReturn
 
 from hierplan.agents.prompts import ATTEMPT_FAILED
@@ -36,8 +36,9 @@ from hierplan.hierarchy.leaf import (
 )
 from hierplan.hierarchy.planning import PlanPolicy, ask_joiner, obtain_plan
 from hierplan.hierarchy.scheduler import DagOutcome, RunStep, run_dag
-from hierplan.hierarchy.streaming import can_stream, stream_first_plan
+from hierplan.hierarchy.streaming import Revision, Streamed, can_stream, stream_plan
 from hierplan.plans.plan import Plan, Step, topological_order
+from hierplan.plans.revision import carried_over
 from hierplan.records import NodeKind
 
 
@@ -87,14 +88,39 @@ class _Children:
                     _finish(child, "cancelled", error=f"dropped by plan version {version}")
                 del self.by_step[step_id]
 
-    def add(self, step: Step, policy: PlanPolicy) -> NodeContext:
-        """The child node of ``step`` of a plan being streamed, made on first sight."""
-        child = self.by_step.get(step.id)
+    def add(self, step: Step, policy: PlanPolicy, *, fresh: bool = False) -> NodeContext:
+        """The child node of ``step`` of a plan being streamed, made on first sight (or now,
+        if ``fresh``)."""
+        child = None if fresh else self.by_step.get(step.id)
         if child is None:
             number = len(self.node.record.children) + 1
             kind: NodeKind = "planner" if _is_planner_step(step, self.node, policy) else "executor"
             child = self.by_step[step.id] = self.node.child(number, kind, step.instruction, step)
         return child
+
+    def revised(self, step: Step, version: int, policy: PlanPolicy) -> NodeContext:
+        """The child node of ``step`` of a revision being streamed: a pending child doing the
+        same work goes on; any other is replaced (a pending one is cancelled)."""
+        child = self.by_step.get(step.id)
+        if child is not None and child.record.status == "pending":
+            if child.step is not None and child.step.same_work(step):
+                return child
+            _finish(child, "cancelled", error=f"replaced by plan version {version}")
+        return self.add(step, policy, fresh=True)
+
+    def settle(self, plan: Plan, version: int) -> None:
+        """After a streamed revision: the children of steps that stand show their latest
+        wording; those of steps ``plan`` does not have are forgotten (cancelled if pending)."""
+        steps = {s.id: s for s in plan.steps}
+        for step_id, child in list(self.by_step.items()):
+            step = steps.get(step_id)
+            if step is not None and child.step is not None and child.step.same_work(step):
+                child.step = step
+                child.record.goal = step.instruction
+            elif step_id not in steps:
+                if child.record.status == "pending":
+                    _finish(child, "cancelled", error=f"dropped by plan version {version}")
+                del self.by_step[step_id]
 
     def restore(self, restore: Restore, plan: Plan) -> dict[str, StepResult]:
         """Go on with the children a paused run left for ``plan`` (see
@@ -176,9 +202,12 @@ async def execute_plan(
     # A plan gated whole was seen, and its results answer as they always have.
     joins = plan is None and settings.join and not policy.replan_each_step
     if plan is None:
-        plan, streamed, done = await _stream_first(
-            node, policy, inputs, children, run_step, max_running
+        stop = policy.replan_on_failure and settings.max_replans > 0
+        first = await _stream(
+            node, policy, inputs, children, run_step, max_running, stop_on_failure=stop
         )
+        assert not isinstance(first, StepFailed)  # a first plan's failure raises
+        plan, streamed, done = first
     # Counted from the record, not from zero: replans made before a pause still count after
     # the run resumes (max_replans is per node, however many times the run was paused).
     replans = sum(1 for v in node.record.plan_versions if v.reason == "replan")
@@ -214,87 +243,193 @@ async def execute_plan(
             children.retire(outcome.not_started, "not run: the node gave up")
             return _give_up(node, plan, done, failure, budget=budget)
         replans += 1
-        try:
-            new_plan = await obtain_plan(
-                node, policy, inputs, previous=plan, progress=done, failure=failure
-            )
-        except BudgetExceeded as exc:
-            children.retire(outcome.not_started, "not run: no budget left to replan")
-            return _give_up(node, plan, done, f"{failure}; cannot replan: {exc}", budget=True)
-        except StepFailed as exc:
-            # No new plan (invalid proposals, rejections, a planning error): the approved
-            # plan goes on without replanning, as if replans were not allowed, so that
-            # finished work counts and independent branches still run.
-            outcome = await run_dag(
-                plan, run_step, done=done, failed=outcome.failed, max_running=max_running
-            )
-            children.retire(outcome.cancelled)
-            children.retire(outcome.not_started, "not run: the node gave up")
-            failure, budget = _failures(outcome)
-            why = f"{failure}; replanning failed: {exc}"
-            return _give_up(node, plan, outcome.results, why, budget=budget)
-        if budget and _same_work_left(plan, new_plan, done):
-            children.retire(outcome.not_started, "not run: the revised plan changed nothing")
-            return _give_up(node, plan, done, _unchanged_after_budget(failure), budget=True)
-        done = _carry_over(plan, new_plan, done)
-        plan = new_plan
+        stop = policy.replan_on_failure and replans < settings.max_replans
+        plan, streamed, done = await _revise(
+            node, policy, inputs, children, run_step, max_running, plan, outcome, stop
+        )
 
 
-async def _stream_first(
+async def _revise(
     node: NodeContext,
     policy: PlanPolicy,
     inputs: Mapping[str, StepResult],
     children: _Children,
     run_step: RunStep,
     max_running: int,
+    plan: Plan,
+    outcome: DagOutcome,
+    stop_on_failure: bool,
 ) -> tuple[Plan, DagOutcome | None, dict[str, StepResult]]:
-    """Stream the node's first plan, its steps running as they come (see
-    :mod:`hierplan.hierarchy.streaming`): the plan to go on with, what its streamed steps did
-    (``None`` when the plan is a repair still to run) and the results that stand.
+    """A revised plan after ``outcome`` failed: streamed, its steps running as they are
+    written, when the node's plans stream (and no step ran out of budget), else gated whole.
+    Returns as :func:`_stream` does. Without a revised plan (invalid proposals, rejections, a
+    planning error) the approved plan goes on, as if replans were not allowed, so that finished
+    work counts and independent branches still run, and the node gives up."""
+    done = outcome.results
+    failure, budget = _failures(outcome)
+    if not budget and await can_stream(node, policy):
+        revision = Revision(plan, done, failure)
+        streamed = await _stream(
+            node,
+            policy,
+            inputs,
+            children,
+            run_step,
+            max_running,
+            revision,
+            stop_on_failure=stop_on_failure,
+        )
+        if isinstance(streamed, StepFailed):
+            await _unrevised(node, plan, outcome, children, run_step, max_running, streamed)
+        return streamed
+    try:
+        new_plan = await obtain_plan(
+            node, policy, inputs, previous=plan, progress=done, failure=failure
+        )
+    except BudgetExceeded as exc:
+        children.retire(outcome.not_started, "not run: no budget left to replan")
+        _give_up(node, plan, done, f"{failure}; cannot replan: {exc}", budget=True)
+    except StepFailed as exc:
+        await _unrevised(node, plan, outcome, children, run_step, max_running, exc)
+    if budget and _same_work_left(plan, new_plan, done):
+        children.retire(outcome.not_started, "not run: the revised plan changed nothing")
+        _give_up(node, plan, done, _unchanged_after_budget(failure), budget=True)
+    return new_plan, None, _carry_over(plan, new_plan, done)
+
+
+async def _unrevised(
+    node: NodeContext,
+    plan: Plan,
+    outcome: DagOutcome,
+    children: _Children,
+    run_step: RunStep,
+    max_running: int,
+    exc: StepFailed,
+) -> NoReturn:
+    """No revised plan (``exc`` says why): ``plan`` goes on without the failed steps and
+    what depends on them, as if replans were not allowed, then the node gives up."""
+    outcome = await run_dag(
+        plan, run_step, done=outcome.results, failed=outcome.failed, max_running=max_running
+    )
+    children.retire(outcome.cancelled)
+    children.retire(outcome.not_started, "not run: the node gave up")
+    failure, budget = _failures(outcome)
+    _give_up(node, plan, outcome.results, f"{failure}; replanning failed: {exc}", budget=budget)
+
+
+async def _stream(
+    node: NodeContext,
+    policy: PlanPolicy,
+    inputs: Mapping[str, StepResult],
+    children: _Children,
+    run_step: RunStep,
+    max_running: int,
+    revision: Revision | None = None,
+    *,
+    stop_on_failure: bool,
+) -> tuple[Plan, DagOutcome | None, dict[str, StepResult]] | StepFailed:
+    """Stream the node's first plan, or the ``revision`` of its plan, its steps running as
+    they come (see :mod:`hierplan.hierarchy.streaming`): the plan to go on with, what its
+    streamed steps did (``None`` when the plan is a repair still to run) and the results that
+    stand.
 
     A stream stopped by a refused step is answered by a repaired plan, gated whole, that keeps
-    what ran; a planning call that failed before any step was accepted fails the node, as a
-    failed call of a plan gated whole does."""
+    what ran. A planning call that failed before any step was accepted fails the node, as a
+    failed call of a plan gated whole does; for a revision, its failure is returned."""
     settings = node.run.settings
-    streamed = await stream_first_plan(
+    prepare = _preparer(node, children, policy, revision is not None)
+    streamed = await stream_plan(
         node,
         policy,
         inputs,
         run_step,
-        lambda step: children.add(step, policy),
+        prepare,
         max_running=max_running,
-        stop_on_failure=policy.replan_on_failure and settings.max_replans > 0,
+        stop_on_failure=stop_on_failure,
+        revision=revision,
     )
     outcome, partial = streamed.outcome, streamed.plan
+    steps = {s.id for s in partial.steps}
+    done = {k: v for k, v in outcome.results.items() if k in steps}
     if streamed.problem is None:
-        return partial, outcome, dict(outcome.results)
-    done = outcome.results
-    if streamed.failed is not None and not partial.steps:
+        if revision is not None:
+            children.settle(partial, len(node.record.plan_versions))
+        return partial, outcome, done
+    if streamed.failed is not None and not streamed.accepted:
+        if revision is not None:
+            return streamed.failed
         _finish(node, streamed.failed.status, error=str(streamed.failed))
         raise streamed.failed
     if settings.max_invalid_plans < 1:
         # The refused step makes this plan an invalid proposal, as a plan gated whole with
         # that step would be: no second proposal when none is allowed.
-        children.retire(outcome.not_started, "not run: the node gave up")
         why = f"the planner proposed 1 invalid plan; last problems: {streamed.problem}"
-        _give_up(node, partial, done, why)
+        return _stream_ends(node, children, revision, streamed, StepFailed(why))
     failure = _failures(outcome)[0] if outcome.failed else None
+    if failure is None and revision is not None:
+        failure = revision.failure
+    if streamed.accepted or revision is None:
+        previous: Plan | None = partial if partial.steps else None
+    else:  # nothing of the revision was taken: the plan it revised is the one to repair
+        previous, done = revision.plan, dict(revision.done)
     try:
         repaired = await obtain_plan(
             node,
             policy,
             inputs,
-            previous=partial if partial.steps else None,
+            previous=previous,
             progress=done,
             failure=failure,
             feedback=invalid_feedback([streamed.problem]),
             reason="retry",
+            invalid=1,
         )
     except (StepFailed, BudgetExceeded) as exc:
-        why = f"{streamed.problem}; no repaired plan: {exc}"
-        children.retire(outcome.not_started, "not run: the node gave up")
-        _give_up(node, partial, done, why, budget=isinstance(exc, BudgetExceeded))
-    return repaired, None, _carry_over(partial, repaired, done)
+        failed = StepFailed(f"{streamed.problem}; no repaired plan: {exc}")
+        if isinstance(exc, StepFailed):
+            failed = exc if revision is not None and not streamed.accepted else failed
+        return _stream_ends(node, children, revision, streamed, failed, exc)
+    return repaired, None, _carry_over(previous or partial, repaired, done)
+
+
+def _stream_ends(
+    node: NodeContext,
+    children: _Children,
+    revision: Revision | None,
+    streamed: Streamed,
+    failed: StepFailed,
+    cause: Exception | None = None,
+) -> StepFailed:
+    """A stream that found no plan to go on with: a revision of which nothing was taken
+    returns ``failed`` (its plan goes on without it); otherwise the node gives up with what
+    its streamed steps did."""
+    if revision is not None and not streamed.accepted:
+        return failed
+    outcome, partial = streamed.outcome, streamed.plan
+    if revision is not None:
+        children.settle(partial, len(node.record.plan_versions))
+    children.retire(outcome.not_started, "not run: the node gave up")
+    done = {k: v for k, v in outcome.results.items() if k in {s.id for s in partial.steps}}
+    _give_up(node, partial, done, str(failed), budget=isinstance(cause, BudgetExceeded))
+
+
+def _preparer(
+    node: NodeContext, children: _Children, policy: PlanPolicy, revising: bool
+) -> Callable[[Step], NodeContext]:
+    """What makes a streamed step's child node: on first sight of the step, the child of a
+    first plan; for a revision, a new child unless a pending one does the same work."""
+    if not revising:
+        return lambda step: children.add(step, policy)
+    made: dict[str, NodeContext] = {}
+
+    def prepare(step: Step) -> NodeContext:
+        child = made.get(step.id)
+        if child is None:
+            version = len(node.record.plan_versions)
+            child = made[step.id] = children.revised(step, version, policy)
+        return child
+
+    return prepare
 
 
 async def _interleaved(
@@ -389,22 +524,8 @@ def _unchanged_after_budget(failure: str) -> str:
 
 
 def _carry_over(old: Plan, new: Plan, done: Mapping[str, StepResult]) -> dict[str, StepResult]:
-    """The results of ``done`` that stand in ``new``: a finished step the new plan keeps doing
-    the same work, on inputs that stand too (a step whose dependency runs again runs again:
-    its result was made from the old input)."""
-    before = old.step_map()
-    after = new.step_map()
-    kept: dict[str, StepResult] = {}
-    for step_id in topological_order(new):
-        step, was = after[step_id], before.get(step_id)
-        if (
-            step_id in done
-            and was is not None
-            and was.same_work(step)
-            and all(d in kept for d in step.depends_on)
-        ):
-            kept[step_id] = done[step_id]
-    return kept
+    """The results of ``done`` that stand in ``new`` (see :func:`carried_over`)."""
+    return {step_id: done[step_id] for step_id in carried_over(old, new, done)}
 
 
 async def _cover_left_out(

@@ -131,9 +131,10 @@ def add_version(node: NodeContext, plan: Plan, reason: str, previous: Plan | Non
     return version
 
 
-def _replanned(node: NodeContext, version: PlanVersion, running: Plan) -> None:
+def announce_replan(node: NodeContext, version: PlanVersion, running: Plan) -> None:
     """Tell listeners the running plan was replaced: once the new plan is decided (a proposal
-    the gate refuses never runs), with the diff against the plan it replaces."""
+    the gate refuses never runs; a streamed one, once it is written), with the diff against
+    the plan it replaces."""
     run = node.run
     if not run.bus.wants("replanned"):
         return
@@ -256,11 +257,13 @@ async def obtain_plan(
     failure: str | None = None,
     feedback: str | None = None,
     reason: str | None = None,
+    invalid: int = 0,
 ) -> Plan:
     """A plan the gate approved (or an approved edit of it).
 
     ``reason`` labels the first version proposed (by default ``initial``, or ``replan`` with
-    a ``previous`` plan).
+    a ``previous`` plan). ``invalid``: invalid proposals already made (a streamed plan
+    refused), which count towards ``max_invalid_plans``.
 
     Invalid plans return to the planner with the validators' findings, rejected ones with the
     reviewer's reason; past ``max_invalid_plans`` or ``max_rejections`` the node fails. A
@@ -270,7 +273,7 @@ async def obtain_plan(
     settings = node.run.settings
     pause = node.run.pause
     restore = node.run.restore
-    invalid = rejections = 0
+    rejections = 0
     reason = reason or ("initial" if previous is None else "replan")
     pending: PlanVersion | None = None
     restored = None if restore is None else restore.plan_state(node.record)
@@ -302,13 +305,13 @@ async def obtain_plan(
             await pause.hold()
         if outcome.kind == "approved":
             if previous is not None:
-                _replanned(node, version, previous)
+                announce_replan(node, version, previous)
             return plan
         if outcome.kind == "edited":
             edited = add_version(node, outcome.plan, "edit", plan)
             decide(node, edited, GateOutcome("approved", outcome.plan, outcome.by, outcome.note))
             if previous is not None:
-                _replanned(node, edited, previous)
+                announce_replan(node, edited, previous)
             return outcome.plan
         if outcome.kind == "invalid":
             invalid += 1

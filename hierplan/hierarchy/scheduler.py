@@ -201,10 +201,13 @@ async def run_streamed_dag(
     max_running: int | None = None,
     stop_on_failure: bool = False,
     dispatched: Callable[[Step], None] | None = None,
+    done: Mapping[str, StepResult] | None = None,
 ) -> DagOutcome:
     """Run the steps of a plan as ``source`` gives them (a plan being written), each after its
     dependencies, at most ``max_running`` at once; ``dispatched`` is told of each step as it
-    joins. When ``source`` ends, the steps already given run to their end.
+    joins. When ``source`` ends, the steps already given run to their end. ``done``: results
+    of steps that ran before (a revised plan's), which steps may depend on; a step given with
+    the id of one of them runs again.
 
     Each step may depend only on steps given before it (the per-step checks of a streamed plan
     see to that), so the graph grows without ever waiting on a step not yet written. Failures
@@ -214,9 +217,10 @@ async def run_streamed_dag(
         raise ValueError(f"max_running must be at least 1, not {max_running}")
     outcome = DagOutcome()
     results, failed, cancelled = outcome.results, outcome.failed, outcome.cancelled
+    results.update(done or {})
     order: list[str] = []
     waiting: dict[str, int] = {}
-    dependents: dict[str, list[str]] = {}
+    dependents: dict[str, list[str]] = {sid: [] for sid in results}
     ready: deque[Step] = deque()
     running = 0
     stopping = False
@@ -230,6 +234,7 @@ async def run_streamed_dag(
                 stack.extend((d, sid) for d in dependents[sid])
 
     def add(step: Step) -> None:
+        results.pop(step.id, None)  # given again: it runs again
         order.append(step.id)
         dependents[step.id] = []
         lost = [d for d in step.depends_on if d in failed or d in cancelled]

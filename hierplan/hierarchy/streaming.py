@@ -6,10 +6,14 @@ allowed for this node, its arguments valid against the tool's schema, dependenci
 steps only, the step limit, every other check :func:`~hierplan.plans.plan.validate_plan` makes
 of the steps written so far) and is scheduled at once; it starts when its dependencies are done.
 
+A replan streams too: the planner writes only the steps still to do, which may build on the
+done ones (see :mod:`hierplan.plans.revision`), and each runs as soon as it is accepted.
+
 A plan is gated whole, as before, when an approver other than the automatic one is set (a
 review policy, a reviewer, a callback), when the gate has validators beyond the default ones,
 when a budget limits the node (its least cost is a whole-plan check), in a resumed run, for
-strategies that run one step at a time, and with ``stream_plans`` off.
+strategies that run one step at a time, with ``stream_plans`` off, for a repair after a
+refused step, and for a replan after a step ran out of budget.
 
 A step that fails its checks ends the stream: the planning call is cancelled and counts for
 what it wrote; the steps already dispatched run to their end, and the node asks for a repaired
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 
 import anyio
 
+from hierplan.agents.planner import Revising
 from hierplan.core.results import StepResult
 from hierplan.errors import (
     ModelAuthError,
@@ -43,9 +48,11 @@ from hierplan.hierarchy.gate import (
     args_validator,
     structure_validator,
 )
-from hierplan.hierarchy.planning import PlanPolicy, add_version, decide
+from hierplan.hierarchy.planning import PlanPolicy, add_version, announce_replan, decide
 from hierplan.hierarchy.scheduler import DagOutcome, RunStep, run_streamed_dag
-from hierplan.plans.plan import Plan, Step
+from hierplan.plans.plan import Plan, Step, diff_plans
+from hierplan.plans.problems import PlanProblem
+from hierplan.plans.revision import DoneSteps
 from hierplan.records import PlanVersion
 
 STREAMED_BY = "stream"
@@ -65,19 +72,23 @@ class StepRefused(Exception):
 
 @dataclass(slots=True)
 class Streamed:
-    """What a streamed first plan came to: the plan (the whole plan as written, or the steps
-    accepted before the stream stopped), what its steps did, and ``problem``, why the stream
-    stopped early (``None`` when the plan was written to its end)."""
+    """What a streamed plan came to: the plan (the whole plan as written, or the steps
+    accepted before the stream stopped, with a revision's done steps), what its steps did,
+    and ``problem``, why the stream stopped early (``None`` when the plan was written to its
+    end)."""
 
     plan: Plan
     outcome: DagOutcome
     problem: str | None
     failed: StepFailed | None = None
     """The planning call's own failure (after its retries), when that stopped the stream."""
+    accepted: int = 0
+    """How many written steps were accepted to run (a done step written again unchanged
+    is not)."""
 
 
 async def can_stream(node: NodeContext, policy: PlanPolicy) -> bool:
-    """Whether ``node``'s first plan may stream (see the module docstring)."""
+    """Whether ``node``'s plans may stream (see the module docstring)."""
     run = node.run
     if not run.settings.stream_plans or run.restore is not None:
         return False
@@ -91,7 +102,22 @@ async def can_stream(node: NodeContext, policy: PlanPolicy) -> bool:
     return await node.spending() is None
 
 
-def _checks(node: NodeContext, policy: PlanPolicy) -> GateContext:
+@dataclass(frozen=True, slots=True)
+class Revision:
+    """A replan to stream: the running ``plan``, the results that stand (``done``) and what
+    failed. The planner writes the steps still to do; the done steps stay."""
+
+    plan: Plan
+    done: Mapping[str, StepResult]
+    failure: str | None
+
+    @property
+    def kept(self) -> DoneSteps:
+        """The done steps, as the revision's lines refer to them."""
+        return DoneSteps.of(self.plan, self.done)
+
+
+def _checks(node: NodeContext, policy: PlanPolicy, reason: str) -> GateContext:
     settings = node.run.settings
     return GateContext(
         path=node.path,
@@ -102,13 +128,13 @@ def _checks(node: NodeContext, policy: PlanPolicy) -> GateContext:
         allowed_tools=node.allowed_tools,
         toolbox=node.run.toolbox,
         version=len(node.record.plan_versions) + 1,
-        reason="initial",
+        reason=reason,
         step=node.step,
         simulated=node.run.planner_model.simulated,
     )
 
 
-async def stream_first_plan(
+async def stream_plan(
     node: NodeContext,
     policy: PlanPolicy,
     inputs: Mapping[str, StepResult],
@@ -117,14 +143,19 @@ async def stream_first_plan(
     *,
     max_running: int | None,
     stop_on_failure: bool,
+    revision: Revision | None = None,
 ) -> Streamed:
-    """Plan ``node``'s goal as a stream and run each step as it is accepted. ``prepare`` makes
-    a step's child node (its record) when the step is accepted. The plan is recorded as a
-    version with its first step, approved by ``stream``; once the stream ends the version
-    holds the plan as written, and is decided invalid (with the problem) if a step was
-    refused."""
-    ctx = _checks(node, policy)
+    """Plan ``node``'s goal as a stream and run each step as it is accepted (``revision``: a
+    replan, whose steps may build on the done ones). ``prepare`` makes a step's child node (its
+    record) when the step is accepted. The plan is recorded as a version with its first step,
+    approved by ``stream``; once the stream ends the version holds the plan as written, and is
+    decided invalid (with the problem) if a step was refused."""
+    reason = "initial" if revision is None else "replan"
+    ctx = _checks(node, policy, reason)
+    kept = DoneSteps() if revision is None else revision.kept
+    was = {s.id: s for s in kept.steps}
     accepted: list[Step] = []
+    sent: list[Step] = []  # the accepted steps that run (a done step written again does not)
     send, receive = anyio.create_memory_object_stream[Step](max_buffer_size=float("inf"))
     whole: Plan | None = None
     problem: str | None = None
@@ -133,8 +164,12 @@ async def stream_first_plan(
     version: PlanVersion | None = None
 
     def accept(step: Step) -> None:
-        prefix = Plan(goal=node.goal, steps=[*accepted, step])
+        prefix = Plan(goal=node.goal, steps=kept.merged([*accepted, step]))
         problems = structure_validator(prefix, ctx) + args_validator(prefix, ctx)
+        redo = step.id in was and not was[step.id].same_work(step)
+        if redo and any(step.id in s.depends_on for s in accepted):
+            why = f"step {step.id!r} is redone after steps that use its result: redo it first"
+            problems.append(PlanProblem("redone_after_use", why, step.id))
         if problems:
             raise StepRefused("; ".join(str(p) for p in problems), step)
         accepted.append(step)
@@ -142,18 +177,22 @@ async def stream_first_plan(
         if version is None:
             # Proposed and approved with its first step, before that step can start: a
             # plan's steps run after its approval, for whoever follows the run's events.
-            version = add_version(node, prefix, "initial", None)
+            previous = None if revision is None else revision.plan
+            version = add_version(node, prefix, reason, previous)
             decide(node, version, GateOutcome("approved", prefix, STREAMED_BY, STREAMED_NOTE))
         else:
             version.plan = prefix
+        if step.id in kept.copies([*accepted]):
+            return  # a done step written again unchanged: its result stands
         prepare(step).record.parsed_at = time.time()
+        sent.append(step)
         send.send_nowait(step)
 
     async def write() -> None:
         nonlocal whole, problem, failed
         with send:
             try:
-                whole = await _written(node, policy, inputs, accept)
+                whole = await _written(node, policy, inputs, accept, revision)
             except StepRefused as exc:
                 problem = str(exc)
                 refused.extend([] if exc.step is None else [exc.step])
@@ -176,17 +215,27 @@ async def stream_first_plan(
                 max_running=max_running,
                 stop_on_failure=stop_on_failure,
                 dispatched=dispatched,
+                done=None if revision is None else _standing(revision),
             )
-    plan = whole if whole is not None else Plan(goal=node.goal, steps=accepted)
+    plan = whole if whole is not None else Plan(goal=node.goal, steps=kept.merged(accepted))
     # The version shows the plan as written: up to and with the refused step, if one was.
     written = Plan(goal=node.goal, steps=[*plan.steps, *refused]) if refused else plan
-    if version is None and written.steps:  # the first step written was refused
-        version = add_version(node, written, "initial", None)
+    if version is None and written.steps and refused:  # the first step written was refused
+        version = add_version(node, written, reason, None if revision is None else revision.plan)
     if version is not None:
         version.plan = written
+        if revision is not None:
+            version.diff = diff_plans(revision.plan, written)
         if problem is not None:
             decide(node, version, GateOutcome("invalid", written, STREAMED_BY, problems=[problem]))
-    return Streamed(plan, outcome, problem, failed)
+        elif revision is not None:
+            announce_replan(node, version, revision.plan)
+    return Streamed(plan, outcome, problem, failed, len(sent))
+
+
+def _standing(revision: Revision) -> dict[str, StepResult]:
+    """The results a streamed revision's steps may build on: those of the done steps."""
+    return {s.id: revision.done[s.id] for s in revision.kept.steps}
 
 
 async def _written(
@@ -194,19 +243,26 @@ async def _written(
     policy: PlanPolicy,
     inputs: Mapping[str, StepResult],
     accept: Callable[[Step], None],
+    revision: Revision | None,
 ) -> Plan:
     """The planner's streamed plan inside every instrument's planning scope; a failed
     planning call as :class:`StepFailed`, as :func:`~hierplan.hierarchy.planning.obtain_plan`
     reports it."""
     run = node.run
     texts = {k: v.text for k, v in inputs.items()}
+    revising = None
+    if revision is not None:
+        progress = {k: v.text for k, v in revision.done.items()}
+        revising = Revising(revision.plan, progress, revision.failure)
     async with AsyncExitStack() as stack:
         for instrument in run.instruments:
-            scope = instrument.planning_scope(node, "initial")
+            scope = instrument.planning_scope(node, "initial" if revision is None else "replan")
             if scope is not None:
                 await stack.enter_async_context(scope)
         try:
-            plan = await run.planner.stream_plan(node, accept, inputs=texts, flat=policy.flat)
+            plan = await run.planner.stream_plan(
+                node, accept, inputs=texts, flat=policy.flat, revising=revising
+            )
         except SimulatorCoverageError as exc:
             raise StepFailed(str(exc)) from None
         except (ModelAuthError, UnexpectedModelCall):

@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +47,7 @@ from pydantic import ValidationError
 
 from hierplan.errors import PlanParseError, field_problems
 from hierplan.plans.plan import REF_PATTERN, Plan, Step, ref_target, step_refs
+from hierplan.plans.revision import DoneSteps
 
 # The longest line read: a sub-goal's text may be long, a model looping on one line is cut here.
 MAX_LINE_CHARS = 120_000
@@ -289,13 +290,18 @@ def _clean(line: str) -> str | None:
 class CompactReader:
     """Reads compact plan lines one at a time: each step line becomes a :class:`Step` (its
     ``$ID`` references resolved against the steps before it), plan-level lines set the plan's
-    fields. Raises :class:`PlanParseError` naming the line for anything it cannot read."""
+    fields. Raises :class:`PlanParseError` naming the line for anything it cannot read.
 
-    def __init__(self, params: Params | None = None) -> None:
+    ``done``: a revision's done steps, which its lines may refer to as steps above them and
+    which the plan keeps (see :class:`~hierplan.plans.revision.DoneSteps`)."""
+
+    def __init__(self, params: Params | None = None, done: DoneSteps | None = None) -> None:
         self.params = params
+        self.done = done or DoneSteps()
         self.steps: list[Step] = []
         self.fields: dict[str, str] = {}
         self.lines = 0
+        self._earlier = self.done.ids
 
     def read(self, line: str) -> Step | None:
         """Read one line; the step it holds, or ``None`` for a plan field or a skipped line."""
@@ -311,11 +317,12 @@ class CompactReader:
             self.fields[key] = plan_field.group(2).strip()
             return None
         try:
-            step = _step(_read_line(text, self.params), [s.id for s in self.steps])
+            step = _step(_read_line(text, self.params), self._earlier)
         except (ValueError, RecursionError) as exc:
             shown = text if len(text) <= 80 else text[:77] + "..."
             raise PlanParseError(f"plan line {self.lines} ({shown!r}): {exc}") from None
         self.steps.append(step)
+        self._earlier.append(step.id)
         return step
 
     def plan(self, goal: str) -> Plan:
@@ -323,14 +330,17 @@ class CompactReader:
         if not self.steps:
             raise PlanParseError("the plan has no step lines ('1. tool(arguments)' ...)")
         try:
-            return Plan(goal=goal, steps=self.steps, **self.fields)
+            return Plan(goal=goal, steps=self.done.merged(self.steps), **self.fields)
         except ValidationError as exc:
             raise PlanParseError(f"the plan does not fit: {field_problems(exc, 'plan')}") from None
 
 
-def parse_compact(text: str, *, goal: str, params: Params | None = None) -> Plan:
-    """The plan written in ``text`` (the compact format) for ``goal``."""
-    reader = CompactReader(params)
+def parse_compact(
+    text: str, *, goal: str, params: Params | None = None, done: DoneSteps | None = None
+) -> Plan:
+    """The plan written in ``text`` (the compact format) for ``goal``; ``done``: a
+    revision's done steps (see :class:`CompactReader`)."""
+    reader = CompactReader(params, done)
     for line in text.split("\n"):  # as a stream splits it: only "\n" ends a line
         reader.read(line)
     return reader.plan(goal)
@@ -340,9 +350,11 @@ class CompactStream:
     """A compact plan read as its text arrives: :meth:`feed` returns the steps whose lines
     became complete, :meth:`close` reads a last line without a newline and returns the plan."""
 
-    def __init__(self, goal: str, params: Params | None = None) -> None:
+    def __init__(
+        self, goal: str, params: Params | None = None, done: DoneSteps | None = None
+    ) -> None:
         self.goal = goal
-        self.reader = CompactReader(params)
+        self.reader = CompactReader(params, done)
         self._pending = ""
 
     def feed(self, chunk: str) -> list[Step]:
@@ -406,13 +418,15 @@ def render_step(step: Step, earlier: Sequence[str], params: Params | None = None
     return f"{line}: {text}" if text else line
 
 
-def render_compact(plan: Plan, params: Params | None = None) -> str:
+def render_compact(plan: Plan, params: Params | None = None, *, skip: Collection[str] = ()) -> str:
     """``plan`` in the compact format: what a planner writes for it (titles and the goal are
-    not written; a direct call's instruction is not either)."""
+    not written; a direct call's instruction is not either). ``skip``: ids of steps not
+    written (a revision's done steps, which the lines after them refer to)."""
     lines: list[str] = []
     ids: list[str] = []
     for step in plan.steps:
-        lines.append(render_step(step, ids, params))
+        if step.id not in skip:
+            lines.append(render_step(step, ids, params))
         ids.append(step.id)
     if plan.left_out:
         lines.append("left_out: " + " ".join(plan.left_out.split()))

@@ -36,7 +36,7 @@ import json
 import math
 import random
 import re
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Collection, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from hashlib import sha256
@@ -63,6 +63,7 @@ from hierplan.models.base import Message, ModelRequest, ModelResponse, StreamIte
 from hierplan.models.tokens import estimate_request_tokens, estimate_text_tokens
 from hierplan.plans.compact import render_compact
 from hierplan.plans.plan import Plan, Step
+from hierplan.plans.revision import carried_over
 from hierplan.simulator.oracle import COVERAGE_HINT, Oracle
 from hierplan.simulator.profiles import (
     DEFAULT_SIMULATED_PRICED_AS,
@@ -246,20 +247,26 @@ class SimulatedModel:
         # Repairs get noise too: a model asked to fix its answer can err again, and more
         # likely so, since the prompt reports a failure (as an executor's errors grow).
         after_failure = reports_failure(request.messages, prompt)
-        plan, flags = self._plan_decisions(plan, prompt, request.messages, after_failure, rng)
-        for _ in range(self._plan_error_count(len(plan.steps), after_failure, rng)):
-            plan, kind = perturb_plan(plan, rng)
+        # A replan writes only what is left: the done steps whose results stand are not
+        # written, so they are no decisions and get no noise.
+        kept = frozenset(_carried_steps(prompt, plan))
+        plan, flags = self._plan_decisions(plan, kept, request.messages, after_failure, rng)
+        written = len(plan.steps) - len(kept)
+        for _ in range(self._plan_error_count(written, after_failure, rng)):
+            plan, kind = perturb_plan(plan, rng, fixed=kept)
             if kind:
                 flags.append(f"sim_plan_error:{kind}")
         if request.output_schema is not None:  # asked for JSON: answer JSON
             data: dict[str, Any] = plan.model_dump(mode="json", exclude_none=True)
+            data["steps"] = [s for s in data["steps"] if s["id"] not in kept]
             return ModelResponse(text=json.dumps(data), output=data, flags=flags)
-        return ModelResponse(text=render_compact(plan, prompt.tool_params), flags=flags)
+        text = render_compact(plan, prompt.tool_params, skip=kept)
+        return ModelResponse(text=text, flags=flags)
 
     def _plan_decisions(
         self,
         plan: Plan,
-        prompt: PlanPrompt,
+        kept: frozenset[str],
         messages: Sequence[Message],
         after_failure: bool,
         rng: random.Random,
@@ -267,16 +274,17 @@ class SimulatedModel:
         """The plan with its direct tool steps' arguments wrong as often as an executor's tool
         calls at the same horizon: the step's place among the lines written in this context.
 
-        One draw per step whatever it is, so that a step's draw does not depend on the kinds
-        of the steps before it."""
+        One draw per written step whatever it is, so that a step's draw does not depend on the
+        kinds of the steps before it; the ``kept`` steps a replan does not write draw none."""
         horizon = _earlier_plan_steps(messages)
-        copied = _copied_steps(prompt)
         steps = list(plan.steps)
         flags: list[str] = []
-        for i, step in enumerate(steps):
-            p = self.profile.wrong_args_probability(horizon + i, after_failure)
+        written = (i for i, s in enumerate(steps) if s.id not in kept)
+        for line, i in enumerate(written):
+            step = steps[i]
+            p = self.profile.wrong_args_probability(horizon + line, after_failure)
             wrong = p > 0 and rng.random() < p
-            if wrong and step.tool is not None and step.args and step.id not in copied:
+            if wrong and step.tool is not None and step.args:
                 args = corrupt_step_args(step, rng)
                 steps[i] = step.model_copy(update={"args": args})
                 flags.append("sim_plan_error:wrong_args")
@@ -397,12 +405,13 @@ def _earlier_plan_steps(messages: Sequence[Message]) -> int:
     return count
 
 
-def _copied_steps(prompt: PlanPrompt) -> set[str]:
-    """Ids of done steps of a replan's current plan (those the prompt says to copy)."""
+def _carried_steps(prompt: PlanPrompt, plan: Plan) -> list[str]:
+    """Ids of the steps of ``plan`` a replan does not write: done steps of the prompt's
+    current plan whose results stand in ``plan``."""
     if prompt.current_plan is None:
-        return set()
-    steps = prompt.current_plan.get("steps", [])
-    return {str(s.get("id")) for s in steps if isinstance(s, dict)} & set(prompt.progress)
+        return []
+    current = Plan.model_validate(prompt.current_plan)
+    return carried_over(current, plan, prompt.progress)
 
 
 def _asks_for_plan(request: ModelRequest) -> bool:
@@ -500,26 +509,30 @@ def corrupt_step_args(step: Step, rng: random.Random) -> dict[str, Any]:
     return corrupt_args(args, rng)
 
 
-def perturb_plan(plan: Plan, rng: random.Random) -> tuple[Plan, str | None]:
+def perturb_plan(
+    plan: Plan, rng: random.Random, *, fixed: Collection[str] = ()
+) -> tuple[Plan, str | None]:
     """Introduce one structural plan error: drop a step, or drop a dependency. (A wrong tool
-    argument is a decision's error: see :meth:`SimulatedModel._plan_decisions`.)"""
+    argument is a decision's error: see :meth:`SimulatedModel._plan_decisions`.) Steps in
+    ``fixed`` (those a replan does not write) are left alone."""
+    steps = list(plan.steps)
+    open_ = [i for i, s in enumerate(steps) if s.id not in fixed]
     kinds = []
-    if len(plan.steps) > 1:
+    if len(steps) > 1 and open_:
         kinds.append("dropped_step")
-    if any(s.depends_on for s in plan.steps):
+    if any(steps[i].depends_on for i in open_):
         kinds.append("missing_dependency")
     if not kinds:
         return plan, None
     kind = rng.choice(kinds)
-    steps = list(plan.steps)
     if kind == "dropped_step":
-        victim = steps.pop(rng.randrange(len(steps)))
+        victim = steps.pop(rng.choice(open_))
         steps = [
             s.model_copy(update={"depends_on": [d for d in s.depends_on if d != victim.id]})
             for s in steps
         ]
     else:
-        candidates = [i for i, s in enumerate(steps) if s.depends_on]
+        candidates = [i for i in open_ if steps[i].depends_on]
         i = rng.choice(candidates)
         deps = list(steps[i].depends_on)
         deps.pop(rng.randrange(len(deps)))
