@@ -1689,3 +1689,49 @@ async def test_the_summary_sums_usd_without_drift() -> None:
     assert sum(row["spent_usd"] for row in result.budget["levels"][1:]) == pytest.approx(
         pico["execution"] / PICO_PER_USD
     )
+
+
+@tool
+def broken_lookup(key: str) -> str:
+    """Fails on every key."""
+    raise RuntimeError(f"no {key}")
+
+
+async def test_a_plan_too_poor_to_replan_still_runs_what_does_not_depend_on_the_failure() -> None:
+    """The replan after a failed step does not fit what is left: the approved plan goes on
+    without the failure (its direct tool steps cost nothing), then the node ends partial."""
+
+    def direct(step_id: str, tool_name: str, *deps: str) -> dict[str, Any]:
+        return {
+            "id": step_id,
+            "title": step_id,
+            "instruction": step_id,
+            "tool": tool_name,
+            "args": {"key": step_id},
+            "depends_on": list(deps),
+        }
+
+    steps = [
+        direct("bad", "broken_lookup"),
+        direct("slow", "slow_lookup"),
+        # not started when "bad" fails (it waits for "slow"), so only going on runs it
+        direct("free", "lookup", "slow"),
+        direct("after_bad", "lookup", "bad"),
+    ]
+    result = await hierplan.run(
+        hierplan.RunSpec(
+            goal="Look four keys up",
+            model=_plan_model({"Look four keys up": steps}),
+            settings=RunSettings(strategy="dag", planner_max_tokens=1_000, max_retries=0),
+            pricing=PRICING,
+            budget={"tokens": 900},
+        ),
+        tools=[lookup, slow_lookup, broken_lookup],
+    )
+    by_step = {n.step_id: n for n in result.nodes() if n.step_id}
+    assert by_step["free"].status == "succeeded" and by_step["slow"].status == "succeeded"
+    assert by_step["bad"].status == "failed" and by_step["after_bad"].status == "cancelled"
+    assert result.status == "partial"
+    assert "cannot replan" in (result.error or "")
+    assert len(result.tree.plan_versions) == 1
+    assert result.budget is not None and result.budget["spent"]["tokens"] <= 900

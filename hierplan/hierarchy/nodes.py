@@ -280,17 +280,21 @@ async def _revise(
             stop_on_failure=stop_on_failure,
         )
         if isinstance(streamed, StepFailed):
-            await _unrevised(node, plan, outcome, children, run_step, max_running, streamed)
+            why = f"replanning failed: {streamed}"
+            await _unrevised(node, plan, outcome, children, run_step, max_running, why)
         return streamed
     try:
         new_plan = await obtain_plan(
             node, policy, inputs, previous=plan, progress=done, failure=failure
         )
     except BudgetExceeded as exc:
-        children.retire(outcome.not_started, "not run: no budget left to replan")
-        _give_up(node, plan, done, f"{failure}; cannot replan: {exc}", budget=True)
+        # The steps that do not depend on the failure were approved and may cost nothing
+        # (direct tool calls): a budget too small to replan does not throw them away.
+        why = f"cannot replan: {exc}"
+        await _unrevised(node, plan, outcome, children, run_step, max_running, why, budget=True)
     except StepFailed as exc:
-        await _unrevised(node, plan, outcome, children, run_step, max_running, exc)
+        why = f"replanning failed: {exc}"
+        await _unrevised(node, plan, outcome, children, run_step, max_running, why)
     if budget and _same_work_left(plan, new_plan, done):
         children.retire(outcome.not_started, "not run: the revised plan changed nothing")
         _give_up(node, plan, done, _unchanged_after_budget(failure), budget=True)
@@ -304,17 +308,20 @@ async def _unrevised(
     children: _Children,
     run_step: RunStep,
     max_running: int,
-    exc: StepFailed,
+    why: str,
+    *,
+    budget: bool = False,
 ) -> NoReturn:
-    """No revised plan (``exc`` says why): ``plan`` goes on without the failed steps and
-    what depends on them, as if replans were not allowed, then the node gives up."""
+    """No revised plan (``why`` says why not): ``plan`` goes on without the failed steps and
+    what depends on them, as if replans were not allowed, then the node gives up (out of
+    budget when ``budget`` or a step ran out)."""
     outcome = await run_dag(
         plan, run_step, done=outcome.results, failed=outcome.failed, max_running=max_running
     )
     children.retire(outcome.cancelled)
     children.retire(outcome.not_started, "not run: the node gave up")
-    failure, budget = _failures(outcome)
-    _give_up(node, plan, outcome.results, f"{failure}; replanning failed: {exc}", budget=budget)
+    failure, short = _failures(outcome)
+    _give_up(node, plan, outcome.results, f"{failure}; {why}", budget=budget or short)
 
 
 async def _stream(
