@@ -2,8 +2,8 @@
 change: hierplan against a bare anyio task group and LangGraph, as ratios.
 
     .venv/bin/python benchmarks/instructions.py [--leaves 1000]
-        [--impls hierplan,hierplan-direct,anyio,langgraph] [--tools 0] [--tree DIR]
-        [--out DIR | --no-out]
+        [--impls hierplan,hierplan-direct,anyio,langgraph] [--tools 0]
+        [--step-timeout SECONDS|none] [--tree DIR] [--out DIR | --no-out]
 
 The workload is ``overhead.py``'s (a three-level hierplan tree on a zero-latency function
 model, budgets on, tracing off, concurrency not limited; N tasks sleeping 10 ms in one anyio
@@ -22,7 +22,10 @@ arguments: the step calls a tool that sleeps 10 ms, without a model call), so th
 costs without a model call shows beside a model leaf (``hierplan direct over hierplan``).
 
 ``--tools N`` gives hierplan's executors N tools to choose from (four arguments each; the
-model answers without calling them), which a call's request then carries. ``--tree DIR``
+model answers without calling them), which a call's request then carries.
+``--step-timeout`` sets hierplan's step deadline (``RunSettings.step_timeout_s``: its default,
+300 s, unless given; ``none``, steps without a deadline, shows what the deadlines cost).
+``--tree DIR``
 measures the hierplan of another checkout (``DIR`` put first on ``PYTHONPATH``),
 so that two commits compare without reinstalling. Needs valgrind (``apt-get install
 valgrind``); the counts take a few minutes (valgrind runs a program about 50 times slower).
@@ -53,16 +56,22 @@ MARKER = "os_getppid"  # the C function behind os.getppid(): callgrind dumps bef
 DEFAULT_IMPLS = ("hierplan", "hierplan-direct", "anyio", "langgraph")
 
 
-async def _measured_run(impl: str, leaves: int, tools: int) -> int:
+async def _measured_run(impl: str, leaves: int, tools: int, step_timeout: float | None) -> int:
     """Warm up, then run ``leaves`` leaves between the two markers; returns those completed."""
     run: Callable[[int], Awaitable[int]] = overhead.RUNNERS[impl]
-    if impl == "hierplan" and tools:
+    if impl == "hierplan":
         available = overhead.sample_tools(tools)
 
-        async def run_with_tools(n: int) -> int:
-            return await overhead.run_hierplan(n, tools=available)
+        async def run_hierplan(n: int) -> int:
+            return await overhead.run_hierplan(n, tools=available, step_timeout_s=step_timeout)
 
-        run = run_with_tools
+        run = run_hierplan
+    elif impl == "hierplan-direct":
+
+        async def run_direct(n: int) -> int:
+            return await overhead.run_hierplan_direct(n, step_timeout_s=step_timeout)
+
+        run = run_direct
     await run(overhead.WARMUP_LEAVES)
     if impl == "langgraph":  # compiled once, before the count: the fan-out is what is counted
         graph = overhead._langgraph_graph(overhead.LEAF_S)
@@ -78,9 +87,9 @@ async def _measured_run(impl: str, leaves: int, tools: int) -> int:
     return completed
 
 
-def child(impl: str, leaves: int, tools: int) -> None:
+def child(impl: str, leaves: int, tools: int, step_timeout: float | None) -> None:
     """The process valgrind runs: the measured run, then what it measured, as JSON."""
-    completed = anyio.run(_measured_run, impl, leaves, tools)
+    completed = anyio.run(_measured_run, impl, leaves, tools, step_timeout)
     print(json.dumps({"completed": completed, "source": perfkit.hierplan_source()}))
 
 
@@ -96,7 +105,13 @@ def _dumped_totals(folder: Path) -> list[int]:
     return totals
 
 
-def count(impl: str, leaves: int, tree: Path | None, tools: int = 0) -> dict[str, Any]:
+def count(
+    impl: str,
+    leaves: int,
+    tree: Path | None,
+    tools: int = 0,
+    step_timeout: float | None = overhead.STEP_TIMEOUT_S,
+) -> dict[str, Any]:
     """Run one implementation under callgrind; instructions of its measured run, per leaf."""
     env = dict(os.environ)
     if tree is not None:
@@ -115,6 +130,8 @@ def count(impl: str, leaves: int, tree: Path | None, tools: int = 0) -> dict[str
             str(leaves),
             "--tools",
             str(tools),
+            "--step-timeout",
+            _seconds_text(step_timeout),
         ]
         done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
         if done.returncode != 0:
@@ -131,6 +148,7 @@ def count(impl: str, leaves: int, tree: Path | None, tools: int = 0) -> dict[str
         "impl": impl,
         "leaves": leaves,
         "tools": tools if impl == "hierplan" else 0,
+        "step_timeout_s": step_timeout if impl.startswith("hierplan") else None,
         "instructions": totals[1],
         "per_leaf": totals[1] / leaves,
         "leaves_completed": measured["completed"],
@@ -154,6 +172,20 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, float | None]:
     }
 
 
+def _seconds(text: str) -> float | None:
+    """A step deadline from the command line: seconds more than 0, or ``none``."""
+    if text == "none":
+        return None
+    seconds = float(text)
+    if not 0 < seconds < float("inf"):
+        raise ValueError(text)
+    return seconds
+
+
+def _seconds_text(seconds: float | None) -> str:
+    return "none" if seconds is None else repr(seconds)
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--leaves", type=int, default=1000)
@@ -162,6 +194,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "--tree", type=Path, default=None, help="a checkout whose hierplan to count"
     )
     parser.add_argument("--tools", type=int, default=0, help="tools available to hierplan's steps")
+    parser.add_argument(
+        "--step-timeout",
+        type=_seconds,
+        default=overhead.STEP_TIMEOUT_S,
+        metavar="SECONDS|none",
+        help="hierplan's step deadline (default: RunSettings' own; none: no deadline)",
+    )
     parser.add_argument("--out", type=Path, default=perfkit.RESULTS)
     parser.add_argument("--no-out", action="store_true")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -184,7 +223,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Count, print a table, write ``results/instructions.json``; return the figures."""
     args = _parse(argv)
     if args.child is not None:
-        child(args.child, args.leaves, args.tools)
+        child(args.child, args.leaves, args.tools, args.step_timeout)
         return {}
     if shutil.which(VALGRIND) is None:
         raise SystemExit("valgrind is not installed: apt-get install valgrind")
@@ -196,7 +235,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             notes.append("langgraph: not installed (pip install -e '.[bench]')")
             continue
         print(f"counting {impl} at {args.leaves:,} leaves under valgrind...", flush=True)
-        rows.append(count(impl, args.leaves, args.tree, args.tools))
+        rows.append(count(impl, args.leaves, args.tree, args.tools, args.step_timeout))
     measured = next((r["hierplan_source"] for r in rows if r["hierplan_source"]), None)
     if measured is not None:  # the hierplan counted (``--tree``), not the one running this script
         details["hierplan_commit"] = measured["commit"]
@@ -210,6 +249,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "hierplan_measured": measured,
         "leaves": args.leaves,
         "tools": args.tools,
+        "step_timeout_s": args.step_timeout,
         "rows": rows,
         "ratios": ratios(rows),
         "notes": notes,

@@ -67,6 +67,8 @@ IMPLS = ("hierplan", "anyio", "langgraph")
 # A budget no run here comes near: budgets are on (reserve and settle every call) but never bind.
 BUDGET_USD = 1_000_000.0
 BUDGET_TOKENS = 10**13
+# Each step's deadline: RunSettings' own unless a caller asks for another (or None, no deadline).
+STEP_TIMEOUT_S = RunSettings.model_fields["step_timeout_s"].default
 
 
 def tree_shape(leaves: int) -> list[list[int]]:
@@ -164,15 +166,21 @@ async def hierplan_result(
     tools: Sequence[Tool] = (),
     listeners: Sequence[Listener] = (),
     direct: bool = False,
+    step_timeout_s: float | None = STEP_TIMEOUT_S,
 ) -> RunResult:
     """One hierplan run of ``leaves`` leaves (``tools`` available to every executor, its events
-    to ``listeners``; with ``direct``, tool-only leaves); raises unless it succeeded."""
+    to ``listeners``; with ``direct``, tool-only leaves; each step under ``step_timeout_s``);
+    raises unless it succeeded."""
     result = await hierplan.run(
         "many leaves",
         strategy="hierarchical",
         model=hierplan_model(leaves, leaf_s, direct),
         tools=[*tools, wait_tool(leaf_s)] if direct else tools,
-        settings=RunSettings(concurrency=leaves, plan_concurrency=max(leaves, PLAN_LIMIT)),
+        settings=RunSettings(
+            concurrency=leaves,
+            plan_concurrency=max(leaves, PLAN_LIMIT),
+            step_timeout_s=step_timeout_s,
+        ),
         listeners=listeners,
         budget={"usd": BUDGET_USD, "tokens": BUDGET_TOKENS},
     )
@@ -181,16 +189,25 @@ async def hierplan_result(
     return result
 
 
-async def run_hierplan(leaves: int, leaf_s: float = LEAF_S, tools: Sequence[Tool] = ()) -> int:
-    """One hierplan run of ``leaves`` leaves (``tools`` available to every executor); returns
-    how many completed."""
-    return count_leaves((await hierplan_result(leaves, leaf_s, tools)).tree)
+async def run_hierplan(
+    leaves: int,
+    leaf_s: float = LEAF_S,
+    tools: Sequence[Tool] = (),
+    step_timeout_s: float | None = STEP_TIMEOUT_S,
+) -> int:
+    """One hierplan run of ``leaves`` leaves (``tools`` available to every executor, each step
+    under ``step_timeout_s``); returns how many completed."""
+    result = await hierplan_result(leaves, leaf_s, tools, step_timeout_s=step_timeout_s)
+    return count_leaves(result.tree)
 
 
-async def run_hierplan_direct(leaves: int, leaf_s: float = LEAF_S) -> int:
+async def run_hierplan_direct(
+    leaves: int, leaf_s: float = LEAF_S, step_timeout_s: float | None = STEP_TIMEOUT_S
+) -> int:
     """One hierplan run of ``leaves`` tool-only leaves (a tool and its arguments, no model
-    call); returns how many completed."""
-    return count_leaves((await hierplan_result(leaves, leaf_s, direct=True)).tree)
+    call; each step under ``step_timeout_s``); returns how many completed."""
+    result = await hierplan_result(leaves, leaf_s, direct=True, step_timeout_s=step_timeout_s)
+    return count_leaves(result.tree)
 
 
 async def run_anyio(leaves: int, leaf_s: float = LEAF_S) -> int:

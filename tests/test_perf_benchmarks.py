@@ -221,11 +221,15 @@ def test_instruction_counts_cover_the_measured_run_of_each_implementation() -> N
     _valgrind_or_skip()
     instructions = _load("instructions")
     small = instructions.main(
-        ["--leaves", "10", "--impls", "hierplan,hierplan-direct,anyio", "--tools", "2", "--no-out"]
+        [
+            *("--leaves", "10", "--impls", "hierplan,hierplan-direct,anyio", "--tools", "2"),
+            *("--step-timeout", "none", "--no-out"),
+        ]
     )
     rows = {r["impl"]: r for r in small["rows"]}
     assert set(rows) == {"hierplan", "hierplan-direct", "anyio"}
     assert (rows["hierplan"]["tools"], rows["anyio"]["tools"]) == (2, 0)
+    assert small["step_timeout_s"] is None and rows["hierplan-direct"]["step_timeout_s"] is None
     assert all(r["leaves_completed"] == 10 and r["instructions"] > 0 for r in rows.values())
     assert small["ratios"]["hierplan_over_anyio"] == pytest.approx(
         rows["hierplan"]["per_leaf"] / rows["anyio"]["per_leaf"]
@@ -251,6 +255,28 @@ def test_instruction_dumps_are_read_in_the_order_callgrind_numbers_them(tmp_path
         )
     (tmp_path / "cg.out").write_text("totals: 1\n")  # the dump at exit: not a marker's
     assert instructions._dumped_totals(tmp_path) == [500, 70, 9]
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_the_hierplan_runs_take_the_step_deadline_they_are_given(
+    overhead: Any, direct: bool
+) -> None:
+    for given, kept in ((None, None), (2.5, 2.5), (overhead.STEP_TIMEOUT_S, 300.0)):
+        result = anyio.run(
+            partial(overhead.hierplan_result, 3, 0.0, direct=direct, step_timeout_s=given)
+        )
+        assert result.status == "succeeded" and result.settings["step_timeout_s"] == kept
+
+
+def test_instructions_reads_a_step_deadline_or_none() -> None:
+    parse = _load("instructions")._parse
+    assert parse([]).step_timeout == 300.0  # RunSettings' own default
+    assert parse(["--step-timeout", "none"]).step_timeout is None
+    assert parse(["--step-timeout", "2.5"]).step_timeout == 2.5
+    for wrong in ("0", "-1", "inf", "nan", "soon"):
+        with pytest.raises(SystemExit) as refused:
+            parse(["--step-timeout", wrong])
+        assert refused.value.code == 2
 
 
 def test_instructions_refuses_a_tree_without_hierplan(tmp_path: Path) -> None:
