@@ -14,7 +14,8 @@ Reported, per leaf:
 - ``tracemalloc``: bytes allocated by the run and alive with every leaf in flight, and still
   alive after the run (the run record, which a run exists to keep), against the bare task
   group's bytes in flight;
-- the object types alive in flight (objects the garbage collector tracks; shallow sizes, so a
+- the objects the garbage collector tracks alive in flight, against the bare task group's
+  (what each collector pass walks, in proportion), and their types (shallow sizes, so a
   type's figure excludes what its objects point to): which objects each leaf costs;
 - the chain of coroutines one waiting leaf is suspended in, with each frame's size;
 - with ``--queued N``: the traced peak of one plan of N one-millisecond steps under the default
@@ -142,13 +143,15 @@ async def measure_hierplan(leaves: int) -> dict[str, Any]:
     return {
         "in_flight_bytes": _bytes(gate.traced, base) / leaves,
         "after_bytes": _bytes(after, base) / leaves,
+        "objects": sum(count for count, _ in types.values()) / leaves,
         "types": {name: (c / leaves, s / leaves) for name, (c, s) in types.items() if s > 0},
         "chain": gate.chain,
     }
 
 
-async def measure_anyio(leaves: int) -> float:
-    """Bytes per task of a bare task group whose tasks all wait at once."""
+async def measure_anyio(leaves: int) -> tuple[float, float]:
+    """Bytes and GC-tracked objects per task of a bare task group whose tasks all wait at
+    once."""
     arrived = 0
     every = anyio.Event()
     in_flight: list[int] = []
@@ -159,17 +162,19 @@ async def measure_anyio(leaves: int) -> float:
         if arrived == leaves:
             gc.collect()
             in_flight.append(_bytes(tracemalloc.take_snapshot(), base))
+            in_flight.append(len(gc.get_objects()) - objects)
             every.set()
         await every.wait()
 
     gc.collect()
+    objects = len(gc.get_objects())
     tracemalloc.start()
     base = tracemalloc.take_snapshot()
     async with anyio.create_task_group() as tg:
         for _ in range(leaves):
             tg.start_soon(leaf)
     tracemalloc.stop()
-    return in_flight[0] / leaves
+    return in_flight[0] / leaves, in_flight[1] / leaves
 
 
 async def measure_queued(steps: int) -> float:
@@ -203,12 +208,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     args = parser.parse_args(argv)
     ours = anyio.run(measure_hierplan, args.leaves)
-    bare = anyio.run(measure_anyio, args.leaves)
+    bare, bare_objects = anyio.run(measure_anyio, args.leaves)
     ours["anyio_in_flight_bytes"] = bare
+    ours["anyio_objects"] = bare_objects
     print(f"{args.leaves:,} leaves, every one in flight at once; bytes per leaf (tracemalloc)")
     print(f"  hierplan in flight {ours['in_flight_bytes']:>8,.0f}")
     print(f"  hierplan after run {ours['after_bytes']:>8,.0f}  (the run record)")
     print(f"  bare anyio task    {bare:>8,.0f}")
+    print("GC-tracked objects alive per leaf in flight")
+    print(f"  hierplan {ours['objects']:6.1f}")
+    print(f"  anyio    {bare_objects:6.1f}  (hierplan {ours['objects'] / bare_objects:.2f}x)")
     print("object types alive in flight, per leaf (count, shallow bytes):")
     rows = sorted(ours["types"].items(), key=lambda item: -item[1][1])[: args.top]
     for name, (count, size) in rows:

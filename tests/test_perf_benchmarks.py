@@ -192,6 +192,8 @@ def test_the_memory_benchmark_counts_a_leaf_in_flight_and_after_the_run() -> Non
     names = [name for name, _ in figures["chain"]]
     assert "run_task_node" in names and "LLMExecutor.execute" in names
     assert figures["types"]["hierplan.records.NodeRecord"][0] >= 1.0
+    # a leaf is at least a task and its coroutine, more than a bare task's objects
+    assert figures["objects"] > figures["anyio_objects"] >= 2
     # a step waiting in the plan's queue holds its plan entry, not a task (about 4 KB)
     assert 0 < figures["queued_peak_bytes"] < figures["anyio_in_flight_bytes"]
 
