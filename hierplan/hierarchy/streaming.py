@@ -28,6 +28,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
 import anyio
+from anyio.streams.memory import MemoryObjectSendStream
 
 from hierplan.agents.planner import Revising
 from hierplan.core.results import StepResult
@@ -134,6 +135,83 @@ def _checks(node: NodeContext, policy: PlanPolicy, reason: str) -> GateContext:
     )
 
 
+class _Intake:
+    """The steps of a plan being streamed, as they are accepted: each checked against the
+    steps before it, recorded in the plan's version and sent to the scheduler (unless it is a
+    done step written again unchanged)."""
+
+    def __init__(
+        self,
+        node: NodeContext,
+        ctx: GateContext,
+        revision: Revision | None,
+        prepare: Callable[[Step], NodeContext],
+        send: MemoryObjectSendStream[Step],
+    ) -> None:
+        self.node = node
+        self.ctx = ctx
+        self.revision = revision
+        self.prepare = prepare
+        self.send = send
+        self.kept = DoneSteps() if revision is None else revision.kept
+        self.was = {s.id: s for s in self.kept.steps}
+        self.accepted: list[Step] = []
+        self.sent = 0
+        self.version: PlanVersion | None = None
+
+    def accept(self, step: Step) -> None:
+        """Check ``step`` against the steps before it and run it; raises
+        :class:`StepRefused` if it fails its checks."""
+        node, ctx = self.node, self.ctx
+        prefix = Plan(goal=node.goal, steps=self.kept.merged([*self.accepted, step]))
+        problems = structure_validator(prefix, ctx) + args_validator(prefix, ctx)
+        redo = step.id in self.was and not self.was[step.id].same_work(step)
+        if redo and any(step.id in s.depends_on for s in self.accepted):
+            why = f"step {step.id!r} is redone after steps that use its result: redo it first"
+            problems.append(PlanProblem("redone_after_use", why, step.id))
+        if problems:
+            raise StepRefused("; ".join(str(p) for p in problems), step)
+        self.accepted.append(step)
+        if self.version is None:
+            # Proposed and approved with its first step, before that step can start: a
+            # plan's steps run after its approval, for whoever follows the run's events.
+            self.version = add_version(node, prefix, ctx.reason, self.previous)
+            decide(node, self.version, GateOutcome("approved", prefix, STREAMED_BY, STREAMED_NOTE))
+        else:
+            self.version.plan = prefix
+        if step.id in self.kept.copies(self.accepted):
+            return  # a done step written again unchanged: its result stands
+        self.prepare(step).record.parsed_at = time.time()
+        self.sent += 1
+        self.send.send_nowait(step)
+
+    @property
+    def previous(self) -> Plan | None:
+        """The plan a revision replaces."""
+        return None if self.revision is None else self.revision.plan
+
+    def close(self, whole: Plan | None, problem: str | None, refused: list[Step]) -> Plan:
+        """The plan the stream came to (``whole``, as the planner read it, or the steps
+        accepted), with its version set to the plan as written: up to and with the refused
+        step, if one was, and decided invalid if the stream stopped early."""
+        node = self.node
+        plan = whole or Plan(goal=node.goal, steps=self.kept.merged(self.accepted))
+        written = Plan(goal=node.goal, steps=[*plan.steps, *refused]) if refused else plan
+        version = self.version
+        if version is None and refused:  # the first step written was refused
+            version = add_version(node, written, self.ctx.reason, self.previous)
+        if version is not None:
+            version.plan = written
+            if self.previous is not None:
+                version.diff = diff_plans(self.previous, written)
+            if problem is not None:
+                outcome = GateOutcome("invalid", written, STREAMED_BY, problems=[problem])
+                decide(node, version, outcome)
+            elif self.previous is not None:
+                announce_replan(node, version, self.previous)
+        return plan
+
+
 async def stream_plan(
     node: NodeContext,
     policy: PlanPolicy,
@@ -150,55 +228,25 @@ async def stream_plan(
     record) when the step is accepted. The plan is recorded as a version with its first step,
     approved by ``stream``; once the stream ends the version holds the plan as written, and is
     decided invalid (with the problem) if a step was refused."""
-    reason = "initial" if revision is None else "replan"
-    ctx = _checks(node, policy, reason)
-    kept = DoneSteps() if revision is None else revision.kept
-    was = {s.id: s for s in kept.steps}
-    accepted: list[Step] = []
-    sent: list[Step] = []  # the accepted steps that run (a done step written again does not)
+    ctx = _checks(node, policy, "initial" if revision is None else "replan")
     send, receive = anyio.create_memory_object_stream[Step](max_buffer_size=float("inf"))
+    intake = _Intake(node, ctx, revision, prepare, send)
     whole: Plan | None = None
     problem: str | None = None
     failed: StepFailed | None = None
     refused: list[Step] = []
-    version: PlanVersion | None = None
-
-    def accept(step: Step) -> None:
-        prefix = Plan(goal=node.goal, steps=kept.merged([*accepted, step]))
-        problems = structure_validator(prefix, ctx) + args_validator(prefix, ctx)
-        redo = step.id in was and not was[step.id].same_work(step)
-        if redo and any(step.id in s.depends_on for s in accepted):
-            why = f"step {step.id!r} is redone after steps that use its result: redo it first"
-            problems.append(PlanProblem("redone_after_use", why, step.id))
-        if problems:
-            raise StepRefused("; ".join(str(p) for p in problems), step)
-        accepted.append(step)
-        nonlocal version
-        if version is None:
-            # Proposed and approved with its first step, before that step can start: a
-            # plan's steps run after its approval, for whoever follows the run's events.
-            previous = None if revision is None else revision.plan
-            version = add_version(node, prefix, reason, previous)
-            decide(node, version, GateOutcome("approved", prefix, STREAMED_BY, STREAMED_NOTE))
-        else:
-            version.plan = prefix
-        if step.id in kept.copies([*accepted]):
-            return  # a done step written again unchanged: its result stands
-        prepare(step).record.parsed_at = time.time()
-        sent.append(step)
-        send.send_nowait(step)
 
     async def write() -> None:
         nonlocal whole, problem, failed
         with send:
             try:
-                whole = await _written(node, policy, inputs, accept, revision)
+                whole = await _written(node, policy, inputs, intake.accept, revision)
             except StepRefused as exc:
                 problem = str(exc)
                 refused.extend([] if exc.step is None else [exc.step])
             except PlanParseError as exc:
                 problem = str(exc)
-                if not accepted:  # as for a plan gated whole: the node fails
+                if not intake.accepted:  # as for a plan gated whole: the node fails
                     failed = StepFailed(problem)
             except StepFailed as exc:
                 problem, failed = str(exc), exc
@@ -217,20 +265,8 @@ async def stream_plan(
                 dispatched=dispatched,
                 done=None if revision is None else _standing(revision),
             )
-    plan = whole if whole is not None else Plan(goal=node.goal, steps=kept.merged(accepted))
-    # The version shows the plan as written: up to and with the refused step, if one was.
-    written = Plan(goal=node.goal, steps=[*plan.steps, *refused]) if refused else plan
-    if version is None and written.steps and refused:  # the first step written was refused
-        version = add_version(node, written, reason, None if revision is None else revision.plan)
-    if version is not None:
-        version.plan = written
-        if revision is not None:
-            version.diff = diff_plans(revision.plan, written)
-        if problem is not None:
-            decide(node, version, GateOutcome("invalid", written, STREAMED_BY, problems=[problem]))
-        elif revision is not None:
-            announce_replan(node, version, revision.plan)
-    return Streamed(plan, outcome, problem, failed, len(sent))
+    plan = intake.close(whole, problem, refused)
+    return Streamed(plan, outcome, problem, failed, intake.sent)
 
 
 def _standing(revision: Revision) -> dict[str, StepResult]:
