@@ -34,10 +34,10 @@ class NoiseProfile(BaseModel):
       states a wrong value. A plan cannot give up one step, so the give-up share of a plan's
       wrong decisions is no error: a plan's tool step has a wrong argument exactly as often as
       an executor's tool call at the same horizon, ``(1 - give_up_share)`` times the decision's
-      error rate. Lines a replan copies unchanged from steps already done are not decisions
-      (the replan prompt asks for them unchanged, and their results carry over).
+      error rate. A replan writes only the steps still to do: the done steps whose results
+      stand are not written, and are no decisions.
     - **Structural plan errors** (a dropped step, a missing dependency) only plans can make,
-      since only plans state steps and their order. A plan of ``n`` steps gets one with
+      since only plans state steps and their order. A plan of ``n`` steps written gets one with
       probability ``1 - (1 - plan_error_rate) * (1 - s) ** n``, ``s`` being
       ``plan_error_per_step``; each step can carry its own, so long plans may have several.
       After a failure ``s`` grows by what a decision's rate grows by
