@@ -392,9 +392,9 @@ async def _stream(
             invalid=1,
         )
     except (StepFailed, BudgetExceeded) as exc:
+        if revision is not None and not streamed.accepted and isinstance(exc, StepFailed):
+            return exc  # as when a replan gated whole fails: the plan revised goes on
         failed = StepFailed(f"{streamed.problem}; no repaired plan: {exc}")
-        if isinstance(exc, StepFailed):
-            failed = exc if revision is not None and not streamed.accepted else failed
         return _stream_ends(node, children, revision, streamed, failed, exc)
     return repaired, None, _carry_over(previous or partial, repaired, done)
 
