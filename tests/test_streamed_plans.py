@@ -329,3 +329,37 @@ async def test_a_streamed_replan_runs_a_redone_step_again_and_not_a_copied_one()
         ("1", "succeeded"),
         ("3", "succeeded"),
     ]
+
+
+async def test_a_refused_line_in_a_streamed_replan_gets_a_repair_keeping_what_ran() -> None:
+    @tool
+    def fragile(key: int) -> int:
+        """Fails on every key."""
+        raise RuntimeError(f"no {key}")
+
+    lookups = Lookups()
+    model = ScriptedModel(
+        [
+            StreamedText(("1. lookup(1)\n", "2. fragile(2) after 1\n")),
+            StreamedText(("3. lookup(3)\n", "4. nope(4)\n", "5. lookup(5)\n")),
+            ModelResponse(text="6. lookup(6) after 3"),
+        ]
+    )
+    with anyio.fail_after(20):
+        result = await hierplan.run(
+            "look things up",
+            model=model,
+            strategy="dag",
+            tools=[lookups.tool, fragile],
+            settings={"retry_backoff_s": 0, "max_retries": 0},
+        )
+    model.assert_complete()
+    assert result.status == "succeeded"
+    assert sorted(lookups.keys) == [1, 3, 6]  # 3 ran once, before the refused line
+    versions = [(v.reason, v.decided_by, v.decision) for v in result.tree.plan_versions]
+    assert versions[:2] == [("initial", "stream", "approved"), ("replan", "stream", "invalid")]
+    assert versions[2][0] == "retry" and versions[2][2] == "approved"
+    assert "nope" in (result.tree.plan_versions[1].problems or [""])[0]
+    # the repair was asked of the plan as written so far: steps 1 and 3 done
+    repair_prompt = model.requests[2].messages[1].content
+    assert "FEEDBACK:" in repair_prompt and '"3": "30"' in repair_prompt
