@@ -37,6 +37,7 @@ from hierplan.models.base import (
     StreamItem,
     ToolCall,
     stream_of,
+    stream_retried,
 )
 from hierplan.models.retry import RetryingModel, RetryPolicy
 from hierplan.pricing import PicoRates
@@ -119,23 +120,11 @@ class PatientModel:
                 pause = self._pause(exc)
             await anyio.sleep(pause)
 
-    async def stream(self, request: ModelRequest) -> AsyncGenerator[StreamItem, None]:
+    def stream(self, request: ModelRequest) -> AsyncGenerator[StreamItem, None]:
         """Stream ``request`` through the retrying model, with rounds after a pause as
         :meth:`request` has, for failures before the first delta (after it, the reader has
         acted on the text: the error stands)."""
-        while True:
-            written = False
-            try:
-                async with aclosing(self.inner.stream(request)) as items:
-                    async for item in items:
-                        written = written or isinstance(item, str)
-                        yield item
-                return
-            except ModelError as exc:
-                if written:
-                    raise
-                pause = self._pause(exc)
-            await anyio.sleep(pause)
+        return stream_retried(self.inner, request, lambda _attempt, exc: self._pause(exc))
 
     def _pause(self, exc: ModelError) -> float:
         """The pause before one more round after ``exc``, counted on the node; raises ``exc``

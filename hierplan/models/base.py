@@ -9,13 +9,14 @@ sit on the hot path of every leaf; they are validated at the edges (plan parsing
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
+from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import anyio
 
-from hierplan.errors import ModelNotAvailableError
+from hierplan.errors import ModelError, ModelNotAvailableError
 from hierplan.units import Usage
 
 Role = Literal["system", "user", "assistant", "tool"]
@@ -172,6 +173,30 @@ async def _whole(model: Model, request: ModelRequest) -> AsyncGenerator[StreamIt
     if response.text:
         yield response.text
     yield response
+
+
+async def stream_retried(
+    model: Model, request: ModelRequest, pause: Callable[[int, ModelError], float]
+) -> AsyncGenerator[StreamItem, None]:
+    """``model``'s stream of ``request`` (:func:`stream_of`), started again when it fails with a
+    :class:`~hierplan.errors.ModelError` before its first text delta. ``pause(attempt, exc)``
+    (``attempt`` is 1 for the first) says how long to wait before the next attempt, or raises
+    to give up. An error after the first delta stands: the reader has acted on the text."""
+    attempt = 0
+    while True:
+        attempt += 1
+        written = False
+        try:
+            async with aclosing(stream_of(model, request)) as items:
+                async for item in items:
+                    written = written or isinstance(item, str)
+                    yield item
+            return
+        except ModelError as exc:
+            if written:
+                raise
+            delay = pause(attempt, exc)
+        await anyio.sleep(delay)
 
 
 async def close_model(model: object) -> None:

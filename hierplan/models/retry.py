@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import AsyncGenerator, Callable
-from contextlib import aclosing
 from dataclasses import dataclass
 
 import anyio
 
 from hierplan.errors import ModelError
-from hierplan.models.base import Model, ModelRequest, ModelResponse, StreamItem, stream_of
+from hierplan.models.base import Model, ModelRequest, ModelResponse, StreamItem, stream_retried
 
 RetryHook = Callable[[int, ModelError, float], None]
 """Called before a retry with the attempt that failed (1 for the first), its error and the
@@ -90,24 +89,10 @@ class RetryingModel:
                 delay = self._delay(attempt, exc)
             await anyio.sleep(delay)
 
-    async def stream(self, request: ModelRequest) -> AsyncGenerator[StreamItem, None]:
+    def stream(self, request: ModelRequest) -> AsyncGenerator[StreamItem, None]:
         """Stream ``request`` from the wrapped model, retrying retryable errors that come
         before its first delta (after it, the reader has acted on the text: the error stands)."""
-        attempt = 0
-        while True:
-            attempt += 1
-            written = False
-            try:
-                async with aclosing(stream_of(self.inner, request)) as items:
-                    async for item in items:
-                        written = written or isinstance(item, str)
-                        yield item
-                return
-            except ModelError as exc:
-                if written:
-                    raise
-                delay = self._delay(attempt, exc)
-            await anyio.sleep(delay)
+        return stream_retried(self.inner, request, self._delay)
 
     def _delay(self, attempt: int, exc: ModelError) -> float:
         """How long to wait before retrying ``exc``; raises it when it is not to be retried."""
