@@ -36,6 +36,7 @@ from hierplan.models.base import (
     ModelResponse,
     StreamItem,
     ToolCall,
+    WrappedModel,
     stream_of,
     stream_retried,
 )
@@ -72,7 +73,7 @@ def retry_policy(settings: RunSettings) -> RetryPolicy:
     )
 
 
-class PatientModel:
+class PatientModel(WrappedModel):
     """A node's retrying model with more rounds of retries, each after a pause, for calls whose
     retries were all spent on transient errors (see the module docstring).
 
@@ -84,31 +85,11 @@ class PatientModel:
     provider that stays down still fails the node soon.
     """
 
-    __slots__ = ("accounted", "inner")
+    __slots__ = ("accounted",)
 
     def __init__(self, inner: RetryingModel, accounted: AccountedModel) -> None:
         self.inner = inner
         self.accounted = accounted
-
-    @property
-    def name(self) -> str:
-        """The wrapped model's name."""
-        return self.inner.name
-
-    @property
-    def provider(self) -> str:
-        """The wrapped model's provider."""
-        return self.inner.provider
-
-    @property
-    def priced_as(self) -> str:
-        """The wrapped model's price key."""
-        return self.inner.priced_as
-
-    @property
-    def simulated(self) -> bool:
-        """Whether the wrapped model is simulated."""
-        return self.inner.simulated
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         """Send ``request`` through the retrying model; after a transient failure, pause and
@@ -147,38 +128,18 @@ class PatientModel:
         return pause
 
 
-class AccountedModel:
+class AccountedModel(WrappedModel):
     """A node's model with every attempt of every call counted once (see the module
     docstring). Attempts are numbered by request: the retry wrapper sends the same request
     object again, a new call sends a new one (a node's calls are made one at a time)."""
 
-    __slots__ = ("_last", "attempt", "inner", "node")
+    __slots__ = ("_last", "attempt", "node")
 
     def __init__(self, inner: Model, node: NodeContext) -> None:
         self.inner = inner
         self.node = node
         self._last: ModelRequest | None = None
         self.attempt = 0
-
-    @property
-    def name(self) -> str:
-        """The wrapped model's name."""
-        return self.inner.name
-
-    @property
-    def provider(self) -> str:
-        """The wrapped model's provider."""
-        return self.inner.provider
-
-    @property
-    def priced_as(self) -> str:
-        """The wrapped model's price key."""
-        return self.inner.priced_as
-
-    @property
-    def simulated(self) -> bool:
-        """Whether the wrapped model is simulated."""
-        return self.inner.simulated
 
     def retried(self, attempt: int, exc: ModelError, delay: float) -> None:
         """Report a retry of the node's call (a ``step_retried`` event)."""

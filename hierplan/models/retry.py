@@ -17,7 +17,14 @@ from dataclasses import dataclass
 import anyio
 
 from hierplan.errors import ModelError
-from hierplan.models.base import Model, ModelRequest, ModelResponse, StreamItem, stream_retried
+from hierplan.models.base import (
+    Model,
+    ModelRequest,
+    ModelResponse,
+    StreamItem,
+    WrappedModel,
+    stream_retried,
+)
 
 RetryHook = Callable[[int, ModelError, float], None]
 """Called before a retry with the attempt that failed (1 for the first), its error and the
@@ -46,10 +53,10 @@ class RetryPolicy:
         return max(backoff, exc.retry_after)
 
 
-class RetryingModel:
+class RetryingModel(WrappedModel):
     """``inner`` with its retryable errors retried (see the module docstring)."""
 
-    __slots__ = ("inner", "on_retry", "policy")
+    __slots__ = ("on_retry", "policy")
 
     def __init__(
         self, inner: Model, policy: RetryPolicy, on_retry: RetryHook | None = None
@@ -57,26 +64,6 @@ class RetryingModel:
         self.inner = inner
         self.policy = policy
         self.on_retry = on_retry
-
-    @property
-    def name(self) -> str:
-        """The wrapped model's name."""
-        return self.inner.name
-
-    @property
-    def provider(self) -> str:
-        """The wrapped model's provider."""
-        return self.inner.provider
-
-    @property
-    def priced_as(self) -> str:
-        """The wrapped model's price key."""
-        return self.inner.priced_as
-
-    @property
-    def simulated(self) -> bool:
-        """Whether the wrapped model is simulated."""
-        return self.inner.simulated
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         """Send ``request`` to the wrapped model, retrying retryable errors."""
