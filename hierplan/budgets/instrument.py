@@ -407,7 +407,7 @@ class RunBudget:
         self.in_flight -= 1
         self._wake()
 
-    def account_closed(self, node: NodeView) -> None:
+    def account_closed(self) -> None:
         """A node's account closed: its unspent allocation is back with its parent."""
         self._wake()
 
@@ -776,7 +776,7 @@ class _NodeBudget(AbstractAsyncContextManager[None]):
         else:
             balance = await ledger.close(account)
         self.node.record.budget = _continued(self.prior, budget.record(balance, self.node))
-        budget.account_closed(self.node)
+        budget.account_closed()
         budget.open_accounts.pop(self.node.path, None)
         if self.node.parent is None:
             budget.root_balance = balance
