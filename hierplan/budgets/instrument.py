@@ -31,7 +31,6 @@ from hierplan.budgets.budget import (
     Draw,
     Fixed,
     Grant,
-    LedgerError,
     Share,
     step_weights,
 )
@@ -40,7 +39,7 @@ from hierplan.budgets.ledger import Ledger, LocalAccount, LocalLedger
 from hierplan.budgets.resumed import (
     _continued,
 )
-from hierplan.budgets.snapshot import AccountSnapshot, closed_account, open_account
+from hierplan.budgets.snapshot import AccountSnapshot, snapshot_of
 from hierplan.budgets.waiting import SHARED_LEDGER_POLL_S as SHARED_LEDGER_POLL_S
 from hierplan.budgets.waiting import WAIT_RECHECK_S as WAIT_RECHECK_S
 from hierplan.budgets.waiting import FundWaiters, until_freed
@@ -372,29 +371,7 @@ class RunBudget:
 
         On a :class:`LocalLedger` the figures are taken at one moment (nothing awaits); on a
         ledger that waits for I/O, account by account."""
-        ledger = self.ledger
-        live: dict[str, AccountSnapshot] = {}
-        for path, account in list(self.open_accounts.items()):
-            if isinstance(ledger, LocalLedger):
-                balance, available = ledger.balance_now(account), ledger.available_now(account)
-            else:
-                try:
-                    balance = await ledger.balance(account)
-                    available = await ledger.available(account)
-                except LedgerError:
-                    continue  # closed and gone meanwhile: its record has its figures
-            live[path] = open_account(path, balance, available, self.usd_tracked)
-        if self.tree is None:
-            return live
-        found: dict[str, AccountSnapshot] = {}
-        for record in self.tree.walk():
-            path = record.path
-            figures = live.get(path)
-            if figures is None and record.budget is not None and path not in self.open_accounts:
-                figures = closed_account(path, record.budget)
-            if figures is not None:
-                found[path] = figures
-        return found
+        return await snapshot_of(self.ledger, self.open_accounts, self.tree, self.usd_tracked)
 
     def grant(self, node: NodeView) -> Grant:
         """How a (non-root) node's account is funded from its parent's."""
