@@ -167,8 +167,7 @@ class AccountedModel(WrappedModel):
             outcome = self._failure(sent, estimate, exc, rates)
         else:
             outcome = calls.answered(sent, estimate, response, rates)
-        await _end(scopes, outcome)
-        self._record(outcome, started, time.perf_counter() - t0)
+        await _settle(self, scopes, outcome, started, t0)
         return self._result(outcome)
 
     async def stream(self, request: ModelRequest) -> AsyncGenerator[StreamItem, None]:
@@ -193,8 +192,7 @@ class AccountedModel(WrappedModel):
             # let the generator close. Shielded: the reader may be closing it while cancelled.
             outcome = calls.stream_cut(sent, estimate, "".join(written), None, rates)
             with anyio.CancelScope(shield=True):
-                await _end(scopes, outcome)
-            self._record(outcome, started, time.perf_counter() - t0)
+                await _settle(self, scopes, outcome, started, t0)
             raise
         except BaseException as exc:
             if isinstance(exc, anyio.get_cancelled_exc_class()):
@@ -207,8 +205,7 @@ class AccountedModel(WrappedModel):
                 outcome = calls.failed(sent, estimate, error, rates)
             else:
                 outcome = calls.answered(sent, estimate, response, rates)
-        await _end(scopes, outcome)
-        self._record(outcome, started, time.perf_counter() - t0)
+        await _settle(self, scopes, outcome, started, t0)
         yield self._result(outcome)
 
     async def _open(self, request: ModelRequest) -> tuple[ModelRequest, int, list[CallScope]]:
@@ -228,7 +225,7 @@ class AccountedModel(WrappedModel):
                     sent = await scope.start(sent, estimate)
         except BaseException as exc:
             # Refused before it went out (a budget), or cancelled while a scope waited.
-            await _end(scopes, calls.not_made(sent, exc))
+            await _settle(self, scopes, calls.not_made(sent, exc), 0.0, 0.0)  # not recorded
             raise
         return sent, estimate, scopes
 
@@ -309,19 +306,29 @@ class AccountedModel(WrappedModel):
             )
 
 
-async def _end(scopes: list[CallScope], outcome: CallOutcome) -> None:
-    """End the scopes in reverse order: shielded when the call was cancelled, since a budget
-    must still settle what it held (a ledger that waits for I/O would be cancelled at once)."""
-    if not scopes:
-        return
-    error = outcome.error
-    if error is not None and isinstance(error, anyio.get_cancelled_exc_class()):
-        with anyio.CancelScope(shield=True):
+async def _settle(
+    model: AccountedModel,
+    scopes: list[CallScope],
+    outcome: CallOutcome,
+    started: float,
+    t0: float,
+) -> None:
+    """End an attempt of ``model``: its scopes end with its outcome in reverse order (a budget
+    settles, a span ends), then it is recorded on the node (when it was made), timed from
+    ``t0`` (``perf_counter``), ``started`` the wall-clock time it began. The scopes end
+    shielded when the call was cancelled, since a budget must still settle what it held (a
+    ledger that waits for I/O would be cancelled at once). A function rather than a method,
+    and one coroutine for both: it is on every call's path (benchmarks/instructions.py)."""
+    if scopes:
+        error = outcome.error
+        if error is not None and isinstance(error, anyio.get_cancelled_exc_class()):
+            with anyio.CancelScope(shield=True):
+                for scope in reversed(scopes):
+                    await scope.end(outcome)
+        else:
             for scope in reversed(scopes):
                 await scope.end(outcome)
-        return
-    for scope in reversed(scopes):
-        await scope.end(outcome)
+    model._record(outcome, started, time.perf_counter() - t0)
 
 
 async def call_tool(
