@@ -146,8 +146,8 @@ class WrappedModel:
     :class:`Model` are the inner model's, so that a wrapper (retries, accounting) is priced,
     labelled and recorded as the model it wraps. Subclasses add ``request`` (and ``stream``)
     and set ``inner`` in their own ``__init__``: assigned there rather than through a
-    ``super().__init__`` call, which, for the three wrappers of every node, costs a leaf 0.8 %
-    more instructions (benchmarks/instructions.py)."""
+    ``super().__init__`` call, which, for the three wrappers of every node, costs a leaf 0.4 to
+    0.9 % more instructions (benchmarks/instructions.py, repeated counts)."""
 
     __slots__ = ("inner",)
 
