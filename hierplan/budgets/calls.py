@@ -92,7 +92,7 @@ class BudgetCallScope(CallScope):
         self.reservation = reservation
         budget = self.budget
         budget.reserved_any = True
-        budget.in_flight += 1
+        budget.waiters.in_flight += 1
         bus = self.node.run.bus
         if bus.wants("budget_reserved"):
             bus.emit(
@@ -116,7 +116,7 @@ class BudgetCallScope(CallScope):
         try:
             await self._settle(reservation, outcome)
         finally:
-            self.budget.call_ended()
+            self.budget.waiters.call_ended()
 
     async def _settle(self, reservation: Reservation, outcome: CallOutcome) -> None:
         ledger = self.budget.ledger
@@ -279,9 +279,10 @@ class BudgetCallScope(CallScope):
         if await budget.ledger.top_up(account, short_t, short_p):
             return True
         short = (short_p, short_t)
-        if not budget.others_working(self.node) and not budget.yield_to(short):
+        waiters = budget.waiters
+        if not waiters.others_working(self.node) and not waiters.yield_to(short):
             return False
-        return await budget.returns(self.node, short)
+        return await waiters.returns(self.node, short)
 
     def _nothing_spent(self) -> bool:
         """Whether the run has reserved nothing yet, on a budget of its own (not a shared

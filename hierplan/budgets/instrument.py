@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
 from types import MappingProxyType, TracebackType
 from typing import Any
 
@@ -32,7 +31,6 @@ from hierplan.budgets.budget import (
     Draw,
     Fixed,
     Grant,
-    LedgerError,
     Share,
     step_weights,
 )
@@ -41,7 +39,10 @@ from hierplan.budgets.ledger import Ledger, LocalAccount, LocalLedger
 from hierplan.budgets.resumed import (
     _continued,
 )
-from hierplan.budgets.snapshot import AccountSnapshot, closed_account, open_account
+from hierplan.budgets.snapshot import AccountSnapshot, snapshot_of
+from hierplan.budgets.waiting import SHARED_LEDGER_POLL_S as SHARED_LEDGER_POLL_S
+from hierplan.budgets.waiting import WAIT_RECHECK_S as WAIT_RECHECK_S
+from hierplan.budgets.waiting import FundWaiters, until_freed
 from hierplan.core.instrument import CallScope, Instrument
 from hierplan.core.spend import Funds
 from hierplan.core.views import Allocation, NodeView, RunView
@@ -268,20 +269,6 @@ class BudgetInstrument(Instrument):
         raise BudgetExceeded(f"node {node.path} has no budget account (the run has no root)")
 
 
-WAIT_RECHECK_S = 0.05
-"""How often a node waiting for funds looks again whether anybody is still at work."""
-
-
-@dataclass(slots=True)
-class _Waiter:
-    """A node waiting for funds: what its call lacks (pico-dollars, tokens), whether it is a
-    leaf, and whether it was told to give up."""
-
-    short: tuple[int, int]
-    leaf: bool
-    gave_up: bool = False
-
-
 class RunBudget:
     """One run's budget under a :class:`BudgetInstrument`: the prices of its models, its root
     account and final balance, and what a paused run spent before it went on. Made by
@@ -298,14 +285,8 @@ class RunBudget:
         # Whether any call of the run has reserved yet: a refusal before that means the
         # budget cannot start the run at all.
         self.reserved_any = False
-        # What a call short of funds under the ``need`` allocation waits on: calls in flight,
-        # and how many of the run's running leaves wait themselves; woken when a call ends
-        # or an account closes, either of which may return funds.
-        self.in_flight = 0
-        self.waiting = 0
-        self.waiting_leaves = 0
-        self._waiters: list[_Waiter] = []
-        self._returned: anyio.Event | None = None
+        # What a call short of funds under the ``need`` allocation waits on.
+        self.waiters = FundWaiters()
         # The accounts open now, by node path, and the run's tree of records (a closed node's
         # figures are in its record): what a snapshot reads.
         self.open_accounts: dict[str, Account] = {}
@@ -356,67 +337,6 @@ class RunBudget:
             self.usd_tracked,
         )
 
-    # -- waiting for funds (the ``need`` allocation) -------------------------------------
-
-    def others_working(self, node: NodeView) -> bool:
-        """Whether a node other than ``node`` may still return funds: a call in flight, or a
-        running leaf that is not itself waiting. (Leaves that wait for a place to run are not
-        counted: the places may all be taken by leaves that wait for funds.)"""
-        own = 1 if node.record.kind == "executor" else 0
-        running = node.run.active_leaves - self.waiting_leaves - own
-        return self.in_flight > 0 or running > 0
-
-    async def returns(self, node: NodeView, short: tuple[int, int]) -> bool:
-        """Wait until a call ends or an account closes (at most :data:`WAIT_RECHECK_S`); false
-        when this node was told to give up instead (see :meth:`yield_to`). ``short`` is what its
-        call lacks (pico-dollars, tokens)."""
-        waiter = _Waiter(short, leaf=node.record.kind == "executor")
-        self.waiting += 1
-        self.waiting_leaves += waiter.leaf
-        self._waiters.append(waiter)
-        try:
-            if self._returned is None:
-                self._returned = anyio.Event()
-            # Looked at again now and then: a step that only calls a tool holds no account,
-            # and its end, which may leave nobody at work, wakes nobody.
-            with anyio.move_on_after(WAIT_RECHECK_S):
-                await self._returned.wait()
-        finally:
-            self._waiters.remove(waiter)
-            self.waiting -= 1
-            if not waiter.gave_up:
-                self.waiting_leaves -= waiter.leaf
-        return not waiter.gave_up
-
-    def yield_to(self, short: tuple[int, int]) -> bool:
-        """When nobody else is at work and other nodes wait for funds too, one of them must
-        give up so that what it holds goes to the rest: the one that lacks the most (this
-        node, lacking ``short``, or a waiting one), whatever order they asked in. True when a
-        waiting node was told to give up (this one then waits for what it returns)."""
-        neediest = max(self._waiters, key=lambda w: (not w.gave_up, w.short), default=None)
-        if neediest is None or neediest.gave_up or neediest.short <= short:
-            return False
-        neediest.gave_up = True
-        # From now on it counts as a running leaf again: it is about to end and return funds.
-        self.waiting_leaves -= neediest.leaf
-        self._wake()
-        return True
-
-    def call_ended(self) -> None:
-        """A call settled or released its reservation."""
-        self.in_flight -= 1
-        self._wake()
-
-    def account_closed(self, node: NodeView) -> None:
-        """A node's account closed: its unspent allocation is back with its parent."""
-        self._wake()
-
-    def _wake(self) -> None:
-        returned = self._returned
-        if returned is not None:
-            self._returned = None
-            returned.set()
-
     def counts(self, node: NodeView) -> CallCounts:
         """The node's counts of lowered and refused calls."""
         state = node.state
@@ -451,29 +371,7 @@ class RunBudget:
 
         On a :class:`LocalLedger` the figures are taken at one moment (nothing awaits); on a
         ledger that waits for I/O, account by account."""
-        ledger = self.ledger
-        live: dict[str, AccountSnapshot] = {}
-        for path, account in list(self.open_accounts.items()):
-            if isinstance(ledger, LocalLedger):
-                balance, available = ledger.balance_now(account), ledger.available_now(account)
-            else:
-                try:
-                    balance = await ledger.balance(account)
-                    available = await ledger.available(account)
-                except LedgerError:
-                    continue  # closed and gone meanwhile: its record has its figures
-            live[path] = open_account(path, balance, available, self.usd_tracked)
-        if self.tree is None:
-            return live
-        found: dict[str, AccountSnapshot] = {}
-        for record in self.tree.walk():
-            path = record.path
-            figures = live.get(path)
-            if figures is None and record.budget is not None and path not in self.open_accounts:
-                figures = closed_account(path, record.budget)
-            if figures is not None:
-                found[path] = figures
-        return found
+        return await snapshot_of(self.ledger, self.open_accounts, self.tree, self.usd_tracked)
 
     def grant(self, node: NodeView) -> Grant:
         """How a (non-root) node's account is funded from its parent's."""
@@ -730,7 +628,7 @@ class _NodeBudget(AbstractAsyncContextManager[None]):
                 deadline is not None and anyio.current_time() >= deadline
             ):
                 break
-            await _until_freed(self.run_budget.ledger, deadline)
+            await until_freed(self.run_budget.ledger, deadline)
         waited = f" (waited {timeout:g} s)" if instrument.wait_for_budget and timeout else ""
         raise RunSkipped(
             f"budget: the run's budget ({instrument.budget}) cannot be granted now: "
@@ -776,31 +674,10 @@ class _NodeBudget(AbstractAsyncContextManager[None]):
         else:
             balance = await ledger.close(account)
         self.node.record.budget = _continued(self.prior, budget.record(balance, self.node))
-        budget.account_closed(self.node)
+        budget.waiters.account_closed()
         budget.open_accounts.pop(self.node.path, None)
         if self.node.parent is None:
             budget.root_balance = balance
-
-
-SHARED_LEDGER_POLL_S = 0.2
-"""How often a run waiting for its budget looks at a ledger shared between processes (which
-cannot wake it when another process gives something back)."""
-
-_LOCAL_LEDGER_POLL_S = 1.0
-# A local ledger wakes its waiters when it gives something back; the waiter also looks at
-# this pace, in case the parent's budget grew in another way.
-
-
-async def _until_freed(ledger: Ledger, deadline: float | None) -> None:
-    """Wait until ``ledger`` may have something more to grant, or ``deadline``."""
-    now = anyio.current_time()
-    if isinstance(ledger, LocalLedger):
-        until = now + _LOCAL_LEDGER_POLL_S
-        with anyio.CancelScope(deadline=until if deadline is None else min(until, deadline)):
-            await ledger.freed().wait()
-    else:
-        until = now + SHARED_LEDGER_POLL_S
-        await anyio.sleep_until(until if deadline is None else min(until, deadline))
 
 
 def _allocation(budget: RunBudget, account: Account, balance: Balance | None) -> Allocation:

@@ -7,10 +7,13 @@ An open node's figures come from its ledger account; a closed node's from its re
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hierplan.budgets.budget import Balance
+from hierplan.budgets.budget import Account, Balance, LedgerError
+from hierplan.budgets.ledger import Ledger, LocalLedger
+from hierplan.records import NodeRecord
 from hierplan.units import PICO_PER_USD
 
 
@@ -84,6 +87,40 @@ def closed_account(path: str, budget: dict[str, Any]) -> AccountSnapshot:
         remaining_usd=None if limit_usd is None else 0.0,
         closed=True,
     )
+
+
+async def snapshot_of(
+    ledger: Ledger,
+    open_accounts: Mapping[str, Account],
+    tree: NodeRecord | None,
+    usd_tracked: bool,
+) -> dict[str, AccountSnapshot]:
+    """Every node's account now, as :meth:`RunBudget.snapshot
+    <hierplan.budgets.instrument.RunBudget.snapshot>` gives them: the open ones
+    (``open_accounts``, by node path) from ``ledger``, the closed ones from their records in
+    ``tree``, in the order of the tree."""
+    live: dict[str, AccountSnapshot] = {}
+    for path, account in list(open_accounts.items()):
+        if isinstance(ledger, LocalLedger):
+            balance, available = ledger.balance_now(account), ledger.available_now(account)
+        else:
+            try:
+                balance = await ledger.balance(account)
+                available = await ledger.available(account)
+            except LedgerError:
+                continue  # closed and gone meanwhile: its record has its figures
+        live[path] = open_account(path, balance, available, usd_tracked)
+    if tree is None:
+        return live
+    found: dict[str, AccountSnapshot] = {}
+    for record in tree.walk():
+        path = record.path
+        figures = live.get(path)
+        if figures is None and record.budget is not None and path not in open_accounts:
+            figures = closed_account(path, record.budget)
+        if figures is not None:
+            found[path] = figures
+    return found
 
 
 def _usd(pico: int | None, tracked: bool) -> float | None:

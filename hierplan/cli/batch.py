@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
@@ -185,52 +185,14 @@ def batch_command(
     budget before it starts; when what is left cannot cover a goal, the goal is recorded as
     not started. Writes DIR/goals/<id>/run.json per goal and DIR/summary.json.
     """
+    given = dict(locals())
     tracing = None
     try:
         _check_choices(backend, strategy, allocation, sim_profile, broker, trace)
         if lease is not None:
-            if backend != "celery":
-                raise UserInputError("--lease applies to --backend celery only")
-            # Imported here: the Celery side stays out of the command line's start-up.
-            from hierplan.batch.celery_backend.lease import lease_seconds
-
-            lease_seconds(lease, name="--lease")
+            _check_lease(lease, backend)
         tracing = configure_tracing(trace) if backend == "local" else None
-        budget = BatchBudget(
-            budget_tokens,
-            _pico(budget_usd),
-            concurrency,
-            goal_budget_tokens,
-            _pico(goal_budget_usd),
-        )
-        options = RunOptions(
-            model=model,
-            strategy=strategy,
-            allocation=allocation,
-            reservation=check_reservation(reservation),
-            seed=seed,
-            sim_profile=sim_profile,
-            sim_latency_scale=sim_latency_scale,
-            run_settings=settings_from_assignments(set_ or [], flags=SETTING_FLAGS),
-            base_url=None if base_url is None else check_base_url(base_url),
-            timeout=timeout,
-            price_in=price_in,
-            price_out=price_out,
-            tools=[entry.saved() for entry in entries_from_flags(tools or [], mcp or [])],
-        )
-        config = BatchConfig(
-            goals_path=goals,
-            out=out,
-            budget=budget,
-            options=options,
-            backend="celery" if backend == "celery" else "local",
-            resume=resume,
-            broker=broker,
-            visibility_timeout=visibility_timeout,
-            lease_s=lease,
-            instruments=tracing.instruments if tracing is not None else (),
-            given=_given_flags(context),
-        )
+        config = _config(given, tracing, _given_flags(context))
         if broker is not None:
             # Before the batch's directory is made: a broker that is down leaves nothing to
             # resume, and the command can be given again as it was once Redis is up.
@@ -241,6 +203,61 @@ def batch_command(
             tracing.shutdown()
         fail(str(exc))
     _run(batch, tracing)
+
+
+def _check_lease(lease: float, backend: str) -> None:
+    """``--lease``: Celery's only, a number of seconds a lease may last."""
+    if backend != "celery":
+        raise UserInputError("--lease applies to --backend celery only")
+    # Imported here: the Celery side stays out of the command line's start-up.
+    from hierplan.batch.celery_backend.lease import lease_seconds
+
+    lease_seconds(lease, name="--lease")
+
+
+def _config(
+    given: Mapping[str, Any], tracing: TraceSetup | None, flags: frozenset[str]
+) -> BatchConfig:
+    """The batch's configuration from the command line's values (``given``, by parameter
+    name; ``flags``: the options given), checked as it is built."""
+    budget = BatchBudget(
+        given["budget_tokens"],
+        _pico(given["budget_usd"]),
+        given["concurrency"],
+        given["goal_budget_tokens"],
+        _pico(given["goal_budget_usd"]),
+    )
+    base_url = given["base_url"]
+    options = RunOptions(
+        model=given["model"],
+        strategy=given["strategy"],
+        allocation=given["allocation"],
+        reservation=check_reservation(given["reservation"]),
+        seed=given["seed"],
+        sim_profile=given["sim_profile"],
+        sim_latency_scale=given["sim_latency_scale"],
+        run_settings=settings_from_assignments(given["set_"] or [], flags=SETTING_FLAGS),
+        base_url=None if base_url is None else check_base_url(base_url),
+        timeout=given["timeout"],
+        price_in=given["price_in"],
+        price_out=given["price_out"],
+        tools=[
+            entry.saved() for entry in entries_from_flags(given["tools"] or [], given["mcp"] or [])
+        ],
+    )
+    return BatchConfig(
+        goals_path=given["goals"],
+        out=given["out"],
+        budget=budget,
+        options=options,
+        backend="celery" if given["backend"] == "celery" else "local",
+        resume=given["resume"],
+        broker=given["broker"],
+        visibility_timeout=given["visibility_timeout"],
+        lease_s=given["lease"],
+        instruments=tracing.instruments if tracing is not None else (),
+        given=flags,
+    )
 
 
 def _given_flags(context: typer.Context) -> frozenset[str]:

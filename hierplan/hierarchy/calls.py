@@ -36,7 +36,9 @@ from hierplan.models.base import (
     ModelResponse,
     StreamItem,
     ToolCall,
+    WrappedModel,
     stream_of,
+    stream_retried,
 )
 from hierplan.models.retry import RetryingModel, RetryPolicy
 from hierplan.pricing import PicoRates
@@ -71,7 +73,7 @@ def retry_policy(settings: RunSettings) -> RetryPolicy:
     )
 
 
-class PatientModel:
+class PatientModel(WrappedModel):
     """A node's retrying model with more rounds of retries, each after a pause, for calls whose
     retries were all spent on transient errors (see the module docstring).
 
@@ -83,31 +85,11 @@ class PatientModel:
     provider that stays down still fails the node soon.
     """
 
-    __slots__ = ("accounted", "inner")
+    __slots__ = ("accounted",)
 
     def __init__(self, inner: RetryingModel, accounted: AccountedModel) -> None:
         self.inner = inner
         self.accounted = accounted
-
-    @property
-    def name(self) -> str:
-        """The wrapped model's name."""
-        return self.inner.name
-
-    @property
-    def provider(self) -> str:
-        """The wrapped model's provider."""
-        return self.inner.provider
-
-    @property
-    def priced_as(self) -> str:
-        """The wrapped model's price key."""
-        return self.inner.priced_as
-
-    @property
-    def simulated(self) -> bool:
-        """Whether the wrapped model is simulated."""
-        return self.inner.simulated
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         """Send ``request`` through the retrying model; after a transient failure, pause and
@@ -119,23 +101,11 @@ class PatientModel:
                 pause = self._pause(exc)
             await anyio.sleep(pause)
 
-    async def stream(self, request: ModelRequest) -> AsyncGenerator[StreamItem, None]:
+    def stream(self, request: ModelRequest) -> AsyncGenerator[StreamItem, None]:
         """Stream ``request`` through the retrying model, with rounds after a pause as
         :meth:`request` has, for failures before the first delta (after it, the reader has
         acted on the text: the error stands)."""
-        while True:
-            written = False
-            try:
-                async with aclosing(self.inner.stream(request)) as items:
-                    async for item in items:
-                        written = written or isinstance(item, str)
-                        yield item
-                return
-            except ModelError as exc:
-                if written:
-                    raise
-                pause = self._pause(exc)
-            await anyio.sleep(pause)
+        return stream_retried(self.inner, request, lambda _attempt, exc: self._pause(exc))
 
     def _pause(self, exc: ModelError) -> float:
         """The pause before one more round after ``exc``, counted on the node; raises ``exc``
@@ -158,38 +128,18 @@ class PatientModel:
         return pause
 
 
-class AccountedModel:
+class AccountedModel(WrappedModel):
     """A node's model with every attempt of every call counted once (see the module
     docstring). Attempts are numbered by request: the retry wrapper sends the same request
     object again, a new call sends a new one (a node's calls are made one at a time)."""
 
-    __slots__ = ("_last", "attempt", "inner", "node")
+    __slots__ = ("_last", "attempt", "node")
 
     def __init__(self, inner: Model, node: NodeContext) -> None:
         self.inner = inner
         self.node = node
         self._last: ModelRequest | None = None
         self.attempt = 0
-
-    @property
-    def name(self) -> str:
-        """The wrapped model's name."""
-        return self.inner.name
-
-    @property
-    def provider(self) -> str:
-        """The wrapped model's provider."""
-        return self.inner.provider
-
-    @property
-    def priced_as(self) -> str:
-        """The wrapped model's price key."""
-        return self.inner.priced_as
-
-    @property
-    def simulated(self) -> bool:
-        """Whether the wrapped model is simulated."""
-        return self.inner.simulated
 
     def retried(self, attempt: int, exc: ModelError, delay: float) -> None:
         """Report a retry of the node's call (a ``step_retried`` event)."""
@@ -217,8 +167,7 @@ class AccountedModel:
             outcome = self._failure(sent, estimate, exc, rates)
         else:
             outcome = calls.answered(sent, estimate, response, rates)
-        await _end(scopes, outcome)
-        self._record(outcome, started, time.perf_counter() - t0)
+        await _settle(self, scopes, outcome, started, t0)
         return self._result(outcome)
 
     async def stream(self, request: ModelRequest) -> AsyncGenerator[StreamItem, None]:
@@ -243,8 +192,7 @@ class AccountedModel:
             # let the generator close. Shielded: the reader may be closing it while cancelled.
             outcome = calls.stream_cut(sent, estimate, "".join(written), None, rates)
             with anyio.CancelScope(shield=True):
-                await _end(scopes, outcome)
-            self._record(outcome, started, time.perf_counter() - t0)
+                await _settle(self, scopes, outcome, started, t0)
             raise
         except BaseException as exc:
             if isinstance(exc, anyio.get_cancelled_exc_class()):
@@ -257,8 +205,7 @@ class AccountedModel:
                 outcome = calls.failed(sent, estimate, error, rates)
             else:
                 outcome = calls.answered(sent, estimate, response, rates)
-        await _end(scopes, outcome)
-        self._record(outcome, started, time.perf_counter() - t0)
+        await _settle(self, scopes, outcome, started, t0)
         yield self._result(outcome)
 
     async def _open(self, request: ModelRequest) -> tuple[ModelRequest, int, list[CallScope]]:
@@ -278,7 +225,7 @@ class AccountedModel:
                     sent = await scope.start(sent, estimate)
         except BaseException as exc:
             # Refused before it went out (a budget), or cancelled while a scope waited.
-            await _end(scopes, calls.not_made(sent, exc))
+            await _settle(self, scopes, calls.not_made(sent, exc), 0.0, 0.0)  # not recorded
             raise
         return sent, estimate, scopes
 
@@ -359,19 +306,29 @@ class AccountedModel:
             )
 
 
-async def _end(scopes: list[CallScope], outcome: CallOutcome) -> None:
-    """End the scopes in reverse order: shielded when the call was cancelled, since a budget
-    must still settle what it held (a ledger that waits for I/O would be cancelled at once)."""
-    if not scopes:
-        return
-    error = outcome.error
-    if error is not None and isinstance(error, anyio.get_cancelled_exc_class()):
-        with anyio.CancelScope(shield=True):
+async def _settle(
+    model: AccountedModel,
+    scopes: list[CallScope],
+    outcome: CallOutcome,
+    started: float,
+    t0: float,
+) -> None:
+    """End an attempt of ``model``: its scopes end with its outcome in reverse order (a budget
+    settles, a span ends), then it is recorded on the node (when it was made), timed from
+    ``t0`` (``perf_counter``), ``started`` the wall-clock time it began. The scopes end
+    shielded when the call was cancelled, since a budget must still settle what it held (a
+    ledger that waits for I/O would be cancelled at once). A function rather than a method,
+    and one coroutine for both: it is on every call's path (benchmarks/instructions.py)."""
+    if scopes:
+        error = outcome.error
+        if error is not None and isinstance(error, anyio.get_cancelled_exc_class()):
+            with anyio.CancelScope(shield=True):
+                for scope in reversed(scopes):
+                    await scope.end(outcome)
+        else:
             for scope in reversed(scopes):
                 await scope.end(outcome)
-        return
-    for scope in reversed(scopes):
-        await scope.end(outcome)
+    model._record(outcome, started, time.perf_counter() - t0)
 
 
 async def call_tool(

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterable, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 import anyio
+from anyio.abc import TaskGroup
 
 from hierplan.core.results import StepResult
 from hierplan.errors import StepFailed
@@ -105,7 +106,96 @@ async def run_dag(
     outcome = DagOutcome(results=dict(done or {}), failed=dict(failed or {}))
     results = outcome.results
     graph = _Graph(plan, outcome)
-    steps, waiting, dependents, ready = graph.steps, graph.waiting, graph.dependents, graph.ready
+    async with anyio.create_task_group() as tg:
+        start_ready = _dispatcher(
+            tg,
+            run_step,
+            outcome,
+            graph,
+            lambda step_id: graph.cancel_dependents(step_id, f"dependency {step_id!r} failed"),
+            max_running=max_running,
+            stop_on_failure=stop_on_failure,
+            late_starts=False,
+        )
+        start_ready()
+    outcome.not_started = [
+        s.id
+        for s in plan.steps
+        if s.id not in results and s.id not in outcome.failed and s.id not in outcome.cancelled
+    ]
+    return outcome
+
+
+@dataclass(slots=True)
+class _Links:
+    """Who waits on whom: each step by id, how many unfinished dependencies each waiting step
+    has, the steps that depend on each, and the steps ready to start (past the limit, they wait
+    here as entries rather than as tasks)."""
+
+    steps: dict[str, Step] = field(default_factory=dict)
+    waiting: dict[str, int] = field(default_factory=dict)
+    dependents: dict[str, list[str]] = field(default_factory=dict)
+    ready: deque[Step] = field(default_factory=deque)
+
+
+class _Graph(_Links):
+    """The links of one run of a whole plan: every step not done yet waits on its unfinished
+    dependencies, and those with none are ready."""
+
+    __slots__ = ("outcome",)
+
+    def __init__(self, plan: Plan, outcome: DagOutcome) -> None:
+        results = outcome.results
+        self.outcome = outcome
+        waiting: dict[str, int] = {}
+        dependents: dict[str, list[str]] = {s.id: [] for s in plan.steps}
+        for s in plan.steps:
+            if s.id in results:
+                continue
+            waiting[s.id] = sum(1 for d in s.depends_on if d not in results)
+            for d in s.depends_on:
+                dependents[d].append(s.id)
+        # Ready steps past the limit wait here, as entries rather than as tasks: a plan of
+        # 100,000 steps under a limit of 8 holds 8 tasks, not 100,000 waiting ones.
+        ready: deque[Step] = deque(
+            s
+            for s in plan.steps
+            if s.id not in results and waiting[s.id] == 0 and s.id not in outcome.failed
+        )
+        super().__init__({s.id: s for s in plan.steps}, waiting, dependents, ready)
+        for step_id in outcome.failed:
+            self.cancel_dependents(step_id, f"dependency {step_id!r} failed")
+
+    def cancel_dependents(self, step_id: str, reason: str) -> None:
+        """Every step that depends on ``step_id``, directly or not, will not run."""
+        outcome = self.outcome
+        stack = list(self.dependents[step_id])
+        while stack:
+            sid = stack.pop()
+            if sid not in outcome.cancelled and sid not in outcome.results:
+                outcome.cancelled[sid] = reason
+                stack.extend(self.dependents[sid])
+
+
+def _dispatcher(
+    tg: TaskGroup,
+    run_step: RunStep,
+    outcome: DagOutcome,
+    links: _Links,
+    cancel_dependents: Callable[[str], None],
+    *,
+    max_running: int | None,
+    stop_on_failure: bool,
+    late_starts: bool,
+) -> Callable[[], None]:
+    """What starts ``links``' ready steps in ``tg``, at most ``max_running`` at once: call it
+    whenever steps may have become ready. Each step's result goes to ``outcome``, and its
+    dependents become ready when it was the last they waited on. A step that fails for good
+    goes to ``outcome.failed`` and stops every new start (``stop_on_failure``) or has its
+    dependents cancelled (``cancel_dependents(step_id)``). ``late_starts``: a step whose task
+    had not had its first turn when a sibling's failure stopped the plan still runs."""
+    results, failed, cancelled = outcome.results, outcome.failed, outcome.cancelled
+    steps, waiting, dependents, ready = links.steps, links.waiting, links.dependents, links.ready
     running = 0
     stopping = False
 
@@ -123,75 +213,27 @@ async def run_dag(
     async def run_one(step: Step) -> None:
         nonlocal stopping, running
         try:
-            if stopping:  # a step failed before this task's first turn: start nothing new
+            if stopping and not late_starts:  # a step failed before this task's first turn
                 return
             result = await run_step(step, {d: results[d] for d in step.depends_on})
         except StepFailed as exc:
-            outcome.failed[step.id] = exc
+            failed[step.id] = exc
             if stop_on_failure:
                 stopping = True
             else:
-                graph.cancel_dependents(step.id, f"dependency {step.id!r} failed")
+                cancel_dependents(step.id)
         else:
             results[step.id] = result
-            if not stopping:
+            if not stopping:  # once stopping, nothing starts: no step need become ready
                 for sid in dependents[step.id]:
                     waiting[sid] -= 1
-                    if (
-                        waiting[sid] == 0
-                        and sid not in outcome.cancelled
-                        and sid not in outcome.failed
-                    ):
+                    if waiting[sid] == 0 and sid not in cancelled and sid not in failed:
                         ready.append(steps[sid])
         finally:
             running -= 1
         start_ready()  # nothing starts once stopping
 
-    async with anyio.create_task_group() as tg:
-        start_ready()
-    outcome.not_started = [
-        s.id
-        for s in plan.steps
-        if s.id not in results and s.id not in outcome.failed and s.id not in outcome.cancelled
-    ]
-    return outcome
-
-
-class _Graph:
-    """Who waits on whom in one run of a plan: how many unfinished dependencies each step
-    has, the steps that depend on each, and the steps ready to start (those with none)."""
-
-    def __init__(self, plan: Plan, outcome: DagOutcome) -> None:
-        results = outcome.results
-        self.outcome = outcome
-        self.steps = {s.id: s for s in plan.steps}
-        self.waiting: dict[str, int] = {}
-        self.dependents: dict[str, list[str]] = {s.id: [] for s in plan.steps}
-        for s in plan.steps:
-            if s.id in results:
-                continue
-            self.waiting[s.id] = sum(1 for d in s.depends_on if d not in results)
-            for d in s.depends_on:
-                self.dependents[d].append(s.id)
-        # Ready steps past the limit wait here, as entries rather than as tasks: a plan of
-        # 100,000 steps under a limit of 8 holds 8 tasks, not 100,000 waiting ones.
-        self.ready: deque[Step] = deque(
-            s
-            for s in plan.steps
-            if s.id not in results and self.waiting[s.id] == 0 and s.id not in outcome.failed
-        )
-        for step_id in outcome.failed:
-            self.cancel_dependents(step_id, f"dependency {step_id!r} failed")
-
-    def cancel_dependents(self, step_id: str, reason: str) -> None:
-        """Every step that depends on ``step_id``, directly or not, will not run."""
-        outcome = self.outcome
-        stack = list(self.dependents[step_id])
-        while stack:
-            sid = stack.pop()
-            if sid not in outcome.cancelled and sid not in outcome.results:
-                outcome.cancelled[sid] = reason
-                stack.extend(self.dependents[sid])
+    return start_ready
 
 
 async def run_streamed_dag(
@@ -215,15 +257,11 @@ async def run_streamed_dag(
     """
     if max_running is not None and max_running < 1:
         raise ValueError(f"max_running must be at least 1, not {max_running}")
-    outcome = DagOutcome()
+    outcome = DagOutcome(results=dict(done or {}))
     results, failed, cancelled = outcome.results, outcome.failed, outcome.cancelled
-    results.update(done or {})
     order: list[str] = []
-    waiting: dict[str, int] = {}
-    dependents: dict[str, list[str]] = {sid: [] for sid in results}
-    ready: deque[Step] = deque()
-    running = 0
-    stopping = False
+    links = _Links(dependents={step_id: [] for step_id in results})
+    waiting, dependents, ready = links.waiting, links.dependents, links.ready
 
     def cancel_dependents(step_id: str) -> None:
         stack = [(d, step_id) for d in dependents[step_id]]
@@ -248,37 +286,19 @@ async def run_streamed_dag(
         if not blocked:
             ready.append(step)
 
-    def start_ready() -> None:
-        nonlocal running
-        while ready and not stopping and (max_running is None or running < max_running):
-            running += 1
-            step = ready.popleft()
-            tg.start_soon(run_one, step, name=step.id)
-
-    async def run_one(step: Step) -> None:
-        nonlocal stopping, running
-        try:
-            result = await run_step(step, {d: results[d] for d in step.depends_on})
-        except StepFailed as exc:
-            failed[step.id] = exc
-            if stop_on_failure:
-                stopping = True
-            else:
-                cancel_dependents(step.id)
-        else:
-            results[step.id] = result
-            for sid in dependents[step.id]:
-                waiting[sid] -= 1
-                if waiting[sid] == 0 and sid not in cancelled:
-                    ready.append(steps[sid])
-        finally:
-            running -= 1
-        start_ready()
-
-    steps: dict[str, Step] = {}
     async with anyio.create_task_group() as tg:
+        start_ready = _dispatcher(
+            tg,
+            run_step,
+            outcome,
+            links,
+            cancel_dependents,
+            max_running=max_running,
+            stop_on_failure=stop_on_failure,
+            late_starts=True,
+        )
         async for step in source:
-            steps[step.id] = step
+            links.steps[step.id] = step
             add(step)
             if dispatched is not None:
                 dispatched(step)

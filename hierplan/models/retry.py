@@ -12,13 +12,19 @@ from __future__ import annotations
 
 import random
 from collections.abc import AsyncGenerator, Callable
-from contextlib import aclosing
 from dataclasses import dataclass
 
 import anyio
 
 from hierplan.errors import ModelError
-from hierplan.models.base import Model, ModelRequest, ModelResponse, StreamItem, stream_of
+from hierplan.models.base import (
+    Model,
+    ModelRequest,
+    ModelResponse,
+    StreamItem,
+    WrappedModel,
+    stream_retried,
+)
 
 RetryHook = Callable[[int, ModelError, float], None]
 """Called before a retry with the attempt that failed (1 for the first), its error and the
@@ -47,10 +53,10 @@ class RetryPolicy:
         return max(backoff, exc.retry_after)
 
 
-class RetryingModel:
+class RetryingModel(WrappedModel):
     """``inner`` with its retryable errors retried (see the module docstring)."""
 
-    __slots__ = ("inner", "on_retry", "policy")
+    __slots__ = ("on_retry", "policy")
 
     def __init__(
         self, inner: Model, policy: RetryPolicy, on_retry: RetryHook | None = None
@@ -58,26 +64,6 @@ class RetryingModel:
         self.inner = inner
         self.policy = policy
         self.on_retry = on_retry
-
-    @property
-    def name(self) -> str:
-        """The wrapped model's name."""
-        return self.inner.name
-
-    @property
-    def provider(self) -> str:
-        """The wrapped model's provider."""
-        return self.inner.provider
-
-    @property
-    def priced_as(self) -> str:
-        """The wrapped model's price key."""
-        return self.inner.priced_as
-
-    @property
-    def simulated(self) -> bool:
-        """Whether the wrapped model is simulated."""
-        return self.inner.simulated
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         """Send ``request`` to the wrapped model, retrying retryable errors."""
@@ -90,24 +76,10 @@ class RetryingModel:
                 delay = self._delay(attempt, exc)
             await anyio.sleep(delay)
 
-    async def stream(self, request: ModelRequest) -> AsyncGenerator[StreamItem, None]:
+    def stream(self, request: ModelRequest) -> AsyncGenerator[StreamItem, None]:
         """Stream ``request`` from the wrapped model, retrying retryable errors that come
         before its first delta (after it, the reader has acted on the text: the error stands)."""
-        attempt = 0
-        while True:
-            attempt += 1
-            written = False
-            try:
-                async with aclosing(stream_of(self.inner, request)) as items:
-                    async for item in items:
-                        written = written or isinstance(item, str)
-                        yield item
-                return
-            except ModelError as exc:
-                if written:
-                    raise
-                delay = self._delay(attempt, exc)
-            await anyio.sleep(delay)
+        return stream_retried(self.inner, request, self._delay)
 
     def _delay(self, attempt: int, exc: ModelError) -> float:
         """How long to wait before retrying ``exc``; raises it when it is not to be retried."""
