@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import networkx as nx
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from hierplan.agents.planner import parse_plan_output
+from hierplan.errors import PlanParseError
 from hierplan.models.base import ModelResponse
 from hierplan.plans.compact import parse_compact, render_compact
 from hierplan.plans.plan import Plan, Step, validate_plan
@@ -140,3 +142,36 @@ def test_rendering_a_revision_skips_the_steps_carried_over() -> None:
     text = render_compact(plan, PARAMS, skip={"1", "4"})
     assert text == '5. lookup("B")\n6. add($1, $5)'
     assert parse_compact(text, goal="g", params=PARAMS, done=done) == plan
+
+
+def test_a_step_redone_after_a_line_that_used_it_is_refused() -> None:
+    old = Plan(goal="g", steps=[call("1", "lookup", key="a"), call("2", "lookup", key="b")])
+    done = DoneSteps.of(old, {"1"})
+    # line 2 used the done 1's result; redoing 1 below it would change what it meant
+    with pytest.raises(PlanParseError, match="step '1' is redone after steps that use"):
+        parse_compact('2. add($1, 1)\n1. lookup("A")', goal="g", params=PARAMS, done=done)
+    written = Plan(
+        goal="g", steps=[call("2", "add", "1", a="$1", b=1), call("1", "lookup", key="A")]
+    )
+    response = ModelResponse(text="", output=written.model_dump(mode="json"))
+    with pytest.raises(PlanParseError, match="redone after"):
+        parse_plan_output(response, goal="g", params=PARAMS, done=done)
+
+
+def test_what_stands_is_found_in_a_plan_the_gate_has_not_seen() -> None:
+    cyclic = Plan(
+        goal="g",
+        steps=[
+            call("1", "lookup", key="a"),
+            call("p", "lookup", "q", key="p"),
+            call("q", "lookup", "p", key="q"),
+        ],
+    )
+    old = Plan(goal="g", steps=[call("1", "lookup", key="a")])
+    assert carried_over(old, cyclic, {"1"}) == ["1"]  # no error: the cycle is the gate's to name
+
+
+def test_a_plan_cut_short_answers_with_none_of_its_done_steps() -> None:
+    done = DoneSteps.of(OLD, {"1", "4"}, answers=False)
+    plan = parse_compact('5. lookup("B")', goal="g", params=PARAMS, done=done)
+    assert [s.id for s in plan.steps] == ["5"]

@@ -363,3 +363,46 @@ async def test_a_refused_line_in_a_streamed_replan_gets_a_repair_keeping_what_ra
     # the repair was asked of the plan as written so far: steps 1 and 3 done
     repair_prompt = model.requests[2].messages[1].content
     assert "FEEDBACK:" in repair_prompt and '"3": "30"' in repair_prompt
+
+
+async def test_a_done_step_a_streamed_revision_drops_is_not_a_result_of_the_node() -> None:
+    @tool
+    def fragile(key: int) -> int:
+        """Fails on every key."""
+        raise RuntimeError(f"no {key}")
+
+    lookups = Lookups()
+    model = ScriptedModel(
+        [
+            StreamedText(("1. lookup(1)\n", "2. lookup(2)\n", "3. fragile($1) after 2\n")),
+            StreamedText(("4. fragile(4)\n",)),  # builds on nothing done: 1 and 2 drop out
+        ]
+    )
+    with anyio.fail_after(20):
+        result = await hierplan.run(
+            "look things up",
+            model=model,
+            strategy="dag",
+            tools=[lookups.tool, fragile],
+            settings={"retry_backoff_s": 0, "max_retries": 0, "max_replans": 1},
+        )
+    model.assert_complete()
+    assert [s.id for s in result.tree.plan_versions[-1].plan.steps] == ["4"]
+    # the node's plan reached nothing: it failed, rather than ending partial on results its
+    # plan no longer has
+    assert result.tree.status == "failed" and result.tree.output is None
+
+
+async def test_a_repair_of_a_plan_cut_short_keeps_no_done_step_it_does_not_use() -> None:
+    lookups = Lookups()
+    model = ScriptedModel(
+        [
+            # 1 was to feed line 2, which is refused (no such tool)
+            StreamedText(("1. lookup(1)\n", "2. nope($1)\n")),
+            ModelResponse(text="3. lookup(3)"),  # the repair does without 1's result
+        ]
+    )
+    result = await run(model, lookups)
+    model.assert_complete()
+    assert result.status == "succeeded" and result.answer == "30"
+    assert [s.id for s in result.tree.plan_versions[-1].plan.steps] == ["3"]

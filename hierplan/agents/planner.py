@@ -81,6 +81,9 @@ def parse_plan_output(
         raise PlanParseError(f"the plan does not match the schema: {problems}") from None
     if done is None or not done.steps:
         return plan
+    problem = done.redone_after_use(plan.steps)
+    if problem is not None:
+        raise PlanParseError(problem)
     return plan.model_copy(update={"steps": done.merged(plan.steps)})
 
 
@@ -184,11 +187,14 @@ class Revising:
     plan: Plan
     progress: Mapping[str, str]
     failure: str | None = None
+    whole: bool = True
+    """Whether ``plan`` is whole: a plan cut short while it was written answers with none of
+    its done steps."""
 
     @property
     def done(self) -> DoneSteps:
         """The done steps the revision keeps."""
-        return DoneSteps.of(self.plan, self.progress)
+        return DoneSteps.of(self.plan, self.progress, answers=self.whole)
 
     def ask(self, prompt: PlanPrompt) -> None:
         """Make ``prompt`` a replanning prompt: the current plan, progress and failure."""
@@ -227,12 +233,14 @@ class LLMPlanner:
         inputs: Mapping[str, str] | None = None,
         feedback: str | None = None,
         flat: bool = False,
+        whole: bool = True,
     ) -> Plan:
         """A revised plan given what is done (``progress``) and what failed (``failure``). The
         planner writes only what is left to do; the done steps it builds on are kept (see
-        :class:`~hierplan.plans.revision.DoneSteps`)."""
+        :class:`~hierplan.plans.revision.DoneSteps`), and so are those ``plan`` answered with
+        when it is ``whole`` (not cut short while it was written)."""
         prompt = self._prompt(node, inputs, feedback, flat)
-        revising = Revising(plan, progress, failure)
+        revising = Revising(plan, progress, failure, whole)
         revising.ask(prompt)
         return await self._ask(node, prompt, "replan", revising.done)
 
@@ -253,7 +261,8 @@ class LLMPlanner:
         read once it is whole, then its steps go to ``accept`` in order.
 
         ``revising``: a replan of that plan, as :meth:`replan` asks for it; ``accept`` gets the
-        lines written (the steps still to do) and the plan returned keeps the done steps."""
+        lines written (the steps still to do; for a plan written as JSON, the done steps kept
+        too, which it knows as done) and the plan returned keeps the done steps."""
         tools = node.tool_specs()
         prompt = self._prompt(node, inputs, None, flat)
         done: DoneSteps | None = None

@@ -181,7 +181,7 @@ async def execute_plan(
     it again would only spend the rest of the budget on the same failure.
 
     ``plan`` ``None``: the node's first plan streams (:mod:`hierplan.hierarchy.streaming`),
-    its steps running as they are written."""
+    its steps running as they are written, and so do its replans after a failed step."""
     settings = node.run.settings
     children = _Children(node)
     done: dict[str, StepResult] = {}
@@ -263,8 +263,9 @@ async def _revise(
     """A revised plan after ``outcome`` failed: streamed, its steps running as they are
     written, when the node's plans stream (and no step ran out of budget), else gated whole.
     Returns as :func:`_stream` does. Without a revised plan (invalid proposals, rejections, a
-    planning error) the approved plan goes on, as if replans were not allowed, so that finished
-    work counts and independent branches still run, and the node gives up."""
+    planning error, a budget too small for the replan) the approved plan goes on, as if
+    replans were not allowed, so that finished work counts and independent branches still
+    run, and the node gives up."""
     done = outcome.results
     failure, budget = _failures(outcome)
     if not budget and await can_stream(node, policy):
@@ -357,7 +358,10 @@ async def _stream(
     )
     outcome, partial = streamed.outcome, streamed.plan
     steps = {s.id for s in partial.steps}
-    done = {k: v for k, v in outcome.results.items() if k in steps}
+    for step_id in [k for k in outcome.results if k not in steps]:
+        # a done step the revision dropped (or built on a redone one): not this plan's result
+        del outcome.results[step_id]
+    done = dict(outcome.results)
     if streamed.problem is None:
         if revision is not None:
             children.settle(partial, len(node.record.plan_versions))
@@ -390,6 +394,9 @@ async def _stream(
             feedback=invalid_feedback([streamed.problem]),
             reason="retry",
             invalid=1,
+            # a plan cut short: its done steps whose consumers were not written yet are no
+            # answers of it
+            whole=previous is not partial,
         )
     except (StepFailed, BudgetExceeded) as exc:
         if revision is not None and not streamed.accepted and isinstance(exc, StepFailed):
@@ -416,8 +423,7 @@ def _stream_ends(
     if revision is not None:
         children.settle(partial, len(node.record.plan_versions))
     children.retire(outcome.not_started, "not run: the node gave up")
-    done = {k: v for k, v in outcome.results.items() if k in {s.id for s in partial.steps}}
-    _give_up(node, partial, done, str(failed), budget=isinstance(cause, BudgetExceeded))
+    _give_up(node, partial, outcome.results, str(failed), budget=isinstance(cause, BudgetExceeded))
 
 
 def _preparer(

@@ -9,7 +9,7 @@ node's approved plan is used again. :class:`PlanPolicy` says how a strategy plan
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
@@ -31,6 +31,7 @@ from hierplan.errors import (
 from hierplan.hierarchy.context import NodeContext
 from hierplan.hierarchy.gate import GateContext, GateOutcome
 from hierplan.plans.plan import Plan, diff_plans
+from hierplan.plans.revision import carried_over
 from hierplan.records import DecisionRecord, PlanVersion
 from hierplan.units import usd_to_pico
 
@@ -187,6 +188,7 @@ async def _propose(
     progress: Mapping[str, StepResult] | None,
     failure: str | None,
     feedback: str | None,
+    whole: bool = True,
 ) -> Plan:
     run = node.run
     texts = {k: v.text for k, v in inputs.items()}
@@ -203,7 +205,14 @@ async def _propose(
                 )
             done = {k: v.text for k, v in (progress or {}).items()}
             return await run.planner.replan(
-                node, previous, done, failure, inputs=texts, feedback=feedback, flat=policy.flat
+                node,
+                previous,
+                done,
+                failure,
+                inputs=texts,
+                feedback=feedback,
+                flat=policy.flat,
+                whole=whole,
             )
         except PlanParseError as exc:
             raise StepFailed(str(exc)) from None
@@ -258,12 +267,14 @@ async def obtain_plan(
     feedback: str | None = None,
     reason: str | None = None,
     invalid: int = 0,
+    whole: bool = True,
 ) -> Plan:
     """A plan the gate approved (or an approved edit of it).
 
     ``reason`` labels the first version proposed (by default ``initial``, or ``replan`` with
     a ``previous`` plan). ``invalid``: invalid proposals already made (a streamed plan
-    refused), which count towards ``max_invalid_plans``.
+    refused), which count towards ``max_invalid_plans``. ``whole``: ``previous`` is a whole
+    plan, not one cut short while it was written (whose unconsumed done steps are no answers).
 
     Invalid plans return to the planner with the validators' findings, rejected ones with the
     reviewer's reason; past ``max_invalid_plans`` or ``max_rejections`` the node fails. A
@@ -286,14 +297,16 @@ async def obtain_plan(
     while True:
         with pause.working():
             if pending is None:
-                plan = await _propose(node, policy, inputs, previous, progress, failure, feedback)
+                plan = await _propose(
+                    node, policy, inputs, previous, progress, failure, feedback, whole
+                )
                 version = add_version(node, plan, reason, previous or _last_plan(node))
                 decision = None
             else:
                 version, pending = pending, None
                 assert restore is not None  # only a restored node has a pending version
                 plan, decision = version.plan, restore.decision_for(node.path)
-            check = await _budget_check(node, progress)
+            check = await _budget_check(node, _standing(previous, plan, progress))
             outcome = await node.run.gate.review(
                 plan, _gate_context(node, plan, version, previous, policy, check), decision
             )
@@ -334,9 +347,16 @@ async def obtain_plan(
         reason = "retry"
 
 
-async def _budget_check(
-    node: NodeContext, progress: Mapping[str, StepResult] | None
-) -> BudgetCheck | None:
+def _standing(
+    previous: Plan | None, plan: Plan, progress: Mapping[str, StepResult] | None
+) -> Collection[str]:
+    """The steps of ``plan`` whose results stand (done, and not redone)."""
+    if previous is None or not progress:
+        return progress or ()
+    return carried_over(previous, plan, progress)
+
+
+async def _budget_check(node: NodeContext, progress: Collection[str] | None) -> BudgetCheck | None:
     """The budget check of the node's next plan, when a budget limits the node: what it has
     left now (its planning calls have settled), the steps done counting nothing."""
     spending = await node.spending()

@@ -154,7 +154,6 @@ class _Intake:
         self.prepare = prepare
         self.send = send
         self.kept = DoneSteps() if revision is None else revision.kept
-        self.was = {s.id: s for s in self.kept.steps}
         self.accepted: list[Step] = []
         self.sent = 0
         self.version: PlanVersion | None = None
@@ -165,9 +164,8 @@ class _Intake:
         node, ctx = self.node, self.ctx
         prefix = Plan(goal=node.goal, steps=self.kept.merged([*self.accepted, step]))
         problems = structure_validator(prefix, ctx) + args_validator(prefix, ctx)
-        redo = step.id in self.was and not self.was[step.id].same_work(step)
-        if redo and any(step.id in s.depends_on for s in self.accepted):
-            why = f"step {step.id!r} is redone after steps that use its result: redo it first"
+        why = self.kept.redone_after_use([*self.accepted, step]) if self.kept.steps else None
+        if why is not None:
             problems.append(PlanProblem("redone_after_use", why, step.id))
         if problems:
             raise StepRefused("; ".join(str(p) for p in problems), step)
@@ -179,7 +177,7 @@ class _Intake:
             decide(node, self.version, GateOutcome("approved", prefix, STREAMED_BY, STREAMED_NOTE))
         else:
             self.version.plan = prefix
-        if step.id in self.kept.copies(self.accepted):
+        if self.kept.steps and step.id in self.kept.copies(self.accepted):
             return  # a done step written again unchanged: its result stands
         self.prepare(step).record.parsed_at = time.time()
         self.sent += 1

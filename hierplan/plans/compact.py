@@ -323,6 +323,11 @@ class CompactReader:
             raise PlanParseError(f"plan line {self.lines} ({shown!r}): {exc}") from None
         self.steps.append(step)
         self._earlier.append(step.id)
+        if self.done.steps:
+            problem = self.done.redone_after_use(self.steps)
+            if problem is not None:
+                self.steps.pop()
+                raise PlanParseError(f"plan line {self.lines}: {problem}")
         return step
 
     def plan(self, goal: str) -> Plan:

@@ -29,10 +29,11 @@ of the answer.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from hierplan.plans.plan import Plan, Step, topological_order
+from hierplan.plans.plan import Plan, Step
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,11 +45,24 @@ class DoneSteps:
     answers: frozenset[str] = frozenset()
 
     @classmethod
-    def of(cls, plan: Plan, done: Collection[str]) -> DoneSteps:
-        """The steps of ``plan`` whose ids are in ``done``."""
-        sinks = set(plan.sinks())
+    def of(cls, plan: Plan, done: Collection[str], *, answers: bool = True) -> DoneSteps:
+        """The steps of ``plan`` whose ids are in ``done``; ``answers``: those nothing built
+        on are the plan's answers (not for a plan cut short while it was written, whose
+        steps that would have built on them were never written)."""
+        sinks = set(plan.sinks()) if answers else set()
         steps = tuple(s for s in plan.steps if s.id in done)
         return cls(steps, frozenset(s.id for s in steps if s.id in sinks))
+
+    def redone_after_use(self, written: Sequence[Step]) -> str | None:
+        """Why ``written`` cannot be read in order, or ``None``: a line that redoes a done step
+        must come before the lines that use its result (those refer to the done one)."""
+        was = {s.id: s for s in self.steps}
+        used: set[str] = set()
+        for step in written:
+            if step.id in used and step.id in was and not was[step.id].same_work(step):
+                return f"step {step.id!r} is redone after steps that use its result: redo it first"
+            used.update(step.depends_on)
+        return None
 
     @property
     def ids(self) -> list[str]:
@@ -80,6 +94,8 @@ class DoneSteps:
     def copies(self, written: Sequence[Step]) -> set[str]:
         """Ids of the done steps ``written`` holds again unchanged, on inputs that stand:
         their results stand, and they do not run again."""
+        if not self.steps:
+            return set()
         stale = self._stale(written)
         ids = {s.id for s in self.steps}
         return {s.id for s in written if s.id in ids and s.id not in stale}
@@ -98,22 +114,34 @@ class DoneSteps:
 def carried_over(old: Plan, new: Plan, done: Mapping[str, object] | Collection[str]) -> list[str]:
     """Ids of the steps of ``new`` whose results from ``old`` stand: done there, the same work
     here, on inputs that stand too (a step whose dependency runs again runs again: its result
-    was made from the old input). In ``new``'s dependency order."""
+    was made from the old input). In ``new``'s order. ``new`` need not be valid yet (the gate
+    has not seen it): a step in a cycle or with a dangling dependency does not stand."""
     before = old.step_map()
     after = new.step_map()
-    kept: list[str] = []
+    candidates = {
+        step_id
+        for step_id, step in after.items()
+        if step_id in done and (was := before.get(step_id)) is not None and was.same_work(step)
+    }
+    # Kahn's order over the candidates: one stands once every dependency of it stands.
+    waiting: dict[str, int] = {}
+    dependents: dict[str, list[str]] = {step_id: [] for step_id in candidates}
+    for step_id in candidates:
+        deps = set(after[step_id].depends_on)
+        if deps <= candidates:
+            waiting[step_id] = len(deps)
+            for dep in deps:
+                dependents[dep].append(step_id)
+    ready = deque(step_id for step_id, count in waiting.items() if count == 0)
     standing: set[str] = set()
-    for step_id in topological_order(new):
-        step, was = after[step_id], before.get(step_id)
-        if (
-            step_id in done
-            and was is not None
-            and was.same_work(step)
-            and all(d in standing for d in step.depends_on)
-        ):
-            kept.append(step_id)
-            standing.add(step_id)
-    return kept
+    while ready:
+        step_id = ready.popleft()
+        standing.add(step_id)
+        for later in dependents[step_id]:
+            waiting[later] -= 1
+            if waiting[later] == 0:
+                ready.append(later)
+    return [s.id for s in new.steps if s.id in standing and after[s.id] is s]
 
 
 def written_steps(plan: Plan, carried: Iterable[str]) -> list[Step]:

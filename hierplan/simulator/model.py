@@ -518,7 +518,7 @@ def perturb_plan(
     steps = list(plan.steps)
     open_ = [i for i, s in enumerate(steps) if s.id not in fixed]
     kinds = []
-    if len(steps) > 1 and open_:
+    if len(open_) > 1:  # a plan (or a replan's lines) does not lose its only step
         kinds.append("dropped_step")
     if any(steps[i].depends_on for i in open_):
         kinds.append("missing_dependency")
