@@ -51,6 +51,12 @@ class Lookups:
         self.tool = lookup
 
 
+@tool
+def fragile(key: int) -> int:
+    """Fails on every key."""
+    raise RuntimeError(f"no {key}")
+
+
 async def run(model: Any, lookups: Lookups, **options: Any) -> RunResult:
     spec = RunSpec(
         goal="look things up",
@@ -59,8 +65,9 @@ async def run(model: Any, lookups: Lookups, **options: Any) -> RunResult:
         settings=RunSettings(retry_backoff_s=0, **options.pop("settings", {})),
         gate=options.pop("gate", None),
     )
+    tools = [lookups.tool, *options.pop("tools", ())]
     with anyio.fail_after(20):
-        return await hierplan.run(spec, tools=[lookups.tool], **options)
+        return await hierplan.run(spec, tools=tools, **options)
 
 
 def planning_call(record: NodeRecord, index: int = 0) -> CallRecord:
@@ -198,11 +205,6 @@ async def test_an_unreadable_first_line_gets_the_planners_repair() -> None:
 
 
 async def test_a_step_that_fails_while_the_plan_streams_leads_to_a_replan() -> None:
-    @tool
-    def fragile(key: int) -> int:
-        """Fails on every key."""
-        raise RuntimeError(f"no {key}")
-
     lookups = Lookups()
     model = ScriptedModel(
         [
@@ -210,14 +212,7 @@ async def test_a_step_that_fails_while_the_plan_streams_leads_to_a_replan() -> N
             ModelResponse(text="1. lookup(3)"),
         ]
     )
-    with anyio.fail_after(20):
-        result = await hierplan.run(
-            "look things up",
-            model=model,
-            strategy="dag",
-            tools=[lookups.tool, fragile],
-            settings={"retry_backoff_s": 0, "max_retries": 0},
-        )
+    result = await run(model, lookups, tools=[fragile], settings={"max_retries": 0})
     model.assert_complete()
     assert result.status == "succeeded" and lookups.keys == [3]
     assert [v.reason for v in result.tree.plan_versions] == ["initial", "replan"]
@@ -253,11 +248,6 @@ def test_however_the_text_is_cut_into_deltas_the_same_plan_runs(cuts: list[int])
 
 
 async def test_a_replan_streams_and_its_steps_build_on_the_done_ones() -> None:
-    @tool
-    def fragile(key: int) -> int:
-        """Fails on every key."""
-        raise RuntimeError(f"no {key}")
-
     opened = anyio.Event()
     lookups = Lookups({10: opened})
     model = ScriptedModel(
@@ -268,14 +258,7 @@ async def test_a_replan_streams_and_its_steps_build_on_the_done_ones() -> None:
             StreamedText(("3. lookup($1)\n", opened, "4. lookup(4)\n")),
         ]
     )
-    with anyio.fail_after(20):
-        result = await hierplan.run(
-            "look things up",
-            model=model,
-            strategy="dag",
-            tools=[lookups.tool, fragile],
-            settings={"retry_backoff_s": 0, "max_retries": 0},
-        )
+    result = await run(model, lookups, tools=[fragile], settings={"max_retries": 0})
     model.assert_complete()
     assert result.status == "succeeded"
     assert lookups.keys == [1, 10, 4]  # done step 1 did not run again
@@ -310,14 +293,7 @@ async def test_a_streamed_replan_runs_a_redone_step_again_and_not_a_copied_one()
             StreamedText(("2. lookup(2)\n", "1. lookup(5)\n", "3. check($1) after 2\n")),
         ]
     )
-    with anyio.fail_after(20):
-        result = await hierplan.run(
-            "look things up",
-            model=model,
-            strategy="dag",
-            tools=[lookups.tool, check],
-            settings={"retry_backoff_s": 0, "max_retries": 0},
-        )
+    result = await run(model, lookups, tools=[check], settings={"max_retries": 0})
     model.assert_complete()
     assert result.status == "succeeded" and result.answer == "50"
     assert sorted(lookups.keys) == [1, 2, 5]
@@ -332,11 +308,6 @@ async def test_a_streamed_replan_runs_a_redone_step_again_and_not_a_copied_one()
 
 
 async def test_a_refused_line_in_a_streamed_replan_gets_a_repair_keeping_what_ran() -> None:
-    @tool
-    def fragile(key: int) -> int:
-        """Fails on every key."""
-        raise RuntimeError(f"no {key}")
-
     lookups = Lookups()
     model = ScriptedModel(
         [
@@ -345,14 +316,7 @@ async def test_a_refused_line_in_a_streamed_replan_gets_a_repair_keeping_what_ra
             ModelResponse(text="6. lookup(6) after 3"),
         ]
     )
-    with anyio.fail_after(20):
-        result = await hierplan.run(
-            "look things up",
-            model=model,
-            strategy="dag",
-            tools=[lookups.tool, fragile],
-            settings={"retry_backoff_s": 0, "max_retries": 0},
-        )
+    result = await run(model, lookups, tools=[fragile], settings={"max_retries": 0})
     model.assert_complete()
     assert result.status == "succeeded"
     assert sorted(lookups.keys) == [1, 3, 6]  # 3 ran once, before the refused line
@@ -366,11 +330,6 @@ async def test_a_refused_line_in_a_streamed_replan_gets_a_repair_keeping_what_ra
 
 
 async def test_a_done_step_a_streamed_revision_drops_is_not_a_result_of_the_node() -> None:
-    @tool
-    def fragile(key: int) -> int:
-        """Fails on every key."""
-        raise RuntimeError(f"no {key}")
-
     lookups = Lookups()
     model = ScriptedModel(
         [
@@ -378,14 +337,9 @@ async def test_a_done_step_a_streamed_revision_drops_is_not_a_result_of_the_node
             StreamedText(("4. fragile(4)\n",)),  # builds on nothing done: 1 and 2 drop out
         ]
     )
-    with anyio.fail_after(20):
-        result = await hierplan.run(
-            "look things up",
-            model=model,
-            strategy="dag",
-            tools=[lookups.tool, fragile],
-            settings={"retry_backoff_s": 0, "max_retries": 0, "max_replans": 1},
-        )
+    result = await run(
+        model, lookups, tools=[fragile], settings={"max_retries": 0, "max_replans": 1}
+    )
     model.assert_complete()
     assert [s.id for s in result.tree.plan_versions[-1].plan.steps] == ["4"]
     # the node's plan reached nothing: it failed, rather than ending partial on results its
