@@ -19,6 +19,7 @@ through ``run.pause`` (:mod:`hierplan.hierarchy.pause`).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import NoReturn
 
 from hierplan.agents.prompts import ATTEMPT_FAILED
@@ -173,6 +174,19 @@ async def run_child(
     return result
 
 
+@dataclass(frozen=True, slots=True)
+class _Execution:
+    """What running one node's plans needs, whichever plan or version runs: the node, how its
+    strategy plans, its inputs, its children, how a step runs and how many run at once."""
+
+    node: NodeContext
+    policy: PlanPolicy
+    inputs: Mapping[str, StepResult]
+    children: _Children
+    run_step: RunStep
+    max_running: int
+
+
 async def execute_plan(
     node: NodeContext, plan: Plan | None, policy: PlanPolicy, inputs: Mapping[str, StepResult]
 ) -> StepResult:
@@ -197,15 +211,14 @@ async def execute_plan(
             return run_task_node(child, step, step_inputs)
         return run_child(child, step, step_inputs, policy)
 
+    ex = _Execution(node, policy, inputs, children, run_step, max_running)
     streamed: DagOutcome | None = None
     # Only a node whose plan streamed has a joiner: no one saw that plan whole before it ran.
     # A plan gated whole was seen, and its results answer as they always have.
     joins = plan is None and settings.join and not policy.replan_each_step
     if plan is None:
         stop = policy.replan_on_failure and settings.max_replans > 0
-        first = await _stream(
-            node, policy, inputs, children, run_step, max_running, stop_on_failure=stop
-        )
+        first = await _stream(ex, stop_on_failure=stop)
         assert not isinstance(first, StepFailed)  # a first plan's failure raises
         plan, streamed, done = first
     # Counted from the record, not from zero: replans made before a pause still count after
@@ -244,21 +257,11 @@ async def execute_plan(
             return _give_up(node, plan, done, failure, budget=budget)
         replans += 1
         stop = policy.replan_on_failure and replans < settings.max_replans
-        plan, streamed, done = await _revise(
-            node, policy, inputs, children, run_step, max_running, plan, outcome, stop
-        )
+        plan, streamed, done = await _revise(ex, plan, outcome, stop)
 
 
 async def _revise(
-    node: NodeContext,
-    policy: PlanPolicy,
-    inputs: Mapping[str, StepResult],
-    children: _Children,
-    run_step: RunStep,
-    max_running: int,
-    plan: Plan,
-    outcome: DagOutcome,
-    stop_on_failure: bool,
+    ex: _Execution, plan: Plan, outcome: DagOutcome, stop_on_failure: bool
 ) -> tuple[Plan, DagOutcome | None, dict[str, StepResult]]:
     """A revised plan after ``outcome`` failed: streamed, its steps running as they are
     written, when the node's plans stream (and no step ran out of budget), else gated whole.
@@ -266,75 +269,47 @@ async def _revise(
     planning error, a budget too small for the replan) the approved plan goes on, as if
     replans were not allowed, so that finished work counts and independent branches still
     run, and the node gives up."""
-    done = outcome.results
+    node, done = ex.node, outcome.results
     failure, budget = _failures(outcome)
-    if not budget and await can_stream(node, policy):
+    if not budget and await can_stream(node, ex.policy):
         revision = Revision(plan, done, failure)
-        streamed = await _stream(
-            node,
-            policy,
-            inputs,
-            children,
-            run_step,
-            max_running,
-            revision,
-            stop_on_failure=stop_on_failure,
-        )
+        streamed = await _stream(ex, revision, stop_on_failure=stop_on_failure)
         if isinstance(streamed, StepFailed):
-            why = f"replanning failed: {streamed}"
-            await _unrevised(node, plan, outcome, children, run_step, max_running, why)
+            await _unrevised(ex, plan, outcome, f"replanning failed: {streamed}")
         return streamed
     try:
         new_plan = await obtain_plan(
-            node, policy, inputs, previous=plan, progress=done, failure=failure
+            node, ex.policy, ex.inputs, previous=plan, progress=done, failure=failure
         )
     except BudgetExceeded as exc:
         # The steps that do not depend on the failure were approved and may cost nothing
         # (direct tool calls): a budget too small to replan does not throw them away.
-        why = f"cannot replan: {exc}"
-        await _unrevised(node, plan, outcome, children, run_step, max_running, why, budget=True)
+        await _unrevised(ex, plan, outcome, f"cannot replan: {exc}", budget=True)
     except StepFailed as exc:
-        why = f"replanning failed: {exc}"
-        await _unrevised(node, plan, outcome, children, run_step, max_running, why)
+        await _unrevised(ex, plan, outcome, f"replanning failed: {exc}")
     if budget and _same_work_left(plan, new_plan, done):
-        children.retire(outcome.not_started, "not run: the revised plan changed nothing")
+        ex.children.retire(outcome.not_started, "not run: the revised plan changed nothing")
         _give_up(node, plan, done, _unchanged_after_budget(failure), budget=True)
     return new_plan, None, _carry_over(plan, new_plan, done)
 
 
 async def _unrevised(
-    node: NodeContext,
-    plan: Plan,
-    outcome: DagOutcome,
-    children: _Children,
-    run_step: RunStep,
-    max_running: int,
-    why: str,
-    *,
-    budget: bool = False,
+    ex: _Execution, plan: Plan, outcome: DagOutcome, why: str, *, budget: bool = False
 ) -> NoReturn:
     """No revised plan (``why`` says why not): ``plan`` goes on without the failed steps and
     what depends on them, as if replans were not allowed, then the node gives up (out of
     budget when ``budget`` or a step ran out)."""
     outcome = await run_dag(
-        plan, run_step, done=outcome.results, failed=outcome.failed, max_running=max_running
+        plan, ex.run_step, done=outcome.results, failed=outcome.failed, max_running=ex.max_running
     )
-    children.retire(outcome.cancelled)
-    children.retire(outcome.not_started, "not run: the node gave up")
+    ex.children.retire(outcome.cancelled)
+    ex.children.retire(outcome.not_started, "not run: the node gave up")
     failure, short = _failures(outcome)
-    _give_up(node, plan, outcome.results, f"{failure}; {why}", budget=budget or short)
+    _give_up(ex.node, plan, outcome.results, f"{failure}; {why}", budget=budget or short)
 
 
 async def _stream(
-    node: NodeContext,
-    policy: PlanPolicy,
-    inputs: Mapping[str, StepResult],
-    children: _Children,
-    run_step: RunStep,
-    max_running: int,
-    revision: Revision | None = None,
-    *,
-    stop_on_failure: bool,
+    ex: _Execution, revision: Revision | None = None, *, stop_on_failure: bool
 ) -> tuple[Plan, DagOutcome | None, dict[str, StepResult]] | StepFailed:
     """Stream the node's first plan, or the ``revision`` of its plan, its steps running as
     they come (see :mod:`hierplan.hierarchy.streaming`): the plan to go on with, what its
@@ -344,15 +319,15 @@ async def _stream(
     A stream stopped by a refused step is answered by a repaired plan, gated whole, that keeps
     what ran. A planning call that failed before any step was accepted fails the node, as a
     failed call of a plan gated whole does; for a revision, its failure is returned."""
+    node, children = ex.node, ex.children
     settings = node.run.settings
-    prepare = _preparer(node, children, policy, revision is not None)
     streamed = await stream_plan(
         node,
-        policy,
-        inputs,
-        run_step,
-        prepare,
-        max_running=max_running,
+        ex.policy,
+        ex.inputs,
+        ex.run_step,
+        _preparer(ex, revision is not None),
+        max_running=ex.max_running,
         stop_on_failure=stop_on_failure,
         revision=revision,
     )
@@ -375,7 +350,7 @@ async def _stream(
         # The refused step makes this plan an invalid proposal, as a plan gated whole with
         # that step would be: no second proposal when none is allowed.
         why = f"the planner proposed 1 invalid plan; last problems: {streamed.problem}"
-        return _stream_ends(node, children, revision, streamed, StepFailed(why))
+        return _stream_ends(ex, revision, streamed, StepFailed(why))
     failure = _failures(outcome)[0] if outcome.failed else None
     if failure is None and revision is not None:
         failure = revision.failure
@@ -386,8 +361,8 @@ async def _stream(
     try:
         repaired = await obtain_plan(
             node,
-            policy,
-            inputs,
+            ex.policy,
+            ex.inputs,
             previous=previous,
             progress=done,
             failure=failure,
@@ -402,13 +377,12 @@ async def _stream(
         if revision is not None and not streamed.accepted and isinstance(exc, StepFailed):
             return exc  # as when a replan gated whole fails: the plan revised goes on
         failed = StepFailed(f"{streamed.problem}; no repaired plan: {exc}")
-        return _stream_ends(node, children, revision, streamed, failed, exc)
+        return _stream_ends(ex, revision, streamed, failed, exc)
     return repaired, None, _carry_over(previous or partial, repaired, done)
 
 
 def _stream_ends(
-    node: NodeContext,
-    children: _Children,
+    ex: _Execution,
     revision: Revision | None,
     streamed: Streamed,
     failed: StepFailed,
@@ -421,16 +395,17 @@ def _stream_ends(
         return failed
     outcome, partial = streamed.outcome, streamed.plan
     if revision is not None:
-        children.settle(partial, len(node.record.plan_versions))
-    children.retire(outcome.not_started, "not run: the node gave up")
-    _give_up(node, partial, outcome.results, str(failed), budget=isinstance(cause, BudgetExceeded))
+        ex.children.settle(partial, len(ex.node.record.plan_versions))
+    ex.children.retire(outcome.not_started, "not run: the node gave up")
+    _give_up(
+        ex.node, partial, outcome.results, str(failed), budget=isinstance(cause, BudgetExceeded)
+    )
 
 
-def _preparer(
-    node: NodeContext, children: _Children, policy: PlanPolicy, revising: bool
-) -> Callable[[Step], NodeContext]:
+def _preparer(ex: _Execution, revising: bool) -> Callable[[Step], NodeContext]:
     """What makes a streamed step's child node: on first sight of the step, the child of a
     first plan; for a revision, a new child unless a pending one does the same work."""
+    node, children, policy = ex.node, ex.children, ex.policy
     if not revising:
         return lambda step: children.add(step, policy)
     made: dict[str, NodeContext] = {}
