@@ -604,3 +604,75 @@ async def test_a_resume_stopped_before_its_run_starts_leaves_the_run_paused(
     assert not (paused_dir / RESUMING_FILE).exists()
     done = await hierplan.resume(paused_dir, Approve(by="alice"))
     assert done.status == "succeeded", done.error
+
+
+@pytest.mark.anyio
+async def test_a_revision_approved_on_resume_runs_again_what_it_redoes(tmp_path: Path) -> None:
+    # The revision paused for review redoes 'fetch' with other arguments; 'use' is written
+    # again unchanged but was built on the old fetch. Neither result from before the pause
+    # stands for the revised plan: both run again.
+    from hierplan.core.settings import RunSettings
+    from hierplan.models.scripted import plan_response
+    from hierplan.tools.base import tool
+
+    calls: list[str] = []
+
+    def steps(source: str, last: str) -> list[Step]:
+        return [
+            Step(id="fetch", title="Fetch", instruction="fetch", tool="fetch", args={"s": source}),
+            Step(
+                id="use",
+                title="Use",
+                instruction="use it",
+                tool="use",
+                args={"v": "$fetch"},
+                depends_on=["fetch"],
+            ),
+            Step(id=last, title="Check", instruction="check", tool=last, args={}),
+        ]
+
+    def planner(request: ModelRequest) -> ModelResponse:
+        first = "CURRENT PLAN" not in request.messages[-1].content
+        return plan_response(
+            Plan(goal=ROOT_GOAL, steps=steps("old" if first else "new", "bad" if first else "ok"))
+        )
+
+    @tool
+    def fetch(s: str) -> str:
+        """Fetch a value."""
+        calls.append(f"fetch {s}")
+        return f"value of {s}"
+
+    @tool
+    def use(v: str) -> str:
+        """Use a value."""
+        calls.append(f"use {v}")
+        return f"used {v}"
+
+    @tool
+    def bad() -> str:
+        """Always fails."""
+        raise RuntimeError("broken")
+
+    @tool
+    def ok() -> str:
+        """Succeeds."""
+        return "fine"
+
+    async def replan_waits(plan: Plan, ctx: GateContext) -> Approve | Defer:
+        return Defer(by="test") if ctx.reason == "replan" else Approve()
+
+    common: dict[str, Any] = {
+        "model": FunctionModel(planner),
+        "tools": [fetch, use, bad, ok],
+        "approver": CallbackApprover(replan_waits),
+        "settings": RunSettings(max_replans=1, max_retries=0),
+    }
+    first = await hierplan.run(ROOT_GOAL, checkpoint_dir=tmp_path, **common)
+    assert first.status == "paused"
+    assert calls == ["fetch old", "use value of old"]
+    resumed = await hierplan.resume(tmp_path, Approve(by="dana"), **common)
+    assert resumed.status == "succeeded", resumed.error
+    assert calls[2:] == ["fetch new", "use value of new"]
+    assert "used value of new" in resumed.answer
+    assert "value of old" not in resumed.answer

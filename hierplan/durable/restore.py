@@ -3,7 +3,8 @@ results, the decisions given for its pending plans) and answers, for each node t
 enters again, where it stands.
 
 A node's approved plan is used again without calling the planner; finished steps keep their
-results and do not run again; a sub-planner that had started is entered again (it restores its
+results and do not run again (for a revision decided or written after the pause, those it
+carries over: not a step it redoes, nor one built on a redone step); a sub-planner that had started is entered again (it restores its
 own plan); a step that failed or was cancelled gets a new node; a pending plan gets the
 decision given to :func:`hierplan.resume` (or goes to the approver again). Each answer is
 given once per node: a node entered again later (after a replan) plans and runs as usual.
@@ -19,6 +20,7 @@ from hierplan.core.results import StepResult
 from hierplan.core.views import Resumed, SpanIds
 from hierplan.plans.decisions import Decision
 from hierplan.plans.plan import Plan
+from hierplan.plans.revision import carried_over
 from hierplan.records import NodeRecord, PlanVersion, RunResult
 from hierplan.units import usd_to_pico
 
@@ -65,6 +67,9 @@ class Restore:
     extra: dict[str, Any] = field(default_factory=dict)
     workflow_span: SpanIds | None = None
     _taken: set[tuple[str, str]] = field(default_factory=set)
+    # By node path: the plan a node's children ran under before the pause, when the plan the
+    # node goes on with is another one (a revision still to decide, or to write again).
+    _ran_under: dict[str, Plan] = field(default_factory=dict)
 
     @property
     def resumed(self) -> Resumed:
@@ -104,6 +109,8 @@ class Restore:
         state = PlanState(
             previous=next((v.plan for v in reversed(versions) if v.decision == "approved"), None)
         )
+        if state.previous is not None:
+            self._ran_under[record.path] = state.previous
         for v in reversed(versions):
             if v.decision == "approved":
                 break
@@ -136,12 +143,22 @@ class Restore:
         if not self._take("children", record):
             return None
         matched = _match_children(record, plan)
-        done = self.done_for(record, plan)
+        ran_under = self._ran_under.get(record.path)
+        if ran_under is None:
+            done = self.done_for(record, plan)
+        else:
+            # The children ran under the plan approved before the pause: of their results,
+            # those stand that the revision carries over (not a step it redoes, nor one built
+            # on a redone step), as when a replan is approved without a pause.
+            before = self.done_for(record, ran_under)
+            done = {sid: before[sid] for sid in carried_over(ran_under, plan, before)}
         again: dict[str, NodeRecord] = {}
         for step_id, rec in matched.items():
             if step_id not in done:
                 if rec.status in ENDED and (rec.kind == "executor" or not rec.plan_versions):
                     continue  # ended for good: the step gets a new node
+                if rec.status == "succeeded" and ran_under is not None:
+                    continue  # its result does not stand for the revision: it runs again
                 rec.status = "pending"
                 rec.error = None
             again[step_id] = rec
