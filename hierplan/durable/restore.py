@@ -4,10 +4,11 @@ enters again, where it stands.
 
 A node's approved plan is used again without calling the planner; finished steps keep their
 results and do not run again (for a revision decided or written after the pause, those it
-carries over: not a step it redoes, nor one built on a redone step); a sub-planner that had started is entered again (it restores its
-own plan); a step that failed or was cancelled gets a new node; a pending plan gets the
-decision given to :func:`hierplan.resume` (or goes to the approver again). Each answer is
-given once per node: a node entered again later (after a replan) plans and runs as usual.
+carries over: not a step it redoes, nor one built on a redone step); a sub-planner that had
+started is entered again (it restores its own plan); a step that failed or was cancelled gets a
+new node; a pending plan gets the decision given to :func:`hierplan.resume` (or goes to the
+approver again). Each answer is given once per node: a node entered again later (after a replan)
+plans and runs as usual.
 """
 
 from __future__ import annotations
