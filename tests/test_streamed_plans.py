@@ -187,6 +187,32 @@ async def test_a_refused_line_cancels_the_call_and_the_plan_is_repaired_keeping_
     assert [c.step_id for c in result.tree.children] == ["1", "2"]
 
 
+async def test_a_line_that_refers_to_no_step_above_is_refused_before_its_tool_runs() -> None:
+    """A streamed step runs as soon as it is read: ``$9`` (no such step) must not reach a tool
+    that takes text as the string "$9"."""
+    echoed: list[str] = []
+
+    @tool
+    def echo(text: str) -> str:
+        """Say it back."""
+        echoed.append(text)
+        return text
+
+    lookups = Lookups()
+    model = ScriptedModel(
+        [
+            StreamedText(("1. lookup(1)\n2. echo($9)\n", anyio.Event())),
+            ModelResponse(text='1. lookup(1)\n2. echo("nine")'),
+        ]
+    )
+    result = await run(model, lookups, tools=[echo])
+    model.assert_complete()
+    assert result.status == "succeeded"
+    assert echoed == ["nine"] and lookups.keys == [1]  # step 1 kept, not run again
+    first = result.tree.plan_versions[0]
+    assert first.decision == "invalid" and "$9 is no step above" in first.problems[0]
+
+
 async def test_an_unreadable_first_line_gets_the_planners_repair() -> None:
     lookups = Lookups()
     model = ScriptedModel(

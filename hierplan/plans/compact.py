@@ -14,10 +14,11 @@ A line is ``ID. HEAD [after IDS][: TEXT]``. ``HEAD`` is a tool call with its arg
 values, positional in the order of the tool's parameters or ``name=value``), a tool with ``(?)``
 (an executor chooses the arguments, following ``TEXT``), ``task`` (an executor does ``TEXT``
 with the node's tools, or those of ``tools=[...]``) or ``goal`` (a sub-planner plans ``TEXT``;
-``usd=`` and ``tokens=`` are its estimates). ``$ID`` in an argument or a text is the result of an
-earlier step and makes the step depend on it; ``after IDS`` adds dependencies that pass no
-result. ``left_out:`` and ``rationale:`` lines set those fields of the plan. Blank lines and
-Markdown fences are skipped; anything else is an error naming its line.
+``usd=`` and ``tokens=`` are its estimates). ``$ID`` in an argument or a text is the result of
+an earlier step and makes the step depend on it (a bare ``$ID`` argument that names no step
+above fails its line; text is quoted); ``after IDS`` adds dependencies that pass no result.
+``left_out:`` and ``rationale:`` lines set those fields of the plan. Blank lines and Markdown
+fences are skipped; anything else is an error naming its line.
 
 The typed :class:`~hierplan.plans.plan.Plan` stays what the gate checks, a person reviews and
 ``run.json`` records: :func:`parse_compact` builds it (the goal is the node's, a direct call's
@@ -83,6 +84,8 @@ class _Cursor:
 
     text: str
     pos: int = 0
+    # The bare ``$ID`` arguments read (the ids as written): each must name a step above.
+    refs: list[str] = field(default_factory=list)
 
     def skip(self) -> None:
         while self.pos < len(self.text) and self.text[self.pos].isspace():
@@ -115,6 +118,7 @@ def _value(cur: _Cursor) -> Any:
         if match is None:
             raise ValueError("a '$' must be followed by a step id")
         cur.pos = match.end()
+        cur.refs.append(match.group(1))
         return match.group()
     try:
         value, cur.pos = _DECODER.raw_decode(cur.text, cur.pos)
@@ -202,6 +206,7 @@ class _Line:
     head: _Head
     after: list[str]
     text: str
+    refs: list[str] = field(default_factory=list)
 
 
 def _read_line(line: str, params: Params | None) -> _Line:
@@ -226,7 +231,7 @@ def _read_line(line: str, params: Params | None) -> _Line:
         raise ValueError(
             f"a {head.kind if head.kind != 'chosen' else 'tool(?)'} step needs ': text'"
         )
-    return _Line(step_id, head, after, text)
+    return _Line(step_id, head, after, text, cur.refs)
 
 
 def _text_refs(text: str, earlier: Sequence[str]) -> list[str]:
@@ -246,6 +251,15 @@ def _title(text: str) -> str:
 
 def _step(line: _Line, earlier: Sequence[str]) -> Step:
     head = line.head
+    known = set(earlier)
+    for token in line.refs:
+        # A bare $ID is a reference, never text (text is quoted): one to no step above would
+        # reach the tool as the string "$ID".
+        if ref_target(token, known) is None:
+            raise ValueError(
+                f"${token} is no step above this line: write that step first, or quote the "
+                "argument if it is text"
+            )
     data: dict[str, Any] = {"id": line.step_id}
     if head.kind == "call":
         data.update(tool=head.name, args=head.args)
@@ -379,31 +393,38 @@ class CompactStream:
         return ([] if last is None else [last]), self.reader.plan(self.goal)
 
 
-def _json(value: Any) -> str:
-    if isinstance(value, str) and REF_PATTERN.fullmatch(value):
-        return value
+def _json(value: Any, ids: Collection[str] = ()) -> str:
+    if isinstance(value, str) and (match := REF_PATTERN.fullmatch(value)):
+        if ref_target(match.group(1), ids) is not None:
+            return value  # a reference, written bare
+        return json.dumps(value, ensure_ascii=False)  # text that looks like one
     if isinstance(value, float) and not math.isfinite(value):
         return json.dumps(str(value))  # not JSON: validation reports the step anyway
     return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
 
 
-def _render_args(tool: str, args: Mapping[str, Any], params: Params | None) -> str:
+def _render_args(
+    tool: str, args: Mapping[str, Any], params: Params | None, ids: Collection[str]
+) -> str:
     order = tuple((params or {}).get(tool, ()))
     keys = tuple(args)
     if keys and order[: len(keys)] == keys:
-        return ", ".join(_json(args[k]) for k in keys)
-    return ", ".join(f"{k}={_json(v)}" for k, v in args.items())
+        return ", ".join(_json(args[k], ids) for k in keys)
+    return ", ".join(f"{k}={_json(v, ids)}" for k, v in args.items())
 
 
-def render_step(step: Step, earlier: Sequence[str], params: Params | None = None) -> str:
-    """One step as a compact line (``earlier``: the ids of the steps before it)."""
+def render_step(
+    step: Step, earlier: Sequence[str], params: Params | None = None, lost: Collection[str] = ()
+) -> str:
+    """One step as a compact line (``earlier``: the ids of the steps before it; ``lost``: see
+    :func:`render_compact`)."""
     options: dict[str, Any] = {}
     if step.tools is not None:
         options["tools"] = step.tools
     direct = step.tool is not None and step.args is not None and step.kind == "task"
     if direct:
         assert step.tool is not None and step.args is not None
-        head = f"{step.tool}({_render_args(step.tool, step.args, params)})"
+        head = f"{step.tool}({_render_args(step.tool, step.args, params, {*earlier, *lost})})"
         text = ""
     else:
         text = " ".join(step.instruction.split())
@@ -423,15 +444,24 @@ def render_step(step: Step, earlier: Sequence[str], params: Params | None = None
     return f"{line}: {text}" if text else line
 
 
-def render_compact(plan: Plan, params: Params | None = None, *, skip: Collection[str] = ()) -> str:
+def render_compact(
+    plan: Plan,
+    params: Params | None = None,
+    *,
+    skip: Collection[str] = (),
+    lost: Collection[str] = (),
+) -> str:
     """``plan`` in the compact format: what a planner writes for it (titles and the goal are
     not written; a direct call's instruction is not either). ``skip``: ids of steps not
-    written (a revision's done steps, which the lines after them refer to)."""
+    written (a revision's done steps, which the lines after them refer to). An argument
+    ``"$ID"`` is written as a reference when ``ID`` is a step above, else quoted, as the text
+    it is; ``lost``: ids of steps the plan lost, whose ``$ID`` is written as a reference all
+    the same (what a planner that forgot to write a step writes)."""
     lines: list[str] = []
     ids: list[str] = []
     for step in plan.steps:
         if step.id not in skip:
-            lines.append(render_step(step, ids, params))
+            lines.append(render_step(step, ids, params, lost))
         ids.append(step.id)
     if plan.left_out:
         lines.append("left_out: " + " ".join(plan.left_out.split()))

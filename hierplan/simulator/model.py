@@ -252,6 +252,7 @@ class SimulatedModel:
         kept = frozenset(_carried_steps(prompt, plan))
         plan, flags = self._plan_decisions(plan, kept, request.messages, after_failure, rng)
         written = len(plan.steps) - len(kept)
+        planned = {s.id for s in plan.steps}
         for _ in range(self._plan_error_count(written, after_failure, rng)):
             plan, kind = perturb_plan(plan, rng, fixed=kept)
             if kind:
@@ -260,7 +261,9 @@ class SimulatedModel:
             data: dict[str, Any] = plan.model_dump(mode="json", exclude_none=True)
             data["steps"] = [s for s in data["steps"] if s["id"] not in kept]
             return ModelResponse(text=json.dumps(data), output=data, flags=flags)
-        text = render_compact(plan, prompt.tool_params, skip=kept)
+        # A dropped step's line is missing, and the lines that use it refer to it all the same.
+        lost = planned - {s.id for s in plan.steps}
+        text = render_compact(plan, prompt.tool_params, skip=kept, lost=lost)
         return ModelResponse(text=text, flags=flags)
 
     def _plan_decisions(
