@@ -90,13 +90,13 @@ def _subgoals(count: int, what: str) -> dict[str, Any]:
     return {"goal": what, "steps": steps}
 
 
-def _tasks(count: int, direct: bool = False) -> dict[str, Any]:
+def _tasks(count: int, direct: bool = False, first: int = 0) -> dict[str, Any]:
     steps: list[dict[str, Any]] = [
         {"id": f"t{i}", "title": f"leaf {i}", "instruction": f"leaf {i}"} for i in range(count)
     ]
     if direct:  # a tool and its arguments: the step calls the tool, no model call
         for i, step in enumerate(steps):
-            step.update(tool=WAIT_TOOL, args={"n": i})
+            step.update(tool=WAIT_TOOL, args={"n": first + i})
     return {"goal": "leaves", "steps": steps}
 
 
@@ -121,7 +121,21 @@ def hierplan_model(leaves: int, leaf_s: float = LEAF_S, direct: bool = False) ->
     shape = tree_shape(leaves)
     root = plan_response(_subgoals(len(shape), "part"))
     middles = [plan_response(_subgoals(len(m), "chunk")) for m in shape]
-    bottoms = {size: plan_response(_tasks(size, direct)) for m in shape for size in m}
+    if direct:
+        # Each leaf's arguments its own ("n": the leaf's number in the run), as a real plan's
+        # would be: a tool remembers arguments that passed its check, and plans repeating the
+        # same ones would count fewer checks than a real run makes.
+        firsts = [
+            [PLAN_LIMIT * (PLAN_LIMIT * k + j) for j in range(len(m))] for k, m in enumerate(shape)
+        ]
+        bottoms = {
+            (k, j): plan_response(_tasks(size, True, firsts[k][j]))
+            for k, m in enumerate(shape)
+            for j, size in enumerate(m)
+        }
+    else:  # one plan per size: the model leaves' plans differ by nothing else
+        by_size = {size: plan_response(_tasks(size)) for m in shape for size in m}
+        bottoms = {(k, j): by_size[size] for k, m in enumerate(shape) for j, size in enumerate(m)}
     usage = Usage(200, 20)
 
     async def respond(request: ModelRequest) -> ModelResponse:
@@ -134,7 +148,7 @@ def hierplan_model(leaves: int, leaf_s: float = LEAF_S, direct: bool = False) ->
         elif len(parts) == 2:
             found = middles[parts[1] - 1]
         else:
-            found = bottoms[shape[parts[1] - 1][parts[2] - 1]]
+            found = bottoms[(parts[1] - 1, parts[2] - 1)]
         return ModelResponse(text=found.text, output=found.output, usage=usage)
 
     return FunctionModel(respond, priced_as="openai:gpt-5-mini")

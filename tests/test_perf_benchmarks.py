@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -60,6 +61,9 @@ def test_tool_only_leaves_call_their_tool_and_no_model(overhead: Any) -> None:
     for leaf in leaves:
         assert leaf.calls == [] and leaf.budget is None  # no model call, no account of its own
         assert [t.tool for t in leaf.tool_calls] == [overhead.WAIT_TOOL]
+    # Each leaf's arguments are its own (its number in the run), as a real plan's are.
+    arguments = sorted(json.loads(leaf.tool_calls[0].arguments)["n"] for leaf in leaves)
+    assert arguments == list(range(60))
     assert anyio.run(overhead.run_hierplan_direct, 3) == 3
 
 
