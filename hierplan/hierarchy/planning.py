@@ -30,6 +30,7 @@ from hierplan.errors import (
 )
 from hierplan.hierarchy.context import NodeContext
 from hierplan.hierarchy.gate import GateContext, GateOutcome
+from hierplan.plans.decisions import Decision
 from hierplan.plans.plan import Plan, diff_plans
 from hierplan.plans.revision import carried_over
 from hierplan.records import DecisionRecord, PlanVersion
@@ -306,35 +307,15 @@ async def obtain_plan(
                 version, pending = pending, None
                 assert restore is not None  # only a restored node has a pending version
                 plan, decision = version.plan, restore.decision_for(node.path)
-            check = await _budget_check(node, _standing(previous, plan, progress))
-            outcome = await node.run.gate.review(
-                plan, _gate_context(node, plan, version, previous, policy, check), decision
-            )
-            decide(node, version, outcome)
-            _record_refused(node, plan, outcome)
-            if check is not None and outcome.kind in ("approved", "edited"):
-                node.step_costs = check.least(outcome.plan)[1]
+            outcome, check = await _review(node, policy, version, previous, progress, decision)
         if outcome.kind == "pending":
             await pause.hold()
-        if outcome.kind == "approved":
-            if previous is not None:
-                announce_replan(node, version, previous)
-            return plan
-        if outcome.kind == "edited":
-            edited = add_version(node, outcome.plan, "edit", plan)
-            decide(node, edited, GateOutcome("approved", outcome.plan, outcome.by, outcome.note))
-            if previous is not None:
-                announce_replan(node, edited, previous)
-            return outcome.plan
+        if outcome.kind in ("approved", "edited"):
+            return _accepted(node, version, outcome, previous)
         if outcome.kind == "invalid":
             invalid += 1
             if invalid > settings.max_invalid_plans:
-                if check is not None and check.refused:
-                    raise StepFailed(_no_plan_fits(node, check), status="budget_exhausted")
-                raise StepFailed(
-                    f"the planner proposed {invalid} invalid plans; last problems: "
-                    + "; ".join(outcome.problems)
-                )
+                raise _too_many_invalid(node, invalid, outcome, check)
             feedback = invalid_feedback(outcome.problems)
         else:
             rejections += 1
@@ -345,6 +326,53 @@ async def obtain_plan(
                 )
             feedback = rejection_feedback(outcome.note)
         reason = "retry"
+
+
+async def _review(
+    node: NodeContext,
+    policy: PlanPolicy,
+    version: PlanVersion,
+    previous: Plan | None,
+    progress: Mapping[str, StepResult] | None,
+    decision: Decision | None,
+) -> tuple[GateOutcome, BudgetCheck | None]:
+    """The gate's outcome for ``version`` (with ``decision`` when one was made outside the
+    run), recorded on it, and the budget check the gate was given."""
+    plan = version.plan
+    check = await _budget_check(node, _standing(previous, plan, progress))
+    outcome = await node.run.gate.review(
+        plan, _gate_context(node, plan, version, previous, policy, check), decision
+    )
+    decide(node, version, outcome)
+    _record_refused(node, plan, outcome)
+    if check is not None and outcome.kind in ("approved", "edited"):
+        node.step_costs = check.least(outcome.plan)[1]
+    return outcome, check
+
+
+def _accepted(
+    node: NodeContext, version: PlanVersion, outcome: GateOutcome, previous: Plan | None
+) -> Plan:
+    """The plan to run after ``outcome`` approved ``version`` or an edit of it (recorded as a
+    version of its own)."""
+    if outcome.kind == "edited":
+        version = add_version(node, outcome.plan, "edit", version.plan)
+        decide(node, version, GateOutcome("approved", outcome.plan, outcome.by, outcome.note))
+    if previous is not None:
+        announce_replan(node, version, previous)
+    return version.plan
+
+
+def _too_many_invalid(
+    node: NodeContext, invalid: int, outcome: GateOutcome, check: BudgetCheck | None
+) -> StepFailed:
+    """The failure of a node whose planner proposed ``invalid`` plans, one too many."""
+    if check is not None and check.refused:
+        return StepFailed(_no_plan_fits(node, check), status="budget_exhausted")
+    return StepFailed(
+        f"the planner proposed {invalid} invalid plans; last problems: "
+        + "; ".join(outcome.problems)
+    )
 
 
 def _standing(
