@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import random
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 from hierplan.core.results import StepResult
 from hierplan.errors import StepFailed
-from hierplan.hierarchy.scheduler import Slots, run_dag
+from hierplan.hierarchy.scheduler import Slots, run_dag, run_streamed_dag
 from hierplan.plans.plan import Plan, Step
 
 pytestmark = pytest.mark.anyio
@@ -265,3 +266,29 @@ def test_the_leaf_overhead_profile_runs_at_a_small_size(capsys: pytest.CaptureFi
     [row] = figures["rows"]
     assert row["n"] == 100 and row["cpu_ratio"] > 0 and row["wall_ratio"] > 0
     assert "bare cpu" in capsys.readouterr().out
+
+
+async def test_a_streamed_plan_starts_the_independent_steps_written_after_a_failure() -> None:
+    """Step a fails before line b is written; b does not depend on a, so it runs, and c, which
+    does, is cancelled. (No checkpoint lies between the event and the failure reaching the
+    scheduler: the source reads on only once the failure is known.)"""
+    failed = anyio.Event()
+    ran: list[str] = []
+
+    async def run_step(step: Step, inputs: dict[str, StepResult]) -> StepResult:
+        ran.append(step.id)
+        if step.id == "a":
+            failed.set()
+            raise StepFailed("a broke")
+        return StepResult(step.id, step.id)
+
+    async def written() -> AsyncIterator[Step]:
+        yield Step(id="a", title="a", instruction="a")
+        await failed.wait()
+        yield Step(id="b", title="b", instruction="b")
+        yield Step(id="c", title="c", instruction="c", depends_on=["a"])
+
+    out = await run_streamed_dag(written(), run_step)
+    assert ran == ["a", "b"]
+    assert list(out.failed) == ["a"] and list(out.results) == ["b"]
+    assert out.cancelled == {"c": "dependency 'a' failed"} and out.not_started == []

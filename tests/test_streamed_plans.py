@@ -245,6 +245,34 @@ async def test_a_step_that_fails_while_the_plan_streams_leads_to_a_replan() -> N
     assert "step '1' failed" in model.requests[1].messages[1].content
 
 
+async def test_a_step_written_after_a_failure_that_does_not_depend_on_it_still_runs() -> None:
+    """Line 2 is written only once step 1 has failed (the model waits for it): it does not
+    depend on step 1, so it runs in the first plan, and the replan builds on its result rather
+    than writing it again."""
+    failed = anyio.Event()
+
+    @tool
+    async def flaky(key: int) -> int:
+        """Fails, and says so."""
+        failed.set()
+        raise RuntimeError(f"no {key}")
+
+    lookups = Lookups()
+    model = ScriptedModel(
+        [
+            StreamedText(("1. flaky(1)\n", failed, "2. lookup(2)\n3. lookup($1) after 2\n")),
+            ModelResponse(text="4. lookup(4) after 2"),
+        ]
+    )
+    result = await run(model, lookups, tools=[flaky], settings={"max_retries": 0})
+    model.assert_complete()
+    assert result.status == "succeeded"
+    assert lookups.keys == [2, 4]  # step 2 ran once, before the replan; step 3 never
+    by_step = {c.step_id: c.status for c in result.tree.children}
+    assert by_step == {"1": "failed", "2": "succeeded", "3": "cancelled", "4": "succeeded"}
+    assert '"2": "20"' in model.requests[1].messages[-1].content  # in the replan's PROGRESS
+
+
 LINES = "1. lookup(1)\n2. lookup(2) after 1\n3. lookup(3)\n4. lookup(4) after 2, 3\n"
 
 

@@ -217,8 +217,7 @@ async def execute_plan(
     # A plan gated whole was seen, and its results answer as they always have.
     joins = plan is None and settings.join and not policy.replan_each_step
     if plan is None:
-        stop = policy.replan_on_failure and settings.max_replans > 0
-        first = await _stream(ex, stop_on_failure=stop)
+        first = await _stream(ex)
         assert not isinstance(first, StepFailed)  # a first plan's failure raises
         plan, streamed, done = first
     # Counted from the record, not from zero: replans made before a pause still count after
@@ -256,12 +255,11 @@ async def execute_plan(
             children.retire(outcome.not_started, "not run: the node gave up")
             return _give_up(node, plan, done, failure, budget=budget)
         replans += 1
-        stop = policy.replan_on_failure and replans < settings.max_replans
-        plan, streamed, done = await _revise(ex, plan, outcome, stop)
+        plan, streamed, done = await _revise(ex, plan, outcome)
 
 
 async def _revise(
-    ex: _Execution, plan: Plan, outcome: DagOutcome, stop_on_failure: bool
+    ex: _Execution, plan: Plan, outcome: DagOutcome
 ) -> tuple[Plan, DagOutcome | None, dict[str, StepResult]]:
     """A revised plan after ``outcome`` failed: streamed, its steps running as they are
     written, when the node's plans stream (and no step ran out of budget), else gated whole.
@@ -273,7 +271,7 @@ async def _revise(
     failure, budget = _failures(outcome)
     if not budget and await can_stream(node, ex.policy):
         revision = Revision(plan, done, failure)
-        streamed = await _stream(ex, revision, stop_on_failure=stop_on_failure)
+        streamed = await _stream(ex, revision)
         if isinstance(streamed, StepFailed):
             await _unrevised(ex, plan, outcome, f"replanning failed: {streamed}")
         return streamed
@@ -309,7 +307,7 @@ async def _unrevised(
 
 
 async def _stream(
-    ex: _Execution, revision: Revision | None = None, *, stop_on_failure: bool
+    ex: _Execution, revision: Revision | None = None
 ) -> tuple[Plan, DagOutcome | None, dict[str, StepResult]] | StepFailed:
     """Stream the node's first plan, or the ``revision`` of its plan, its steps running as
     they come (see :mod:`hierplan.hierarchy.streaming`): the plan to go on with, what its
@@ -328,7 +326,6 @@ async def _stream(
         ex.run_step,
         _preparer(ex, revision is not None),
         max_running=ex.max_running,
-        stop_on_failure=stop_on_failure,
         revision=revision,
     )
     outcome, partial = streamed.outcome, streamed.plan

@@ -8,7 +8,9 @@ limit allows, not one per step. Every task belongs to the task group, so none ou
 
 When a step fails for good, either its dependents are cancelled (transitively) and independent
 branches go on, or, with ``stop_on_failure`` (the node is about to replan), no new step starts and
-the steps already running finish. Bookkeeping is O(1) per step and per dependency edge.
+the steps already running finish. A plan that streams always goes on with its independent
+branches: its node cannot replan before the plan is written to its end. Bookkeeping is O(1) per
+step and per dependency edge.
 """
 
 from __future__ import annotations
@@ -115,7 +117,6 @@ async def run_dag(
             lambda step_id: graph.cancel_dependents(step_id, f"dependency {step_id!r} failed"),
             max_running=max_running,
             stop_on_failure=stop_on_failure,
-            late_starts=False,
         )
         start_ready()
     outcome.not_started = [
@@ -186,14 +187,12 @@ def _dispatcher(
     *,
     max_running: int | None,
     stop_on_failure: bool,
-    late_starts: bool,
 ) -> Callable[[], None]:
     """What starts ``links``' ready steps in ``tg``, at most ``max_running`` at once: call it
     whenever steps may have become ready. Each step's result goes to ``outcome``, and its
     dependents become ready when it was the last they waited on. A step that fails for good
     goes to ``outcome.failed`` and stops every new start (``stop_on_failure``) or has its
-    dependents cancelled (``cancel_dependents(step_id)``). ``late_starts``: a step whose task
-    had not had its first turn when a sibling's failure stopped the plan still runs."""
+    dependents cancelled (``cancel_dependents(step_id)``)."""
     results, failed, cancelled = outcome.results, outcome.failed, outcome.cancelled
     steps, waiting, dependents, ready = links.steps, links.waiting, links.dependents, links.ready
     running = 0
@@ -213,7 +212,7 @@ def _dispatcher(
     async def run_one(step: Step) -> None:
         nonlocal stopping, running
         try:
-            if stopping and not late_starts:  # a step failed before this task's first turn
+            if stopping:  # a step failed before this task's first turn
                 return
             result = await run_step(step, {d: results[d] for d in step.depends_on})
         except StepFailed as exc:
@@ -241,7 +240,6 @@ async def run_streamed_dag(
     run_step: RunStep,
     *,
     max_running: int | None = None,
-    stop_on_failure: bool = False,
     dispatched: Callable[[Step], None] | None = None,
     done: Mapping[str, StepResult] | None = None,
 ) -> DagOutcome:
@@ -252,8 +250,10 @@ async def run_streamed_dag(
     the id of one of them runs again.
 
     Each step may depend only on steps given before it (the per-step checks of a streamed plan
-    see to that), so the graph grows without ever waiting on a step not yet written. Failures
-    go as in :func:`run_dag`.
+    see to that), so the graph grows without ever waiting on a step not yet written. A step
+    that fails has its dependents cancelled, and the independent steps go on (as in
+    :func:`run_dag` without ``stop_on_failure``): a replan waits for the plan's last line
+    anyway, and what they do is work it need not write again.
     """
     if max_running is not None and max_running < 1:
         raise ValueError(f"max_running must be at least 1, not {max_running}")
@@ -294,8 +294,7 @@ async def run_streamed_dag(
             links,
             cancel_dependents,
             max_running=max_running,
-            stop_on_failure=stop_on_failure,
-            late_starts=True,
+            stop_on_failure=False,
         )
         async for step in source:
             links.steps[step.id] = step

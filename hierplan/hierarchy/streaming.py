@@ -218,7 +218,6 @@ async def stream_plan(
     prepare: Callable[[Step], NodeContext],
     *,
     max_running: int | None,
-    stop_on_failure: bool,
     revision: Revision | None = None,
 ) -> Streamed:
     """Plan ``node``'s goal as a stream and run each step as it is accepted (``revision``: a
@@ -259,7 +258,6 @@ async def stream_plan(
                 receive,
                 run_step,
                 max_running=max_running,
-                stop_on_failure=stop_on_failure,
                 dispatched=dispatched,
                 done=None if revision is None else _standing(revision),
             )
