@@ -23,13 +23,15 @@ import hierplan
 from hierplan import Approve, CallbackApprover, Defer, Edit, GateContext, Plan, Reject
 from hierplan.agents.prompts import parse_step_prompt
 from hierplan.core.events import NodeStarted
+from hierplan.core.settings import RunSettings
 from hierplan.durable.checkpoint import CHECKPOINT_FILE, PENDING_DIR, RESUMING_FILE
 from hierplan.errors import UserInputError
 from hierplan.models.base import ModelRequest, ModelResponse
-from hierplan.models.scripted import FunctionModel
+from hierplan.models.scripted import FunctionModel, plan_response
 from hierplan.plans.plan import Step, load_plan
 from hierplan.review import PauseForReview, PolicyApprover
 from hierplan.runner import resume as resume_module
+from hierplan.tools.base import tool
 
 __all__ = ["source_db"]
 
@@ -606,73 +608,159 @@ async def test_a_resume_stopped_before_its_run_starts_leaves_the_run_paused(
     assert done.status == "succeeded", done.error
 
 
+class _Parts:
+    """Tools that record their calls: ``fetch`` a value, ``use`` it, ``bad`` (fails its first
+    ``bad_fails`` calls) and ``ok``; and the run options of a run whose replans wait for a
+    decision (``replans_wait`` says which)."""
+
+    def __init__(self, bad_fails: int = 1_000) -> None:
+        self.calls: list[str] = []
+        self.bad_fails = bad_fails
+
+        @tool
+        def fetch(s: str) -> str:
+            """Fetch a value."""
+            self.calls.append(f"fetch {s}")
+            return f"value of {s}"
+
+        @tool
+        def use(v: str) -> str:
+            """Use a value."""
+            self.calls.append(f"use {v}")
+            return f"used {v}"
+
+        @tool
+        def bad() -> str:
+            """Fails its first calls."""
+            self.calls.append("bad")
+            if self.bad_fails > 0:
+                self.bad_fails -= 1
+                raise RuntimeError("broken")
+            return "fine at last"
+
+        @tool
+        def ok() -> str:
+            """Succeeds."""
+            return "fine"
+
+        self.tools = [fetch, use, bad, ok]
+
+    def options(self, planner: Any, max_replans: int = 1, **settings: Any) -> dict[str, Any]:
+        async def replans_wait(plan: Plan, ctx: GateContext) -> Approve | Defer:
+            # the root's replans only (a sub-planner's are approved at once)
+            root = ctx.path == "1"
+            return Defer(by="test") if ctx.reason == "replan" and root else Approve()
+
+        return {
+            "model": FunctionModel(planner),
+            "tools": self.tools,
+            "approver": CallbackApprover(replans_wait),
+            "settings": RunSettings(max_replans=max_replans, max_retries=0, **settings),
+        }
+
+
+def _direct(step_id: str, tool_name: str, args: dict[str, Any], *deps: str) -> Step:
+    return Step(
+        id=step_id,
+        title=step_id,
+        instruction=f"do {step_id}",
+        tool=tool_name,
+        args=args,
+        depends_on=list(deps),
+    )
+
+
+def _revised(request: ModelRequest) -> bool:
+    return "CURRENT PLAN" in request.messages[-1].content
+
+
 @pytest.mark.anyio
 async def test_a_revision_approved_on_resume_runs_again_what_it_redoes(tmp_path: Path) -> None:
     # The revision paused for review redoes 'fetch' with other arguments; 'use' is written
     # again unchanged but was built on the old fetch. Neither result from before the pause
     # stands for the revised plan: both run again.
-    from hierplan.core.settings import RunSettings
-    from hierplan.models.scripted import plan_response
-    from hierplan.tools.base import tool
-
-    calls: list[str] = []
-
-    def steps(source: str, last: str) -> list[Step]:
-        return [
-            Step(id="fetch", title="Fetch", instruction="fetch", tool="fetch", args={"s": source}),
-            Step(
-                id="use",
-                title="Use",
-                instruction="use it",
-                tool="use",
-                args={"v": "$fetch"},
-                depends_on=["fetch"],
-            ),
-            Step(id=last, title="Check", instruction="check", tool=last, args={}),
-        ]
+    parts = _Parts()
 
     def planner(request: ModelRequest) -> ModelResponse:
-        first = "CURRENT PLAN" not in request.messages[-1].content
-        return plan_response(
-            Plan(goal=ROOT_GOAL, steps=steps("old" if first else "new", "bad" if first else "ok"))
-        )
+        new = _revised(request)
+        steps = [
+            _direct("fetch", "fetch", {"s": "new" if new else "old"}),
+            _direct("use", "use", {"v": "$fetch"}, "fetch"),
+            _direct("check", "ok" if new else "bad", {}, "use"),  # last: nothing it stops
+        ]
+        return plan_response(Plan(goal=ROOT_GOAL, steps=steps))
 
-    @tool
-    def fetch(s: str) -> str:
-        """Fetch a value."""
-        calls.append(f"fetch {s}")
-        return f"value of {s}"
-
-    @tool
-    def use(v: str) -> str:
-        """Use a value."""
-        calls.append(f"use {v}")
-        return f"used {v}"
-
-    @tool
-    def bad() -> str:
-        """Always fails."""
-        raise RuntimeError("broken")
-
-    @tool
-    def ok() -> str:
-        """Succeeds."""
-        return "fine"
-
-    async def replan_waits(plan: Plan, ctx: GateContext) -> Approve | Defer:
-        return Defer(by="test") if ctx.reason == "replan" else Approve()
-
-    common: dict[str, Any] = {
-        "model": FunctionModel(planner),
-        "tools": [fetch, use, bad, ok],
-        "approver": CallbackApprover(replan_waits),
-        "settings": RunSettings(max_replans=1, max_retries=0),
-    }
+    common = parts.options(planner)
     first = await hierplan.run(ROOT_GOAL, checkpoint_dir=tmp_path, **common)
     assert first.status == "paused"
-    assert calls == ["fetch old", "use value of old"]
+    assert parts.calls == ["fetch old", "use value of old", "bad"]
     resumed = await hierplan.resume(tmp_path, Approve(by="dana"), **common)
     assert resumed.status == "succeeded", resumed.error
-    assert calls[2:] == ["fetch new", "use value of new"]
-    assert "used value of new" in resumed.answer
-    assert "value of old" not in resumed.answer
+    assert parts.calls[3:] == ["fetch new", "use value of new"]
+    uses = [c for c in resumed.tree.children if c.step_id == "use"]
+    assert [c.status for c in uses] == ["succeeded", "succeeded"]
+    assert uses[-1].output == "used value of new"  # the one the revised plan answers with
+
+
+@pytest.mark.anyio
+async def test_an_edit_on_resume_that_rewords_a_done_step_keeps_it_done(tmp_path: Path) -> None:
+    # The edit changes only the wording of a direct call, which is no work: the step stays
+    # done, with its record (no second child left pending), through a second pause too.
+    parts = _Parts()
+    plans = 0
+
+    def planner(request: ModelRequest) -> ModelResponse:
+        nonlocal plans
+        plans += 1
+        steps = [
+            _direct("fetch", "fetch", {"s": "old"}),
+            _direct("use", "use", {"v": "$fetch"}, "fetch"),
+            _direct("check", "ok" if plans >= 3 else "bad", {}, "use"),
+        ]
+        return plan_response(Plan(goal=ROOT_GOAL, steps=steps))
+
+    common = parts.options(planner, max_replans=2)
+    assert (await hierplan.run(ROOT_GOAL, checkpoint_dir=tmp_path, **common)).status == "paused"
+    pending = load_plan(tmp_path / PENDING_DIR / "1.yaml")
+    reworded = [
+        s.model_copy(update={"instruction": "fetch the old value"}) if s.id == "fetch" else s
+        for s in pending.steps
+    ]
+    edit = Edit(pending.model_copy(update={"steps": reworded}), by="carol")
+    second = await hierplan.resume(tmp_path, edit, **common)
+    assert second.status == "paused"
+    children = [(c.step_id, c.status, c.goal) for c in second.tree.children]
+    assert ("fetch", "succeeded", "fetch the old value") in children
+    assert [c for c in children if c[0] == "fetch"] == [
+        ("fetch", "succeeded", "fetch the old value")
+    ]
+    third = await hierplan.resume(tmp_path, Approve(by="dana"), **common)
+    assert third.status == "succeeded", third.error
+    assert parts.calls.count("fetch old") == 1 and parts.calls.count("use value of old") == 1
+
+
+@pytest.mark.anyio
+async def test_a_sub_goal_built_on_a_step_redone_on_resume_plans_again(tmp_path: Path) -> None:
+    # The sub-goal depends on 'fetch'; its sub-planner used the old value and ended partial.
+    # The revision approved on resume redoes 'fetch': the sub-goal gets a new sub-planner on
+    # the new input, as it would had the revision been approved without a pause.
+    parts = _Parts(bad_fails=2)
+    sub = "Use the fetched value"
+
+    def planner(request: ModelRequest) -> ModelResponse:
+        text = request.messages[-1].content
+        if sub in text.split("\n", 1)[0]:
+            value = "value of new" if "value of new" in text else "value of old"
+            steps = [_direct("a", "use", {"v": value}), _direct("b", "bad", {})]
+            return plan_response(Plan(goal=sub, steps=steps))
+        goal_step = Step(
+            id="sub", title="sub", instruction=sub, kind="subgoal", depends_on=["fetch"]
+        )
+        fetch = _direct("fetch", "fetch", {"s": "new" if _revised(request) else "old"})
+        return plan_response(Plan(goal=ROOT_GOAL, steps=[fetch, goal_step]))
+
+    common = parts.options(planner)
+    assert (await hierplan.run(ROOT_GOAL, checkpoint_dir=tmp_path, **common)).status == "paused"
+    resumed = await hierplan.resume(tmp_path, Approve(by="dana"), **common)
+    assert resumed.status == "succeeded", resumed.error
+    assert "used value of new" in resumed.answer and "value of old" not in resumed.answer

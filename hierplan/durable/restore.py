@@ -129,7 +129,9 @@ class Restore:
 
     def done_for(self, record: NodeRecord, plan: Plan) -> dict[str, StepResult]:
         """Results of ``plan``'s steps that finished before the pause."""
-        matched = _match_children(record, plan)
+        return self._finished(_match_children(record, plan))
+
+    def _finished(self, matched: dict[str, NodeRecord]) -> dict[str, StepResult]:
         return {
             sid: self.results[rec.path]
             for sid, rec in matched.items()
@@ -145,21 +147,32 @@ class Restore:
             return None
         matched = _match_children(record, plan)
         ran_under = self._ran_under.get(record.path)
+        changed: set[str] = set()
         if ran_under is None:
-            done = self.done_for(record, plan)
+            done = self._finished(matched)
         else:
-            # The children ran under the plan approved before the pause: of their results,
+            # The children ran under the plan approved before the pause. Of their results,
             # those stand that the revision carries over (not a step it redoes, nor one built
-            # on a redone step), as when a replan is approved without a pause.
-            before = self.done_for(record, ran_under)
+            # on a redone step), as when a replan is approved without a pause; such a step
+            # keeps the record it ran as, even reworded (a direct call's wording is no work).
+            ran = _match_children(record, ran_under)
+            before = self._finished(ran)
             done = {sid: before[sid] for sid in carried_over(ran_under, plan, before)}
+            matched.update({sid: ran[sid] for sid in done})
+            same = carried_over(ran_under, plan, ran_under.step_map())
+            changed = {s.id for s in plan.steps}.difference(same)
         again: dict[str, NodeRecord] = {}
         for step_id, rec in matched.items():
             if step_id not in done:
                 if rec.status in ENDED and (rec.kind == "executor" or not rec.plan_versions):
                     continue  # ended for good: the step gets a new node
-                if rec.status == "succeeded" and ran_under is not None:
-                    continue  # its result does not stand for the revision: it runs again
+                if step_id in changed or (ran_under is not None and rec.status == "succeeded"):
+                    # Its work or its inputs changed: a new node, not the old one's plan
+                    # and results (a sub-planner's, made from the old input).
+                    if rec.status in ("pending", "paused"):
+                        rec.status = "cancelled"
+                        rec.error = "replaced by the plan decided on resume"
+                    continue
                 rec.status = "pending"
                 rec.error = None
             again[step_id] = rec
