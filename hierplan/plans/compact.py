@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -234,8 +234,7 @@ def _read_line(line: str, params: Params | None) -> _Line:
     return _Line(step_id, head, after, text, cur.refs)
 
 
-def _text_refs(text: str, earlier: Sequence[str]) -> list[str]:
-    ids = set(earlier)
+def _text_refs(text: str, ids: Container[str]) -> list[str]:
     out: list[str] = []
     for token in REF_PATTERN.findall(text):
         target = ref_target(token, ids)
@@ -251,11 +250,11 @@ def _title(text: str) -> str:
 
 def _step(line: _Line, earlier: Sequence[str]) -> Step:
     head = line.head
-    known = set(earlier)
+    order = {step_id: index for index, step_id in enumerate(earlier)}
     for token in line.refs:
         # A bare $ID is a reference, never text (text is quoted): one to no step above would
         # reach the tool as the string "$ID".
-        if ref_target(token, known) is None:
+        if ref_target(token, order) is None:
             raise ValueError(
                 f"${token} is no step above this line: write that step first, or quote the "
                 "argument if it is text"
@@ -283,9 +282,8 @@ def _step(line: _Line, earlier: Sequence[str]) -> Step:
     probe = Step.model_construct(
         id=line.step_id, title="", instruction="", tool=data.get("tool"), args=data.get("args")
     )
-    order = {step_id: index for index, step_id in enumerate(earlier)}
     implied = sorted(step_refs(probe, order.keys()), key=order.__getitem__)
-    implied += [r for r in _text_refs(line.text, earlier) if r not in implied]
+    implied += [r for r in _text_refs(line.text, order) if r not in implied]
     data["depends_on"] = list(dict.fromkeys([*implied, *line.after]))
     try:
         return Step.model_validate(data)
@@ -421,10 +419,12 @@ def render_step(
     options: dict[str, Any] = {}
     if step.tools is not None:
         options["tools"] = step.tools
+    above = set(earlier)
     direct = step.tool is not None and step.args is not None and step.kind == "task"
     if direct:
         assert step.tool is not None and step.args is not None
-        head = f"{step.tool}({_render_args(step.tool, step.args, params, {*earlier, *lost})})"
+        refs = above.union(lost) if lost else above
+        head = f"{step.tool}({_render_args(step.tool, step.args, params, refs)})"
         text = ""
     else:
         text = " ".join(step.instruction.split())
@@ -435,8 +435,8 @@ def render_step(
             name = "task" if step.tool is None else step.tool
         opts = ", ".join(f"{k}={_json(v)}" for k, v in options.items() if v is not None)
         head = f"{step.tool}(?)" if name == step.tool else f"{name}({opts})" if opts else name
-    implied = step_refs(step, set(earlier)) if direct else set()
-    implied |= set(_text_refs(text, earlier))
+    implied = step_refs(step, above) if direct else set()
+    implied |= set(_text_refs(text, above))
     after = [d for d in step.depends_on if d not in implied]
     line = f"{step.id}. {head}"
     if after:
