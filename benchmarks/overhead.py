@@ -125,11 +125,8 @@ def hierplan_model(leaves: int, leaf_s: float = LEAF_S, direct: bool = False) ->
         # Each leaf's arguments its own ("n": the leaf's number in the run), as a real plan's
         # would be: a tool remembers arguments that passed its check, and plans repeating the
         # same ones would count fewer checks than a real run makes.
-        firsts = [
-            [PLAN_LIMIT * (PLAN_LIMIT * k + j) for j in range(len(m))] for k, m in enumerate(shape)
-        ]
         bottoms = {
-            (k, j): plan_response(_tasks(size, True, firsts[k][j]))
+            (k, j): plan_response(_tasks(size, True, PLAN_LIMIT * (PLAN_LIMIT * k + j)))
             for k, m in enumerate(shape)
             for j, size in enumerate(m)
         }
