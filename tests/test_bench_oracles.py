@@ -15,6 +15,7 @@ import hierplan
 from hierplan.agents.planner import PLAN_SCHEMA
 from hierplan.agents.prompts import (
     PLAN_OUTPUT_NAME,
+    RUNNING_RESULT,
     PlanPrompt,
     StepPrompt,
     render_plan_prompt,
@@ -238,7 +239,8 @@ def test_parallel_qa_replan_keeps_done_lookups_and_redoes_a_bad_part() -> None:
     assert parts, "a large question is split into sub-goals"
     progress = {parts[0].id: "c1: 12\nc2: 40"}  # a sub-goal that answered two numbers
     lookups = [s for s in first.steps if s.tool == "lookup"]
-    progress |= {s.id: "123" for s in lookups}
+    progress |= {s.id: "123" for s in lookups[1:]}
+    progress[lookups[0].id] = RUNNING_RESULT  # still running: it is kept like a done one
     replan = oracle.plan(
         PlanPrompt(
             goal=task.goal,

@@ -20,6 +20,7 @@ from test_streaming import FanOutOracle
 
 import hierplan
 from hierplan import RunResult, RunSpec, ScriptedModel, tool
+from hierplan.agents.prompts import RUNNING_RESULT
 from hierplan.core.settings import RunSettings
 from hierplan.hierarchy.gate import DEFAULT_VALIDATORS, CallbackApprover, Gate, GateContext
 from hierplan.models.base import ModelResponse
@@ -378,9 +379,69 @@ async def test_a_refused_line_in_a_streamed_replan_gets_a_repair_keeping_what_ra
     assert versions[:2] == [("initial", "stream", "approved"), ("replan", "stream", "invalid")]
     assert versions[2][0] == "retry" and versions[2][2] == "approved"
     assert "nope" in (result.tree.plan_versions[1].problems or [""])[0]
-    # the repair was asked of the plan as written so far: steps 1 and 3 done
+    # the repair was asked of the plan as written so far: step 3 done or still running (the
+    # repair is asked for without waiting for it)
     repair_prompt = model.requests[2].messages[1].content
-    assert "FEEDBACK:" in repair_prompt and '"3": "30"' in repair_prompt
+    assert "FEEDBACK:" in repair_prompt
+    assert '"3": "30"' in repair_prompt or f'"3": "{RUNNING_RESULT}"' in repair_prompt
+
+
+class Held:
+    """A ``held`` tool whose calls wait until ``release`` is set; the first ``failures`` calls
+    then fail."""
+
+    def __init__(self, failures: int = 0) -> None:
+        self.release = anyio.Event()
+        self.calls = 0
+
+        @tool
+        async def held(key: int) -> int:
+            """Look a key up, slowly."""
+            self.calls += 1
+            await self.release.wait()
+            if self.calls <= failures:
+                raise RuntimeError(f"no {key} yet")
+            return key * 100
+
+        self.tool = held
+
+    def repair(self, text: str, prompts: list[str]) -> Any:
+        """A script item: the repair ``text``, which releases the held calls as it is asked
+        for (so that they end only after it was)."""
+
+        def answer(request: Any) -> ModelResponse:
+            prompts.append(request.messages[1].content)
+            self.release.set()
+            return ModelResponse(text=text)
+
+        return answer
+
+
+async def test_a_repair_is_asked_for_while_dispatched_steps_run_and_may_build_on_them() -> None:
+    # Step 1 ends only once the repair has been asked for: waiting for it first would hang.
+    held, prompts = Held(), []
+    model = ScriptedModel(
+        [StreamedText(("1. held(1)\n", "2. nope(2)\n")), held.repair("3. lookup($1)", prompts)]
+    )
+    lookups = Lookups()
+    result = await run(model, lookups, tools=[held.tool])
+    model.assert_complete()
+    assert result.status == "succeeded" and result.answer == "1000"
+    assert held.calls == 1 and lookups.keys == [100]  # 1 ran once; 3 built on its result
+    assert f'"1": "{RUNNING_RESULT}"' in prompts[0]
+    assert [s.id for s in result.tree.plan_versions[-1].plan.steps] == ["1", "3"]
+
+
+async def test_a_running_step_the_repair_kept_that_failed_meanwhile_runs_again() -> None:
+    held, prompts = Held(failures=1), []
+    model = ScriptedModel(
+        [StreamedText(("1. held(1)\n", "2. nope(2)\n")), held.repair("3. lookup($1)", prompts)]
+    )
+    lookups = Lookups()
+    result = await run(model, lookups, tools=[held.tool], settings={"max_retries": 0})
+    model.assert_complete()
+    assert result.status == "succeeded" and result.answer == "1000"
+    assert held.calls == 2 and lookups.keys == [100]
 
 
 async def test_a_done_step_a_streamed_revision_drops_is_not_a_result_of_the_node() -> None:

@@ -29,6 +29,9 @@ FAILED_PREFIX = "FAILED:"
 REPAIR_PREFIX = "REPAIR:"
 """How a planner's follow-up message starts when its last answer was not a valid plan."""
 ATTEMPT_FAILED = "A direct attempt at this goal failed"
+RUNNING_RESULT = "still running: its result comes when it ends"
+"""A step's entry in a revision prompt's PROGRESS while the step still runs (a repair is asked
+for as soon as a streamed plan stops, without waiting for its dispatched steps)."""
 PLAN_REJECTED = "The reviewer rejected your last plan"
 PLAN_INVALID = "Your last plan was invalid"
 FAILURE_FEEDBACK = (ATTEMPT_FAILED, PLAN_REJECTED, PLAN_INVALID)
@@ -174,9 +177,9 @@ def render_plan_prompt(p: PlanPrompt, tools: Sequence[ToolSpec]) -> tuple[Messag
         parts.append(f"CURRENT PLAN:\n```\n{render_compact(current, tool_params(tools))}\n```")
         parts.append(_block("PROGRESS", p.progress))
         parts.append(
-            "Revise the plan: write only the steps still to do. Steps in PROGRESS are done and "
-            "keep their results: do not write them again, refer to them ($ID) as to lines "
-            "above. To redo a done step, write it again."
+            "Revise the plan: write only the steps still to do. Steps in PROGRESS are done (or "
+            f"{RUNNING_RESULT}) and keep their results: do not write them again, refer to them "
+            "($ID) as to lines above. To redo a done step, write it again."
         )
     if p.budget is not None:
         parts.append(render_budget(p.budget))

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import NoReturn
 
-from hierplan.agents.prompts import ATTEMPT_FAILED
+from hierplan.agents.prompts import ATTEMPT_FAILED, RUNNING_RESULT
 from hierplan.core.results import StepResult
 from hierplan.durable.restore import Restore, invalid_feedback
 from hierplan.errors import (
@@ -315,10 +315,11 @@ async def _stream(
     stand.
 
     A stream stopped by a refused step is answered by a repaired plan, gated whole, that keeps
-    what ran. A planning call that failed before any step was accepted fails the node, as a
-    failed call of a plan gated whole does; for a revision, its failure is returned."""
+    what ran (see :class:`_Repair`). A planning call that failed before any step was accepted
+    fails the node, as a failed call of a plan gated whole does; for a revision, its failure
+    is returned."""
     node, children = ex.node, ex.children
-    settings = node.run.settings
+    repair = _Repair(ex, revision)
     streamed = await stream_plan(
         node,
         ex.policy,
@@ -327,13 +328,12 @@ async def _stream(
         _preparer(ex, revision is not None),
         max_running=ex.max_running,
         revision=revision,
+        stopped=repair.ask,
     )
     outcome, partial = streamed.outcome, streamed.plan
-    steps = {s.id for s in partial.steps}
-    for step_id in [k for k in outcome.results if k not in steps]:
-        # a done step the revision dropped (or built on a redone one): not this plan's result
-        del outcome.results[step_id]
-    done = dict(outcome.results)
+    # a done step the revision dropped (or built on a redone one): not this plan's result
+    done = _written_results(partial, outcome.results)
+    outcome.results = dict(done)
     if streamed.problem is None:
         if revision is not None:
             children.settle(partial, len(node.record.plan_versions))
@@ -343,39 +343,83 @@ async def _stream(
             return streamed.failed
         _finish(node, streamed.failed.status, error=str(streamed.failed))
         raise streamed.failed
-    if settings.max_invalid_plans < 1:
+    answer = repair.answer
+    if answer is None:
         # The refused step makes this plan an invalid proposal, as a plan gated whole with
         # that step would be: no second proposal when none is allowed.
         why = f"the planner proposed 1 invalid plan; last problems: {streamed.problem}"
         return _stream_ends(ex, revision, streamed, StepFailed(why))
-    failure = _failures(outcome)[0] if outcome.failed else None
-    if failure is None and revision is not None:
-        failure = revision.failure
-    if streamed.accepted or revision is None:
-        previous: Plan | None = partial if partial.steps else None
-    else:  # nothing of the revision was taken: the plan it revised is the one to repair
-        previous, done = revision.plan, dict(revision.done)
-    try:
-        repaired = await obtain_plan(
-            node,
-            ex.policy,
-            ex.inputs,
-            previous=previous,
-            progress=done,
-            failure=failure,
-            feedback=invalid_feedback([streamed.problem]),
-            reason="retry",
-            invalid=1,
-            # a plan cut short: its done steps whose consumers were not written yet are no
-            # answers of it
-            whole=previous is not partial,
-        )
-    except (StepFailed, BudgetExceeded) as exc:
-        if revision is not None and not streamed.accepted and isinstance(exc, StepFailed):
-            return exc  # as when a replan gated whole fails: the plan revised goes on
-        failed = StepFailed(f"{streamed.problem}; no repaired plan: {exc}")
-        return _stream_ends(ex, revision, streamed, failed, exc)
-    return repaired, None, _carry_over(previous or partial, repaired, done)
+    if not isinstance(answer, Plan):
+        if revision is not None and not streamed.accepted and isinstance(answer, StepFailed):
+            return answer  # as when a replan gated whole fails: the plan revised goes on
+        failed = StepFailed(f"{streamed.problem}; no repaired plan: {answer}")
+        return _stream_ends(ex, revision, streamed, failed, answer)
+    previous = repair.previous
+    if previous is not None and previous is not partial:  # a revision of which nothing ran
+        assert revision is not None
+        done = dict(revision.done)
+    return answer, None, _carry_over(previous or partial, answer, done)
+
+
+def _written_results(plan: Plan, results: Mapping[str, StepResult]) -> dict[str, StepResult]:
+    """The results of ``plan``'s steps (a done step a revision dropped has none in it)."""
+    steps = {s.id for s in plan.steps}
+    return {k: v for k, v in results.items() if k in steps}
+
+
+class _Repair:
+    """The repaired plan that answers a stream stopped by a refused step.
+
+    It is asked for as soon as the stream stops, while the steps already dispatched run to
+    their end, rather than after them: the prompt shows each of them as running
+    (:data:`~hierplan.agents.prompts.RUNNING_RESULT`), and the repair may build on it as on a
+    done step. Once they have all ended, their results stand where the repaired plan keeps
+    their steps; one that failed meanwhile and is kept runs again with the repaired plan."""
+
+    def __init__(self, ex: _Execution, revision: Revision | None) -> None:
+        self.ex = ex
+        self.revision = revision
+        self.previous: Plan | None = None
+        """The plan the repair was asked to fix."""
+        self.answer: Plan | StepFailed | BudgetExceeded | None = None
+        """The repaired plan, why there is none, or ``None`` when none was asked for."""
+
+    async def ask(self, stopped: Streamed) -> None:
+        """Ask for the repair of ``stopped`` (the stream as it stood when it stopped)."""
+        ex, revision = self.ex, self.revision
+        if stopped.failed is not None and not stopped.accepted:
+            return  # no step was taken: the planning call's failure stands
+        if ex.node.run.settings.max_invalid_plans < 1:
+            return
+        partial, so_far = stopped.plan, stopped.outcome
+        done = _written_results(partial, so_far.results)
+        failure = _failures(so_far)[0] if so_far.failed else None
+        if failure is None and revision is not None:
+            failure = revision.failure
+        if stopped.accepted or revision is None:
+            self.previous = partial if partial.steps else None
+            ended = done.keys() | so_far.failed.keys() | so_far.cancelled.keys()
+            running = StepResult(None, RUNNING_RESULT)
+            done.update((s.id, running) for s in partial.steps if s.id not in ended)
+        else:  # nothing of the revision was taken: the plan it revised is the one to repair
+            self.previous, done = revision.plan, dict(revision.done)
+        try:
+            self.answer = await obtain_plan(
+                ex.node,
+                ex.policy,
+                ex.inputs,
+                previous=self.previous,
+                progress=done,
+                failure=failure,
+                feedback=invalid_feedback([stopped.problem or ""]),
+                reason="retry",
+                invalid=1,
+                # a plan cut short: its done steps whose consumers were not written yet are
+                # no answers of it
+                whole=self.previous is not partial,
+            )
+        except (StepFailed, BudgetExceeded) as exc:
+            self.answer = exc
 
 
 def _stream_ends(

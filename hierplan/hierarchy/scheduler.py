@@ -242,12 +242,14 @@ async def run_streamed_dag(
     max_running: int | None = None,
     dispatched: Callable[[Step], None] | None = None,
     done: Mapping[str, StepResult] | None = None,
+    outcome: DagOutcome | None = None,
 ) -> DagOutcome:
     """Run the steps of a plan as ``source`` gives them (a plan being written), each after its
     dependencies, at most ``max_running`` at once; ``dispatched`` is told of each step as it
     joins. When ``source`` ends, the steps already given run to their end. ``done``: results
     of steps that ran before (a revised plan's), which steps may depend on; a step given with
-    the id of one of them runs again.
+    the id of one of them runs again. ``outcome``: the (empty) outcome to fill in and return,
+    which the caller may read while the steps run.
 
     Each step may depend only on steps given before it (the per-step checks of a streamed plan
     see to that), so the graph grows without ever waiting on a step not yet written. A step
@@ -257,7 +259,8 @@ async def run_streamed_dag(
     """
     if max_running is not None and max_running < 1:
         raise ValueError(f"max_running must be at least 1, not {max_running}")
-    outcome = DagOutcome(results=dict(done or {}))
+    outcome = DagOutcome() if outcome is None else outcome
+    outcome.results.update(done or {})
     results, failed, cancelled = outcome.results, outcome.failed, outcome.cancelled
     order: list[str] = []
     links = _Links(dependents={step_id: [] for step_id in results})

@@ -16,14 +16,16 @@ strategies that run one step at a time, with ``stream_plans`` off, for a repair 
 refused step, and for a replan after a step ran out of budget.
 
 A step that fails its checks ends the stream: the planning call is cancelled and counts for
-what it wrote; the steps already dispatched run to their end, and the node asks for a repaired
-plan, gated whole, with what ran kept (see :func:`~hierplan.hierarchy.nodes.execute_plan`).
+what it wrote. The node asks at once for a repaired plan, gated whole, while the steps already
+dispatched run to their end: the repair's prompt shows them as running, its lines may build
+on them as on done steps, and their results stand where it keeps them (see
+:func:`~hierplan.hierarchy.nodes.execute_plan`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
@@ -219,22 +221,29 @@ async def stream_plan(
     *,
     max_running: int | None,
     revision: Revision | None = None,
+    stopped: Callable[[Streamed], Awaitable[None]] | None = None,
 ) -> Streamed:
     """Plan ``node``'s goal as a stream and run each step as it is accepted (``revision``: a
     replan, whose steps may build on the done ones). ``prepare`` makes a step's child node (its
     record) when the step is accepted. The plan is recorded as a version with its first step,
     approved by ``stream``; once the stream ends the version holds the plan as written, and is
-    decided invalid (with the problem) if a step was refused."""
+    decided invalid (with the problem) if a step was refused.
+
+    ``stopped`` is awaited as soon as a stream stops early, while the steps already dispatched
+    still run, with what the stream came to so far (its outcome a copy of the results and
+    failures at that moment): the node asks for its repair then, rather than after them."""
     ctx = _checks(node, policy, "initial" if revision is None else "replan")
     send, receive = anyio.create_memory_object_stream[Step](max_buffer_size=float("inf"))
     intake = _Intake(node, ctx, revision, prepare, send)
+    outcome = DagOutcome()
     whole: Plan | None = None
+    plan: Plan | None = None
     problem: str | None = None
     failed: StepFailed | None = None
     refused: list[Step] = []
 
     async def write() -> None:
-        nonlocal whole, problem, failed
+        nonlocal whole, plan, problem, failed
         with send:
             try:
                 whole = await _written(node, policy, inputs, intake.accept, revision)
@@ -247,6 +256,14 @@ async def stream_plan(
                     failed = StepFailed(problem)
             except StepFailed as exc:
                 problem, failed = str(exc), exc
+        # The channel is closed: the steps sent run to their end while the plan is recorded
+        # as written (and any repair is asked for).
+        plan = intake.close(whole, problem, refused)
+        if problem is not None and stopped is not None:
+            so_far = DagOutcome(
+                dict(outcome.results), dict(outcome.failed), dict(outcome.cancelled)
+            )
+            await stopped(Streamed(plan, so_far, problem, failed, intake.sent))
 
     def dispatched(step: Step) -> None:
         prepare(step).record.dispatched_at = time.time()
@@ -254,14 +271,15 @@ async def stream_plan(
     with node.run.pause.working(), receive:
         async with anyio.create_task_group() as tg:
             tg.start_soon(write)
-            outcome = await run_streamed_dag(
+            await run_streamed_dag(
                 receive,
                 run_step,
                 max_running=max_running,
                 dispatched=dispatched,
                 done=None if revision is None else _standing(revision),
+                outcome=outcome,
             )
-    plan = intake.close(whole, problem, refused)
+    assert plan is not None  # write() sets it before its task ends
     return Streamed(plan, outcome, problem, failed, intake.sent)
 
 

@@ -22,7 +22,7 @@ from types import MappingProxyType
 
 import anyio
 
-from hierplan.agents.prompts import PlanPrompt, StepPrompt, one_line
+from hierplan.agents.prompts import RUNNING_RESULT, PlanPrompt, StepPrompt, one_line
 from hierplan.bench.base import (
     MAX_FLAT_STEPS,
     ActionFailed,
@@ -248,8 +248,9 @@ class ParallelQAOracle(SuiteOracle[Expr]):
 
 
 def _keep_or_redo(steps: Sequence[Step], prompt: PlanPrompt) -> list[Step]:
-    """On a replan, keep the ids of steps already done (their results carry over), and give a
-    new id to a done step whose output is not a number, so that it runs again.
+    """On a replan, keep the ids of steps already done or still running (their results carry
+    over), and give a new id to a done step whose output is not a number, so that it runs
+    again.
 
     A step of the current plan is the same as a new one when it has the new step's id, less
     any ``r`` suffixes earlier replans added, and the same tool: ids follow the expression.
@@ -264,7 +265,8 @@ def _keep_or_redo(steps: Sequence[Step], prompt: PlanPrompt) -> list[Step]:
         if old is None or tool != step.tool:
             continue
         output = prompt.progress.get(old)
-        renames[step.id] = old + "r" if output is not None and _value(output) is None else old
+        wrong = output not in (None, RUNNING_RESULT) and _value(output) is None
+        renames[step.id] = old + "r" if wrong else old
     if not renames:
         return list(steps)
 
