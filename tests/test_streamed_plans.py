@@ -248,8 +248,8 @@ async def test_a_step_that_fails_while_the_plan_streams_leads_to_a_replan() -> N
 
 async def test_a_step_written_after_a_failure_that_does_not_depend_on_it_still_runs() -> None:
     """Line 2 is written only once step 1 has failed (the model waits for it): it does not
-    depend on step 1, so it runs in the first plan, and the replan builds on its result rather
-    than writing it again."""
+    depend on step 1, so it runs in the first plan, and the replan builds on its result (done,
+    or still to come when the replan is asked for) rather than writing it again."""
     failed = anyio.Event()
 
     @tool
@@ -271,7 +271,8 @@ async def test_a_step_written_after_a_failure_that_does_not_depend_on_it_still_r
     assert lookups.keys == [2, 4]  # step 2 ran once, before the replan; step 3 never
     by_step = {c.step_id: c.status for c in result.tree.children}
     assert by_step == {"1": "failed", "2": "succeeded", "3": "cancelled", "4": "succeeded"}
-    assert '"2": "20"' in model.requests[1].messages[-1].content  # in the replan's PROGRESS
+    replan_prompt = model.requests[1].messages[-1].content  # step 2 is in its PROGRESS
+    assert '"2": "20"' in replan_prompt or f'"2": "{RUNNING_RESULT}"' in replan_prompt
 
 
 LINES = "1. lookup(1)\n2. lookup(2) after 1\n3. lookup(3)\n4. lookup(4) after 2, 3\n"
@@ -442,6 +443,70 @@ async def test_a_running_step_the_repair_kept_that_failed_meanwhile_runs_again()
     model.assert_complete()
     assert result.status == "succeeded" and result.answer == "1000"
     assert held.calls == 2 and lookups.keys == [100]
+
+
+async def test_a_replan_is_asked_for_as_a_step_fails_and_may_build_on_steps_still_running() -> None:
+    # Step 2 ends only once the replan has been asked for: waiting for it first would hang.
+    held, prompts = Held(), []
+    model = ScriptedModel(
+        [
+            StreamedText(("1. lookup(1)\n2. held(2)\n3. fragile(3)\n4. lookup($3) after 1, 2\n",)),
+            held.repair("3. lookup(3)\n4. lookup($3) after 1, 2", prompts),
+        ]
+    )
+    lookups = Lookups()
+    result = await run(model, lookups, tools=[fragile, held.tool], settings={"max_retries": 0})
+    model.assert_complete()
+    assert result.status == "succeeded" and result.answer == "300"
+    assert held.calls == 1 and sorted(lookups.keys) == [1, 3, 30]  # 2 ran once, kept
+    assert f'"2": "{RUNNING_RESULT}"' in prompts[0]  # (1 may be done, or running too)
+    versions = [(v.reason, v.decided_by) for v in result.tree.plan_versions]
+    assert versions == [("initial", "stream"), ("replan", "stream")]
+    by_child = [(c.step_id, c.status) for c in result.tree.children]
+    assert by_child == [
+        ("1", "succeeded"),
+        ("2", "succeeded"),
+        ("3", "failed"),
+        ("4", "succeeded"),  # cancelled by the failure, then run by the replan unchanged
+        ("3", "succeeded"),
+    ]
+
+
+async def test_a_waiting_step_an_early_replan_redoes_does_not_start_in_the_old_plan() -> None:
+    held, prompts = Held(), []
+    model = ScriptedModel(
+        [
+            # 3 waits for 1, which is held until the replan is asked for
+            StreamedText(("1. held(1)\n2. fragile(2)\n3. lookup(5) after 1\n",)),
+            held.repair("3. lookup(7) after 1", prompts),
+        ]
+    )
+    lookups = Lookups()
+    result = await run(model, lookups, tools=[fragile, held.tool], settings={"max_retries": 0})
+    model.assert_complete()
+    assert result.status == "succeeded" and result.answer == "70"
+    assert lookups.keys == [7]  # the old step 3 never ran
+    old = next(c for c in result.tree.children if c.step_id == "3")
+    assert old.status == "cancelled" and "replaced" in (old.error or "")
+
+
+async def test_a_running_step_an_early_replan_kept_that_fails_fails_its_dependents() -> None:
+    held, prompts = Held(failures=1), []
+    model = ScriptedModel(
+        [
+            StreamedText(("1. held(1)\n2. fragile(2)\n",)),
+            held.repair("3. lookup($1)", prompts),  # builds on 1, which then fails
+            ModelResponse(text="4. lookup(4)"),
+        ]
+    )
+    lookups = Lookups()
+    result = await run(model, lookups, tools=[fragile, held.tool], settings={"max_retries": 0})
+    model.assert_complete()
+    assert result.status == "succeeded" and result.answer == "40"
+    assert held.calls == 1 and lookups.keys == [4]  # 1 did not run again; 3 never ran
+    assert "step '1' failed" in model.requests[2].messages[-1].content  # the second replan's
+    by_child = {c.step_id: (c.status, c.error) for c in result.tree.children}
+    assert by_child["3"] == ("cancelled", "dependency '1' failed")
 
 
 async def test_a_done_step_a_streamed_revision_drops_is_not_a_result_of_the_node() -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 from hierplan.agents.prompts import ATTEMPT_FAILED, RUNNING_RESULT
 from hierplan.core.results import StepResult
@@ -37,10 +37,12 @@ from hierplan.hierarchy.leaf import (
 )
 from hierplan.hierarchy.planning import PlanPolicy, ask_joiner, obtain_plan
 from hierplan.hierarchy.scheduler import DagOutcome, RunStep, run_dag
-from hierplan.hierarchy.streaming import Revision, Streamed, can_stream, stream_plan
+from hierplan.hierarchy.streaming import Failing, Revision, Streamed, can_stream, stream_plan
 from hierplan.plans.plan import Plan, Step, topological_order
 from hierplan.plans.revision import carried_over
 from hierplan.records import NodeKind
+
+_T = TypeVar("_T")
 
 
 def _answer(plan: Plan, results: Mapping[str, StepResult]) -> str:
@@ -216,13 +218,16 @@ async def execute_plan(
     # Only a node whose plan streamed has a joiner: no one saw that plan whole before it ran.
     # A plan gated whole was seen, and its results answer as they always have.
     joins = plan is None and settings.join and not policy.replan_each_step
+    # Counted from the record, not from zero: replans made before a pause still count after
+    # the run resumes (max_replans is per node, however many times the run was paused). Counted
+    # before a first plan streams: a replan asked for while it runs is counted when used.
+    replans = sum(1 for v in node.record.plan_versions if v.reason == "replan")
+    early: _EarlyReplan | None = None
     if plan is None:
-        first = await _stream(ex)
+        early = _EarlyReplan(ex)
+        first = await _stream(ex, failing=early.start)
         assert not isinstance(first, StepFailed)  # a first plan's failure raises
         plan, streamed, done = first
-    # Counted from the record, not from zero: replans made before a pause still count after
-    # the run resumes (max_replans is per node, however many times the run was paused).
-    replans = sum(1 for v in node.record.plan_versions if v.reason == "replan")
 
     while True:
         if streamed is None:  # a streamed plan's children were made as its steps came
@@ -255,23 +260,25 @@ async def execute_plan(
             children.retire(outcome.not_started, "not run: the node gave up")
             return _give_up(node, plan, done, failure, budget=budget)
         replans += 1
-        plan, streamed, done = await _revise(ex, plan, outcome)
+        revised = None if early is None else early.revised
+        early = None
+        plan, streamed, done = await _revise(ex, plan, outcome, revised)
 
 
 async def _revise(
-    ex: _Execution, plan: Plan, outcome: DagOutcome
+    ex: _Execution, plan: Plan, outcome: DagOutcome, revised: _Streamed | None = None
 ) -> tuple[Plan, DagOutcome | None, dict[str, StepResult]]:
     """A revised plan after ``outcome`` failed: streamed, its steps running as they are
-    written, when the node's plans stream (and no step ran out of budget), else gated whole.
+    written, when the node's plans stream (and no step ran out of budget), else gated whole;
+    ``revised``: the streamed one asked for as the failure came (see :class:`_EarlyReplan`).
     Returns as :func:`_stream` does. Without a revised plan (invalid proposals, rejections, a
     planning error, a budget too small for the replan) the approved plan goes on, as if
     replans were not allowed, so that finished work counts and independent branches still
     run, and the node gives up."""
     node, done = ex.node, outcome.results
     failure, budget = _failures(outcome)
-    if not budget and await can_stream(node, ex.policy):
-        revision = Revision(plan, done, failure)
-        streamed = await _stream(ex, revision)
+    if revised is not None or (not budget and await can_stream(node, ex.policy)):
+        streamed = revised or await _stream(ex, Revision(plan, done, failure))
         if isinstance(streamed, StepFailed):
             await _unrevised(ex, plan, outcome, f"replanning failed: {streamed}")
         return streamed
@@ -306,13 +313,19 @@ async def _unrevised(
     _give_up(ex.node, plan, outcome.results, f"{failure}; {why}", budget=budget or short)
 
 
+_Streamed = tuple[Plan, DagOutcome | None, dict[str, StepResult]] | StepFailed
+"""What :func:`_stream` comes to."""
+
+
 async def _stream(
-    ex: _Execution, revision: Revision | None = None
-) -> tuple[Plan, DagOutcome | None, dict[str, StepResult]] | StepFailed:
+    ex: _Execution,
+    revision: Revision | None = None,
+    failing: Callable[[Failing], Awaitable[None]] | None = None,
+) -> _Streamed:
     """Stream the node's first plan, or the ``revision`` of its plan, its steps running as
     they come (see :mod:`hierplan.hierarchy.streaming`): the plan to go on with, what its
     streamed steps did (``None`` when the plan is a repair still to run) and the results that
-    stand.
+    stand. ``failing``: see :func:`~hierplan.hierarchy.streaming.stream_plan`.
 
     A stream stopped by a refused step is answered by a repaired plan, gated whole, that keeps
     what ran (see :class:`_Repair`). A planning call that failed before any step was accepted
@@ -329,11 +342,18 @@ async def _stream(
         max_running=ex.max_running,
         revision=revision,
         stopped=repair.ask,
+        failing=failing,
     )
     outcome, partial = streamed.outcome, streamed.plan
-    # a done step the revision dropped (or built on a redone one): not this plan's result
+    # a done step the revision dropped (or built on a redone one): not this plan's result,
+    # nor is the failure of a running one it dropped
     done = _written_results(partial, outcome.results)
     outcome.results = dict(done)
+    outcome.failed = _written_results(partial, outcome.failed)
+    if revision is not None and revision.running is not None:
+        # the plan revised ran on meanwhile: its steps cancelled since say why, as when a
+        # replan waits for them
+        children.retire(revision.running.cancelled)
     if streamed.problem is None:
         if revision is not None:
             children.settle(partial, len(node.record.plan_versions))
@@ -357,14 +377,43 @@ async def _stream(
     previous = repair.previous
     if previous is not None and previous is not partial:  # a revision of which nothing ran
         assert revision is not None
-        done = dict(revision.done)
+        done = revision.results()
     return answer, None, _carry_over(previous or partial, answer, done)
 
 
-def _written_results(plan: Plan, results: Mapping[str, StepResult]) -> dict[str, StepResult]:
-    """The results of ``plan``'s steps (a done step a revision dropped has none in it)."""
+def _written_results(plan: Plan, results: Mapping[str, _T]) -> dict[str, _T]:
+    """The entries of ``results`` for ``plan``'s steps (a done step a revision dropped has
+    none in it)."""
     steps = {s.id for s in plan.steps}
     return {k: v for k, v in results.items() if k in steps}
+
+
+class _EarlyReplan:
+    """A replan asked for as soon as a step of a streamed first plan fails, once the plan is
+    written to its end, rather than after its other steps have ended: those still to end
+    are shown to it as running (:data:`~hierplan.agents.prompts.RUNNING_RESULT`) and may be
+    built on. The revision streams; a step it redoes does not start in the plan it revises,
+    and its steps start once that plan's have ended. ``revised``: what it came to, for
+    :func:`_revise`."""
+
+    def __init__(self, ex: _Execution) -> None:
+        self.ex = ex
+        self.revised: _Streamed | None = None
+
+    async def start(self, failing: Failing) -> None:
+        """Replan from ``failing`` if the node may replan now, as :func:`_revise` would."""
+        ex = self.ex
+        if not ex.policy.replan_on_failure or ex.node.run.settings.max_replans < 1:
+            return
+        so_far = failing.outcome
+        failure, budget = _failures(so_far)
+        if budget or not await can_stream(ex.node, ex.policy):
+            return
+        done = _written_results(failing.plan, so_far.results)
+        running = StepResult(None, RUNNING_RESULT)
+        done.update((step_id, running) for step_id in failing.running())
+        revision = Revision(failing.plan, done, failure, so_far, failing.watch, failing.ended)
+        self.revised = await _stream(ex, revision)
 
 
 class _Repair:

@@ -9,8 +9,8 @@ limit allows, not one per step. Every task belongs to the task group, so none ou
 When a step fails for good, either its dependents are cancelled (transitively) and independent
 branches go on, or, with ``stop_on_failure`` (the node is about to replan), no new step starts and
 the steps already running finish. A plan that streams always goes on with its independent
-branches: its node cannot replan before the plan is written to its end. Bookkeeping is O(1) per
-step and per dependency edge.
+branches, unless a replan asked for meanwhile redoes a step (:class:`Watch`). Bookkeeping is
+O(1) per step and per dependency edge.
 """
 
 from __future__ import annotations
@@ -69,6 +69,18 @@ class Slots:
             self._waiters.popleft().set()
         else:
             self.free += 1
+
+
+class Watch:
+    """A streamed DAG as its caller follows it: an event set when a step ``failed`` for good,
+    and ``skip``, the ids of steps the caller no longer wants started (a step already running
+    goes on; one skipped ends as not started)."""
+
+    __slots__ = ("failed", "skip")
+
+    def __init__(self) -> None:
+        self.failed = anyio.Event()
+        self.skip: set[str] = set()
 
 
 @dataclass(slots=True)
@@ -187,12 +199,13 @@ def _dispatcher(
     *,
     max_running: int | None,
     stop_on_failure: bool,
+    watch: Watch | None = None,
 ) -> Callable[[], None]:
     """What starts ``links``' ready steps in ``tg``, at most ``max_running`` at once: call it
     whenever steps may have become ready. Each step's result goes to ``outcome``, and its
     dependents become ready when it was the last they waited on. A step that fails for good
     goes to ``outcome.failed`` and stops every new start (``stop_on_failure``) or has its
-    dependents cancelled (``cancel_dependents(step_id)``)."""
+    dependents cancelled (``cancel_dependents(step_id)``). ``watch``: see :class:`Watch`."""
     results, failed, cancelled = outcome.results, outcome.failed, outcome.cancelled
     steps, waiting, dependents, ready = links.steps, links.waiting, links.dependents, links.ready
     running = 0
@@ -214,9 +227,13 @@ def _dispatcher(
         try:
             if stopping:  # a step failed before this task's first turn
                 return
+            if watch is not None and step.id in watch.skip:
+                return
             result = await run_step(step, {d: results[d] for d in step.depends_on})
         except StepFailed as exc:
             failed[step.id] = exc
+            if watch is not None:
+                watch.failed.set()
             if stop_on_failure:
                 stopping = True
             else:
@@ -243,13 +260,15 @@ async def run_streamed_dag(
     dispatched: Callable[[Step], None] | None = None,
     done: Mapping[str, StepResult] | None = None,
     outcome: DagOutcome | None = None,
+    watch: Watch | None = None,
 ) -> DagOutcome:
     """Run the steps of a plan as ``source`` gives them (a plan being written), each after its
     dependencies, at most ``max_running`` at once; ``dispatched`` is told of each step as it
     joins. When ``source`` ends, the steps already given run to their end. ``done``: results
     of steps that ran before (a revised plan's), which steps may depend on; a step given with
-    the id of one of them runs again. ``outcome``: the (empty) outcome to fill in and return,
-    which the caller may read while the steps run.
+    the id of one of them runs again. ``outcome``: the outcome to fill in and return, which
+    the caller may read while the steps run; steps in its ``failed`` do not run, and their
+    dependents are cancelled. ``watch``: see :class:`Watch`.
 
     Each step may depend only on steps given before it (the per-step checks of a streamed plan
     see to that), so the graph grows without ever waiting on a step not yet written. A step
@@ -276,6 +295,7 @@ async def run_streamed_dag(
 
     def add(step: Step) -> None:
         results.pop(step.id, None)  # given again: it runs again
+        failed.pop(step.id, None)
         order.append(step.id)
         dependents[step.id] = []
         lost = [d for d in step.depends_on if d in failed or d in cancelled]
@@ -298,6 +318,7 @@ async def run_streamed_dag(
             cancel_dependents,
             max_running=max_running,
             stop_on_failure=False,
+            watch=watch,
         )
         async for step in source:
             links.steps[step.id] = step

@@ -7,7 +7,10 @@ steps only, the step limit, every other check :func:`~hierplan.plans.plan.valida
 of the steps written so far) and is scheduled at once; it starts when its dependencies are done.
 
 A replan streams too: the planner writes only the steps still to do, which may build on the
-done ones (see :mod:`hierplan.plans.revision`), and each runs as soon as it is accepted.
+done ones (see :mod:`hierplan.plans.revision`), and each runs as soon as it is accepted. A first
+plan's replan is asked for as soon as the plan is written and one of its steps has failed
+(:class:`Failing`), with its steps still to end shown as running; the replan's steps start once
+they have ended (:class:`Revision`).
 
 A plan is gated whole, as before, when an approver other than the automatic one is set (a
 review policy, a reviewer, a callback), when the gate has validators beyond the default ones,
@@ -52,7 +55,7 @@ from hierplan.hierarchy.gate import (
     structure_validator,
 )
 from hierplan.hierarchy.planning import PlanPolicy, add_version, announce_replan, decide
-from hierplan.hierarchy.scheduler import DagOutcome, RunStep, run_streamed_dag
+from hierplan.hierarchy.scheduler import DagOutcome, RunStep, Watch, run_streamed_dag
 from hierplan.plans.plan import Plan, Step, diff_plans
 from hierplan.plans.problems import PlanProblem
 from hierplan.plans.revision import DoneSteps
@@ -71,6 +74,35 @@ class StepRefused(Exception):
     def __init__(self, message: str, step: Step | None = None) -> None:
         super().__init__(message)
         self.step = step
+
+
+@dataclass(slots=True)
+class Failing:
+    """A streamed plan written to its end whose steps still run, one of which has failed: what
+    a replan asked for at once starts from. ``outcome`` is the live one of the plan's steps;
+    ``watch`` (see :class:`~hierplan.hierarchy.scheduler.Watch`) lets the replan keep a step
+    it redoes from starting; ``ended`` is set once all have ended."""
+
+    plan: Plan
+    outcome: DagOutcome
+    watch: Watch
+    ended: anyio.Event
+
+    def running(self) -> list[str]:
+        """The steps that may still succeed (running, or waiting for dependencies that may),
+        in plan order: not those built on a step that failed, whether or not the scheduler
+        has cancelled them yet."""
+        o = self.outcome
+        lost = o.failed.keys() | o.cancelled.keys()
+        out = []
+        for step in self.plan.steps:
+            if step.id in o.results or step.id in lost:
+                continue
+            if any(d in lost for d in step.depends_on):
+                lost.add(step.id)
+            else:
+                out.append(step.id)
+        return out
 
 
 @dataclass(slots=True)
@@ -108,16 +140,32 @@ async def can_stream(node: NodeContext, policy: PlanPolicy) -> bool:
 @dataclass(frozen=True, slots=True)
 class Revision:
     """A replan to stream: the running ``plan``, the results that stand (``done``) and what
-    failed. The planner writes the steps still to do; the done steps stay."""
+    failed. The planner writes the steps still to do; the done steps stay.
+
+    A replan asked for while some of the plan's steps still run (``running``: the outcome
+    they go to, ``watch`` the scheduler's) shows each of them in ``done`` as running; a step
+    the revision redoes does not start there, the revision's steps start once the others
+    have all ended (``ended``), and a kept one that did not succeed fails in it too."""
 
     plan: Plan
     done: Mapping[str, StepResult]
     failure: str | None
+    running: DagOutcome | None = None
+    watch: Watch | None = None
+    ended: anyio.Event | None = None
 
     @property
     def kept(self) -> DoneSteps:
         """The done steps, as the revision's lines refer to them."""
         return DoneSteps.of(self.plan, self.done)
+
+    def results(self) -> dict[str, StepResult]:
+        """The results of the steps in ``done``, once those running have ended: the ones
+        that failed meanwhile have none."""
+        if self.running is None:
+            return dict(self.done)
+        made = self.running.results
+        return {k: made[k] for k in self.done if k in made}
 
 
 def _checks(node: NodeContext, policy: PlanPolicy, reason: str) -> GateContext:
@@ -181,6 +229,8 @@ class _Intake:
             self.version.plan = prefix
         if self.kept.steps and step.id in self.kept.copies(self.accepted):
             return  # a done step written again unchanged: its result stands
+        if self.revision is not None and self.revision.watch is not None:
+            self.revision.watch.skip.add(step.id)  # redone here: not where it was running
         self.prepare(step).record.parsed_at = time.time()
         self.sent += 1
         self.send.send_nowait(step)
@@ -222,6 +272,7 @@ async def stream_plan(
     max_running: int | None,
     revision: Revision | None = None,
     stopped: Callable[[Streamed], Awaitable[None]] | None = None,
+    failing: Callable[[Failing], Awaitable[None]] | None = None,
 ) -> Streamed:
     """Plan ``node``'s goal as a stream and run each step as it is accepted (``revision``: a
     replan, whose steps may build on the done ones). ``prepare`` makes a step's child node (its
@@ -231,39 +282,34 @@ async def stream_plan(
 
     ``stopped`` is awaited as soon as a stream stops early, while the steps already dispatched
     still run, with what the stream came to so far (its outcome a copy of the results and
-    failures at that moment): the node asks for its repair then, rather than after them."""
+    failures at that moment): the node asks for its repair then, rather than after them.
+    ``failing`` is awaited once the plan is written to its end and one of its steps has
+    failed while others still run (see :class:`Failing`): the node may replan then."""
     ctx = _checks(node, policy, "initial" if revision is None else "replan")
     send, receive = anyio.create_memory_object_stream[Step](max_buffer_size=float("inf"))
     intake = _Intake(node, ctx, revision, prepare, send)
     outcome = DagOutcome()
-    whole: Plan | None = None
-    plan: Plan | None = None
-    problem: str | None = None
-    failed: StepFailed | None = None
-    refused: list[Step] = []
+    watch = Watch()
+    ended = anyio.Event()
+    result: Streamed | None = None
 
     async def write() -> None:
-        nonlocal whole, plan, problem, failed
+        nonlocal result
         with send:
-            try:
-                whole = await _written(node, policy, inputs, intake.accept, revision)
-            except StepRefused as exc:
-                problem = str(exc)
-                refused.extend([] if exc.step is None else [exc.step])
-            except PlanParseError as exc:
-                problem = str(exc)
-                if not intake.accepted:  # as for a plan gated whole: the node fails
-                    failed = StepFailed(problem)
-            except StepFailed as exc:
-                problem, failed = str(exc), exc
+            whole, problem, failed, refused = await _read(node, policy, inputs, intake)
         # The channel is closed: the steps sent run to their end while the plan is recorded
-        # as written (and any repair is asked for).
+        # as written (and any repair or replan is asked for).
         plan = intake.close(whole, problem, refused)
+        result = Streamed(plan, outcome, problem, failed, intake.sent)
         if problem is not None and stopped is not None:
             so_far = DagOutcome(
                 dict(outcome.results), dict(outcome.failed), dict(outcome.cancelled)
             )
             await stopped(Streamed(plan, so_far, problem, failed, intake.sent))
+        elif problem is None and failing is not None:
+            await watch.failed.wait()  # also set once the steps have ended
+            if not ended.is_set():
+                await failing(Failing(plan, outcome, watch, ended))
 
     def dispatched(step: Step) -> None:
         prepare(step).record.dispatched_at = time.time()
@@ -271,21 +317,58 @@ async def stream_plan(
     with node.run.pause.working(), receive:
         async with anyio.create_task_group() as tg:
             tg.start_soon(write)
+            if revision is not None and revision.ended is not None:
+                await revision.ended.wait()  # the steps of the plan it revises have ended
+            standing, lost = ({}, {}) if revision is None else _standing(revision)
+            outcome.failed.update(lost)
             await run_streamed_dag(
                 receive,
                 run_step,
                 max_running=max_running,
                 dispatched=dispatched,
-                done=None if revision is None else _standing(revision),
+                done=standing,
                 outcome=outcome,
+                watch=watch,
             )
-    assert plan is not None  # write() sets it before its task ends
-    return Streamed(plan, outcome, problem, failed, intake.sent)
+            ended.set()
+            watch.failed.set()  # no step fails any more: a writer waiting for one goes on
+    assert result is not None  # write() sets it before its task ends
+    return result
 
 
-def _standing(revision: Revision) -> dict[str, StepResult]:
-    """The results a streamed revision's steps may build on: those of the done steps."""
-    return {s.id: revision.done[s.id] for s in revision.kept.steps}
+async def _read(
+    node: NodeContext, policy: PlanPolicy, inputs: Mapping[str, StepResult], intake: _Intake
+) -> tuple[Plan | None, str | None, StepFailed | None, list[Step]]:
+    """Read the planner's streamed plan into ``intake``: the plan as the planner read it
+    whole (``None`` if the stream stopped early), why it stopped early, the planning call's
+    failure that stopped it, and the step refused."""
+    try:
+        whole = await _written(node, policy, inputs, intake.accept, intake.revision)
+    except StepRefused as exc:
+        return None, str(exc), None, [] if exc.step is None else [exc.step]
+    except PlanParseError as exc:
+        # no step taken: the node fails, as for a plan gated whole that does not read
+        return None, str(exc), None if intake.accepted else StepFailed(str(exc)), []
+    except StepFailed as exc:
+        return None, str(exc), exc, []
+    return whole, None, None, []
+
+
+def _standing(revision: Revision) -> tuple[dict[str, StepResult], dict[str, StepFailed]]:
+    """The results a streamed revision's steps may build on (those of the done steps), and
+    the failures of kept steps that were running when it was asked for and did not succeed
+    (its steps that build on them are cancelled)."""
+    results = revision.results()
+    standing = {s.id: results[s.id] for s in revision.kept.steps if s.id in results}
+    lost: dict[str, StepFailed] = {}
+    if revision.running is not None:
+        failed, cancelled = revision.running.failed, revision.running.cancelled
+        for step in revision.kept.steps:
+            if step.id in failed:
+                lost[step.id] = failed[step.id]
+            elif step.id not in results:
+                lost[step.id] = StepFailed(cancelled.get(step.id, "it did not run"))
+    return standing, lost
 
 
 async def _written(
