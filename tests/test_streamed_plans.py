@@ -420,7 +420,7 @@ class Held:
 
 async def test_a_repair_is_asked_for_while_dispatched_steps_run_and_may_build_on_them() -> None:
     # Step 1 ends only once the repair has been asked for: waiting for it first would hang.
-    held, prompts = Held(), []
+    held, prompts = Held(), list[str]()
     model = ScriptedModel(
         [StreamedText(("1. held(1)\n", "2. nope(2)\n")), held.repair("3. lookup($1)", prompts)]
     )
@@ -434,7 +434,7 @@ async def test_a_repair_is_asked_for_while_dispatched_steps_run_and_may_build_on
 
 
 async def test_a_running_step_the_repair_kept_that_failed_meanwhile_runs_again() -> None:
-    held, prompts = Held(failures=1), []
+    held, prompts = Held(failures=1), list[str]()
     model = ScriptedModel(
         [StreamedText(("1. held(1)\n", "2. nope(2)\n")), held.repair("3. lookup($1)", prompts)]
     )
@@ -447,7 +447,7 @@ async def test_a_running_step_the_repair_kept_that_failed_meanwhile_runs_again()
 
 async def test_a_replan_is_asked_for_as_a_step_fails_and_may_build_on_steps_still_running() -> None:
     # Step 2 ends only once the replan has been asked for: waiting for it first would hang.
-    held, prompts = Held(), []
+    held, prompts = Held(), list[str]()
     model = ScriptedModel(
         [
             StreamedText(("1. lookup(1)\n2. held(2)\n3. fragile(3)\n4. lookup($3) after 1, 2\n",)),
@@ -473,7 +473,7 @@ async def test_a_replan_is_asked_for_as_a_step_fails_and_may_build_on_steps_stil
 
 
 async def test_a_waiting_step_an_early_replan_redoes_does_not_start_in_the_old_plan() -> None:
-    held, prompts = Held(), []
+    held, prompts = Held(), list[str]()
     model = ScriptedModel(
         [
             # 3 waits for 1, which is held until the replan is asked for
@@ -491,7 +491,7 @@ async def test_a_waiting_step_an_early_replan_redoes_does_not_start_in_the_old_p
 
 
 async def test_a_running_step_an_early_replan_kept_that_fails_fails_its_dependents() -> None:
-    held, prompts = Held(failures=1), []
+    held, prompts = Held(failures=1), list[str]()
     model = ScriptedModel(
         [
             StreamedText(("1. held(1)\n2. fragile(2)\n",)),
@@ -507,6 +507,73 @@ async def test_a_running_step_an_early_replan_kept_that_fails_fails_its_dependen
     assert "step '1' failed" in model.requests[2].messages[-1].content  # the second replan's
     by_child = {c.step_id: (c.status, c.error) for c in result.tree.children}
     assert by_child["3"] == ("cancelled", "dependency '1' failed")
+
+
+class Releases:
+    """A pause in a scripted stream that releases ``held``'s calls: the lines before it have
+    been read when the model reaches it."""
+
+    def __init__(self, held: Held) -> None:
+        self.held = held
+
+    async def wait(self) -> None:
+        self.held.release.set()
+
+
+async def test_a_step_built_on_one_an_early_replan_redoes_does_not_start_in_the_old_plan() -> None:
+    held = Held()
+    model = ScriptedModel(
+        [
+            StreamedText(("1. held(1)\n2. fragile(2)\n3. lookup($1) after 1\n",)),
+            StreamedText(("1. lookup(9)\n", Releases(held))),  # 1 redone: the old 3 is stale
+        ]
+    )
+    lookups = Lookups()
+    result = await run(model, lookups, tools=[fragile, held.tool], settings={"max_retries": 0})
+    model.assert_complete()
+    assert result.status == "succeeded" and result.answer == "90"
+    assert lookups.keys == [9]  # the old 3 never started
+    old = next(c for c in result.tree.children if c.step_id == "3")
+    assert old.status == "cancelled" and "dropped" in (old.error or "")
+
+
+async def test_a_node_that_gives_up_in_an_early_replan_ends_partial_and_the_run_returns() -> None:
+    held = Held()
+    model = ScriptedModel(
+        [
+            StreamedText(("1. held(1)\n2. fragile(2)\n",)),
+            # a refused line, and no repair allowed
+            StreamedText(("3. lookup($1)\n", Releases(held), "4. nope(4)\n")),
+        ]
+    )
+    lookups = Lookups()
+    settings = {"max_retries": 0, "max_invalid_plans": 0}
+    result = await run(model, lookups, tools=[fragile, held.tool], settings=settings)
+    model.assert_complete()
+    assert result.status == "partial" and "1 invalid plan" in (result.error or "")
+    assert lookups.keys == [100]  # 3 ran on the result of 1
+    assert {c.status for c in result.tree.children} <= {"succeeded", "failed", "cancelled"}
+
+
+async def test_the_repair_of_an_early_replan_shows_the_done_steps_it_kept_as_done() -> None:
+    held, prompts = Held(), list[str]()
+
+    def repair(request: Any) -> ModelResponse:
+        prompts.append(request.messages[-1].content)
+        return ModelResponse(text="4. lookup($1)\n5. lookup($2)")
+
+    model = ScriptedModel(
+        [
+            StreamedText(("1. lookup(1)\n2. held(2)\n3. fragile(3) after 1\n",)),
+            StreamedText(("4. lookup($1)\n", Releases(held), "5. nope(5)\n")),
+            repair,
+        ]
+    )
+    lookups = Lookups()
+    result = await run(model, lookups, tools=[fragile, held.tool], settings={"max_retries": 0})
+    model.assert_complete()
+    assert result.status == "succeeded"
+    assert '"1": "10"' in prompts[0]  # done before the replan was asked for
 
 
 async def test_a_done_step_a_streamed_revision_drops_is_not_a_result_of_the_node() -> None:

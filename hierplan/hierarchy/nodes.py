@@ -226,6 +226,8 @@ async def execute_plan(
     if plan is None:
         early = _EarlyReplan(ex)
         first = await _stream(ex, failing=early.start)
+        if early.gave_up is not None:
+            raise early.gave_up
         assert not isinstance(first, StepFailed)  # a first plan's failure raises
         plan, streamed, done = first
 
@@ -399,6 +401,8 @@ class _EarlyReplan:
     def __init__(self, ex: _Execution) -> None:
         self.ex = ex
         self.revised: _Streamed | None = None
+        self.gave_up: StepFailed | None = None
+        """The node's end, when it gave up during the replan (its record is finished)."""
 
     async def start(self, failing: Failing) -> None:
         """Replan from ``failing`` if the node may replan now, as :func:`_revise` would."""
@@ -413,7 +417,12 @@ class _EarlyReplan:
         running = StepResult(None, RUNNING_RESULT)
         done.update((step_id, running) for step_id in failing.running())
         revision = Revision(failing.plan, done, failure, so_far, failing.watch, failing.ended)
-        self.revised = await _stream(ex, revision)
+        try:
+            self.revised = await _stream(ex, revision)
+        except StepFailed as exc:
+            # Raised here it would leave the plan's task group as an exception group: the
+            # node raises it once that has ended, as when it gives up anywhere else.
+            self.gave_up = exc
 
 
 class _Repair:
@@ -447,6 +456,8 @@ class _Repair:
             failure = revision.failure
         if stopped.accepted or revision is None:
             self.previous = partial if partial.steps else None
+            if revision is not None:  # the done steps it kept, whose results its DAG may
+                done = {**_written_results(partial, revision.results()), **done}  # not have
             ended = done.keys() | so_far.failed.keys() | so_far.cancelled.keys()
             running = StepResult(None, RUNNING_RESULT)
             done.update((s.id, running) for s in partial.steps if s.id not in ended)

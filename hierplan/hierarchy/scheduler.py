@@ -73,8 +73,8 @@ class Slots:
 
 class Watch:
     """A streamed DAG as its caller follows it: an event set when a step ``failed`` for good,
-    and ``skip``, the ids of steps the caller no longer wants started (a step already running
-    goes on; one skipped ends as not started)."""
+    and ``skip``, the ids of steps the caller no longer wants started, nor the steps built on
+    them (a step already running goes on; one skipped ends as not started)."""
 
     __slots__ = ("failed", "skip")
 
@@ -227,7 +227,10 @@ def _dispatcher(
         try:
             if stopping:  # a step failed before this task's first turn
                 return
-            if watch is not None and step.id in watch.skip:
+            if watch is not None and (
+                step.id in watch.skip or any(d in watch.skip for d in step.depends_on)
+            ):
+                watch.skip.add(step.id)  # redone, or built on a redone step: stale here
                 return
             result = await run_step(step, {d: results[d] for d in step.depends_on})
         except StepFailed as exc:

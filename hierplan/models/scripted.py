@@ -11,7 +11,7 @@ import inspect
 import json
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -21,17 +21,27 @@ from hierplan.models.tokens import estimate_request_tokens, estimate_text_tokens
 from hierplan.units import Usage
 
 
+class Pause(Protocol):
+    """A part of a :class:`StreamedText` that is not text: the model awaits its ``wait()``
+    before it writes on (an ``anyio.Event`` pauses it until the event is set)."""
+
+    async def wait(self) -> None:
+        """Return when the model may write on."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class StreamedText:
     """A scripted answer written in parts, for tests of what reads a stream: each ``str`` of
-    ``parts`` is a delta, each ``anyio.Event`` a pause until it is set (the model is still
-    writing). Asked with ``request``, the whole text comes once every pause has passed.
+    ``parts`` is a delta, each other part a :class:`Pause`, such as an ``anyio.Event`` (the
+    model is still writing until it is set); the deltas before a pause have been read when the
+    model reaches it. Asked with ``request``, the whole text comes once every pause has passed.
 
     >>> StreamedText(("1. lookup(1)\n", "2. lookup(2)\n"))
     StreamedText(parts=('1. lookup(1)\\n', '2. lookup(2)\\n'))
     """
 
-    parts: Sequence[str | anyio.Event]
+    parts: Sequence[str | Pause]
 
     @property
     def text(self) -> str:
