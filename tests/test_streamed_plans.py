@@ -576,6 +576,75 @@ async def test_the_repair_of_an_early_replan_shows_the_done_steps_it_kept_as_don
     assert '"1": "10"' in prompts[0]  # done before the replan was asked for
 
 
+def release_on_replan(held: Held) -> Any:
+    """A run listener that releases ``held``'s calls when a revised plan is announced."""
+
+    def listen(event: Any) -> None:
+        if event.type == "replanned":
+            held.release.set()
+
+    return listen
+
+
+async def test_a_waiting_step_an_early_replan_drops_does_not_start_in_the_old_plan() -> None:
+    held = Held()
+    model = ScriptedModel(
+        [
+            StreamedText(
+                ("1. held(1)\n2. fragile(2)\n3. lookup($1) after 1\n4. lookup($3) after 2, 3\n",)
+            ),
+            ModelResponse(text="5. lookup(5)"),  # 3 (waiting on 1) is no longer needed
+        ]
+    )
+    lookups = Lookups()
+    result = await run(
+        model,
+        lookups,
+        tools=[fragile, held.tool],
+        settings={"max_retries": 0},
+        listeners=[release_on_replan(held)],
+    )
+    model.assert_complete()
+    assert result.status == "succeeded" and result.answer == "50"
+    assert lookups.keys == [5]  # the old 3 never started
+    old = next(c for c in result.tree.children if c.step_id == "3")
+    assert old.status == "cancelled" and "dropped" in (old.error or "")
+
+
+async def test_the_repair_of_an_early_replan_keeps_steps_it_redoes_from_starting() -> None:
+    held = Held()
+    model = ScriptedModel(
+        [
+            StreamedText(("1. held(1)\n2. fragile(2)\n3. lookup($1) after 1\n",)),
+            StreamedText(('4. lookup("x")\n',)),  # the replan's first line is refused
+            ModelResponse(text="1. lookup(9)\n3. lookup($1) after 1"),  # redoes 1, and 3 on it
+        ]
+    )
+    lookups = Lookups()
+    result = await run(
+        model,
+        lookups,
+        tools=[fragile, held.tool],
+        settings={"max_retries": 0},
+        listeners=[release_on_replan(held)],
+    )
+    model.assert_complete()
+    assert result.status == "succeeded" and result.answer == "900"
+    assert lookups.keys == [9, 90]  # not the old 3, on the old 1's result
+
+
+async def test_a_node_that_gives_up_after_a_refused_line_leaves_no_step_pending() -> None:
+    model = ScriptedModel(
+        [StreamedText(("1. fragile(1)\n2. lookup($1) after 1\n", "3. nope(3)\n"))]
+    )
+    settings = {"max_retries": 0, "max_invalid_plans": 0}
+    result = await run(model, Lookups(), tools=[fragile], settings=settings)
+    model.assert_complete()
+    assert result.status == "failed"
+    by_step = {c.step_id: (c.status, c.error) for c in result.tree.children}
+    assert by_step["2"] == ("cancelled", "dependency '1' failed")
+
+
 async def test_a_done_step_a_streamed_revision_drops_is_not_a_result_of_the_node() -> None:
     lookups = Lookups()
     model = ScriptedModel(

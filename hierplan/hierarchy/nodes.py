@@ -480,6 +480,12 @@ class _Repair:
             )
         except (StepFailed, BudgetExceeded) as exc:
             self.answer = exc
+            return
+        if revision is not None and revision.watch is not None:
+            # an early replan's repair: the steps of the plan revised that it does not keep
+            # as they stand are not to start there
+            kept = set(carried_over(revision.plan, self.answer, revision.done))
+            revision.watch.skip.update(s.id for s in revision.plan.steps if s.id not in kept)
 
 
 def _stream_ends(
@@ -497,6 +503,7 @@ def _stream_ends(
     outcome, partial = streamed.outcome, streamed.plan
     if revision is not None:
         ex.children.settle(partial, len(ex.node.record.plan_versions))
+    ex.children.retire(outcome.cancelled)
     ex.children.retire(outcome.not_started, "not run: the node gave up")
     _give_up(
         ex.node, partial, outcome.results, str(failed), budget=isinstance(cause, BudgetExceeded)

@@ -246,6 +246,11 @@ class _Intake:
         step, if one was, and decided invalid if the stream stopped early."""
         node = self.node
         plan = whole or Plan(goal=node.goal, steps=self.kept.merged(self.accepted))
+        revision = self.revision
+        if problem is None and revision is not None and revision.watch is not None:
+            # written whole: a step of the plan revised that it dropped is not to start there
+            ids = {s.id for s in plan.steps}
+            revision.watch.skip.update(s.id for s in revision.plan.steps if s.id not in ids)
         written = Plan(goal=node.goal, steps=[*plan.steps, *refused]) if refused else plan
         version = self.version
         if version is None and refused:  # the first step written was refused
