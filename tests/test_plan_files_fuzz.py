@@ -30,7 +30,12 @@ from hierplan.runner.goals import load_goal_file
 
 SLOW_EXAMPLES = 10_000
 FAST = settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
-SLOW = settings(max_examples=SLOW_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+SLOW = settings(
+    max_examples=SLOW_EXAMPLES // 2, deadline=None, suppress_health_check=list(HealthCheck)
+)
+# Each long fuzzer runs as two items of half the examples, so that the slow set's two workers
+# share it: a long fuzzer alone took one worker for most of an hour while the other sat idle.
+HALVES = pytest.mark.parametrize("half", [1, 2])
 
 # Any code point, with the ones a terminal acts on or cannot encode drawn often.
 any_char = st.characters(exclude_categories=()) | st.sampled_from(
@@ -194,9 +199,11 @@ def test_any_plan_file_is_validated_or_refused_in_one_printable_line(
 
 
 @pytest.mark.slow
+@HALVES
 @SLOW
 @given(**SLOW_CASES)
 def test_any_plan_file_is_validated_or_refused_in_one_printable_line_long(
+    half: int,
     kind: str,
     suffix: str,
     content: bytes,
@@ -219,9 +226,11 @@ def test_any_goal_file_is_read_or_refused_with_a_printable_message(
 
 
 @pytest.mark.slow
+@HALVES
 @SLOW
 @given(**SLOW_CASES)
 def test_any_goal_file_is_read_or_refused_with_a_printable_message_long(
+    half: int,
     kind: str,
     suffix: str,
     content: bytes,
