@@ -445,18 +445,29 @@ async def test_a_running_step_the_repair_kept_that_failed_meanwhile_runs_again()
     assert held.calls == 2 and lookups.keys == [100]
 
 
+async def run_early(
+    items: list[Any], held: Held, **options: Any
+) -> tuple[RunResult, Lookups, ScriptedModel]:
+    """Run a scripted model's ``items`` with ``lookup``, ``fragile`` and ``held`` (no
+    retries), and check that the script was used up."""
+    model = ScriptedModel(items)
+    lookups = Lookups()
+    settings = {"max_retries": 0, **options.pop("settings", {})}
+    result = await run(model, lookups, tools=[fragile, held.tool], settings=settings, **options)
+    model.assert_complete()
+    return result, lookups, model
+
+
 async def test_a_replan_is_asked_for_as_a_step_fails_and_may_build_on_steps_still_running() -> None:
     # Step 2 ends only once the replan has been asked for: waiting for it first would hang.
     held, prompts = Held(), list[str]()
-    model = ScriptedModel(
+    result, lookups, _ = await run_early(
         [
             StreamedText(("1. lookup(1)\n2. held(2)\n3. fragile(3)\n4. lookup($3) after 1, 2\n",)),
             held.repair("3. lookup(3)\n4. lookup($3) after 1, 2", prompts),
-        ]
+        ],
+        held,
     )
-    lookups = Lookups()
-    result = await run(model, lookups, tools=[fragile, held.tool], settings={"max_retries": 0})
-    model.assert_complete()
     assert result.status == "succeeded" and result.answer == "300"
     assert held.calls == 1 and sorted(lookups.keys) == [1, 3, 30]  # 2 ran once, kept
     assert f'"2": "{RUNNING_RESULT}"' in prompts[0]  # (1 may be done, or running too)
@@ -474,16 +485,14 @@ async def test_a_replan_is_asked_for_as_a_step_fails_and_may_build_on_steps_stil
 
 async def test_a_waiting_step_an_early_replan_redoes_does_not_start_in_the_old_plan() -> None:
     held, prompts = Held(), list[str]()
-    model = ScriptedModel(
+    result, lookups, _ = await run_early(
         [
             # 3 waits for 1, which is held until the replan is asked for
             StreamedText(("1. held(1)\n2. fragile(2)\n3. lookup(5) after 1\n",)),
             held.repair("3. lookup(7) after 1", prompts),
-        ]
+        ],
+        held,
     )
-    lookups = Lookups()
-    result = await run(model, lookups, tools=[fragile, held.tool], settings={"max_retries": 0})
-    model.assert_complete()
     assert result.status == "succeeded" and result.answer == "70"
     assert lookups.keys == [7]  # the old step 3 never ran
     old = next(c for c in result.tree.children if c.step_id == "3")
@@ -492,16 +501,14 @@ async def test_a_waiting_step_an_early_replan_redoes_does_not_start_in_the_old_p
 
 async def test_a_running_step_an_early_replan_kept_that_fails_fails_its_dependents() -> None:
     held, prompts = Held(failures=1), list[str]()
-    model = ScriptedModel(
+    result, lookups, model = await run_early(
         [
             StreamedText(("1. held(1)\n2. fragile(2)\n",)),
             held.repair("3. lookup($1)", prompts),  # builds on 1, which then fails
             ModelResponse(text="4. lookup(4)"),
-        ]
+        ],
+        held,
     )
-    lookups = Lookups()
-    result = await run(model, lookups, tools=[fragile, held.tool], settings={"max_retries": 0})
-    model.assert_complete()
     assert result.status == "succeeded" and result.answer == "40"
     assert held.calls == 1 and lookups.keys == [4]  # 1 did not run again; 3 never ran
     assert "step '1' failed" in model.requests[2].messages[-1].content  # the second replan's
@@ -522,15 +529,13 @@ class Releases:
 
 async def test_a_step_built_on_one_an_early_replan_redoes_does_not_start_in_the_old_plan() -> None:
     held = Held()
-    model = ScriptedModel(
+    result, lookups, _ = await run_early(
         [
             StreamedText(("1. held(1)\n2. fragile(2)\n3. lookup($1) after 1\n",)),
             StreamedText(("1. lookup(9)\n", Releases(held))),  # 1 redone: the old 3 is stale
-        ]
+        ],
+        held,
     )
-    lookups = Lookups()
-    result = await run(model, lookups, tools=[fragile, held.tool], settings={"max_retries": 0})
-    model.assert_complete()
     assert result.status == "succeeded" and result.answer == "90"
     assert lookups.keys == [9]  # the old 3 never started
     old = next(c for c in result.tree.children if c.step_id == "3")
@@ -562,16 +567,14 @@ async def test_the_repair_of_an_early_replan_shows_the_done_steps_it_kept_as_don
         prompts.append(request.messages[-1].content)
         return ModelResponse(text="4. lookup($1)\n5. lookup($2)")
 
-    model = ScriptedModel(
+    result, _, _ = await run_early(
         [
             StreamedText(("1. lookup(1)\n2. held(2)\n3. fragile(3) after 1\n",)),
             StreamedText(("4. lookup($1)\n", Releases(held), "5. nope(5)\n")),
             repair,
-        ]
+        ],
+        held,
     )
-    lookups = Lookups()
-    result = await run(model, lookups, tools=[fragile, held.tool], settings={"max_retries": 0})
-    model.assert_complete()
     assert result.status == "succeeded"
     assert '"1": "10"' in prompts[0]  # done before the replan was asked for
 
