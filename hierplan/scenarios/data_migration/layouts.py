@@ -21,13 +21,14 @@ steps it will write), which a budget's ``need`` allocation shares by.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
 from hierplan.agents.prompts import PlanPrompt
 from hierplan.models.tokens import estimate_text_tokens
 from hierplan.plans.compact import render_step
-from hierplan.plans.plan import Step
+from hierplan.plans.plan import Plan, Step
+from hierplan.plans.revision import carried_over
 
 if TYPE_CHECKING:
     from hierplan.scenarios.data_migration.oracle import MigrationOracle
@@ -124,12 +125,23 @@ def _prefixes(oracle: MigrationOracle, tables: Sequence[str]) -> list[list[Step]
     return [oracle.direct_steps(order[:count]) for count in range(len(order), 0, -1)]
 
 
-def _text_tokens(steps: Sequence[Step]) -> int:
-    """The tokens of ``steps`` as a planner writes them (the compact format)."""
-    lines: list[str] = []
-    for step in steps:
-        lines.append(render_step(step, [s.id for s in steps[: len(lines)]]))
+def _text_tokens(steps: Sequence[Step], kept: Collection[str] = ()) -> int:
+    """The tokens of ``steps`` as a planner writes them (the compact format), less the
+    ``kept`` steps a replan does not write."""
+    lines = [
+        render_step(step, [s.id for s in steps[:index]])
+        for index, step in enumerate(steps)
+        if step.id not in kept
+    ]
     return estimate_text_tokens("\n".join(lines))
+
+
+def _kept(steps: Sequence[Step], prompt: PlanPrompt) -> list[str]:
+    """The done steps whose results stand in a replan of ``steps``: it does not write them."""
+    if prompt.current_plan is None:
+        return []
+    current = Plan.model_validate(prompt.current_plan)
+    return carried_over(current, Plan(goal=prompt.goal, steps=list(steps)), prompt.progress)
 
 
 def _fits(steps: Sequence[Step], prompt: PlanPrompt) -> bool:
@@ -141,7 +153,8 @@ def _fits(steps: Sequence[Step], prompt: PlanPrompt) -> bool:
     to_run = [s for s in steps if s.id not in prompt.progress]
     subgoals = sum(1 for s in to_run if s.kind == "subgoal")
     tasks = sum(1 for s in to_run if s.kind == "task" and (s.tool is None or s.args is None))
-    answer = int(_text_tokens(steps) / ANSWER_SHARE)  # the plan, and reasoning before it
+    # The lines it writes, and reasoning before them.
+    answer = int(_text_tokens(steps, _kept(steps, prompt)) / ANSWER_SHARE)
     return answer <= budget.answer_tokens and budget.fits(subgoals, tasks, answer)
 
 
