@@ -1437,11 +1437,10 @@ def test_a_damaged_batch_journal_is_refused_naming_the_file_and_what_is_wrong(
 
 
 def test_a_goal_out_of_budget_names_where_a_batch_sets_a_goals_budget(tmp_path: Path) -> None:
-    # Above the least a goal is checked for before the batch starts (its prompt without the
-    # scenario's text, which is not known until the run sets it up) and below what the root's
-    # first planning call needs with the scenario's text in it.
+    # Above the least a goal is checked for before the batch starts, and too small for the
+    # replan a failed step of its plan needs.
     goals = tmp_path / "goals.jsonl"
-    goals.write_text('{"scenario": "data_migration", "budget_usd": 0.0024, "id": "small"}\n')
+    goals.write_text('{"scenario": "data_migration", "budget_usd": 0.0018, "id": "small"}\n')
     out = tmp_path / "out"
     args = ["batch", str(goals), "--out", str(out), "--budget-usd", "1", "--sim-latency-scale", "0"]
     result = CliRunner().invoke(app, args)

@@ -1250,7 +1250,7 @@ async def test_the_shown_error_of_a_run_out_of_budget_ends_with_what_to_raise(
         scenario="data_migration",
         workdir=tmp_path,
         model=hierplan.Simulator(latency_scale=0),
-        budget={"tokens": 9000},
+        budget={"tokens": 5000},
     )
     assert result.error is not None and "larger budget" in result.error
     console = Console(width=100, record=True)
@@ -1266,7 +1266,7 @@ def test_cli_run_with_a_budget_and_view(tmp_path: Path) -> None:
         app,
         [
             *("run", "--scenario", "data_migration", "--yes", "--sim-latency-scale", "0"),
-            *("--out", str(out), "--budget-usd", "0.01", "--budget-tokens", "9000"),
+            *("--out", str(out), "--budget-usd", "0.01", "--budget-tokens", "7000"),
             *("--allocation", "weighted"),
         ],
         env={"COLUMNS": "200"},
@@ -1275,7 +1275,7 @@ def test_cli_run_with_a_budget_and_view(tmp_path: Path) -> None:
     assert "Traceback" not in done.output
     assert "out of budget" in done.output and "not done:" in done.output
     record = json.loads((out / "run.json").read_text())
-    assert record["budget"]["limit"] == {"tokens": 9_000, "usd": 0.01}
+    assert record["budget"]["limit"] == {"tokens": 7_000, "usd": 0.01}
     assert record["budget"]["policy"] == "weighted"
     viewed = runner.invoke(app, ["view", str(out / "run.json")], env={"COLUMNS": "200"})
     assert viewed.exit_code == 0

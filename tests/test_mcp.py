@@ -508,7 +508,13 @@ async def test_a_tools_own_error_fails_the_step_with_the_servers_message(
         "capital of mars",
         model=_one_step_plan(step),
         tools=[server],
-        settings={"max_retries": 2, "retry_backoff_s": 0.01, "max_replans": 0},
+        # Retries only, no call decided again (tests/test_redecide.py).
+        settings={
+            "max_retries": 2,
+            "retry_backoff_s": 0.01,
+            "max_replans": 0,
+            "redecide_tool_calls": False,
+        },
         listeners=[events.append],
     )
     node = next(n for n in result.nodes() if n.step_id == "c")

@@ -253,7 +253,11 @@ def test_reject_with_a_reason_shows_the_new_plan_and_its_diff(
 def test_every_level_reviewed_one_at_a_time_with_replan_diffs(
     tmp_path: Path, source_db: Path
 ) -> None:
-    session = Session(tmp_path, source_db, "--review-policy", "all")
+    # Plans' failed tool calls go to replans (not decided again), so that replans come to
+    # be reviewed.
+    session = Session(
+        tmp_path, source_db, "--review-policy", "all", "--set", "redecide_tool_calls=false"
+    )
     shown_all = ""
     reviews = 0
     while session.child.expect([PROMPT, pexpect.EOF]) == 0:

@@ -385,7 +385,10 @@ async def test_a_tool_says_whether_its_failure_is_worth_a_retry(
 
     step = {"id": "a", "title": "A", "instruction": "fetch", "tool": "fetch", "args": {}}
     model = ScriptedModel([plan_response({"goal": "g", "steps": [step]})])
-    settings = hierplan.RunSettings(max_retries=2, retry_backoff_s=0, max_replans=0)
+    # Not decided again by a model call (tests/test_redecide.py): retries only.
+    settings = hierplan.RunSettings(
+        max_retries=2, retry_backoff_s=0, max_replans=0, redecide_tool_calls=False
+    )
     result = await hierplan.run(
         "g", model=model, tools=[fetch], strategy="plan-execute", settings=settings
     )

@@ -184,7 +184,9 @@ class ScriptedRun:
             "goal": RunSpec(
                 goal="Sum and report",
                 model=self.model,
-                settings=RunSettings(retry_backoff_s=0, max_depth=3),
+                # The broken tool's step fails as the plan wrote it: the replan is what this
+                # run shows, not a call decided again (tests/test_redecide.py).
+                settings=RunSettings(retry_backoff_s=0, max_depth=3, redecide_tool_calls=False),
                 run_id="scripted",
             ),
             "tools": self.tools(),

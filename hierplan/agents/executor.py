@@ -18,7 +18,13 @@ import anyio
 
 from hierplan.agents.prompts import FAILED_PREFIX, StepPrompt, render_step_prompt
 from hierplan.core.results import StepResult
-from hierplan.errors import HierplanError, StepFailed, ToolError
+from hierplan.errors import (
+    HierplanError,
+    ModelAuthError,
+    StepFailed,
+    ToolError,
+    UnexpectedModelCall,
+)
 from hierplan.models.base import Message, ModelRequest, ModelResponse, ToolCall
 from hierplan.plans.plan import REF_PATTERN, ref_target
 from hierplan.tools.base import result_text
@@ -130,6 +136,58 @@ class ToolExecutor:
             target, resolved, f"{node.path}:1", references=uses_refs(args, inputs)
         )
         return StepResult(output, result_text(output))
+
+
+async def redecide_call(
+    node: StepEnv,
+    step_tool: str,
+    instruction: str,
+    args: Mapping[str, Any],
+    inputs: Mapping[str, StepResult],
+    error: ToolError,
+    *,
+    context: str = "",
+) -> StepResult:
+    """A plan's tool call that failed on what it was given, decided again by one executor
+    call: its prompt is the step's, then the failed call and its error, as an executor's own
+    loop would have them. The call it makes instead (its first, to the step's tool) is the
+    step's; its output is the step's result, as the plan's call's would have been. It fails
+    the step if the model makes no such call or the call fails too."""
+    failed = ToolCall(f"{node.path}:1", step_tool, dict(resolve_refs(args, inputs)))
+    messages = (
+        *render_step_prompt(
+            StepPrompt(instruction, context, {k: v.text for k, v in inputs.items()})
+        ),
+        Message("assistant", "", (failed,)),
+        Message("tool", f"ERROR: {error}", tool_call_id=failed.id),
+    )
+    allowed = frozenset({step_tool}) & node.allowed_tools
+    request = ModelRequest(
+        messages=messages,
+        tools=node.tool_specs(allowed),
+        max_tokens=node.settings.executor_max_tokens,
+        phase="execution",
+        node_path=node.path,
+        purpose="redecide",
+    )
+    try:
+        response = await node.call_model(request)
+    except (ModelAuthError, UnexpectedModelCall):
+        raise  # the run's model cannot be used at all: as for any other call
+    except HierplanError as exc:
+        # No budget left for it, a provider that failed it, a model that cannot answer: the
+        # step fails as the plan's call did, and its planner replans if it can.
+        raise StepFailed(f"{error} (not decided again: {exc})") from exc
+    call = next((c for c in response.tool_calls if c.name == step_tool), None)
+    if call is None:
+        raise StepFailed(f"{error} (decided again, no call to {step_tool} was made)")
+    try:
+        output = await node.call_tool(
+            node.tool(step_tool, allowed), call.arguments, f"{node.path}:2"
+        )
+    except ToolError as again:
+        raise StepFailed(f"{error}; decided again, the call failed too: {again}") from again
+    return StepResult(output, result_text(output))
 
 
 class LLMExecutor:

@@ -109,6 +109,13 @@ class RunSettings(BaseModel):
         8, ge=1, le=MAX_TURNS, description="Model turns of an executor step."
     )
     react_max_turns: int = Field(30, ge=1, le=MAX_TURNS, description="Model turns of a ReAct run.")
+    redecide_tool_calls: bool = Field(
+        True,
+        description=(
+            "Decide a plan's tool call again, with one executor call that sees its error, when "
+            "the tool refuses what it was given, before the planner replans."
+        ),
+    )
     stream_plans: bool = Field(
         True,
         description=(

@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
+from hierplan.agents.executor import redecide_call
 from hierplan.core.events import NodeFinished, NodeStarted, StepRetried
 from hierplan.core.results import StepResult
 from hierplan.errors import (
@@ -26,6 +27,7 @@ from hierplan.errors import (
     ModelAuthError,
     RunSkipped,
     StepFailed,
+    ToolError,
     UnexpectedModelCall,
 )
 from hierplan.hierarchy.context import NodeContext
@@ -204,7 +206,14 @@ async def _execute_step(
     """Do the step: call its tool directly, or run an executor's tool-calling loop."""
     run = node.run
     if step.tool is not None and step.args is not None:
-        return await run.tool_executor.execute(node, step.tool, step.args, inputs)
+        try:
+            return await run.tool_executor.execute(node, step.tool, step.args, inputs)
+        except ToolError as error:
+            if error.retryable or not run.settings.redecide_tool_calls:
+                raise
+            return await redecide_call(
+                node, step.tool, step.instruction, step.args, inputs, error, context=node.context
+            )
     return await run.llm_executor.execute(
         node, step.instruction, inputs, context=node.context, only_tool=step.tool, react=react
     )

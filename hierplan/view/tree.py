@@ -117,7 +117,7 @@ def _node_label(node: NodeRecord, budgeted: bool = False) -> Text:
         label.append(f"  tool={plain(node.tool)}", style="blue")
     if node.budget:
         label.append(f"  {budget_text(node.budget)}", style="cyan")
-    elif budgeted and node.started_at is not None:
+    elif budgeted and node.started_at is not None and not node.calls:
         label.append("  tool step: no model calls, no budget", style="dim")
     if len(node.plan_versions) > 1:
         label.append(f"  plan v{len(node.plan_versions)}", style="yellow")

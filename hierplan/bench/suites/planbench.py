@@ -241,7 +241,9 @@ class PlanBenchOneShot(PlanBench):
     )
     setting = ONESHOT_SETTING
     fixed_strategy = "plan-execute"
-    fixed_settings = MappingProxyType({"max_replans": 0, "max_retries": 0})
+    fixed_settings = MappingProxyType(
+        {"max_replans": 0, "max_retries": 0, "redecide_tool_calls": False}
+    )
 
     def goal_text(self, instance: Instance, start: World, goal: Mapping[str, str]) -> str:
         """The task text a model gets: the problem, and the setting."""

@@ -15,6 +15,7 @@ careful model would (:mod:`~hierplan.scenarios.data_migration.layouts`).
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -63,6 +64,9 @@ _KIND_OF: Mapping[str, str] = {
     "Migrate": "migrate",
 }
 _KIND_OF = MappingProxyType(_KIND_OF)  # read-only: shared by every run
+_CALL = re.compile(
+    r'^(?P<tool>create_table|copy_rows|create_indexes|verify_table)\("(?P<table>[a-z0-9_]+)"\)$'
+)
 _NO_TABLE = re.compile(r"has no table '([a-z0-9_]+)'")
 _FK_FAILED = re.compile(r"copying '([a-z0-9_]+)' violated a foreign key")
 _MISMATCH = re.compile(r"([a-z0-9_]+) \((missing table|[a-z ,]+)\)")
@@ -79,6 +83,22 @@ def parse_instruction(text: str) -> tuple[str, list[str]] | None:
     if match is None:
         return None
     return _KIND_OF[match.group("kind")], match.group("tables").split(", ")
+
+
+def parse_call(text: str, tables: Sequence[str]) -> tuple[str, list[str]] | None:
+    """``(kind, [table])`` from a direct tool step's instruction as a compact plan line writes
+    it (``copy_rows("orders")``), else ``None``. A table the source does not have is read as
+    the closest one it has, as a model reads an error that lists them."""
+    match = _CALL.match(one_line(text))
+    if match is None:
+        return None
+    table = match.group("table")
+    if table not in tables:
+        close = difflib.get_close_matches(table, tables, n=1)
+        if not close:
+            return None
+        table = close[0]
+    return _KIND_OF_TOOL[match.group("tool")], [table]
 
 
 class MigrationOracle:
@@ -412,7 +432,7 @@ class MigrationOracle:
         text = one_line(prompt.instruction)
         if text == one_line(ROOT_GOAL):
             return self._act_all(done)
-        parsed = parse_instruction(text)
+        parsed = parse_instruction(text) or parse_call(text, self.tables)
         if parsed is None:
             return None
         kind, tables = parsed
@@ -491,6 +511,10 @@ _TOOL_TEXT: Mapping[str, tuple[str, str]] = {
     "create_indexes": ("Index {t}", "Create the indexes of {t}"),
 }
 _TOOL_TEXT = MappingProxyType(_TOOL_TEXT)  # read-only: shared by every run
+_KIND_OF_TOOL: Mapping[str, str] = MappingProxyType(
+    {"create_table": "schema", "verify_table": "verify", "copy_rows": "copy"}
+    | {"create_indexes": "indexes"}
+)
 
 
 def _task(step_id: str, tool: str, table: str, depends_on: Sequence[str] = ()) -> Step:

@@ -1,0 +1,146 @@
+"""A plan's tool call that the tool refuses is decided again by one executor call."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import hierplan
+from hierplan import Plan, RunResult, ScriptedModel, Step, tool
+from hierplan.errors import ToolError
+from hierplan.models.scripted import plan_response, text_response, tool_response
+from hierplan.scenarios.data_migration.oracle import parse_call
+
+pytestmark = pytest.mark.anyio
+
+TABLES = {"orders": 40, "items": 90}
+attempts: list[Any] = []
+
+
+@tool
+def count_rows(table: str) -> int:
+    """Count the rows of a table."""
+    attempts.append(table)
+    if table not in TABLES:
+        raise ToolError(
+            f"unknown table {table!r}: the tables are {', '.join(TABLES)}", retryable=False
+        )
+    return TABLES[table]
+
+
+@tool
+def flaky(table: str) -> int:
+    """Fails as a network error does: trying again may help."""
+    raise ToolError("connection reset", retryable=True)
+
+
+def one_step(tool_name: str = "count_rows", table: str = "ordres") -> Plan:
+    step = Step(
+        id="n", title="Count", instruction="count the orders", tool=tool_name, args={"table": table}
+    )
+    return Plan(goal="the goal", steps=[step])
+
+
+async def go(model: ScriptedModel, **settings: Any) -> RunResult:
+    attempts.clear()
+    result = await hierplan.run(
+        "the goal",
+        model=model,
+        strategy="dag",
+        tools=[count_rows, flaky],
+        settings={"retry_backoff_s": 0, "max_replans": 0, "max_retries": 0, **settings},
+    )
+    model.assert_complete()
+    return result
+
+
+async def test_a_refused_call_is_decided_again_with_its_error_in_view() -> None:
+    model = ScriptedModel(
+        [plan_response(one_step()), tool_response(("count_rows", {"table": "orders"}))]
+    )
+    result = await go(model)
+    assert (result.status, result.answer) == ("succeeded", "40")
+    assert [r.purpose for r in model.requests] == ["plan", "redecide"]
+    assert attempts == ["ordres", "orders"]
+    (step,) = result.tree.children
+    assert (step.status, step.output) == ("succeeded", "40")
+    assert [c.purpose for c in step.calls] == ["redecide"]
+    # The executor sees the step, then the call the plan made and the tool's error, as its
+    # own loop would have them; it may call the step's tool only.
+    request = model.requests[1]
+    assert "STEP: count the orders" in request.messages[1].content
+    failed, error = request.messages[-2:]
+    assert [(c.name, c.arguments) for c in failed.tool_calls] == [
+        ("count_rows", {"table": "ordres"})
+    ]
+    assert error.role == "tool" and error.tool_call_id == failed.tool_calls[0].id
+    assert error.content.startswith("ERROR: unknown table 'ordres'")
+    assert [t.name for t in request.tools] == ["count_rows"]
+
+
+async def test_no_call_or_a_failed_call_fails_the_step_with_both_errors() -> None:
+    model = ScriptedModel([plan_response(one_step()), text_response("no idea")])
+    result = await go(model)
+    (step,) = result.tree.children
+    assert result.status != "succeeded" and step.status == "failed"
+    assert step.error is not None
+    assert step.error.startswith("unknown table 'ordres'")
+    assert "decided again, no call to count_rows was made" in step.error
+
+    model = ScriptedModel(
+        [plan_response(one_step()), tool_response(("count_rows", {"table": "order"}))]
+    )
+    result = await go(model)
+    (step,) = result.tree.children
+    assert step.status == "failed" and attempts == ["ordres", "order"]
+    assert step.error is not None
+    assert "decided again, the call failed too: unknown table 'order'" in step.error
+
+
+async def test_a_replan_follows_when_the_call_decided_again_fails() -> None:
+    fixed = one_step(table="items")
+    model = ScriptedModel(
+        [plan_response(one_step()), text_response("no idea"), plan_response(fixed)]
+    )
+    result = await go(model, max_replans=1)
+    assert (result.status, result.answer) == ("succeeded", "90")
+    assert [r.purpose for r in model.requests] == ["plan", "redecide", "replan"]
+
+
+async def test_off_or_a_failure_that_may_pass_is_not_decided_again() -> None:
+    result = await go(ScriptedModel([plan_response(one_step())]), redecide_tool_calls=False)
+    (step,) = result.tree.children
+    assert step.status == "failed" and attempts == ["ordres"]
+    assert step.error is not None and step.error.startswith("unknown table 'ordres'")
+
+    result = await go(ScriptedModel([plan_response(one_step("flaky", "orders"))]))
+    (step,) = result.tree.children
+    assert step.status == "failed" and step.calls == []
+
+
+async def test_a_redecision_the_budget_cannot_pay_for_leaves_the_failure_as_it_was() -> None:
+    # The script has no answer for a redecision: the budget refuses its call before it is made.
+    model = ScriptedModel([plan_response(one_step())])
+    attempts.clear()
+    result = await hierplan.run(
+        "the goal",
+        model=model,
+        strategy="dag",
+        tools=[count_rows],
+        budget=hierplan.BudgetSpec(tokens=6000),
+        settings={"max_replans": 0, "max_retries": 0, "executor_max_tokens": 100_000},
+    )
+    (step,) = result.tree.children
+    assert step.status == "failed" and step.calls == []
+    assert step.error is not None and step.error.startswith("unknown table 'ordres'")
+    assert "(not decided again: node 1.1 is out of budget" in step.error
+
+
+def test_the_migration_oracle_reads_a_direct_call_and_the_closest_table() -> None:
+    tables = ["orders", "order_items", "customers"]
+    assert parse_call('copy_rows("orders")', tables) == ("copy", ["orders"])
+    assert parse_call('create_table("orders_x")', tables) == ("schema", ["orders"])
+    assert parse_call('verify_table("customers_x")', tables) == ("verify", ["customers"])
+    assert parse_call('create_indexes("zzz")', tables) is None
+    assert parse_call('drop_table("orders")', tables) is None
