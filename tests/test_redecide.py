@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import pytest
 
 import hierplan
 from hierplan import Plan, RunResult, ScriptedModel, Step, tool
-from hierplan.errors import ToolError
+from hierplan.errors import ToolError, ToolServerGone
 from hierplan.models.scripted import plan_response, text_response, tool_response
 from hierplan.scenarios.data_migration.oracle import parse_call
 
@@ -35,6 +36,42 @@ def flaky(table: str) -> int:
     raise ToolError("connection reset", retryable=True)
 
 
+@tool
+def gone(table: str) -> int:
+    """A tool whose server has exited."""
+    raise ToolServerGone("the server exited")
+
+
+@tool
+def now() -> datetime:
+    """The time, as an object no JSON encoder writes."""
+    return datetime(2026, 1, 1)
+
+
+@tool
+def at_hour(hour: int) -> int:
+    """An hour of the day."""
+    attempts.append(hour)
+    if not 0 <= hour < 24:
+        raise ToolError(f"no hour {hour}", retryable=False)
+    return hour
+
+
+resets: list[str] = []
+
+
+@tool
+def wobbly(table: str) -> int:
+    """Refuses an unknown table; the first call with a known one drops its connection."""
+    attempts.append(table)
+    if table not in TABLES:
+        raise ToolError(f"unknown table {table!r}", retryable=False)
+    if not resets:
+        resets.append(table)
+        raise ToolError("connection reset", retryable=True)
+    return TABLES[table]
+
+
 def one_step(tool_name: str = "count_rows", table: str = "ordres") -> Plan:
     step = Step(
         id="n", title="Count", instruction="count the orders", tool=tool_name, args={"table": table}
@@ -48,7 +85,7 @@ async def go(model: ScriptedModel, **settings: Any) -> RunResult:
         "the goal",
         model=model,
         strategy="dag",
-        tools=[count_rows, flaky],
+        tools=[count_rows, flaky, gone, now, at_hour, wobbly],
         settings={"retry_backoff_s": 0, "max_replans": 0, "max_retries": 0, **settings},
     )
     model.assert_complete()
@@ -118,6 +155,53 @@ async def test_off_or_a_failure_that_may_pass_is_not_decided_again() -> None:
     (step,) = result.tree.children
     assert step.status == "failed" and step.calls == []
 
+    # A server that is gone would refuse any call: no model is asked.
+    result = await go(ScriptedModel([plan_response(one_step("gone", "orders"))]))
+    (step,) = result.tree.children
+    assert step.status == "failed" and step.calls == []
+    assert step.error is not None and step.error.startswith("the server exited")
+
+
+async def test_the_call_decided_again_is_retried_as_it_is_and_the_model_asked_once() -> None:
+    resets.clear()
+    model = ScriptedModel(
+        [plan_response(one_step("wobbly")), tool_response(("wobbly", {"table": "orders"}))]
+    )
+    result = await go(model, max_retries=1)
+    assert (result.status, result.answer) == ("succeeded", "40")
+    assert [r.purpose for r in model.requests] == ["plan", "redecide"]
+    # The plan's call, the new one (its connection dropped), then the new one again.
+    assert attempts == ["ordres", "orders", "orders"]
+    (step,) = result.tree.children
+    assert step.attempts == 2 and [c.purpose for c in step.calls] == ["redecide"]
+
+
+async def test_the_prompt_shows_the_plan_s_arguments_as_written() -> None:
+    # The argument refers to a result no JSON encoder writes: the prompt shows the reference,
+    # the dependency's text is among its inputs.
+    steps = [
+        Step(id="t", title="Now", instruction="the time", tool="now", args={}),
+        Step(
+            id="h",
+            title="Hour",
+            instruction="the hour of $t",
+            tool="at_hour",
+            args={"hour": "$t"},
+            depends_on=["t"],
+        ),
+    ]
+    model = ScriptedModel(
+        [
+            plan_response(Plan(goal="the goal", steps=steps)),
+            tool_response(("at_hour", {"hour": 0})),
+        ]
+    )
+    result = await go(model)
+    assert (result.status, result.answer) == ("succeeded", "0")
+    failed = model.requests[1].messages[-2]
+    assert [c.arguments for c in failed.tool_calls] == [{"hour": "$t"}]
+    assert "2026-01-01T00:00:00" in model.requests[1].messages[1].content
+
 
 async def test_a_redecision_the_budget_cannot_pay_for_leaves_the_failure_as_it_was() -> None:
     # The script has no answer for a redecision: the budget refuses its call before it is made.
@@ -134,7 +218,12 @@ async def test_a_redecision_the_budget_cannot_pay_for_leaves_the_failure_as_it_w
     (step,) = result.tree.children
     assert step.status == "failed" and step.calls == []
     assert step.error is not None and step.error.startswith("unknown table 'ordres'")
-    assert "(not decided again: node 1.1 is out of budget" in step.error
+    assert "(not decided again: node 1.1 (on the account of node 1) is out of budget" in (
+        step.error
+    )
+    # The refusal counts on the account it was asked of: the planner's.
+    assert result.tree.budget is not None and result.tree.budget["refused"] == 1
+    assert result.budget is not None and result.budget["refused_calls"] == 1
 
 
 def test_the_migration_oracle_reads_a_direct_call_and_the_closest_table() -> None:

@@ -23,10 +23,12 @@ from hierplan.errors import (
     ModelAuthError,
     StepFailed,
     ToolError,
+    ToolNotAllowedError,
+    ToolServerGone,
     UnexpectedModelCall,
 )
 from hierplan.models.base import Message, ModelRequest, ModelResponse, ToolCall
-from hierplan.plans.plan import REF_PATTERN, ref_target
+from hierplan.plans.plan import REF_PATTERN, Step, ref_target
 from hierplan.tools.base import result_text
 
 if TYPE_CHECKING:
@@ -120,7 +122,8 @@ def distinct_call_ids(calls: Sequence[ToolCall], turn: int) -> tuple[ToolCall, .
 
 
 class ToolExecutor:
-    """Runs a step's tool with the plan's arguments; no model call."""
+    """Runs a step's tool with the plan's arguments; no model call (a refused call is decided
+    again by :class:`DecidedCall`)."""
 
     async def execute(
         self,
@@ -138,56 +141,76 @@ class ToolExecutor:
         return StepResult(output, result_text(output))
 
 
-async def redecide_call(
-    node: StepEnv,
-    step_tool: str,
-    instruction: str,
-    args: Mapping[str, Any],
-    inputs: Mapping[str, StepResult],
-    error: ToolError,
-    *,
-    context: str = "",
-) -> StepResult:
-    """A plan's tool call that failed on what it was given, decided again by one executor
-    call: its prompt is the step's, then the failed call and its error, as an executor's own
-    loop would have them. The call it makes instead (its first, to the step's tool) is the
-    step's; its output is the step's result, as the plan's call's would have been. It fails
-    the step if the model makes no such call or the call fails too."""
-    failed = ToolCall(f"{node.path}:1", step_tool, dict(resolve_refs(args, inputs)))
-    messages = (
-        *render_step_prompt(
-            StepPrompt(instruction, context, {k: v.text for k, v in inputs.items()})
-        ),
-        Message("assistant", "", (failed,)),
-        Message("tool", f"ERROR: {error}", tool_call_id=failed.id),
-    )
-    allowed = frozenset({step_tool}) & node.allowed_tools
-    request = ModelRequest(
-        messages=messages,
-        tools=node.tool_specs(allowed),
-        max_tokens=node.settings.executor_max_tokens,
-        phase="execution",
-        node_path=node.path,
-        purpose="redecide",
-    )
-    try:
-        response = await node.call_model(request)
-    except (ModelAuthError, UnexpectedModelCall):
-        raise  # the run's model cannot be used at all: as for any other call
-    except HierplanError as exc:
-        # No budget left for it, a provider that failed it, a model that cannot answer: the
-        # step fails as the plan's call did, and its planner replans if it can.
-        raise StepFailed(f"{error} (not decided again: {exc})") from exc
-    call = next((c for c in response.tool_calls if c.name == step_tool), None)
-    if call is None:
-        raise StepFailed(f"{error} (decided again, no call to {step_tool} was made)")
-    try:
-        output = await node.call_tool(
-            node.tool(step_tool, allowed), call.arguments, f"{node.path}:2"
+def may_decide_again(error: ToolError) -> bool:
+    """Whether a plan's tool call that failed with ``error`` may be decided again: a failure
+    that trying again would not cure, from a tool that is there and allowed (a server gone
+    or a tool the node may not call would refuse any call)."""
+    return not error.retryable and not isinstance(error, ToolServerGone | ToolNotAllowedError)
+
+
+class DecidedCall:
+    """A plan's tool call that the tool refused, decided again by one executor call.
+
+    The executor's prompt is the step's, then the plan's call (its arguments as the plan
+    wrote them) and the tool's error, as an executor's own loop would have them; it may call
+    the step's tool only. Its first call to that tool is the step's from then on: the node
+    keeps it (``NodeContext.decided_call``), so that the step's later attempts run it again
+    (a failure of it that may pass is retried as any tool's) and ask no model again."""
+
+    __slots__ = ("call", "error")
+
+    def __init__(self, call: ToolCall, error: ToolError) -> None:
+        self.call = call
+        self.error = error
+
+    @classmethod
+    async def decide(
+        cls, node: StepEnv, step: Step, inputs: Mapping[str, StepResult], error: ToolError
+    ) -> DecidedCall:
+        """Ask the node's model once; raise :class:`StepFailed` (the tool's error, and why)
+        when it makes no call to the step's tool or cannot be asked."""
+        assert step.tool is not None
+        failed = ToolCall(f"{node.path}:1", step.tool, dict(step.args or {}))
+        prompt = StepPrompt(step.instruction, node.context, {k: v.text for k, v in inputs.items()})
+        messages = (
+            *render_step_prompt(prompt),
+            Message("assistant", "", (failed,)),
+            Message("tool", f"ERROR: {error}", tool_call_id=failed.id),
         )
-    except ToolError as again:
-        raise StepFailed(f"{error}; decided again, the call failed too: {again}") from again
-    return StepResult(output, result_text(output))
+        request = ModelRequest(
+            messages=messages,
+            tools=node.tool_specs(frozenset({step.tool}) & node.allowed_tools),
+            max_tokens=node.settings.executor_max_tokens,
+            phase="execution",
+            node_path=node.path,
+            purpose="redecide",
+        )
+        try:
+            response = await node.call_model(request)
+        except (ModelAuthError, UnexpectedModelCall):
+            raise  # the run's model cannot be used at all: as for any other call
+        except HierplanError as exc:
+            # No budget left for it, a provider that failed it, a model that cannot answer:
+            # the step fails as the plan's call did, and its planner replans if it can.
+            raise StepFailed(f"{error} (not decided again: {exc})") from exc
+        call = next((c for c in response.tool_calls if c.name == step.tool), None)
+        if call is None:
+            raise StepFailed(f"{error} (decided again, no call to {step.tool} was made)")
+        return cls(call, error)
+
+    async def run(self, node: StepEnv) -> StepResult:
+        """Run the call decided again: its output is the step's result, as the plan's call's
+        would have been."""
+        call = self.call
+        target = node.tool(call.name, frozenset({call.name}) & node.allowed_tools)
+        try:
+            output = await node.call_tool(target, call.arguments, call.id or f"{node.path}:2")
+        except ToolError as again:
+            raise ToolError(
+                f"{self.error}; decided again, the call failed too: {again}",
+                retryable=again.retryable,
+            ) from again
+        return StepResult(output, result_text(output))
 
 
 class LLMExecutor:

@@ -215,7 +215,8 @@ class BudgetCallScope(CallScope):
             short_p = 0 if avail_p is None else max(0, need_p - avail_p)
             if not await self._more_funds(account, short_t, short_p):
                 break
-        budget.counts(self.node).refused += 1
+        owner = budget.owner(self.node)
+        budget.counts(owner).refused += 1
         self._exhausted(request, need_t, need_p, avail_t, avail_p)
         needs = (
             f"its {request.phase} call needs at least {budget.amount(need_t, need_p)} "
@@ -230,8 +231,11 @@ class BudgetCallScope(CallScope):
                 f"that starts this run is {smallest}: give the run a larger budget with "
                 f"{budget.instrument.budget_options}"
             )
+        node = self.node.path
+        if owner is not self.node:  # a tool step's call, charged to its planner's account
+            node = f"{node} (on the account of node {owner.path})"
         raise BudgetExceeded(
-            f"node {self.node.path} is out of budget: {needs} (give the run a larger budget "
+            f"node {node} is out of budget: {needs} (give the run a larger budget "
             f"with {budget.instrument.budget_options}, or this node a larger share)"
         )
 
@@ -264,7 +268,7 @@ class BudgetCallScope(CallScope):
                 account, estimate + fits, input_pico + fits * self.rate_out, request.phase
             )
             if reservation is not None:
-                budget.counts(self.node).lowered += 1
+                budget.counts(budget.owner(self.node)).lowered += 1
                 return (reservation, request.with_max_tokens(fits)), avail_t, avail_p
         return None, avail_t, avail_p
 

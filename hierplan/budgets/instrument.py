@@ -260,11 +260,18 @@ class BudgetInstrument(Instrument):
 
     def account(self, node: NodeView) -> Account:
         """The account a node's calls are charged to: its own, else its nearest ancestor's."""
+        account = self.owner(node).state.get(self)
+        assert isinstance(account, Account)
+        return account
+
+    def owner(self, node: NodeView) -> NodeView:
+        """The node whose account ``node``'s calls are charged to: itself, else its nearest
+        ancestor with one (a step that only calls a tool has none, until its tool's call is
+        decided again)."""
         found: NodeView | None = node
         while found is not None:
-            account = found.state.get(self)
-            if isinstance(account, Account):
-                return account
+            if isinstance(found.state.get(self), Account):
+                return found
             found = found.parent
         raise BudgetExceeded(f"node {node.path} has no budget account (the run has no root)")
 
@@ -363,6 +370,10 @@ class RunBudget:
     def account(self, node: NodeView) -> Account:
         """The account a node's calls are charged to: its own, else its nearest ancestor's."""
         return self.instrument.account(node)
+
+    def owner(self, node: NodeView) -> NodeView:
+        """The node whose account ``node``'s calls are charged to."""
+        return self.instrument.owner(node)
 
     async def snapshot(self) -> dict[str, AccountSnapshot]:
         """Every node's account now, open and closed, by node path in the order of the tree

@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio
 
-from hierplan.agents.executor import LLMExecutor, ToolExecutor
+from hierplan.agents.executor import DecidedCall, LLMExecutor, ToolExecutor
 from hierplan.agents.planner import LLMPlanner
 from hierplan.core.events import EventBus
 from hierplan.core.instrument import Instrument
@@ -146,6 +146,7 @@ class NodeContext:
         "_work_of",
         "allocation",
         "allowed_tools",
+        "decided_call",
         "parent",
         "record",
         "run",
@@ -177,6 +178,8 @@ class NodeContext:
         self.step_costs: Mapping[str, Cost] = _NO_COSTS
         self._work: StepWork | None = None
         self._work_of: Step | None = None
+        # A tool step's call decided again after the tool refused the plan's (leaf.py).
+        self.decided_call: DecidedCall | None = None
 
     @property
     def path(self) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from hierplan.agents.executor import redecide_call
+from hierplan.agents.executor import DecidedCall, may_decide_again
 from hierplan.core.events import NodeFinished, NodeStarted, StepRetried
 from hierplan.core.results import StepResult
 from hierplan.errors import (
@@ -203,20 +203,23 @@ def _finish(
 async def _execute_step(
     node: NodeContext, step: Step, inputs: Mapping[str, StepResult], react: bool
 ) -> StepResult:
-    """Do the step: call its tool directly, or run an executor's tool-calling loop."""
+    """Do the step: call its tool directly (or the call decided again after the tool refused
+    the plan's: see :class:`~hierplan.agents.executor.DecidedCall`), or run an executor's
+    tool-calling loop."""
     run = node.run
-    if step.tool is not None and step.args is not None:
+    if step.tool is None or step.args is None:
+        return await run.llm_executor.execute(
+            node, step.instruction, inputs, context=node.context, only_tool=step.tool, react=react
+        )
+    decided = node.decided_call
+    if decided is None:
         try:
             return await run.tool_executor.execute(node, step.tool, step.args, inputs)
         except ToolError as error:
-            if error.retryable or not run.settings.redecide_tool_calls:
+            if not (run.settings.redecide_tool_calls and may_decide_again(error)):
                 raise
-            return await redecide_call(
-                node, step.tool, step.instruction, step.args, inputs, error, context=node.context
-            )
-    return await run.llm_executor.execute(
-        node, step.instruction, inputs, context=node.context, only_tool=step.tool, react=react
-    )
+            decided = node.decided_call = await DecidedCall.decide(node, step, inputs, error)
+    return await decided.run(node)
 
 
 async def run_task_node(

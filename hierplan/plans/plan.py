@@ -69,8 +69,9 @@ class Step(BaseModel):
     """One step of a plan.
 
     ``depends_on`` names steps of the same plan that must finish first. A ``task`` may name a
-    ``tool`` and its ``args``: with both, the step runs the tool directly (no model call); with a
-    tool but no args, an executor model chooses the args. A ``subgoal`` goes to a sub-planner.
+    ``tool`` and its ``args``: with both, the step runs the tool directly (no model call, unless
+    the tool refuses the call and it is decided again); with a tool but no args, an executor
+    model chooses the args. A ``subgoal`` goes to a sub-planner.
     ``estimate_usd`` and ``estimate_tokens`` are the planner's guess of what a sub-goal will cost,
     used by weighted budget allocation.
     """
