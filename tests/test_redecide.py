@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+from tracing_support import Telemetry
 
 import hierplan
 from hierplan import Plan, RunResult, ScriptedModel, Step, tool
@@ -114,6 +115,29 @@ async def test_a_refused_call_is_decided_again_with_its_error_in_view() -> None:
     assert error.role == "tool" and error.tool_call_id == failed.tool_calls[0].id
     assert error.content.startswith("ERROR: unknown table 'ordres'")
     assert [t.name for t in request.tools] == ["count_rows"]
+
+
+async def test_the_trace_names_the_model_of_a_call_decided_again() -> None:
+    telemetry = Telemetry()
+    model = ScriptedModel(
+        [plan_response(one_step()), tool_response(("count_rows", {"table": "orders"}))]
+    )
+    attempts.clear()
+    await hierplan.run(
+        "the goal",
+        model=model,
+        strategy="dag",
+        tools=[count_rows],
+        instruments=[telemetry.tracing()],
+        settings={"retry_backoff_s": 0, "max_replans": 0, "max_retries": 0},
+    )
+    spans = {s.name: s for s in telemetry.finished() if s.name != "invoke_agent planner"}
+    step = dict(spans["invoke_agent executor"].attributes or {})
+    assert step["hierplan.calls"] == 1
+    assert (
+        step["gen_ai.request.model"]
+        == dict(spans[f"chat {model.name}"].attributes or {})["gen_ai.request.model"]
+    )
 
 
 async def test_no_call_or_a_failed_call_fails_the_step_with_both_errors() -> None:

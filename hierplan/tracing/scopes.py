@@ -35,6 +35,7 @@ from hierplan.tracing.attributes import (
     agent_base,
     names_model,
     plan_attributes,
+    request_model,
     set_all,
     set_error,
     set_failed,
@@ -303,6 +304,11 @@ class NodeScope(SpanScope):
             # after that, so the totals stay what they are now.
             tree = self.state.tree = tree_totals(record)
         attributes = node_rollups(record, tree)
+        if record.calls and not names_model(node):
+            # A tool step whose call was decided again by the executor's model names it too.
+            model = node.run.executor_model
+            attributes["gen_ai.provider.name"] = model.provider
+            attributes["gen_ai.request.model"] = request_model(model.name)
         if exc is not None:
             status = _status_after(node, exc)
             if not isinstance(exc, anyio.get_cancelled_exc_class()):
