@@ -17,6 +17,7 @@ from typing import Any
 from hierplan.models.base import Message, OutputSchema, ToolSpec
 from hierplan.plans.compact import parse_compact, render_compact, tool_params
 from hierplan.plans.plan import Plan
+from hierplan.plans.revision import carried_over
 
 PLAN_OUTPUT_NAME = "plan"
 PLAN_SCHEMA: dict[str, Any] = Plan.model_json_schema()
@@ -125,6 +126,13 @@ class PlanPrompt:
     def allow_subgoals(self) -> bool:
         """Whether this plan may contain sub-goals."""
         return self.depth < self.max_depth
+
+    def carried(self, plan: Plan) -> list[str]:
+        """Ids of the steps of ``plan`` a replan asked for by this prompt does not write: done
+        steps of its current plan whose results stand in ``plan`` (none without one)."""
+        if self.current_plan is None:
+            return []
+        return carried_over(Plan.model_validate(self.current_plan), plan, self.progress)
 
 
 @dataclass(slots=True)

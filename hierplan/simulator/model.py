@@ -52,7 +52,6 @@ from hierplan.agents.prompts import (
     PLANNER_SYSTEM,
     REPAIR_PREFIX,
     JoinPrompt,
-    PlanPrompt,
     parse_join_prompt,
     parse_plan_prompt,
     parse_step_prompt,
@@ -63,7 +62,6 @@ from hierplan.models.base import Message, ModelRequest, ModelResponse, StreamIte
 from hierplan.models.tokens import estimate_request_tokens, estimate_text_tokens
 from hierplan.plans.compact import render_compact
 from hierplan.plans.plan import Plan, Step
-from hierplan.plans.revision import carried_over
 from hierplan.simulator.oracle import COVERAGE_HINT, Oracle
 from hierplan.simulator.profiles import (
     DEFAULT_SIMULATED_PRICED_AS,
@@ -249,7 +247,7 @@ class SimulatedModel:
         after_failure = reports_failure(request.messages, prompt)
         # A replan writes only what is left: the done steps whose results stand are not
         # written, so they are no decisions and get no noise.
-        kept = frozenset(_carried_steps(prompt, plan))
+        kept = frozenset(prompt.carried(plan))
         plan, flags = self._plan_decisions(plan, kept, request.messages, after_failure, rng)
         written = len(plan.steps) - len(kept)
         planned = {s.id for s in plan.steps}
@@ -406,15 +404,6 @@ def _earlier_plan_steps(messages: Sequence[Message]) -> int:
         else:
             count += len(_STEP_LINE.findall(m.content))
     return count
-
-
-def _carried_steps(prompt: PlanPrompt, plan: Plan) -> list[str]:
-    """Ids of the steps of ``plan`` a replan does not write: done steps of the prompt's
-    current plan whose results stand in ``plan``."""
-    if prompt.current_plan is None:
-        return []
-    current = Plan.model_validate(prompt.current_plan)
-    return carried_over(current, plan, prompt.progress)
 
 
 def _asks_for_plan(request: ModelRequest) -> bool:

@@ -28,7 +28,6 @@ from hierplan.agents.prompts import PlanPrompt
 from hierplan.models.tokens import estimate_text_tokens
 from hierplan.plans.compact import render_step
 from hierplan.plans.plan import Plan, Step
-from hierplan.plans.revision import carried_over
 
 if TYPE_CHECKING:
     from hierplan.scenarios.data_migration.oracle import MigrationOracle
@@ -136,14 +135,6 @@ def _text_tokens(steps: Sequence[Step], kept: Collection[str] = ()) -> int:
     return estimate_text_tokens("\n".join(lines))
 
 
-def _kept(steps: Sequence[Step], prompt: PlanPrompt) -> list[str]:
-    """The done steps whose results stand in a replan of ``steps``: it does not write them."""
-    if prompt.current_plan is None:
-        return []
-    current = Plan.model_validate(prompt.current_plan)
-    return carried_over(current, Plan(goal=prompt.goal, steps=list(steps)), prompt.progress)
-
-
 def _fits(steps: Sequence[Step], prompt: PlanPrompt) -> bool:
     budget = prompt.budget
     assert budget is not None
@@ -154,7 +145,8 @@ def _fits(steps: Sequence[Step], prompt: PlanPrompt) -> bool:
     subgoals = sum(1 for s in to_run if s.kind == "subgoal")
     tasks = sum(1 for s in to_run if s.kind == "task" and (s.tool is None or s.args is None))
     # The lines it writes, and reasoning before them.
-    answer = int(_text_tokens(steps, _kept(steps, prompt)) / ANSWER_SHARE)
+    kept = prompt.carried(Plan(goal=prompt.goal, steps=list(steps)))
+    answer = int(_text_tokens(steps, kept) / ANSWER_SHARE)
     return answer <= budget.answer_tokens and budget.fits(subgoals, tasks, answer)
 
 

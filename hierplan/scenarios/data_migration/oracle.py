@@ -511,10 +511,13 @@ _TOOL_TEXT: Mapping[str, tuple[str, str]] = {
     "create_indexes": ("Index {t}", "Create the indexes of {t}"),
 }
 _TOOL_TEXT = MappingProxyType(_TOOL_TEXT)  # read-only: shared by every run
-_KIND_OF_TOOL: Mapping[str, str] = MappingProxyType(
-    {"create_table": "schema", "verify_table": "verify", "copy_rows": "copy"}
-    | {"create_indexes": "indexes"}
-)
+_KIND_OF_TOOL: Mapping[str, str] = {
+    "create_table": "schema",
+    "verify_table": "verify",
+    "copy_rows": "copy",
+    "create_indexes": "indexes",
+}
+_KIND_OF_TOOL = MappingProxyType(_KIND_OF_TOOL)  # read-only: shared by every run
 
 
 def _task(step_id: str, tool: str, table: str, depends_on: Sequence[str] = ()) -> Step:
