@@ -20,6 +20,7 @@ The hierarchy::
         ├── ToolArgsError         a tool was called with invalid arguments (not retried)
         ├── ToolTimeoutError      a tool ran past its timeout (retried)
         ├── ToolNotAllowedError   a tool outside the node's allowlist was requested
+        ├── ToolBlocked           a call needs work not done yet (run once more after the plan)
         └── ToolServerGone        the server behind a tool (an MCP server) died (not retried)
 
 Errors that a user can fix carry a message saying what was wrong and what to do; the CLI prints
@@ -114,13 +115,23 @@ class StepFailed(HierplanError):
     """A step (or a whole node) failed for good after its retries.
 
     ``status`` is the status its node ends with: ``failed``, ``partial``, ``rejected`` or
-    ``budget_exhausted``. ``retryable`` says whether trying the same step again may help.
+    ``budget_exhausted``. ``retryable`` says whether trying the same step again may help at
+    once; ``blocked``, whether it may help once the rest of its plan has run (its tool raised
+    :class:`ToolBlocked`).
     """
 
-    def __init__(self, message: str, *, status: str = "failed", retryable: bool = False) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: str = "failed",
+        retryable: bool = False,
+        blocked: bool = False,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.retryable = retryable
+        self.blocked = blocked
 
 
 class PlanParseError(HierplanError):
@@ -225,6 +236,15 @@ class ToolTimeoutError(ToolError):
 
 class ToolNotAllowedError(ToolError):
     """A tool that is not allowed for this node, or does not exist, was requested."""
+
+    retryable = False
+
+
+class ToolBlocked(ToolError):
+    """A tool call that needs work not done yet: rows whose parent rows are not copied, a table
+    not created. Trying again at once would fail again, so the step is not retried then; its
+    plan runs it once more when every other step that can run has ended (the work it needed
+    may be among them), and only a second failure is the step's for good."""
 
     retryable = False
 

@@ -43,7 +43,7 @@ EXPECTED = {
     # prices and errors
     "Price", "PriceTable", "HierplanError", "UserInputError", "PlanValidationError",
     "StepFailed", "BudgetExceeded", "ToolError", "ToolServerGone", "ModelError",
-    "ModelAuthError", "ToolArgsError", "ToolNotAllowedError", "ToolTimeoutError",
+    "ModelAuthError", "ToolArgsError", "ToolBlocked", "ToolNotAllowedError", "ToolTimeoutError",
     "UnexpectedModelCall",
     "__version__",
 }  # fmt: skip

@@ -22,6 +22,7 @@ from hierplan.errors import (
     HierplanError,
     ModelAuthError,
     StepFailed,
+    ToolBlocked,
     ToolError,
     ToolNotAllowedError,
     ToolServerGone,
@@ -144,8 +145,11 @@ class ToolExecutor:
 def may_decide_again(error: ToolError) -> bool:
     """Whether a plan's tool call that failed with ``error`` may be decided again: a failure
     that trying again would not cure, from a tool that is there and allowed (a server gone
-    or a tool the node may not call would refuse any call)."""
-    return not error.retryable and not isinstance(error, ToolServerGone | ToolNotAllowedError)
+    or a tool the node may not call would refuse any call), and not for want of work not done
+    yet (:class:`~hierplan.errors.ToolBlocked`: the call is right, its turn is not)."""
+    return not error.retryable and not isinstance(
+        error, ToolServerGone | ToolNotAllowedError | ToolBlocked
+    )
 
 
 class DecidedCall:
@@ -206,7 +210,9 @@ class DecidedCall:
         try:
             output = await node.call_tool(target, call.arguments, call.id or f"{node.path}:2")
         except ToolError as again:
-            raise ToolError(
+            # Blocked stays blocked: the decided call may pass once the rest of the plan ran.
+            kind = ToolBlocked if isinstance(again, ToolBlocked) else ToolError
+            raise kind(
                 f"{self.error}; decided again, the call failed too: {again}",
                 retryable=again.retryable,
             ) from again

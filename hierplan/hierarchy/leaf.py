@@ -27,6 +27,7 @@ from hierplan.errors import (
     ModelAuthError,
     RunSkipped,
     StepFailed,
+    ToolBlocked,
     ToolError,
     UnexpectedModelCall,
 )
@@ -186,7 +187,7 @@ def _as_step_failure(exc: Exception) -> StepFailed:
     if isinstance(exc, BudgetExceeded):
         return StepFailed(str(exc), status="budget_exhausted")
     retryable = bool(getattr(exc, "retryable", False))
-    return StepFailed(str(exc), retryable=retryable)
+    return StepFailed(str(exc), retryable=retryable, blocked=isinstance(exc, ToolBlocked))
 
 
 def _finish(

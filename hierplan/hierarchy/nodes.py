@@ -209,6 +209,8 @@ async def execute_plan(
         # Returns the child's coroutine rather than awaiting it: no frame of its own stays on
         # each leaf's stack for the leaf's lifetime (memory and time at 100,000 leaves).
         child = children.by_step[step.id]
+        if child.record.status != "pending":  # a blocked step run once more: a node of its own
+            child = children.add(step, policy, fresh=True)
         if child.record.kind == "executor":
             return run_task_node(child, step, step_inputs)
         return run_child(child, step, step_inputs, policy)

@@ -6,11 +6,15 @@ once (the run-wide leaf limit is applied by the executor nodes); a ready step pa
 waits in a queue and gets its task when a slot frees, so a wide plan holds as many tasks as its
 limit allows, not one per step. Every task belongs to the task group, so none outlives the plan.
 
-When a step fails for good, either its dependents are cancelled (transitively) and independent
-branches go on, or, with ``stop_on_failure`` (the node is about to replan), no new step starts and
-the steps already running finish. A plan that streams always goes on with its independent
-branches, unless a replan asked for meanwhile redoes a step (:class:`Watch`). Bookkeeping is
-O(1) per step and per dependency edge.
+A step whose tool was blocked (:class:`~hierplan.errors.ToolBlocked`: it needs work not done yet)
+is parked, not failed: once no other step runs or can start, and the plan has no more steps to
+come, it runs once more (the work it needed may have been done meanwhile by a step the plan did
+not make it wait for); only a second failure is for good. When a step fails for good, either
+its dependents are cancelled (transitively) and independent branches go on, or, with
+``stop_on_failure`` (the node is about to replan), no new step starts and the steps already
+running finish. A plan that streams always goes on with its independent branches, unless a
+replan asked for meanwhile redoes a step (:class:`Watch`). Bookkeeping is O(1) per step and
+per dependency edge.
 """
 
 from __future__ import annotations
@@ -131,6 +135,7 @@ async def run_dag(
             stop_on_failure=stop_on_failure,
         )
         start_ready()
+    graph.unpark(outcome)
     outcome.not_started = [
         s.id
         for s in plan.steps
@@ -143,12 +148,23 @@ async def run_dag(
 class _Links:
     """Who waits on whom: each step by id, how many unfinished dependencies each waiting step
     has, the steps that depend on each, and the steps ready to start (past the limit, they wait
-    here as entries rather than as tasks)."""
+    here as entries rather than as tasks). ``parked``: blocked steps waiting for the rest of
+    the plan, with their failure; ``blocked_once``: the steps parked so far (a step is parked
+    once); ``closed``: no more steps will join."""
 
     steps: dict[str, Step] = field(default_factory=dict)
     waiting: dict[str, int] = field(default_factory=dict)
     dependents: dict[str, list[str]] = field(default_factory=dict)
     ready: deque[Step] = field(default_factory=deque)
+    parked: dict[str, StepFailed] = field(default_factory=dict)
+    blocked_once: set[str] = field(default_factory=set)
+    closed: bool = True
+
+    def unpark(self, outcome: DagOutcome) -> None:
+        """The parked steps' failures stand (the plan ended, or stopped, before they ran
+        again)."""
+        outcome.failed.update(self.parked)
+        self.parked.clear()
 
 
 class _Graph(_Links):
@@ -208,6 +224,7 @@ def _dispatcher(
     dependents cancelled (``cancel_dependents(step_id)``). ``watch``: see :class:`Watch`."""
     results, failed, cancelled = outcome.results, outcome.failed, outcome.cancelled
     steps, waiting, dependents, ready = links.steps, links.waiting, links.dependents, links.ready
+    parked = links.parked
     running = 0
     stopping = False
 
@@ -215,6 +232,10 @@ def _dispatcher(
     # leaf 1.1 % more instructions (benchmarks/instructions.py).
     def start_ready() -> None:
         nonlocal running
+        if parked and not running and not ready and not stopping and links.closed:
+            # Nothing else can run: what a blocked step waited for is done, or never will be.
+            ready.extend(steps[step_id] for step_id in parked)
+            parked.clear()
         while ready and not stopping and (max_running is None or running < max_running):
             running += 1
             step = ready.popleft()
@@ -234,13 +255,17 @@ def _dispatcher(
                 return
             result = await run_step(step, {d: results[d] for d in step.depends_on})
         except StepFailed as exc:
-            failed[step.id] = exc
-            if watch is not None:
-                watch.failed.set()
-            if stop_on_failure:
-                stopping = True
+            if exc.blocked and step.id not in links.blocked_once:
+                links.blocked_once.add(step.id)
+                parked[step.id] = exc  # runs once more when nothing else can (start_ready)
             else:
-                cancel_dependents(step.id)
+                failed[step.id] = exc
+                if watch is not None:
+                    watch.failed.set()
+                if stop_on_failure:
+                    stopping = True
+                else:
+                    cancel_dependents(step.id)
         else:
             results[step.id] = result
             if not stopping:  # once stopping, nothing starts: no step need become ready
@@ -299,6 +324,8 @@ async def run_streamed_dag(
     def add(step: Step) -> None:
         results.pop(step.id, None)  # given again: it runs again
         failed.pop(step.id, None)
+        links.parked.pop(step.id, None)
+        links.blocked_once.discard(step.id)
         order.append(step.id)
         dependents[step.id] = []
         lost = [d for d in step.depends_on if d in failed or d in cancelled]
@@ -312,6 +339,7 @@ async def run_streamed_dag(
         if not blocked:
             ready.append(step)
 
+    links.closed = False
     async with anyio.create_task_group() as tg:
         start_ready = _dispatcher(
             tg,
@@ -329,6 +357,9 @@ async def run_streamed_dag(
             if dispatched is not None:
                 dispatched(step)
             start_ready()
+        links.closed = True
+        start_ready()  # the plan is whole: a blocked step may run again
+    links.unpark(outcome)
     outcome.not_started = [
         s for s in order if s not in results and s not in failed and s not in cancelled
     ]

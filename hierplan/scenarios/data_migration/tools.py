@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hierplan.errors import ToolArgsError, ToolError
+from hierplan.errors import ToolArgsError, ToolBlocked, ToolError
 from hierplan.files import write_atomic
 from hierplan.scenarios.data_migration.database import quote
 from hierplan.tools.base import Tool, tool
@@ -270,7 +270,7 @@ def make_tools(db: Databases) -> list[Tool]:
         conn = db.write()
         try:
             if not db.target_has(conn, table):
-                raise ToolError(f"the target has no table {table!r}: create it first")
+                raise ToolBlocked(f"the target has no table {table!r}: create it first")
             for ix in indexes:
                 unique = "UNIQUE " if ix["unique"] else ""
                 cols = ", ".join(map(quote, ix["columns"]))
@@ -301,7 +301,7 @@ def _copy(db: Databases, table: str, batch_size: int) -> dict[str, Any]:
         dst = db.write()
         try:
             if not db.target_has(dst, table):
-                raise ToolError(f"the target has no table {table!r}: create it first")
+                raise ToolBlocked(f"the target has no table {table!r}: create it first")
             cols = [c["name"] for c in _columns(src, table)]
             names = ", ".join(map(quote, cols))
             marks = ", ".join("?" * len(cols))
@@ -313,8 +313,8 @@ def _copy(db: Databases, table: str, batch_size: int) -> dict[str, Any]:
                 try:
                     with dst:
                         dst.executemany(insert, batch)
-                except sqlite3.IntegrityError as exc:
-                    raise ToolError(_integrity_message(src, table, exc)) from None
+                except (sqlite3.IntegrityError, sqlite3.OperationalError) as exc:
+                    raise _integrity_error(src, table, exc) from None
                 copied += len(batch)
         finally:
             src.close()
@@ -324,17 +324,22 @@ def _copy(db: Databases, table: str, batch_size: int) -> dict[str, Any]:
     return {"table": table, "rows": copied}
 
 
-def _integrity_message(src: sqlite3.Connection, table: str, exc: sqlite3.IntegrityError) -> str:
-    # SQLite only says "FOREIGN KEY constraint failed"; name the parents so that whoever reads
-    # this knows what to copy first.
-    if "FOREIGN KEY" in str(exc):
+def _integrity_error(src: sqlite3.Connection, table: str, exc: sqlite3.Error) -> ToolError:
+    # SQLite only says "FOREIGN KEY constraint failed" (or, when a parent table is not created
+    # yet, "no such table"); name the parents so that whoever reads this knows what to copy
+    # first. Missing parents are work not done yet: the copy is blocked.
+    if "FOREIGN KEY" in str(exc) or "no such table" in str(exc):
         parents = sorted({fk["references"] for fk in _foreign_keys(src, table)} - {table})
-        return (
+        return ToolBlocked(
             f"copying {table!r} violated a foreign key: rows reference parent rows missing from "
             f"{', '.join(parents) or 'its parent tables'}; copy those first. Rows copied before "
             "the failing batch are kept."
         )
-    return f"copying {table!r} violated a constraint ({exc}); rows copied before it are kept"
+    if isinstance(exc, sqlite3.OperationalError):
+        raise exc  # not a constraint: the database's own failure, as it was
+    return ToolError(
+        f"copying {table!r} violated a constraint ({exc}); rows copied before it are kept"
+    )
 
 
 def verify(db: Databases, table: str) -> dict[str, Any]:

@@ -1,0 +1,247 @@
+"""A step whose tool is blocked (it needs work not done yet) runs once more when the rest of its
+plan has ended, instead of failing at once."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+import hierplan
+from hierplan import Plan, RunResult, ScriptedModel, Step, tool
+from hierplan.core.results import StepResult
+from hierplan.errors import StepFailed, ToolBlocked
+from hierplan.hierarchy.scheduler import run_dag, run_streamed_dag
+from hierplan.models.scripted import plan_response
+from hierplan.scenarios.data_migration.tools import Databases, make_tools
+
+pytestmark = pytest.mark.anyio
+
+
+def plan_of(deps: dict[str, list[str]]) -> Plan:
+    return Plan(
+        goal="g",
+        steps=[Step(id=k, title=k, instruction=k, depends_on=v) for k, v in deps.items()],
+    )
+
+
+class Table:
+    """``copy`` is blocked until ``create`` has run; ``create`` waits until ``copy`` was
+    refused once, so that the first ``copy`` is always too early, whatever order the two
+    start in."""
+
+    def __init__(self, *, created: bool = True) -> None:
+        self.can_create = created
+        self.made = False
+        self.tried = anyio.Event()
+        self.runs: dict[str, int] = {}
+        self.log: list[str] = []
+
+    async def __call__(self, step: Step, inputs: dict[str, StepResult]) -> StepResult:
+        self.runs[step.id] = self.runs.get(step.id, 0) + 1
+        self.log.append(step.id)
+        if step.id == "copy":
+            if not self.made:
+                self.tried.set()
+                raise StepFailed(f"no table yet (try {self.runs['copy']})", blocked=True)
+        elif step.id == "create":
+            await self.tried.wait()
+            if not self.can_create:
+                raise StepFailed("create broke")
+            self.made = True
+        return StepResult(step.id, step.id)
+
+
+async def test_a_blocked_step_runs_again_once_the_rest_of_the_plan_has_ended() -> None:
+    table = Table()
+    outcome = await run_dag(plan_of({"copy": [], "create": [], "check": ["copy"]}), table)
+    assert outcome.complete
+    assert table.runs == {"copy": 2, "create": 1, "check": 1}
+    # Its dependents waited for the second run; nothing ran after the rest had ended but it.
+    assert table.log[-3:] == ["create", "copy", "check"]
+
+
+async def test_a_step_blocked_twice_fails_for_good_and_its_dependents_do_not_run() -> None:
+    table = Table(created=False)
+    outcome = await run_dag(
+        plan_of({"copy": [], "create": [], "other": [], "check": ["copy"]}), table
+    )
+    assert table.runs == {"copy": 2, "create": 1, "other": 1}
+    assert set(outcome.failed) == {"copy", "create"}
+    assert str(outcome.failed["copy"]) == "no table yet (try 2)"
+    assert outcome.cancelled == {"check": "dependency 'copy' failed"}
+
+
+async def test_with_stop_on_failure_a_parked_step_keeps_its_failure_and_does_not_rerun() -> None:
+    table = Table(created=False)
+    outcome = await run_dag(
+        plan_of({"copy": [], "create": [], "after_create": ["create"]}),
+        table,
+        stop_on_failure=True,
+    )
+    # ``create`` failed for good: nothing starts any more, and the blocked step's failure
+    # stands for the replan to see.
+    assert table.runs == {"copy": 1, "create": 1}
+    assert str(outcome.failed["copy"]) == "no table yet (try 1)"
+    assert outcome.not_started == ["after_create"]
+
+
+async def test_a_streamed_plan_runs_a_blocked_step_again_only_once_it_is_whole() -> None:
+    table = Table()
+    steps = plan_of({"copy": [], "create": []}).steps
+    given_create = False
+
+    async def source() -> AsyncIterator[Step]:
+        nonlocal given_create
+        yield steps[0]
+        await table.tried.wait()
+        await anyio.wait_all_tasks_blocked()
+        # Nothing runs and nothing is ready, but the plan is still being written: the work
+        # the blocked step needs may be in the lines to come.
+        assert table.runs == {"copy": 1}
+        given_create = True
+        yield steps[1]
+
+    outcome = await run_streamed_dag(source(), table)
+    assert given_create and outcome.complete
+    assert table.runs == {"copy": 2, "create": 1}
+
+
+async def test_a_blocked_step_given_again_by_a_revision_starts_afresh() -> None:
+    table = Table(created=False)
+    steps = plan_of({"copy": []}).steps
+
+    async def source() -> AsyncIterator[Step]:
+        yield steps[0]
+        await table.tried.wait()
+        table.made = True  # the revision's copy comes after the work it needed
+        yield steps[0]
+
+    outcome = await run_streamed_dag(source(), table)
+    assert outcome.complete and table.runs == {"copy": 2}
+
+
+# A run: the plan's copy is made before its table exists (the plan left out the dependency).
+
+made: set[str] = set()
+calls: list[str] = []
+copy_tried = anyio.Event()
+
+
+@tool
+async def create_table(table: str) -> str:
+    """Create a table on the target."""
+    calls.append(f"create {table}")
+    await copy_tried.wait()
+    made.add(table)
+    return f"created {table}"
+
+
+@tool
+def copy_rows(table: str) -> str:
+    """Copy a table's rows."""
+    calls.append(f"copy {table}")
+    if table not in made:
+        copy_tried.set()
+        raise ToolBlocked(f"the target has no table {table!r}: create it first")
+    return f"copied {table}"
+
+
+def migration(with_create: bool = True) -> Plan:
+    steps = [
+        Step(id="copy", title="Copy", instruction="copy t", tool="copy_rows", args={"table": "t"})
+    ]
+    if with_create:
+        steps.append(
+            Step(
+                id="create",
+                title="Create",
+                instruction="create t",
+                tool="create_table",
+                args={"table": "t"},
+            )
+        )
+    return Plan(goal="migrate t", steps=steps)
+
+
+async def go(model: ScriptedModel, strategy: str, **settings: Any) -> RunResult:
+    global copy_tried
+    made.clear()
+    calls.clear()
+    copy_tried = anyio.Event()
+    result = await hierplan.run(
+        "migrate t",
+        model=model,
+        strategy=strategy,
+        tools=[create_table, copy_rows],
+        settings={"retry_backoff_s": 0, **settings},
+    )
+    model.assert_complete()
+    return result
+
+
+@pytest.mark.parametrize("strategy", ["dag", "plan-execute"])
+async def test_a_run_does_a_blocked_copy_after_the_rest_without_a_replan(strategy: str) -> None:
+    model = ScriptedModel([plan_response(migration())])
+    result = await go(model, strategy)
+    assert result.status == "succeeded"
+    # Neither retried at once (it would fail again), nor decided again, nor replanned.
+    assert [r.purpose for r in model.requests] == ["plan"]
+    assert calls == ["copy t", "create t", "copy t"] or calls == ["create t", "copy t", "copy t"]
+    first, create, again = result.tree.children
+    assert (first.step_id, first.status, first.attempts) == ("copy", "failed", 1)
+    assert first.error == "the target has no table 't': create it first"
+    assert (create.status, again.step_id, again.status) == ("succeeded", "copy", "succeeded")
+    assert again.output == "copied t"
+
+
+async def test_a_copy_still_blocked_after_the_rest_goes_to_the_replanner() -> None:
+    copy_tried.set()
+    fixed = migration()
+    fixed.steps[0].depends_on.append("create")
+    fixed = Plan(goal=fixed.goal, steps=[fixed.steps[1], fixed.steps[0]])
+    model = ScriptedModel([plan_response(migration(with_create=False)), plan_response(fixed)])
+    result = await go(model, "dag", max_replans=1)
+    assert result.status == "succeeded"
+    assert [r.purpose for r in model.requests] == ["plan", "replan"]
+    # Twice before the replan (once more when nothing else could run), then after the create.
+    assert calls[:2] == ["copy t", "copy t"]
+    assert "create it first" in model.requests[1].messages[-1].content
+
+
+async def test_the_migration_tools_say_that_work_not_done_yet_blocks_them(tmp_path: Path) -> None:
+    source = tmp_path / "source.db"
+    with closing(sqlite3.connect(source)) as conn, conn:
+        conn.executescript(
+            "CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT);"
+            "CREATE TABLE addresses (id INTEGER PRIMARY KEY, city TEXT,"
+            " customer_id INTEGER NOT NULL REFERENCES customers(id));"
+            "INSERT INTO customers VALUES (1, 'Ada'), (2, 'Brian');"
+            "INSERT INTO addresses VALUES (1, 'Oslo', 1), (2, 'Lima', 2), (3, 'Pune', 2);"
+        )
+    tools = {t.name: t for t in make_tools(Databases(source, tmp_path / "target.db"))}
+    with pytest.raises(ToolBlocked, match="create it first"):
+        await tools["copy_rows"].call({"table": "addresses"})
+    with pytest.raises(ToolBlocked, match="create it first"):
+        await tools["create_indexes"].call({"table": "addresses"})
+    await tools["create_table"].call({"table": "addresses"})
+    # Its parent table is not created, then not copied: blocked both times.
+    with pytest.raises(ToolBlocked, match="parent rows missing from customers; copy those"):
+        await tools["copy_rows"].call({"table": "addresses"})
+    await tools["create_table"].call({"table": "customers"})
+    with pytest.raises(ToolBlocked, match="parent rows missing from customers; copy those"):
+        await tools["copy_rows"].call({"table": "addresses"})
+    # Once the parents are there, the same call passes.
+    await tools["copy_rows"].call({"table": "customers"})
+    assert await tools["copy_rows"].call({"table": "addresses"}) == {
+        "table": "addresses",
+        "rows": 3,
+    }
+    check = await tools["verify_table"].call({"table": "addresses"})
+    assert check["target_rows"] == check["source_rows"] == 3
