@@ -20,7 +20,7 @@ The hierarchy::
         ├── ToolArgsError         a tool was called with invalid arguments (not retried)
         ├── ToolTimeoutError      a tool ran past its timeout (retried)
         ├── ToolNotAllowedError   a tool outside the node's allowlist was requested
-        ├── ToolBlocked           a call needs work not done yet (run once more after the plan)
+        ├── ToolBlocked           a call needs work not done yet (run again after the plan)
         └── ToolServerGone        the server behind a tool (an MCP server) died (not retried)
 
 Errors that a user can fix carry a message saying what was wrong and what to do; the CLI prints
@@ -243,8 +243,8 @@ class ToolNotAllowedError(ToolError):
 class ToolBlocked(ToolError):
     """A tool call that needs work not done yet: rows whose parent rows are not copied, a table
     not created. Trying again at once would fail again, so the step is not retried then; its
-    plan runs it once more when every other step that can run has ended (the work it needed
-    may be among them), and only a second failure is the step's for good."""
+    plan runs it again when every other step that can run has ended (the work it needed may be
+    among them), as long as some step succeeded since it last ran."""
 
     retryable = False
 

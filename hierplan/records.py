@@ -180,7 +180,8 @@ class NodeRecord:
     ``children`` are the nodes of its steps.
     ``started_at`` and ``finished_at`` are Unix times, ``attempts`` how many times the step
     was tried, ``budget`` its figures under a run budget (``None`` without one) and ``flags``
-    marks such as ``overrun``. ``tool_calls`` holds each tool call it made, in the order they
+    marks such as ``overrun``, or ``blocked`` (its tool was blocked: its plan may run the step
+    again, as a new node). ``tool_calls`` holds each tool call it made, in the order they
     finished (:class:`ToolCallRecord`). ``transient_retries`` counts the rounds of retries
     its model calls got after a pause, having spent their own on transient errors.
     ``parsed_at`` and ``dispatched_at`` (Unix times, steps of a streamed plan only) say when

@@ -16,10 +16,11 @@ import pytest
 import hierplan
 from hierplan import Plan, RunResult, ScriptedModel, Step, tool
 from hierplan.core.results import StepResult
-from hierplan.errors import StepFailed, ToolBlocked
+from hierplan.errors import ModelError, StepFailed, ToolBlocked, ToolError
 from hierplan.hierarchy.scheduler import run_dag, run_streamed_dag
-from hierplan.models.scripted import plan_response
+from hierplan.models.scripted import plan_response, tool_response
 from hierplan.scenarios.data_migration.tools import Databases, make_tools
+from hierplan.view.critical_path import run_critical_path
 
 pytestmark = pytest.mark.anyio
 
@@ -89,7 +90,50 @@ async def test_with_stop_on_failure_a_parked_step_keeps_its_failure_and_does_not
     # stands for the replan to see.
     assert table.runs == {"copy": 1, "create": 1}
     assert str(outcome.failed["copy"]) == "no table yet (try 1)"
+    assert outcome.blocked == {"copy"}  # it may pass if run again
     assert outcome.not_started == ["after_create"]
+
+
+@pytest.mark.parametrize("max_running", [None, 1])
+async def test_blocked_steps_that_wait_on_each_other_run_again_while_there_is_progress(
+    max_running: int | None,
+) -> None:
+    # addresses needs customers copied, customers needs their table created; the plan made
+    # neither wait. Whatever order they run in, each runs again once the other has run.
+    tried = {"addresses": anyio.Event(), "customers": anyio.Event()}
+    runs: dict[str, int] = {}
+    done: set[str] = set()
+
+    async def run_step(step: Step, inputs: dict[str, StepResult]) -> StepResult:
+        runs[step.id] = runs.get(step.id, 0) + 1
+        need = {"addresses": "customers", "customers": "create"}.get(step.id)
+        if need is not None and need not in done:
+            tried[step.id].set()
+            raise StepFailed(f"{step.id} needs {need}", blocked=True)
+        if step.id == "create" and max_running is None:
+            await tried["addresses"].wait()
+            await tried["customers"].wait()
+        done.add(step.id)
+        return StepResult(step.id, step.id)
+
+    plan = plan_of({"addresses": [], "customers": [], "create": [], "after": ["addresses"]})
+    outcome = await run_dag(plan, run_step, max_running=max_running)
+    assert outcome.complete
+    assert runs["customers"] == 2 and runs["addresses"] in (2, 3) and runs["after"] == 1
+
+
+async def test_a_blocked_step_fails_for_good_when_nothing_succeeded_since_it_last_ran() -> None:
+    runs = 0
+
+    async def run_step(step: Step, inputs: dict[str, StepResult]) -> StepResult:
+        nonlocal runs
+        runs += 1
+        raise StepFailed(f"blocked, run {runs}", blocked=True)
+
+    outcome = await run_dag(plan_of({"copy": [], "check": ["copy"]}), run_step)
+    # Run again once (something may have changed since the plan started), not a third time.
+    assert runs == 2 and str(outcome.failed["copy"]) == "blocked, run 2"
+    assert outcome.blocked == set() and outcome.cancelled == {"check": "dependency 'copy' failed"}
 
 
 async def test_a_streamed_plan_runs_a_blocked_step_again_only_once_it_is_whole() -> None:
@@ -147,15 +191,17 @@ async def create_table(table: str) -> str:
 def copy_rows(table: str) -> str:
     """Copy a table's rows."""
     calls.append(f"copy {table}")
+    if table != "t":
+        raise ToolError(f"unknown table {table!r}: the source has t", retryable=False)
     if table not in made:
         copy_tried.set()
         raise ToolBlocked(f"the target has no table {table!r}: create it first")
     return f"copied {table}"
 
 
-def migration(with_create: bool = True) -> Plan:
+def migration(with_create: bool = True, copy: str = "t", *extra: Step) -> Plan:
     steps = [
-        Step(id="copy", title="Copy", instruction="copy t", tool="copy_rows", args={"table": "t"})
+        Step(id="copy", title="Copy", instruction="copy t", tool="copy_rows", args={"table": copy})
     ]
     if with_create:
         steps.append(
@@ -167,7 +213,7 @@ def migration(with_create: bool = True) -> Plan:
                 args={"table": "t"},
             )
         )
-    return Plan(goal="migrate t", steps=steps)
+    return Plan(goal="migrate t", steps=[*steps, *extra])
 
 
 async def go(model: ScriptedModel, strategy: str, **settings: Any) -> RunResult:
@@ -197,15 +243,17 @@ async def test_a_run_does_a_blocked_copy_after_the_rest_without_a_replan(strateg
     first, create, again = result.tree.children
     assert (first.step_id, first.status, first.attempts) == ("copy", "failed", 1)
     assert first.error == "the target has no table 't': create it first"
+    assert first.flags == ["blocked"] and again.flags == []
     assert (create.status, again.step_id, again.status) == ("succeeded", "copy", "succeeded")
     assert again.output == "copied t"
 
 
 async def test_a_copy_still_blocked_after_the_rest_goes_to_the_replanner() -> None:
     copy_tried.set()
-    fixed = migration()
-    fixed.steps[0].depends_on.append("create")
-    fixed = Plan(goal=fixed.goal, steps=[fixed.steps[1], fixed.steps[0]])
+    create, copy = migration().steps[::-1]
+    fixed = Plan(
+        goal="migrate t", steps=[create, copy.model_copy(update={"depends_on": ["create"]})]
+    )
     model = ScriptedModel([plan_response(migration(with_create=False)), plan_response(fixed)])
     result = await go(model, "dag", max_replans=1)
     assert result.status == "succeeded"
@@ -245,3 +293,43 @@ async def test_the_migration_tools_say_that_work_not_done_yet_blocks_them(tmp_pa
     }
     check = await tools["verify_table"].call({"table": "addresses"})
     assert check["target_rows"] == check["source_rows"] == 3
+
+
+async def test_a_call_decided_again_stays_the_steps_when_it_runs_again() -> None:
+    plan = migration(copy="tt")  # refused: decided again, then blocked
+    model = ScriptedModel([plan_response(plan), tool_response(("copy_rows", {"table": "t"}))])
+    result = await go(model, "dag")
+    assert result.status == "succeeded"
+    # The model was asked once: the second run made the call it decided, not the plan's.
+    assert [r.purpose for r in model.requests] == ["plan", "redecide"]
+    assert calls.count("copy tt") == 1 and calls.count("copy t") == 2
+
+
+async def test_with_no_replan_to_be_had_a_parked_step_goes_on_with_the_rest() -> None:
+    chk = Step(id="chk", title="Check", instruction="check", tool="copy_rows", args={"table": "x"})
+    plan = migration(True, "t", chk)
+    model = ScriptedModel([plan_response(plan), ModelError("the planner is down")])
+    result = await go(
+        model,
+        "dag",
+        max_replans=1,
+        stream_plans=False,
+        redecide_tool_calls=False,
+        model_retries=0,
+        transient_retries=0,
+    )
+    # ``chk`` failed for good and stopped the plan before the copy ran again; the replan
+    # could not be made, so the plan went on without ``chk``: the copy ran again and passed.
+    assert [r.purpose for r in model.requests] == ["plan", "replan"]
+    assert result.status == "partial"
+    copies = [c for c in result.tree.children if c.step_id == "copy"]
+    assert [c.status for c in copies] == ["failed", "succeeded"]
+
+
+async def test_the_critical_path_of_a_step_run_again_goes_through_its_plan() -> None:
+    model = ScriptedModel([plan_response(migration())])
+    result = await go(model, "dag")
+    path = [link.path for link in run_critical_path(result.tree)]
+    # The second copy (1.3) waited for the rest of its plan, not for the planning call.
+    before = path[path.index("1.3") - 1]
+    assert before in ("1.1", "1.2"), path

@@ -248,6 +248,8 @@ async def run_task_node(
                 except StepFailed as failure:
                     if not failure.retryable or attempt > retries:
                         _finish(node, failure.status, error=str(failure))
+                        if failure.blocked:  # its plan may run the step again, as a new node
+                            node.record.flags.append("blocked")
                         raise
                     await _before_retry(node, attempt, failure)
                     continue

@@ -209,8 +209,10 @@ async def execute_plan(
         # Returns the child's coroutine rather than awaiting it: no frame of its own stays on
         # each leaf's stack for the leaf's lifetime (memory and time at 100,000 leaves).
         child = children.by_step[step.id]
-        if child.record.status != "pending":  # a blocked step run once more: a node of its own
+        if child.record.status != "pending":  # a blocked step run again: a node of its own
+            ran = child
             child = children.add(step, policy, fresh=True)
+            child.decided_call = ran.decided_call  # a call decided again is the step's for good
         if child.record.kind == "executor":
             return run_task_node(child, step, step_inputs)
         return run_child(child, step, step_inputs, policy)
@@ -308,8 +310,10 @@ async def _unrevised(
     """No revised plan (``why`` says why not): ``plan`` goes on without the failed steps and
     what depends on them, as if replans were not allowed, then the node gives up (out of
     budget when ``budget`` or a step ran out)."""
+    # A blocked step the stopped plan did not run again is not failed for good: it goes on too.
+    failed = {k: v for k, v in outcome.failed.items() if k not in outcome.blocked}
     outcome = await run_dag(
-        plan, ex.run_step, done=outcome.results, failed=outcome.failed, max_running=ex.max_running
+        plan, ex.run_step, done=outcome.results, failed=failed, max_running=ex.max_running
     )
     ex.children.retire(outcome.cancelled)
     ex.children.retire(outcome.not_started, "not run: the node gave up")

@@ -8,13 +8,13 @@ limit allows, not one per step. Every task belongs to the task group, so none ou
 
 A step whose tool was blocked (:class:`~hierplan.errors.ToolBlocked`: it needs work not done yet)
 is parked, not failed: once no other step runs or can start, and the plan has no more steps to
-come, it runs once more (the work it needed may have been done meanwhile by a step the plan did
-not make it wait for); only a second failure is for good. When a step fails for good, either
-its dependents are cancelled (transitively) and independent branches go on, or, with
-``stop_on_failure`` (the node is about to replan), no new step starts and the steps already
-running finish. A plan that streams always goes on with its independent branches, unless a
-replan asked for meanwhile redoes a step (:class:`Watch`). Bookkeeping is O(1) per step and
-per dependency edge.
+come, the parked steps run again (the work they needed may have been done meanwhile by steps
+the plan did not make them wait for), as long as some step succeeded since they last ran; when
+none did, their failures are for good. When a step fails for good, either its dependents are
+cancelled (transitively) and independent branches go on, or, with ``stop_on_failure`` (the
+node is about to replan), no new step starts and the steps already running finish. A plan that
+streams always goes on with its independent branches, unless a replan asked for meanwhile
+redoes a step (:class:`Watch`). Bookkeeping is O(1) per step and per dependency edge.
 """
 
 from __future__ import annotations
@@ -95,6 +95,9 @@ class DagOutcome:
     failed: dict[str, StepFailed] = field(default_factory=dict)
     cancelled: dict[str, str] = field(default_factory=dict)
     not_started: list[str] = field(default_factory=list)
+    blocked: set[str] = field(default_factory=set)
+    """Of ``failed``, the steps whose tool was blocked and that did not run again, because
+    the plan stopped first: they may pass if run again."""
 
     @property
     def complete(self) -> bool:
@@ -149,21 +152,19 @@ class _Links:
     """Who waits on whom: each step by id, how many unfinished dependencies each waiting step
     has, the steps that depend on each, and the steps ready to start (past the limit, they wait
     here as entries rather than as tasks). ``parked``: blocked steps waiting for the rest of
-    the plan, with their failure; ``blocked_once``: the steps parked so far (a step is parked
-    once); ``closed``: no more steps will join."""
+    the plan, with their failure; ``closed``: no more steps will join."""
 
     steps: dict[str, Step] = field(default_factory=dict)
     waiting: dict[str, int] = field(default_factory=dict)
     dependents: dict[str, list[str]] = field(default_factory=dict)
     ready: deque[Step] = field(default_factory=deque)
     parked: dict[str, StepFailed] = field(default_factory=dict)
-    blocked_once: set[str] = field(default_factory=set)
     closed: bool = True
 
     def unpark(self, outcome: DagOutcome) -> None:
-        """The parked steps' failures stand (the plan ended, or stopped, before they ran
-        again)."""
+        """The parked steps' failures stand: the plan stopped before they ran again."""
         outcome.failed.update(self.parked)
+        outcome.blocked.update(self.parked)
         self.parked.clear()
 
 
@@ -227,15 +228,15 @@ def _dispatcher(
     parked = links.parked
     running = 0
     stopping = False
+    succeeded = 0  # steps that succeeded: a parked step runs again only after progress
+    released_at = -1  # ``succeeded`` when the parked steps were last sent to run again
 
     # A step's start and end, the hot path, are closures: as methods of a class they cost a
     # leaf 1.1 % more instructions (benchmarks/instructions.py).
     def start_ready() -> None:
         nonlocal running
         if parked and not running and not ready and not stopping and links.closed:
-            # Nothing else can run: what a blocked step waited for is done, or never will be.
-            ready.extend(steps[step_id] for step_id in parked)
-            parked.clear()
+            release_parked()
         while ready and not stopping and (max_running is None or running < max_running):
             running += 1
             step = ready.popleft()
@@ -243,8 +244,32 @@ def _dispatcher(
             # qualified name anew for every one of (possibly 100,000) tasks.
             tg.start_soon(run_one, step, name=step.id)
 
+    def release_parked() -> None:
+        # Nothing else can run: the parked steps run again if some step succeeded since they
+        # last ran (it may have done what they need); if none did, they would only fail again.
+        nonlocal released_at
+        if succeeded > released_at:
+            released_at = succeeded
+            ready.extend(steps[step_id] for step_id in parked)
+            parked.clear()
+            return
+        blocked = list(parked.items())
+        parked.clear()
+        for step_id, exc in blocked:
+            fail(step_id, exc)
+
+    def fail(step_id: str, exc: StepFailed) -> None:
+        nonlocal stopping
+        failed[step_id] = exc
+        if watch is not None:
+            watch.failed.set()
+        if stop_on_failure:
+            stopping = True
+        else:
+            cancel_dependents(step_id)
+
     async def run_one(step: Step) -> None:
-        nonlocal stopping, running
+        nonlocal running, succeeded
         try:
             if stopping:  # a step failed before this task's first turn
                 return
@@ -255,19 +280,13 @@ def _dispatcher(
                 return
             result = await run_step(step, {d: results[d] for d in step.depends_on})
         except StepFailed as exc:
-            if exc.blocked and step.id not in links.blocked_once:
-                links.blocked_once.add(step.id)
-                parked[step.id] = exc  # runs once more when nothing else can (start_ready)
+            if exc.blocked:
+                parked[step.id] = exc  # runs again when nothing else can (release_parked)
             else:
-                failed[step.id] = exc
-                if watch is not None:
-                    watch.failed.set()
-                if stop_on_failure:
-                    stopping = True
-                else:
-                    cancel_dependents(step.id)
+                fail(step.id, exc)
         else:
             results[step.id] = result
+            succeeded += 1
             if not stopping:  # once stopping, nothing starts: no step need become ready
                 for sid in dependents[step.id]:
                     waiting[sid] -= 1
@@ -325,7 +344,6 @@ async def run_streamed_dag(
         results.pop(step.id, None)  # given again: it runs again
         failed.pop(step.id, None)
         links.parked.pop(step.id, None)
-        links.blocked_once.discard(step.id)
         order.append(step.id)
         dependents[step.id] = []
         lost = [d for d in step.depends_on if d in failed or d in cancelled]

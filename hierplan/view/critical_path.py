@@ -176,6 +176,18 @@ class _Walk:
         ]
         step = (earlier or with_step)[-1][child.step_id]
         start = child.started_at
+        if any(
+            "blocked" in run.flags and (run.finished_at or 0.0) <= start + TOLERANCE_S
+            for run in self.by_step[key].get(child.step_id, ())
+        ):
+            # A blocked step run again waited for the rest of its plan, not its dependencies.
+            return [
+                sibling
+                for sibling in parent.children
+                if sibling is not child
+                and _timed(sibling)
+                and (sibling.finished_at or 0.0) <= start + TOLERANCE_S
+            ]
         return [
             sibling
             for wanted in dict.fromkeys(step.depends_on)
