@@ -244,7 +244,7 @@ class ToolBlocked(ToolError):
     """A tool call that needs work not done yet: rows whose parent rows are not copied, a table
     not created. Trying again at once would fail again, so the step is not retried then; its
     plan runs it again when every other step that can run has ended (the work it needed may be
-    among them), as long as some step succeeded since it last ran."""
+    among them): once in any case, and again only while other steps succeed meanwhile."""
 
     retryable = False
 

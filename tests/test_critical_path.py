@@ -189,3 +189,31 @@ def test_any_times_give_a_path_of_distinct_links_that_exist(times: list[float]) 
         assert node.started_at is not None and node.finished_at is not None
         if link.call is not None:
             assert node.calls[link.call].phase == "planning"
+
+
+def blocked_then_redone() -> NodeRecord:
+    """x blocked twice under the first plan (1.2, then 1.3 run again after a); a streamed
+    replan (2.6 to 5.6) redoes it as 1.4, which starts while the replan is still writing."""
+    root = planner(
+        "1", 0.0, 8.1, {"a": [], "x": []},
+        [leaf("1.1", "a", 1.1, 2.0), leaf("1.2", "x", 1.1, 1.5), leaf("1.3", "x", 2.0, 2.5),
+         leaf("1.4", "x", 3.0, 8.0)],
+        [call(0.0, 1.0), call(2.6, 3.0, "replan")],
+    )  # fmt: skip
+    for node in root.children[1:3]:
+        node.status = "failed"
+        node.flags.append("blocked")
+    redone = Plan(goal="1", steps=[Step(id=i, title=i, instruction=i) for i in ("a", "x")])
+    root.plan_versions.append(PlanVersion(2, redone, "replan", 2.7, "approved", "stream"))
+    return root
+
+
+def test_a_step_run_again_after_it_was_blocked_waited_for_the_rest_of_its_plan() -> None:
+    # 1.3 ran again when the rest of the plan had ended (a, at 2.0): not after its own plan
+    # call, which ended at 1.0.
+    assert run_critical_path(blocked_then_redone())[:3] == links(("1", 0), "1.1", "1.3")
+
+
+def test_a_step_a_replan_redoes_after_it_was_blocked_waited_for_the_replan() -> None:
+    # The blocked runs were under the first plan: 1.4 is the replan's, and waited for it.
+    assert run_critical_path(blocked_then_redone())[-3:] == links(("1", 1), "1.4", "1")

@@ -9,12 +9,13 @@ limit allows, not one per step. Every task belongs to the task group, so none ou
 A step whose tool was blocked (:class:`~hierplan.errors.ToolBlocked`: it needs work not done yet)
 is parked, not failed: once no other step runs or can start, and the plan has no more steps to
 come, the parked steps run again (the work they needed may have been done meanwhile by steps
-the plan did not make them wait for), as long as some step succeeded since they last ran; when
-none did, their failures are for good. When a step fails for good, either its dependents are
-cancelled (transitively) and independent branches go on, or, with ``stop_on_failure`` (the
-node is about to replan), no new step starts and the steps already running finish. A plan that
-streams always goes on with its independent branches, unless a replan asked for meanwhile
-redoes a step (:class:`Watch`). Bookkeeping is O(1) per step and per dependency edge.
+the plan did not make them wait for): the first time in any case, and after that only when
+some step succeeded since they were last sent to run; when none did, their failures are for
+good. When a step fails for good, either its dependents are cancelled (transitively) and
+independent branches go on, or, with ``stop_on_failure`` (the node is about to replan), no new
+step starts and the steps already running finish. A plan that streams always goes on with its
+independent branches, unless a replan asked for meanwhile redoes a step (:class:`Watch`).
+Bookkeeping is O(1) per step and per dependency edge.
 """
 
 from __future__ import annotations
@@ -96,8 +97,8 @@ class DagOutcome:
     cancelled: dict[str, str] = field(default_factory=dict)
     not_started: list[str] = field(default_factory=list)
     blocked: set[str] = field(default_factory=set)
-    """Of ``failed``, the steps whose tool was blocked and that did not run again, because
-    the plan stopped first: they may pass if run again."""
+    """Of ``failed``, the steps whose tool was blocked and that were still parked when the
+    plan stopped: they may pass if run again."""
 
     @property
     def complete(self) -> bool:

@@ -7,7 +7,9 @@ calls) ended when the last of that work ended, so the walk goes into that work. 
 none (a leaf) was held back until it started by what it waited for: of its dependencies (the
 steps its parent's approved plan lists in ``depends_on``) and the planning call of its parent
 that produced it, the one that ended last (the call itself for a step that started while the call
-was still writing its plan). A planning call waited for what ended
+was still writing its plan). A step run again after its tool was blocked (the flag ``blocked``
+on an earlier node of the same step, under the same planning call) waited instead for the rest of
+its plan: what ended last of its siblings before it started. A planning call waited for what ended
 last in its node before it started (an earlier call that a repair follows, the children of a plan
 that a replan follows), or else for what the node itself waited for.
 
@@ -176,11 +178,16 @@ class _Walk:
         ]
         step = (earlier or with_step)[-1][child.step_id]
         start = child.started_at
+        index = producing_call(parent, child)
+        made = parent.calls[index].started_at if index is not None else 0.0
         if any(
-            "blocked" in run.flags and (run.finished_at or 0.0) <= start + TOLERANCE_S
+            "blocked" in run.flags
+            and (run.started_at or 0.0) >= made
+            and (run.finished_at or 0.0) <= start + TOLERANCE_S
             for run in self.by_step[key].get(child.step_id, ())
         ):
-            # A blocked step run again waited for the rest of its plan, not its dependencies.
+            # A blocked step run again (by the plan of the same planning call: not a step a
+            # replan redoes) waited for the rest of its plan, not its dependencies.
             return [
                 sibling
                 for sibling in parent.children
