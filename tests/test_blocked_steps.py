@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import anyio.lowlevel
 import pytest
+from test_scheduler import plan_of
 
 import hierplan
 from hierplan import Plan, RunResult, ScriptedModel, Step, tool
@@ -23,13 +23,6 @@ from hierplan.scenarios.data_migration.tools import Databases, make_tools
 from hierplan.view.critical_path import run_critical_path
 
 pytestmark = pytest.mark.anyio
-
-
-def plan_of(deps: dict[str, list[str]]) -> Plan:
-    return Plan(
-        goal="g",
-        steps=[Step(id=k, title=k, instruction=k, depends_on=v) for k, v in deps.items()],
-    )
 
 
 class Table:

@@ -188,13 +188,8 @@ class _Walk:
         ):
             # A blocked step run again (by the plan of the same planning call: not a step a
             # replan redoes) waited for the rest of its plan, not its dependencies.
-            return [
-                sibling
-                for sibling in parent.children
-                if sibling is not child
-                and _timed(sibling)
-                and (sibling.finished_at or 0.0) <= start + TOLERANCE_S
-            ]
+            ended = _inside(parent, start)
+            return [sibling for sibling, call in ended if call is None and sibling is not child]
         return [
             sibling
             for wanted in dict.fromkeys(step.depends_on)

@@ -313,8 +313,12 @@ def _copy(db: Databases, table: str, batch_size: int) -> dict[str, Any]:
                 try:
                     with dst:
                         dst.executemany(insert, batch)
-                except (sqlite3.IntegrityError, sqlite3.OperationalError) as exc:
+                except sqlite3.IntegrityError as exc:
                     raise _integrity_error(src, table, exc) from None
+                except sqlite3.OperationalError as exc:
+                    if "no such table" not in str(exc):
+                        raise  # not a missing parent table: the database's own failure
+                    raise _missing_parents(src, table) from None
                 copied += len(batch)
         finally:
             src.close()
@@ -324,21 +328,23 @@ def _copy(db: Databases, table: str, batch_size: int) -> dict[str, Any]:
     return {"table": table, "rows": copied}
 
 
-def _integrity_error(src: sqlite3.Connection, table: str, exc: sqlite3.Error) -> ToolError:
-    # SQLite only says "FOREIGN KEY constraint failed" (or, when a parent table is not created
-    # yet, "no such table"); name the parents so that whoever reads this knows what to copy
-    # first. Missing parents are work not done yet: the copy is blocked.
-    if "FOREIGN KEY" in str(exc) or "no such table" in str(exc):
-        parents = sorted({fk["references"] for fk in _foreign_keys(src, table)} - {table})
-        return ToolBlocked(
-            f"copying {table!r} violated a foreign key: rows reference parent rows missing from "
-            f"{', '.join(parents) or 'its parent tables'}; copy those first. Rows copied before "
-            "the failing batch are kept."
-        )
-    if isinstance(exc, sqlite3.OperationalError):
-        raise exc  # not a constraint: the database's own failure, as it was
+def _integrity_error(src: sqlite3.Connection, table: str, exc: sqlite3.IntegrityError) -> ToolError:
+    # SQLite only says "FOREIGN KEY constraint failed".
+    if "FOREIGN KEY" in str(exc):
+        return _missing_parents(src, table)
     return ToolError(
         f"copying {table!r} violated a constraint ({exc}); rows copied before it are kept"
+    )
+
+
+def _missing_parents(src: sqlite3.Connection, table: str) -> ToolBlocked:
+    # Name the parents so that whoever reads this knows what to copy first. Missing parent
+    # rows (or a parent table not created yet) are work not done yet: the copy is blocked.
+    parents = sorted({fk["references"] for fk in _foreign_keys(src, table)} - {table})
+    return ToolBlocked(
+        f"copying {table!r} violated a foreign key: rows reference parent rows missing from "
+        f"{', '.join(parents) or 'its parent tables'}; copy those first. Rows copied before "
+        "the failing batch are kept."
     )
 
 
