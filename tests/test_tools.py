@@ -484,3 +484,56 @@ async def test_a_generator_tool_that_fails_midway_fails_the_step() -> None:
         "g", model=model, tools=[partly], strategy="plan-execute", settings=settings
     )
     assert result.status == "failed" and "RuntimeError: source went away" in (result.error or "")
+
+
+def test_the_toolbox_vouches_once_for_the_very_arguments_it_checked() -> None:
+    box = Toolbox([scale])
+    args = {"values": [1.0, 2.0]}
+    box.check_planned("scale", args)
+    assert not box.take_checked("scale", {"values": [1.0, 2.0]})  # equal, not the same
+    assert not box.take_checked("other", args)  # the same arguments for another tool
+    box.check_planned("scale", args)
+    assert box.take_checked("scale", args)
+    assert not box.take_checked("scale", args)  # once: a later attempt checks again
+    with pytest.raises(ToolArgsError, match="values"):
+        box.check_planned("scale", {"values": "many"})
+    assert not box.take_checked("scale", {"values": "many"})
+
+
+async def test_a_planned_call_is_not_schema_checked_again_but_a_retry_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The gate checks a tool-only step's arguments against the tool's schema; its first call
+    # does not check them again, but still converts them (the date arrives as a date). The
+    # retry after a failure checks them again.
+    import hierplan.tools.base as tools_base
+
+    checks: list[Any] = []
+    real = tools_base.schema_problems
+
+    def counted(schema: Any, value: Any, *args: Any, **kwargs: Any) -> list[str]:
+        checks.append(value)
+        return real(schema, value, *args, **kwargs)
+
+    monkeypatch.setattr(tools_base, "schema_problems", counted)
+    seen: list[date] = []
+
+    @tool
+    def on(day: date) -> str:
+        """Do something on a day; fails the first time."""
+        seen.append(day)
+        if len(seen) == 1:
+            raise ToolError("busy, try again", retryable=True)
+        return day.isoformat()
+
+    step = Step(id="s1", title="on", instruction="on", tool="on", args={"day": "2026-01-02"})
+    result = await hierplan.run(
+        "on a day",
+        model=ScriptedModel([plan_response(Plan(goal="on a day", steps=[step]))]),
+        tools=[on],
+        strategy="dag",
+        settings=hierplan.RunSettings(retry_backoff_s=0.0),
+    )
+    assert result.status == "succeeded", result.error
+    assert seen == [date(2026, 1, 2)] * 2
+    assert checks == [{"day": "2026-01-02"}] * 2  # the gate's and the retry's, not the first call's

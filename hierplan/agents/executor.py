@@ -135,9 +135,13 @@ class ToolExecutor:
     ) -> StepResult:
         """Call the tool; raise :class:`ToolError` subclasses on failure."""
         target = node.tool(tool_name)
-        resolved = resolve_refs(args, inputs)
+        references = uses_refs(args, inputs)
         output = await node.call_tool(
-            target, resolved, f"{node.path}:1", references=uses_refs(args, inputs)
+            target,
+            resolve_refs(args, inputs),
+            f"{node.path}:1",
+            references=references,
+            planned=None if references else args,
         )
         return StepResult(output, result_text(output))
 

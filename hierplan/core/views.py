@@ -13,7 +13,7 @@ carries).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -248,8 +248,9 @@ class StepEnv(Protocol):
         """The specs of the tools the node (or the narrower ``allowed``) may call."""
         ...
 
-    async def call_model(self, request: ModelRequest) -> ModelResponse:
-        """Call the node's model (retried, budgeted, recorded and traced)."""
+    def call_model(self, request: ModelRequest) -> Awaitable[ModelResponse]:
+        """Call the node's model (retried, budgeted, recorded and traced): await what it
+        returns."""
         ...
 
     def stream_model(self, request: ModelRequest) -> AsyncGenerator[StreamItem, None]:
@@ -262,8 +263,17 @@ class StepEnv(Protocol):
         budget limits it)."""
         ...
 
-    async def call_tool(
-        self, target: Tool, arguments: Mapping[str, Any], call_id: str, *, references: bool = False
-    ) -> Any:
-        """Call a tool (inside every instrument's tool scope; recorded on the node)."""
+    def call_tool(
+        self,
+        target: Tool,
+        arguments: Mapping[str, Any],
+        call_id: str,
+        *,
+        references: bool = False,
+        planned: Mapping[str, Any] | None = None,
+    ) -> Awaitable[Any]:
+        """Call a tool (inside every instrument's tool scope; recorded on the node): await
+        what it returns.
+        ``planned``: the plan's own arguments these come from, when they hold no reference to
+        an earlier step's output (the gate's check of them is then not made again)."""
         ...

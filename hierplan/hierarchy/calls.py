@@ -338,23 +338,32 @@ async def call_tool(
     call_id: str,
     *,
     references: bool = False,
+    planned: Mapping[str, Any] | None = None,
 ) -> Any:
     """Call a tool inside every instrument's tool scope, record it on the node and report a
     ``tool_called`` event (``references``: the arguments hold outputs of earlier steps, see
-    :meth:`~hierplan.tools.base.Tool.call`)."""
+    :meth:`~hierplan.tools.base.Tool.call`; ``planned``: the plan's arguments they were made
+    from, whose schema check at the plan gate is not made again)."""
     run = node.run
+    checked = planned is not None and run.toolbox.take_checked(target.name, planned)
     started_at = time.time()
     started = time.perf_counter()
     error: str | None = None
     output: Any = None
     try:
+        call = ToolCall(call_id, target.name, arguments)
+        scopes = [
+            scope
+            for instrument in run.instruments
+            if (scope := instrument.tool_scope(node, call)) is not None
+        ]
+        if not scopes:  # the usual case without tracing: no exit stack to build and unwind
+            output = await _call(target, arguments, references=references, checked=checked)
+            return output
         async with AsyncExitStack() as stack:
-            call = ToolCall(call_id, target.name, arguments)
-            for instrument in run.instruments:
-                scope = instrument.tool_scope(node, call)
-                if scope is not None:
-                    await stack.enter_async_context(scope)
-            output = await _call(target, arguments, references=references)
+            for scope in scopes:
+                await stack.enter_async_context(scope)
+            output = await _call(target, arguments, references=references, checked=checked)
         return output
     except HierplanError as exc:
         error = str(exc)
@@ -392,9 +401,11 @@ async def call_tool(
             )
 
 
-async def _call(target: Tool, arguments: Mapping[str, Any], *, references: bool) -> Any:
+async def _call(
+    target: Tool, arguments: Mapping[str, Any], *, references: bool, checked: bool
+) -> Any:
     try:
-        return await target.call(arguments, references=references)
+        return await target.call(arguments, references=references, checked=checked)
     except HierplanError:
         raise
     # A tool's own bug or failure becomes a step failure; so does a sys.exit() in its code (an

@@ -10,7 +10,7 @@ executor works in.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Mapping, Sequence
 from functools import partial
 from types import MappingProxyType
 from typing import Any
@@ -285,21 +285,31 @@ class NodeContext:
         """The specs of the tools this node (or the narrower ``allowed``) may call."""
         return self.run.toolbox.specs(self.allowed_tools if allowed is None else allowed)
 
-    async def call_model(self, request: ModelRequest) -> ModelResponse:
+    def call_model(self, request: ModelRequest) -> Awaitable[ModelResponse]:
         """Call this node's model: retried, budgeted, recorded and traced (see
         :mod:`hierplan.hierarchy.calls`)."""
-        return await self.model.request(request)
+        # The model's own coroutine, not one more around it: a leaf waits in every frame of
+        # its chain, and each one is memory and collector work for as long as it waits.
+        return self.model.request(request)
 
     def stream_model(self, request: ModelRequest) -> AsyncGenerator[StreamItem, None]:
         """Stream this node's model's answer: retried before its first delta, budgeted and
         recorded as :meth:`call_model`; closed early, it counts for what it wrote."""
         return stream_of(self.model, request)
 
-    async def call_tool(
-        self, target: Tool, arguments: Mapping[str, Any], call_id: str, *, references: bool = False
-    ) -> Any:
+    def call_tool(
+        self,
+        target: Tool,
+        arguments: Mapping[str, Any],
+        call_id: str,
+        *,
+        references: bool = False,
+        planned: Mapping[str, Any] | None = None,
+    ) -> Awaitable[Any]:
         """Call a tool inside every instrument's tool scope and record it on this node."""
-        return await calls.call_tool(self, target, arguments, call_id, references=references)
+        return calls.call_tool(  # its coroutine, not one more around it (see call_model)
+            self, target, arguments, call_id, references=references, planned=planned
+        )
 
     def child(
         self, number: int, kind: NodeKind, goal: str, step: Step | None = None

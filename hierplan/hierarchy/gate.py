@@ -271,7 +271,7 @@ def _args_problems(step: Step, toolbox: Toolbox, *, has_refs: bool) -> list[Plan
     target = toolbox.get(step.tool)
     if not has_refs:
         try:
-            target.validate(step.args)
+            toolbox.check_planned(step.tool, step.args)
         except ToolArgsError as exc:
             return [PlanProblem("bad_args", f"step {step.id!r}: {exc}", step.id)]
         return []

@@ -9,7 +9,7 @@ retried with backoff while the failure says that trying again may help.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from types import TracebackType
 from typing import Any
@@ -201,17 +201,27 @@ def _finish(
         record.error = error
 
 
-async def _execute_step(
+def _execute_step(
     node: NodeContext, step: Step, inputs: Mapping[str, StepResult], react: bool
-) -> StepResult:
-    """Do the step: call its tool directly (or the call decided again after the tool refused
-    the plan's: see :class:`~hierplan.agents.executor.DecidedCall`), or run an executor's
-    tool-calling loop."""
-    run = node.run
+) -> Awaitable[StepResult]:
+    """Do the step: run an executor's tool-calling loop, or call its tool directly (see
+    :func:`_call_planned_tool`)."""
     if step.tool is None or step.args is None:
-        return await run.llm_executor.execute(
+        # The executor's coroutine itself, not one more around it: a leaf waits in every
+        # frame of its chain, and each one is memory and collector work while it waits.
+        return node.run.llm_executor.execute(
             node, step.instruction, inputs, context=node.context, only_tool=step.tool, react=react
         )
+    return _call_planned_tool(node, step, inputs)
+
+
+async def _call_planned_tool(
+    node: NodeContext, step: Step, inputs: Mapping[str, StepResult]
+) -> StepResult:
+    """Call the step's tool with the plan's arguments, or the call decided again after the
+    tool refused the plan's (see :class:`~hierplan.agents.executor.DecidedCall`)."""
+    run = node.run
+    assert step.tool is not None and step.args is not None
     decided = node.decided_call
     if decided is None:
         try:

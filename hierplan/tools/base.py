@@ -169,10 +169,17 @@ class Tool(ABC):
             self._check_schema(arguments)  # raises, saying what the tool takes
         return arguments
 
-    async def call(self, arguments: Mapping[str, Any], *, references: bool = False) -> Any:
+    async def call(
+        self, arguments: Mapping[str, Any], *, references: bool = False, checked: bool = False
+    ) -> Any:
         """Validate ``arguments``, then run the tool under its timeout. ``references``: the
-        arguments hold outputs of earlier steps (see :meth:`validate_references`)."""
-        valid = self.validate_references(arguments) if references else self.validate(arguments)
+        arguments hold outputs of earlier steps (see :meth:`validate_references`);
+        ``checked``: :meth:`validate` passed them already (the plan gate's check), so only
+        what :meth:`validate_references` does is done again, not the schema check."""
+        if references or checked:
+            valid = self.validate_references(arguments)
+        else:
+            valid = self.validate(arguments)
         # move_on_after, not fail_after: a TimeoutError the tool raises itself (a client's own
         # timeout, say) is its failure with its own message, not this deadline running out.
         with anyio.move_on_after(self.timeout_s):
@@ -481,6 +488,9 @@ class Toolbox:
         self._tools: dict[str, Tool] = {}
         # specs() per allowlist: every leaf asks, and nodes of a plan share their allowlist.
         self._specs: dict[frozenset[str] | None, tuple[ToolSpec, ...]] = {}
+        # Plans' arguments that passed their tool's check, by identity (the object is kept, so
+        # that its id is not reused): the step's call then does not check them again.
+        self._checked: dict[int, tuple[str, Mapping[str, Any]]] = {}
         for t in tools:
             self.add(t)
 
@@ -517,6 +527,20 @@ class Toolbox:
         if allowed is not None and name not in allowed:
             raise ToolNotAllowedError(f"tool {name!r} is not allowed for this node")
         return found
+
+    def check_planned(self, name: str, arguments: Mapping[str, Any]) -> None:
+        """Validate a plan's ``arguments`` for the tool ``name`` (raising
+        :class:`~hierplan.errors.ToolArgsError` as :meth:`Tool.validate` does), and remember
+        that these very arguments passed (see :meth:`take_checked`)."""
+        self.get(name).validate(arguments)
+        self._checked[id(arguments)] = (name, arguments)
+
+    def take_checked(self, name: str, arguments: Mapping[str, Any]) -> bool:
+        """Whether :meth:`check_planned` passed these very ``arguments`` (the same object) for
+        the tool ``name``; it answers yes once, for the step's first call (a later attempt
+        checks again)."""
+        found = self._checked.pop(id(arguments), None)
+        return found is not None and found[0] == name and found[1] is arguments
 
     def specs(self, allowed: frozenset[str] | None = None) -> tuple[ToolSpec, ...]:
         """Tool specs for a model request, limited to ``allowed`` when given."""
