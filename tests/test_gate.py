@@ -320,3 +320,36 @@ def test_a_callback_approver_refuses_a_timeout_that_is_no_deadline(timeout_s: An
     )
     # No deadline at all is None, or math.inf.
     CallbackApprover(lambda plan, context: Approve(), timeout_s=float("inf"))
+
+
+def test_a_plan_s_structure_is_worked_out_once_for_the_validators_that_ask(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import dataclasses
+
+    import hierplan.hierarchy.gate as gate_module
+
+    calls: list[Plan] = []
+    real = gate_module.validate_plan
+
+    def counted(plan: Plan, **limits: Any) -> Any:
+        calls.append(plan)
+        return real(plan, **limits)
+
+    monkeypatch.setattr(gate_module, "validate_plan", counted)
+    costed: list[Plan] = []
+
+    def budget_check(plan: Plan) -> list[hierplan.PlanProblem]:
+        costed.append(plan)
+        return []
+
+    context = ctx(budget_check=budget_check)
+    assert Gate().validate(GOOD, context) == []
+    assert calls == [GOOD] and costed == [GOOD]  # the structure validator's, then the budget's
+    # Another plan, or the same plan under other limits, is worked out again.
+    broken = Plan(goal="g", steps=[s("a", "b")])
+    assert [p.code for p in Gate().validate(broken, context)] == ["dangling_dependency"]
+    assert calls == [GOOD, broken] and costed == [GOOD]  # a broken plan is not costed
+    narrower = dataclasses.replace(context, allowed_tools=frozenset())
+    assert [p.code for p in Gate().validate(GOOD, narrower)] == ["unknown_tool"]
+    assert calls == [GOOD, broken, GOOD]

@@ -58,6 +58,10 @@ class RefusedEdit:
         return f"edit by {self.by or 'the reviewer'} refused"
 
 
+# The limits a plan's structure is checked under: allowed tools, steps, depth, deepest depth.
+_Limits = tuple[frozenset[str], int, int, int]
+
+
 @dataclass(slots=True, frozen=True)
 class GateContext:
     """What the gate and the approver know about the plan under review.
@@ -92,6 +96,26 @@ class GateContext:
     budget_check: Callable[[Plan], list[PlanProblem]] | None = None
     """The node's budget check (see :class:`~hierplan.agents.costs.BudgetCheck`), when a
     budget limits it."""
+    _structure: dict[int, tuple[Plan, _Limits, list[PlanProblem]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def structure_problems(self, plan: Plan) -> list[PlanProblem]:
+        """What :func:`~hierplan.plans.plan.validate_plan` finds in ``plan`` under this
+        context's limits, worked out once a plan: the structure validator and the budget
+        validator (which costs only a sound plan) both ask."""
+        key = (self.allowed_tools, self.max_steps, self.depth, self.max_depth)
+        found = self._structure.get(id(plan))
+        if found is None or found[0] is not plan or found[1] != key:
+            problems = validate_plan(
+                plan,
+                tools=self.allowed_tools,
+                max_steps=self.max_steps,
+                depth=self.depth,
+                max_depth=self.max_depth,
+            )
+            found = self._structure[id(plan)] = (plan, key, problems)
+        return list(found[2])
 
     @property
     def is_root(self) -> bool:
@@ -244,13 +268,7 @@ Validator = Callable[[Plan, GateContext], list[PlanProblem]]
 def structure_validator(plan: Plan, ctx: GateContext) -> list[PlanProblem]:
     """Ids, dependencies, cycles, size, depth, tools allowed for this node, and ``$id``
     references to steps it does not depend on."""
-    return validate_plan(
-        plan,
-        tools=ctx.allowed_tools,
-        max_steps=ctx.max_steps,
-        depth=ctx.depth,
-        max_depth=ctx.max_depth,
-    )
+    return ctx.structure_problems(plan)
 
 
 def args_validator(plan: Plan, ctx: GateContext) -> list[PlanProblem]:
@@ -293,7 +311,7 @@ def _args_problems(step: Step, toolbox: Toolbox, *, has_refs: bool) -> list[Plan
 def budget_validator(plan: Plan, ctx: GateContext) -> list[PlanProblem]:
     """The plan's least cost fits what its node has left (only under a budget, and only for a
     plan whose structure is sound: the cost of a broken plan means nothing)."""
-    if ctx.budget_check is None or structure_validator(plan, ctx):
+    if ctx.budget_check is None or ctx.structure_problems(plan):
         return []
     return ctx.budget_check(plan)
 
