@@ -327,16 +327,15 @@ def test_a_plan_s_structure_is_worked_out_once_for_the_validators_that_ask(
 ) -> None:
     import dataclasses
 
-    import hierplan.hierarchy.gate as gate_module
+    from hierplan.plans.plan import validate_plan as real
 
     calls: list[Plan] = []
-    real = gate_module.validate_plan
 
     def counted(plan: Plan, **limits: Any) -> Any:
         calls.append(plan)
         return real(plan, **limits)
 
-    monkeypatch.setattr(gate_module, "validate_plan", counted)
+    monkeypatch.setattr("hierplan.hierarchy.gate.validate_plan", counted)
     costed: list[Plan] = []
 
     def budget_check(plan: Plan) -> list[hierplan.PlanProblem]:

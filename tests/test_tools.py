@@ -506,16 +506,15 @@ async def test_a_planned_call_is_not_schema_checked_again_but_a_retry_is(
     # The gate checks a tool-only step's arguments against the tool's schema; its first call
     # does not check them again, but still converts them (the date arrives as a date). The
     # retry after a failure checks them again.
-    import hierplan.tools.base as tools_base
+    from hierplan.tools.schema import schema_problems as real
 
     checks: list[Any] = []
-    real = tools_base.schema_problems
 
     def counted(schema: Any, value: Any, *args: Any, **kwargs: Any) -> list[str]:
         checks.append(value)
         return real(schema, value, *args, **kwargs)
 
-    monkeypatch.setattr(tools_base, "schema_problems", counted)
+    monkeypatch.setattr("hierplan.tools.base.schema_problems", counted)
     seen: list[date] = []
 
     @tool

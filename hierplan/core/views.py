@@ -13,7 +13,7 @@ carries).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Awaitable, Mapping
+from collections.abc import AsyncGenerator, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -248,7 +248,7 @@ class StepEnv(Protocol):
         """The specs of the tools the node (or the narrower ``allowed``) may call."""
         ...
 
-    def call_model(self, request: ModelRequest) -> Awaitable[ModelResponse]:
+    def call_model(self, request: ModelRequest) -> Coroutine[Any, Any, ModelResponse]:
         """Call the node's model (retried, budgeted, recorded and traced): await what it
         returns."""
         ...
@@ -271,7 +271,7 @@ class StepEnv(Protocol):
         *,
         references: bool = False,
         planned: Mapping[str, Any] | None = None,
-    ) -> Awaitable[Any]:
+    ) -> Coroutine[Any, Any, Any]:
         """Call a tool (inside every instrument's tool scope; recorded on the node): await
         what it returns.
         ``planned``: the plan's own arguments these come from, when they hold no reference to

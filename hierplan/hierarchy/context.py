@@ -10,7 +10,7 @@ executor works in.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Awaitable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Coroutine, Mapping, Sequence
 from functools import partial
 from types import MappingProxyType
 from typing import Any
@@ -285,7 +285,7 @@ class NodeContext:
         """The specs of the tools this node (or the narrower ``allowed``) may call."""
         return self.run.toolbox.specs(self.allowed_tools if allowed is None else allowed)
 
-    def call_model(self, request: ModelRequest) -> Awaitable[ModelResponse]:
+    def call_model(self, request: ModelRequest) -> Coroutine[Any, Any, ModelResponse]:
         """Call this node's model: retried, budgeted, recorded and traced (see
         :mod:`hierplan.hierarchy.calls`)."""
         # The model's own coroutine, not one more around it: a leaf waits in every frame of
@@ -305,7 +305,7 @@ class NodeContext:
         *,
         references: bool = False,
         planned: Mapping[str, Any] | None = None,
-    ) -> Awaitable[Any]:
+    ) -> Coroutine[Any, Any, Any]:
         """Call a tool inside every instrument's tool scope and record it on this node."""
         return calls.call_tool(  # its coroutine, not one more around it (see call_model)
             self, target, arguments, call_id, references=references, planned=planned

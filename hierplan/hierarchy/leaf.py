@@ -9,7 +9,7 @@ retried with backoff while the failure says that trying again may help.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Coroutine, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from types import TracebackType
 from typing import Any
@@ -203,7 +203,7 @@ def _finish(
 
 def _execute_step(
     node: NodeContext, step: Step, inputs: Mapping[str, StepResult], react: bool
-) -> Awaitable[StepResult]:
+) -> Coroutine[Any, Any, StepResult]:
     """Do the step: run an executor's tool-calling loop, or call its tool directly (see
     :func:`_call_planned_tool`)."""
     if step.tool is None or step.args is None:
