@@ -84,6 +84,7 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/overhead.py
 	@if command -v valgrind >/dev/null; then $(BIN)/python benchmarks/instructions.py; \
 	else echo "benchmarks/instructions.py not run: valgrind is not installed (apt-get install valgrind)"; fi
+	$(BIN)/python benchmarks/memory.py
 	$(BIN)/python benchmarks/makespan.py
 	$(BIN)/python benchmarks/scale.py
 	$(BIN)/python benchmarks/tracing.py

@@ -2,6 +2,7 @@
 evidence behind the 100,000-leaf peak RSS of ``benchmarks/scale.py``.
 
     .venv/bin/python benchmarks/memory.py [--leaves 10000] [--top 25] [--queued 20000]
+        [--out DIR | --no-out]
 
 The workload is that of ``benchmarks/overhead.py`` (a three-level hierplan tree, budgets on,
 tracing off, concurrency not limited), except that every leaf's model call waits for the
@@ -20,6 +21,10 @@ Reported, per leaf:
 - the chain of coroutines one waiting leaf is suspended in, with each frame's size;
 - with ``--queued N``: the traced peak of one plan of N one-millisecond steps under the default
   per-plan limit, where the steps that cannot start yet wait in the scheduler's queue.
+
+The figures per leaf (not the type listing) are written to ``<out>/memory.json`` (``--out``,
+by default ``benchmarks/results``; ``--no-out`` writes nothing), which ``report.py`` puts in
+the README's tables.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import anyio
 
 sys.path.append(str(Path(__file__).resolve().parent))  # overhead; last, to shadow nothing
 import overhead
+import perfkit
 
 import hierplan
 from hierplan import FunctionModel, ModelRequest, ModelResponse, RunSettings
@@ -206,7 +212,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--queued", type=int, default=0, help="also measure one plan of this many steps"
     )
+    parser.add_argument("--out", type=Path, default=perfkit.RESULTS)
+    parser.add_argument("--no-out", dest="out", action="store_const", const=None)
     args = parser.parse_args(argv)
+    details = perfkit.machine()
+    perfkit.print_machine(details)
     ours = anyio.run(measure_hierplan, args.leaves)
     bare, bare_objects = anyio.run(measure_anyio, args.leaves)
     ours["anyio_in_flight_bytes"] = bare
@@ -232,6 +242,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"one plan of {args.queued:,} steps, {RunSettings().plan_concurrency} at once: "
             f"traced peak {ours['queued_peak_bytes']:,.0f} bytes a step"
         )
+    figures = ("objects", "anyio_objects", "in_flight_bytes", "after_bytes")
+    data = {
+        "benchmark": "memory",
+        "command": "python benchmarks/memory.py " + " ".join(argv or sys.argv[1:]),
+        "machine": details,
+        "leaves": args.leaves,
+        **{name: ours[name] for name in (*figures, "anyio_in_flight_bytes", "chain")},
+        "objects_over_anyio": ours["objects"] / ours["anyio_objects"],
+        "queued_peak_bytes": ours.get("queued_peak_bytes"),
+    }
+    perfkit.write_results("memory", data, args.out)
     return ours
 
 

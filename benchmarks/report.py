@@ -22,7 +22,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 START, END = "<!-- results:start -->", "<!-- results:end -->"
-NAMES = ("overhead", "instructions", "makespan", "scale", "tracing")
+NAMES = ("overhead", "instructions", "memory", "makespan", "scale", "tracing")
 Data = dict[str, Any] | None
 
 
@@ -237,28 +237,59 @@ def tracing(before: Data, now: Data) -> str:
 def instructions(before: Data, now: Data) -> str:
     """Instructions per leaf of each implementation, and their ratios, before and now."""
     rows = []
-    for impl in ("hierplan", "anyio", "langgraph"):
+    for impl, label in (
+        ("hierplan", "hierplan"),
+        ("hierplan-direct", "hierplan, tool-only leaf"),
+        ("anyio", "anyio"),
+        ("langgraph", "langgraph"),
+    ):
         cells = [
             fmt(_row(d, impl, (d or {}).get("leaves", 0)).get("per_leaf")) for d in (before, now)
         ]
-        rows.append([impl, *cells])
+        rows.append([label, *cells])
     for label, key in (
         ("hierplan / anyio", "hierplan_over_anyio"),
+        ("tool-only leaf / model leaf", "hierplan_direct_over_hierplan"),
         ("LangGraph / hierplan", "langgraph_over_hierplan"),
     ):
         rows.append([label, *[fmt((d or {}).get("ratios", {}).get(key), 2) for d in (before, now)]])
     leaves = (now or before or {}).get("leaves", 1000)
     return (
         f"### instructions\n\nThe overhead workload at {leaves:,} leaves, counted in CPU "
-        "instructions per leaf under valgrind (the same on a loaded machine as on an idle one). "
-        "Targets as for overhead: hierplan / anyio ≤ 1.5; LangGraph / hierplan ≥ 10.\n\n"
+        "instructions per leaf under valgrind (the same on a loaded machine as on an idle one); "
+        "a tool-only leaf is a step with a tool and its arguments, which makes no model call. "
+        "Targets: hierplan / anyio ≤ 2.0; a tool-only leaf ≤ 0.6 of a model leaf. A figure "
+        "not measured in a column's run (no tool-only workload before) is —.\n\n"
         + grid(["", "instructions/leaf before", "now"], rows)
+    )
+
+
+def memory(before: Data, now: Data) -> str:
+    """What a leaf holds while it waits, before and now."""
+    rows = [
+        [label, *[fmt((d or {}).get(key), digits) for d in (before, now)]]
+        for label, key, digits in (
+            ("GC-tracked objects alive per leaf in flight, hierplan", "objects", 1),
+            ("the same, bare anyio task", "anyio_objects", 1),
+            ("hierplan / anyio", "objects_over_anyio", 2),
+            ("bytes per leaf in flight, hierplan", "in_flight_bytes", 0),
+            ("bytes per leaf after the run (the record)", "after_bytes", 0),
+            ("bytes per bare anyio task in flight", "anyio_in_flight_bytes", 0),
+        )
+    ]
+    leaves = (now or before or {}).get("leaves", 10_000)
+    return (
+        f"### memory\n\n{leaves:,} leaves, every one in flight at once (tracemalloc, and the "
+        "objects the garbage collector tracks, which each of its passes walks). Target: "
+        "≤ 40 GC-tracked objects a leaf. Not measured before the performance work: —.\n\n"
+        + grid(["", "before", "now"], rows)
     )
 
 
 SECTIONS: dict[str, Callable[[Data, Data], str]] = {
     "overhead": overhead,
     "instructions": instructions,
+    "memory": memory,
     "makespan": makespan,
     "scale": scale,
     "tracing": tracing,

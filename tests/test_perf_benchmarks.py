@@ -167,8 +167,8 @@ def test_the_report_writes_tables_between_the_markers_and_keeps_the_prose(
     text = readme.read_text()
     assert text.startswith("# Prose\n") and text.endswith("After.\n") and "old" not in text
     assert "### overhead" in text and "| 20 | hierplan | — |" in text
-    assert text.count("before: not run") == 5  # no baseline in this folder
-    assert text.count("now: not run") == 4  # only overhead was run
+    assert text.count("before: not run") == 6  # no baseline in this folder
+    assert text.count("now: not run") == 5  # only overhead was run
     readme.write_text("no markers")
     with pytest.raises(SystemExit, match="markers"):
         report.main(["--results", str(results), "--readme", str(readme)])
@@ -187,9 +187,10 @@ def test_the_events_benchmark_reads_every_event_of_its_runs() -> None:
     assert figures["read_per_s"] > 0 and figures["bytes_per_event"] > 0
 
 
-def test_the_memory_benchmark_counts_a_leaf_in_flight_and_after_the_run() -> None:
+def test_the_memory_benchmark_counts_a_leaf_in_flight_and_after_the_run(tmp_path: Path) -> None:
     memory = _load("memory")
-    figures = memory.main(["--leaves", "200", "--top", "3", "--queued", "400"])
+    args = ["--leaves", "200", "--top", "3", "--queued", "400", "--out", str(tmp_path)]
+    figures = memory.main(args)
     # a leaf in flight holds more than a bare task, and keeps less after the run than in flight
     assert figures["in_flight_bytes"] > figures["anyio_in_flight_bytes"] > 0
     assert 0 < figures["after_bytes"] < figures["in_flight_bytes"]
@@ -200,6 +201,31 @@ def test_the_memory_benchmark_counts_a_leaf_in_flight_and_after_the_run() -> Non
     assert figures["objects"] > figures["anyio_objects"] >= 2
     # a step waiting in the plan's queue holds its plan entry, not a task (about 4 KB)
     assert 0 < figures["queued_peak_bytes"] < figures["anyio_in_flight_bytes"]
+    # the figures per leaf go to memory.json, which the report's memory table reads
+    written = json.loads((tmp_path / "memory.json").read_text())
+    assert written["leaves"] == 200 and written["objects"] == figures["objects"]
+    assert written["objects_over_anyio"] == figures["objects"] / figures["anyio_objects"]
+    report = _load("report")
+    table = report.memory(None, written)
+    assert (
+        f"| GC-tracked objects alive per leaf in flight, hierplan | — | {figures['objects']:,.1f} |"
+        in table
+    )
+
+
+def test_the_report_shows_the_tool_only_leaf_beside_the_model_leaf() -> None:
+    report = _load("report")
+    now = {
+        "leaves": 1000,
+        "rows": [
+            {"impl": "hierplan", "leaves": 1000, "per_leaf": 700_000.0},
+            {"impl": "hierplan-direct", "leaves": 1000, "per_leaf": 350_000.0},
+        ],
+        "ratios": {"hierplan_direct_over_hierplan": 0.5},
+    }
+    table = report.instructions(None, now)
+    assert "| hierplan, tool-only leaf | — | 350,000 |" in table
+    assert "| tool-only leaf / model leaf | — | 0.50 |" in table
 
 
 def test_the_collector_statistics_time_each_sides_own_passes() -> None:
