@@ -679,3 +679,28 @@ async def test_a_repair_of_a_plan_cut_short_keeps_no_done_step_it_does_not_use()
     model.assert_complete()
     assert result.status == "succeeded" and result.answer == "30"
     assert [s.id for s in result.tree.plan_versions[-1].plan.steps] == ["3"]
+
+
+async def test_each_streamed_step_s_arguments_are_checked_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A streamed step's arguments are checked when its line is read, not again with every
+    line after it, nor when its tool is called."""
+    from hierplan.tools.schema import schema_problems as real
+
+    checked: list[Any] = []
+
+    def counted(schema: Any, value: Any, *args: Any, **kwargs: Any) -> list[str]:
+        checked.append(value)
+        return real(schema, value, *args, **kwargs)
+
+    monkeypatch.setattr("hierplan.tools.base.schema_problems", counted)
+    lookups = Lookups()
+    lines = "".join(f"{k}. lookup({k})\n" for k in range(1, 11))
+    model = ScriptedModel([StreamedText((lines,))])
+    result = await run(model, lookups)
+    model.assert_complete()
+    assert result.status == "succeeded"
+    assert result.tree.plan_versions[0].decided_by == "stream"
+    assert sorted(lookups.keys) == list(range(1, 11))
+    assert sorted(c["key"] for c in checked) == list(range(1, 11))

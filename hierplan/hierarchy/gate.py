@@ -277,11 +277,16 @@ def args_validator(plan: Plan, ctx: GateContext) -> list[PlanProblem]:
     problems: list[PlanProblem] = []
     ids = {s.id for s in plan.steps}
     for step in plan.steps:
-        if step.tool is None or step.args is None or step.tool not in ctx.toolbox:
-            continue
-        has_refs = bool(step_refs(step, ids))
-        problems.extend(_args_problems(step, ctx.toolbox, has_refs=has_refs))
+        problems.extend(step_args_problems(step, ids, ctx))
     return problems
+
+
+def step_args_problems(step: Step, ids: set[str], ctx: GateContext) -> list[PlanProblem]:
+    """What :func:`args_validator` finds in one step of a plan whose step ids are ``ids``: a
+    streamed plan checks each step as it comes, not again with every step after it."""
+    if step.tool is None or step.args is None or step.tool not in ctx.toolbox:
+        return []
+    return _args_problems(step, ctx.toolbox, has_refs=bool(step_refs(step, ids)))
 
 
 def _args_problems(step: Step, toolbox: Toolbox, *, has_refs: bool) -> list[PlanProblem]:

@@ -51,7 +51,7 @@ from hierplan.hierarchy.gate import (
     AutoApprove,
     GateContext,
     GateOutcome,
-    args_validator,
+    step_args_problems,
     structure_validator,
 )
 from hierplan.hierarchy.planning import PlanPolicy, add_version, announce_replan, decide
@@ -213,7 +213,8 @@ class _Intake:
         :class:`StepRefused` if it fails its checks."""
         node, ctx = self.node, self.ctx
         prefix = Plan(goal=node.goal, steps=self.kept.merged([*self.accepted, step]))
-        problems = structure_validator(prefix, ctx) + args_validator(prefix, ctx)
+        ids = {s.id for s in prefix.steps}
+        problems = structure_validator(prefix, ctx) + step_args_problems(step, ids, ctx)
         why = self.kept.redone_after_use([*self.accepted, step]) if self.kept.steps else None
         if why is not None:
             problems.append(PlanProblem("redone_after_use", why, step.id))
