@@ -242,13 +242,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"one plan of {args.queued:,} steps, {RunSettings().plan_concurrency} at once: "
             f"traced peak {ours['queued_peak_bytes']:,.0f} bytes a step"
         )
-    figures = ("objects", "anyio_objects", "in_flight_bytes", "after_bytes")
+    kept = ("objects", "anyio_objects", "in_flight_bytes", "after_bytes", "anyio_in_flight_bytes")
     data = {
         "benchmark": "memory",
         "command": "python benchmarks/memory.py " + " ".join(argv or sys.argv[1:]),
         "machine": details,
         "leaves": args.leaves,
-        **{name: ours[name] for name in (*figures, "anyio_in_flight_bytes", "chain")},
+        **{name: ours[name] for name in (*kept, "chain")},
         "objects_over_anyio": ours["objects"] / ours["anyio_objects"],
         "queued_peak_bytes": ours.get("queued_peak_bytes"),
     }

@@ -291,7 +291,6 @@ def step_args_problems(step: Step, ids: set[str], ctx: GateContext) -> list[Plan
 
 def _args_problems(step: Step, toolbox: Toolbox, *, has_refs: bool) -> list[PlanProblem]:
     assert step.tool is not None and step.args is not None
-    target = toolbox.get(step.tool)
     if not has_refs:
         try:
             toolbox.check_planned(step.tool, step.args)
@@ -299,6 +298,7 @@ def _args_problems(step: Step, toolbox: Toolbox, *, has_refs: bool) -> list[Plan
             return [PlanProblem("bad_args", f"step {step.id!r}: {exc}", step.id)]
         return []
     # With references the values are only known at run time: check the names alone.
+    target = toolbox.get(step.tool)
     props = target.parameters.get("properties", {})
     required = set(target.parameters.get("required", []))
     out = [

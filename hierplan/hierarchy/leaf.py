@@ -207,8 +207,7 @@ def _execute_step(
     """Do the step: run an executor's tool-calling loop, or call its tool directly (see
     :func:`_call_planned_tool`)."""
     if step.tool is None or step.args is None:
-        # The executor's coroutine itself, not one more around it: a leaf waits in every
-        # frame of its chain, and each one is memory and collector work while it waits.
+        # The executor's coroutine itself, not one around it (see NodeContext.call_model).
         return node.run.llm_executor.execute(
             node, step.instruction, inputs, context=node.context, only_tool=step.tool, react=react
         )
