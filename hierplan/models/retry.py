@@ -73,16 +73,17 @@ class RetryingModel(WrappedModel):
             try:
                 return await self.inner.request(request)
             except ModelError as exc:
-                delay = self._delay(attempt, exc)
+                delay = self.delay_after(attempt, exc)
             await anyio.sleep(delay)
 
     def stream(self, request: ModelRequest) -> AsyncGenerator[StreamItem, None]:
         """Stream ``request`` from the wrapped model, retrying retryable errors that come
         before its first delta (after it, the reader has acted on the text: the error stands)."""
-        return stream_retried(self.inner, request, self._delay)
+        return stream_retried(self.inner, request, self.delay_after)
 
-    def _delay(self, attempt: int, exc: ModelError) -> float:
-        """How long to wait before retrying ``exc``; raises it when it is not to be retried."""
+    def delay_after(self, attempt: int, exc: ModelError) -> float:
+        """How long to wait before retrying attempt ``attempt``'s ``exc`` (reported to
+        ``on_retry``); raises it when it is not to be retried."""
         policy = self.policy
         if not exc.retryable or attempt > policy.retries:
             raise exc
