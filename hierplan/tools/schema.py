@@ -16,6 +16,7 @@ own validation still runs), so a schema using them is never refused wrongly.
 from __future__ import annotations
 
 import math
+import operator
 import re
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -39,6 +40,20 @@ _TYPE_CHECKS: Mapping[str, Callable[[Any], bool]] = MappingProxyType(
         "object": lambda v: isinstance(v, dict),
     }
 )
+
+
+# The numeric bounds: a keyword, whether a value keeps to it, and how a problem words it.
+_BOUNDS: tuple[tuple[str, Callable[[Any, Any], bool], str], ...] = (
+    ("minimum", operator.ge, "at least"),
+    ("maximum", operator.le, "at most"),
+    ("exclusiveMinimum", operator.gt, "more than"),
+    ("exclusiveMaximum", operator.lt, "less than"),
+)
+
+
+def _anything(value: Any) -> bool:
+    """The check of a type this does not know: the tool's own validation judges."""
+    return True
 
 
 class _Opaque:
@@ -154,9 +169,14 @@ def _check_type(schema: Mapping[str, Any], value: Any, path: str, out: list[str]
     wanted = schema.get("type")
     if wanted is None:
         return True
-    names = [wanted] if isinstance(wanted, str) else list(wanted)
-    if any(_TYPE_CHECKS.get(n, lambda v: True)(value) for n in names):
-        return True
+    if isinstance(wanted, str):  # the usual case, one type: no list and no generator
+        if _TYPE_CHECKS.get(wanted, _anything)(value):
+            return True
+        names = [wanted]
+    else:
+        names = list(wanted)
+        if any(_TYPE_CHECKS.get(n, _anything)(value) for n in names):
+            return True
     expected = " or ".join(names)
     out.append(f"{_where(path)}: expected {expected}, got {_kind(value)} {_shown(value)}")
     return False
@@ -278,13 +298,13 @@ def _check_string(schema: Mapping[str, Any], value: str, path: str, out: list[st
 def _check_number(schema: Mapping[str, Any], value: float, path: str, out: list[str]) -> None:
     if math.isnan(value):
         return  # compares with nothing, as in JSON Schema validators
-    bounds: tuple[tuple[str, Callable[[float], bool], str], ...] = (
-        ("minimum", lambda b: value >= b, "at least"),
-        ("maximum", lambda b: value <= b, "at most"),
-        ("exclusiveMinimum", lambda b: value > b, "more than"),
-        ("exclusiveMaximum", lambda b: value < b, "less than"),
-    )
-    for keyword, holds, words in bounds:
+    for keyword, holds, words in _BOUNDS:
         bound = schema.get(keyword)
-        if isinstance(bound, int | float) and not isinstance(bound, bool) and not holds(bound):
+        if bound is None:
+            continue
+        if (
+            isinstance(bound, int | float)
+            and not isinstance(bound, bool)
+            and not holds(value, bound)
+        ):
             out.append(f"{_where(path)}: expected a number {words} {bound}, got {value}")
