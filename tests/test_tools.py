@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import anyio
 import anyio.lowlevel
 import pytest
-from pydantic import BaseModel, Field, field_validator
+from pydantic import AfterValidator, BaseModel, Field, field_validator
 
 import hierplan
 from hierplan import Plan, ScriptedModel, Step, tool
@@ -490,14 +490,107 @@ def test_the_toolbox_vouches_once_for_the_very_arguments_it_checked() -> None:
     box = Toolbox([scale])
     args = {"values": [1.0, 2.0]}
     box.check_planned("scale", args)
-    assert not box.take_checked("scale", {"values": [1.0, 2.0]})  # equal, not the same
-    assert not box.take_checked("other", args)  # the same arguments for another tool
+    assert box.take_checked("scale", {"values": [1.0, 2.0]}) is None  # equal, not the same
+    assert box.take_checked("other", args) is None  # the same arguments for another tool
     box.check_planned("scale", args)
-    assert box.take_checked("scale", args)
-    assert not box.take_checked("scale", args)  # once: a later attempt checks again
+    # What the check made of them: the default filled in, a dict of the tool's own.
+    valid = box.take_checked("scale", args)
+    assert valid == {"values": [1.0, 2.0], "factor": 2.0} and valid is not args
+    assert box.take_checked("scale", args) is None  # once: a later attempt checks again
     with pytest.raises(ToolArgsError, match="values"):
         box.check_planned("scale", {"values": "many"})
-    assert not box.take_checked("scale", {"values": "many"})
+    assert box.take_checked("scale", {"values": "many"}) is None
+
+
+class _Stock(hierplan.Tool):
+    """A tool whose check asks the world (what is in stock), not only the arguments."""
+
+    def __init__(self, stock: set[str]) -> None:
+        schema = {"type": "object", "properties": {"item": {"type": "string"}}}
+        super().__init__("take", "Take an item from stock.", schema)
+        self.stock = stock
+        self.checks = 0
+
+    def validate(self, arguments: Any) -> Any:
+        self.checks += 1
+        if arguments.get("item") not in self.stock:
+            raise ToolArgsError(f"no {arguments.get('item')!r} in stock")
+        return arguments
+
+    async def invoke(self, arguments: Any) -> Any:
+        self.stock.discard(arguments["item"])
+        return arguments["item"]
+
+
+def test_the_toolbox_does_not_vouch_for_a_check_that_asks_the_world() -> None:
+    take = _Stock({"apple"})
+    box = Toolbox([take])
+    args = {"item": "apple"}
+    box.check_planned("take", args)
+    assert take.checks == 1 and box.take_checked("take", args) is None
+
+
+async def test_a_tool_whose_check_asks_the_world_is_checked_again_at_the_call() -> None:
+    # Two steps take the one apple: both pass the gate, and the second step's call, checked
+    # again when it runs, finds none left and fails with its tool's own message.
+    take = _Stock({"apple"})
+    steps = [
+        Step(id="a", title="a", instruction="take", tool="take", args={"item": "apple"}),
+        Step(
+            id="b",
+            title="b",
+            instruction="take",
+            tool="take",
+            args={"item": "apple"},
+            depends_on=["a"],
+        ),
+    ]
+    result = await hierplan.run(
+        "take apples",
+        model=ScriptedModel([plan_response(Plan(goal="take apples", steps=steps))]),
+        tools=[take],
+        strategy="dag",
+        settings=hierplan.RunSettings(max_retries=0, max_replans=0, redecide_tool_calls=False),
+    )
+    assert result.status == "partial", result.error
+    (second,) = [n for n in result.tree.walk() if n.step_id == "b"]
+    assert second.status == "failed" and "no 'apple' in stock" in (second.error or "")
+    assert take.checks == 4  # two at the gate, one at each call
+
+
+_CONVERTED: list[str] = []  # what _loud converted, in order
+
+
+def _loud(text: str) -> str:
+    _CONVERTED.append(text)
+    return text.upper()
+
+
+async def test_a_planned_call_takes_the_arguments_as_the_gate_converted_them() -> None:
+    # A tool-only step's arguments are converted once, at the gate, for its first call; its
+    # retry converts them again.
+    _CONVERTED.clear()
+    calls: list[str] = []
+
+    @tool
+    def shout(word: Annotated[str, AfterValidator(_loud)]) -> str:
+        """Say a word loud; fails the first time."""
+        calls.append(word)
+        if len(calls) == 1:
+            raise ToolError("hoarse, try again", retryable=True)
+        return word
+
+    step = Step(id="s1", title="s", instruction="shout", tool="shout", args={"word": "hi"})
+    result = await hierplan.run(
+        "shout",
+        model=ScriptedModel([plan_response(Plan(goal="shout", steps=[step]))]),
+        tools=[shout],
+        strategy="dag",
+        settings=hierplan.RunSettings(retry_backoff_s=0.0),
+    )
+    assert result.status == "succeeded", result.error
+    assert calls == ["HI", "HI"]
+    assert _CONVERTED == ["hi", "hi"]  # the gate's, and the retry's: not the first call's
 
 
 async def test_a_planned_call_is_not_schema_checked_again_but_a_retry_is(

@@ -355,7 +355,7 @@ async def call_tool(
     :meth:`~hierplan.tools.base.Tool.call`; ``planned``: the plan's arguments they were made
     from, whose schema check at the plan gate is not made again)."""
     run = node.run
-    checked = planned is not None and run.toolbox.take_checked(target.name, planned)
+    valid = None if planned is None else run.toolbox.take_checked(target.name, planned)
     started_at = time.time()
     started = time.perf_counter()
     error: str | None = None
@@ -368,12 +368,12 @@ async def call_tool(
             if (scope := instrument.tool_scope(node, call)) is not None
         ]
         if not scopes:  # the usual case without tracing: no exit stack to build and unwind
-            output = await _call(target, arguments, references=references, checked=checked)
+            output = await _call(target, arguments, references=references, valid=valid)
             return output
         async with AsyncExitStack() as stack:
             for scope in scopes:
                 await stack.enter_async_context(scope)
-            output = await _call(target, arguments, references=references, checked=checked)
+            output = await _call(target, arguments, references=references, valid=valid)
         return output
     except HierplanError as exc:
         error = str(exc)
@@ -412,10 +412,14 @@ async def call_tool(
 
 
 async def _call(
-    target: Tool, arguments: Mapping[str, Any], *, references: bool, checked: bool
+    target: Tool,
+    arguments: Mapping[str, Any],
+    *,
+    references: bool,
+    valid: Mapping[str, Any] | None,
 ) -> Any:
     try:
-        return await target.call(arguments, references=references, checked=checked)
+        return await target.call(arguments, references=references, valid=valid)
     except HierplanError:
         raise
     # A tool's own bug or failure becomes a step failure; so does a sys.exit() in its code (an
