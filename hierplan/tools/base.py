@@ -587,7 +587,7 @@ def _json_text(result: Any) -> str:
     # Every step catches any Exception: a tool's value runs its own code here (a __str__ that
     # raises), and an int of more than 4300 digits has no decimal text at all.
     try:
-        return json.dumps(result, default=_jsonable)
+        return _ENCODER.encode(result)
     except Exception:
         pass  # keys JSON cannot take (a tuple), or a value that contains itself
     try:
@@ -601,8 +601,13 @@ def _json_text(result: Any) -> str:
 
 
 def _jsonable(value: Any) -> Any:
-    """``json.dumps``'s ``default``: a value JSON has no form for, in one it has."""
+    """The encoder's ``default``: a value JSON has no form for, in one it has."""
     return to_jsonable_python(value, fallback=str)
+
+
+# json.dumps(result, default=_jsonable) with the encoder made once, not once a call: it keeps no
+# state between calls, and a tool-only leaf encodes three texts (its arguments, its output twice).
+_ENCODER = json.JSONEncoder(default=_jsonable)
 
 
 ToolFunction = Callable[..., Any] | Callable[..., Awaitable[Any]]
