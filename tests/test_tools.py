@@ -490,16 +490,14 @@ def test_the_toolbox_vouches_once_for_the_very_arguments_it_checked() -> None:
     box = Toolbox([scale])
     args = {"values": [1.0, 2.0]}
     box.check_planned("scale", args)
-    assert box.take_checked("scale", {"values": [1.0, 2.0]}) is None  # equal, not the same
-    assert box.take_checked("other", args) is None  # the same arguments for another tool
+    assert not box.take_checked("scale", {"values": [1.0, 2.0]})  # equal, not the same
+    assert not box.take_checked("other", args)  # the same arguments for another tool
     box.check_planned("scale", args)
-    # What the check made of them: the default filled in, a dict of the tool's own.
-    valid = box.take_checked("scale", args)
-    assert valid == {"values": [1.0, 2.0], "factor": 2.0} and valid is not args
-    assert box.take_checked("scale", args) is None  # once: a later attempt checks again
+    assert box.take_checked("scale", args)
+    assert not box.take_checked("scale", args)  # once: a later attempt checks again
     with pytest.raises(ToolArgsError, match="values"):
         box.check_planned("scale", {"values": "many"})
-    assert box.take_checked("scale", {"values": "many"}) is None
+    assert not box.take_checked("scale", {"values": "many"})
 
 
 class _Stock(hierplan.Tool):
@@ -522,75 +520,94 @@ class _Stock(hierplan.Tool):
         return arguments["item"]
 
 
-def test_the_toolbox_does_not_vouch_for_a_check_that_asks_the_world() -> None:
-    take = _Stock({"apple"})
-    box = Toolbox([take])
-    args = {"item": "apple"}
-    box.check_planned("take", args)
-    assert take.checks == 1 and box.take_checked("take", args) is None
+_PANTRY: set[str] = set()
 
 
-async def test_a_tool_whose_check_asks_the_world_is_checked_again_at_the_call() -> None:
-    # Two steps take the one apple: both pass the gate, and the second step's call, checked
-    # again when it runs, finds none left and fails with its tool's own message.
-    take = _Stock({"apple"})
+def _in_pantry(item: str) -> str:
+    if item not in _PANTRY:
+        raise ValueError(f"no {item!r} in the pantry")
+    return item
+
+
+@tool
+def cook(item: Annotated[str, AfterValidator(_in_pantry)]) -> str:
+    """Cook an item from the pantry."""
+    _PANTRY.discard(item)
+    return item
+
+
+def _two_takes(tool_name: str) -> Plan:
     steps = [
-        Step(id="a", title="a", instruction="take", tool="take", args={"item": "apple"}),
+        Step(id="a", title="a", instruction="take", tool=tool_name, args={"item": "apple"}),
         Step(
             id="b",
             title="b",
             instruction="take",
-            tool="take",
+            tool=tool_name,
             args={"item": "apple"},
             depends_on=["a"],
         ),
     ]
+    return Plan(goal="take apples", steps=steps)
+
+
+@pytest.mark.parametrize("kind", ["validate", "signature"])
+async def test_a_check_that_asks_the_world_runs_again_at_the_call(kind: str) -> None:
+    # Two steps take the one apple: both pass the gate, and the second step's call, checked
+    # again when it runs, finds none left and fails with the tool's own message. The check is
+    # a Tool's validate, or a validator in a @tool's signature.
+    _PANTRY.clear()
+    _PANTRY.add("apple")
+    take = _Stock({"apple"})
+    target: hierplan.Tool = take if kind == "validate" else cook
     result = await hierplan.run(
         "take apples",
-        model=ScriptedModel([plan_response(Plan(goal="take apples", steps=steps))]),
-        tools=[take],
+        model=ScriptedModel([plan_response(_two_takes(target.name))]),
+        tools=[target],
         strategy="dag",
         settings=hierplan.RunSettings(max_retries=0, max_replans=0, redecide_tool_calls=False),
     )
     assert result.status == "partial", result.error
     (second,) = [n for n in result.tree.walk() if n.step_id == "b"]
-    assert second.status == "failed" and "no 'apple' in stock" in (second.error or "")
-    assert take.checks == 4  # two at the gate, one at each call
+    assert second.status == "failed"
+    assert "in stock" in (second.error or "") or "in the pantry" in (second.error or "")
+    if kind == "validate":
+        assert take.checks == 4  # two at the gate, one at each call
 
 
-_CONVERTED: list[str] = []  # what _loud converted, in order
+class _Collect(hierplan.Tool):
+    """A tool that adds to the list it is given, and fails (so as to be retried) at first."""
+
+    def __init__(self) -> None:
+        schema = {"type": "object", "properties": {"items": {"type": "array"}}}
+        super().__init__("collect", "Collect items.", schema)
+        self.seen: list[list[str]] = []
+
+    async def invoke(self, arguments: Any) -> Any:
+        self.seen.append(list(arguments["items"]))
+        arguments["items"].append("added")
+        if len(self.seen) == 1:
+            raise ToolError("busy, try again", retryable=True)
+        return len(arguments["items"])
 
 
-def _loud(text: str) -> str:
-    _CONVERTED.append(text)
-    return text.upper()
-
-
-async def test_a_planned_call_takes_the_arguments_as_the_gate_converted_them() -> None:
-    # A tool-only step's arguments are converted once, at the gate, for its first call; its
-    # retry converts them again.
-    _CONVERTED.clear()
-    calls: list[str] = []
-
-    @tool
-    def shout(word: Annotated[str, AfterValidator(_loud)]) -> str:
-        """Say a word loud; fails the first time."""
-        calls.append(word)
-        if len(calls) == 1:
-            raise ToolError("hoarse, try again", retryable=True)
-        return word
-
-    step = Step(id="s1", title="s", instruction="shout", tool="shout", args={"word": "hi"})
+async def test_what_a_tool_does_to_its_arguments_stays_its_own() -> None:
+    # The tool changes the list it was given: the plan keeps its arguments, and the retry gets
+    # them as the plan wrote them.
+    collect = _Collect()
+    step = Step(id="s1", title="c", instruction="collect", tool="collect", args={"items": ["a"]})
     result = await hierplan.run(
-        "shout",
-        model=ScriptedModel([plan_response(Plan(goal="shout", steps=[step]))]),
-        tools=[shout],
+        "collect",
+        model=ScriptedModel([plan_response(Plan(goal="collect", steps=[step]))]),
+        tools=[collect],
         strategy="dag",
         settings=hierplan.RunSettings(retry_backoff_s=0.0),
     )
     assert result.status == "succeeded", result.error
-    assert calls == ["HI", "HI"]
-    assert _CONVERTED == ["hi", "hi"]  # the gate's, and the retry's: not the first call's
+    assert collect.seen == [["a"], ["a"]]
+    assert result.tree.plan_versions[-1].plan.steps[0].args == {"items": ["a"]}
+    (node,) = [n for n in result.tree.walk() if n.step_id == "s1"]
+    assert [c.arguments for c in node.tool_calls] == ['{"items": ["a"]}'] * 2
 
 
 async def test_a_planned_call_is_not_schema_checked_again_but_a_retry_is(

@@ -138,7 +138,7 @@ class ToolExecutor:
         references = uses_refs(args, inputs)
         output = await node.call_tool(
             target,
-            resolve_refs(args, inputs) if references else dict(args),
+            resolve_refs(args, inputs),
             f"{node.path}:1",
             references=references,
             planned=None if references else args,

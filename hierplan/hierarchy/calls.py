@@ -355,7 +355,9 @@ async def call_tool(
     :meth:`~hierplan.tools.base.Tool.call`; ``planned``: the plan's arguments they were made
     from, whose schema check at the plan gate is not made again)."""
     run = node.run
-    valid = None if planned is None else run.toolbox.take_checked(target.name, planned)
+    checked = planned is not None and run.toolbox.take_checked(target.name, planned)
+    # The text of the arguments as the tool gets them: a tool may change what it is given.
+    arguments_text = result_text(arguments, limit=TOOL_TEXT_LIMIT)
     started_at = time.time()
     started = time.perf_counter()
     error: str | None = None
@@ -368,12 +370,12 @@ async def call_tool(
             if (scope := instrument.tool_scope(node, call)) is not None
         ]
         if not scopes:  # the usual case without tracing: no exit stack to build and unwind
-            output = await _call(target, arguments, references=references, valid=valid)
+            output = await _call(target, arguments, references=references, checked=checked)
             return output
         async with AsyncExitStack() as stack:
             for scope in scopes:
                 await stack.enter_async_context(scope)
-            output = await _call(target, arguments, references=references, valid=valid)
+            output = await _call(target, arguments, references=references, checked=checked)
         return output
     except HierplanError as exc:
         error = str(exc)
@@ -390,7 +392,7 @@ async def call_tool(
         node.record.tool_calls.append(
             ToolCallRecord(
                 tool=target.name,
-                arguments=result_text(arguments, limit=TOOL_TEXT_LIMIT),
+                arguments=arguments_text,
                 result=None if error is not None else result_text(output, limit=TOOL_TEXT_LIMIT),
                 error=error,
                 started_at=started_at,
@@ -412,14 +414,10 @@ async def call_tool(
 
 
 async def _call(
-    target: Tool,
-    arguments: Mapping[str, Any],
-    *,
-    references: bool,
-    valid: Mapping[str, Any] | None,
+    target: Tool, arguments: Mapping[str, Any], *, references: bool, checked: bool
 ) -> Any:
     try:
-        return await target.call(arguments, references=references, valid=valid)
+        return await target.call(arguments, references=references, checked=checked)
     except HierplanError:
         raise
     # A tool's own bug or failure becomes a step failure; so does a sys.exit() in its code (an

@@ -170,18 +170,16 @@ class Tool(ABC):
         return arguments
 
     async def call(
-        self,
-        arguments: Mapping[str, Any],
-        *,
-        references: bool = False,
-        valid: Mapping[str, Any] | None = None,
+        self, arguments: Mapping[str, Any], *, references: bool = False, checked: bool = False
     ) -> Any:
         """Validate ``arguments``, then run the tool under its timeout. ``references``: the
-        arguments hold outputs of earlier steps (see :meth:`validate_references`); ``valid``:
-        what :meth:`validate` made of these arguments already (the plan gate's check, see
-        :meth:`Toolbox.take_checked`), which :meth:`invoke` takes as it is."""
-        if valid is None:
-            valid = self.validate_references(arguments) if references else self.validate(arguments)
+        arguments hold outputs of earlier steps (see :meth:`validate_references`);
+        ``checked``: :meth:`validate` passed them already (the plan gate's check), so only
+        what :meth:`validate_references` does is done again, not the schema check."""
+        if references or checked:
+            valid = self.validate_references(arguments)
+        else:
+            valid = self.validate(arguments)
         # move_on_after, not fail_after: a TimeoutError the tool raises itself (a client's own
         # timeout, say) is its failure with its own message, not this deadline running out.
         with anyio.move_on_after(self.timeout_s):
@@ -468,11 +466,6 @@ def tool(
     return wrap(function) if function is not None else wrap
 
 
-# The checks that depend on a call's arguments alone, whose answer for a plan's arguments
-# holds when the step runs: the schema check, and a @tool function's conversion.
-_ARGUMENTS_ALONE = (Tool.validate, FunctionTool.validate)
-
-
 class Toolset(ABC):
     """Tools that live behind a connection, such as the tools of an MCP server.
 
@@ -496,9 +489,8 @@ class Toolbox:
         # specs() per allowlist: every leaf asks, and nodes of a plan share their allowlist.
         self._specs: dict[frozenset[str] | None, tuple[ToolSpec, ...]] = {}
         # Plans' arguments that passed their tool's check, by identity (the object is kept, so
-        # that its id is not reused), with what the check made of them: the step's call takes
-        # that instead of checking and converting them again.
-        self._checked: dict[int, tuple[str, Mapping[str, Any], Mapping[str, Any]]] = {}
+        # that its id is not reused): the step's call then does not check them again.
+        self._checked: dict[int, tuple[str, Mapping[str, Any]]] = {}
         for t in tools:
             self.add(t)
 
@@ -539,23 +531,16 @@ class Toolbox:
     def check_planned(self, name: str, arguments: Mapping[str, Any]) -> None:
         """Validate a plan's ``arguments`` for the tool ``name`` (raising
         :class:`~hierplan.errors.ToolArgsError` as :meth:`Tool.validate` does), and remember
-        what the check made of these very arguments (see :meth:`take_checked`)."""
-        target = self.get(name)
-        valid = target.validate(arguments)
-        if type(target).validate in _ARGUMENTS_ALONE:
-            # A copy: the tool may change what it is given, and the plan keeps its arguments.
-            self._checked[id(arguments)] = (name, arguments, dict(valid))
+        that these very arguments passed (see :meth:`take_checked`)."""
+        self.get(name).validate(arguments)
+        self._checked[id(arguments)] = (name, arguments)
 
-    def take_checked(self, name: str, arguments: Mapping[str, Any]) -> Mapping[str, Any] | None:
-        """What :meth:`check_planned` made of these very ``arguments`` (the same object) for
-        the tool ``name``, once, for the step's first call (a later attempt checks again);
-        ``None`` when it did not check them, or when the tool's check may depend on more than
-        the arguments (a :class:`Tool` that overrides :meth:`~Tool.validate`, which then runs
-        at the call as well)."""
+    def take_checked(self, name: str, arguments: Mapping[str, Any]) -> bool:
+        """Whether :meth:`check_planned` passed these very ``arguments`` (the same object) for
+        the tool ``name``; it answers yes once, for the step's first call (a later attempt
+        checks again)."""
         found = self._checked.pop(id(arguments), None)
-        if found is None or found[0] != name or found[1] is not arguments:
-            return None
-        return found[2]
+        return found is not None and found[0] == name and found[1] is arguments
 
     def specs(self, allowed: frozenset[str] | None = None) -> tuple[ToolSpec, ...]:
         """Tool specs for a model request, limited to ``allowed`` when given."""
