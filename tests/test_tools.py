@@ -500,6 +500,19 @@ def test_the_toolbox_vouches_once_for_the_very_arguments_it_checked() -> None:
     assert not box.take_checked("scale", {"values": "many"})
 
 
+async def _run_steps(
+    goal: str, steps: list[Step], target: hierplan.Tool, settings: hierplan.RunSettings
+) -> hierplan.RunResult:
+    """Run a plan of ``steps`` as it is written (dag), with ``target`` its only tool."""
+    return await hierplan.run(
+        goal,
+        model=ScriptedModel([plan_response(Plan(goal=goal, steps=steps))]),
+        tools=[target],
+        strategy="dag",
+        settings=settings,
+    )
+
+
 class _Stock(hierplan.Tool):
     """A tool whose check asks the world (what is in stock), not only the arguments."""
 
@@ -536,8 +549,8 @@ def cook(item: Annotated[str, AfterValidator(_in_pantry)]) -> str:
     return item
 
 
-def _two_takes(tool_name: str) -> Plan:
-    steps = [
+def _two_takes(tool_name: str) -> list[Step]:
+    return [
         Step(id="a", title="a", instruction="take", tool=tool_name, args={"item": "apple"}),
         Step(
             id="b",
@@ -548,7 +561,6 @@ def _two_takes(tool_name: str) -> Plan:
             depends_on=["a"],
         ),
     ]
-    return Plan(goal="take apples", steps=steps)
 
 
 @pytest.mark.parametrize("kind", ["validate", "signature"])
@@ -560,13 +572,8 @@ async def test_a_check_that_asks_the_world_runs_again_at_the_call(kind: str) -> 
     _PANTRY.add("apple")
     take = _Stock({"apple"})
     target: hierplan.Tool = take if kind == "validate" else cook
-    result = await hierplan.run(
-        "take apples",
-        model=ScriptedModel([plan_response(_two_takes(target.name))]),
-        tools=[target],
-        strategy="dag",
-        settings=hierplan.RunSettings(max_retries=0, max_replans=0, redecide_tool_calls=False),
-    )
+    settings = hierplan.RunSettings(max_retries=0, max_replans=0, redecide_tool_calls=False)
+    result = await _run_steps("take apples", _two_takes(target.name), target, settings)
     assert result.status == "partial", result.error
     (second,) = [n for n in result.tree.walk() if n.step_id == "b"]
     assert second.status == "failed"
@@ -596,13 +603,7 @@ async def test_what_a_tool_does_to_its_arguments_stays_its_own() -> None:
     # them as the plan wrote them.
     collect = _Collect()
     step = Step(id="s1", title="c", instruction="collect", tool="collect", args={"items": ["a"]})
-    result = await hierplan.run(
-        "collect",
-        model=ScriptedModel([plan_response(Plan(goal="collect", steps=[step]))]),
-        tools=[collect],
-        strategy="dag",
-        settings=hierplan.RunSettings(retry_backoff_s=0.0),
-    )
+    result = await _run_steps("collect", [step], collect, hierplan.RunSettings(retry_backoff_s=0.0))
     assert result.status == "succeeded", result.error
     assert collect.seen == [["a"], ["a"]]
     assert result.tree.plan_versions[-1].plan.steps[0].args == {"items": ["a"]}
@@ -636,13 +637,7 @@ async def test_a_planned_call_is_not_schema_checked_again_but_a_retry_is(
         return day.isoformat()
 
     step = Step(id="s1", title="on", instruction="on", tool="on", args={"day": "2026-01-02"})
-    result = await hierplan.run(
-        "on a day",
-        model=ScriptedModel([plan_response(Plan(goal="on a day", steps=[step]))]),
-        tools=[on],
-        strategy="dag",
-        settings=hierplan.RunSettings(retry_backoff_s=0.0),
-    )
+    result = await _run_steps("on a day", [step], on, hierplan.RunSettings(retry_backoff_s=0.0))
     assert result.status == "succeeded", result.error
     assert seen == [date(2026, 1, 2)] * 2
     assert checks == [{"day": "2026-01-02"}] * 2  # the gate's and the retry's, not the first call's
