@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import anyio
@@ -21,6 +21,7 @@ from hierplan import (
     Reject,
     ScriptedModel,
     Step,
+    Tool,
     tool,
 )
 from hierplan.hierarchy.gate import Gate
@@ -308,6 +309,87 @@ async def test_the_record_of_a_refused_edit_says_who_made_it_not_who_decided_las
     assert result.status == "succeeded"
     refused = [v for v in result.tree.plan_versions if v.decision == "invalid"]
     assert [(v.decided_by, v.note) for v in refused] == [("validators", "edit by dave refused")]
+
+
+# -- arguments an approver changed in place ------------------------------------------------
+
+
+class Counted(Tool):
+    """A tool with a declared schema (no conversion of its own, as an MCP tool), keeping the
+    ``n`` of every call."""
+
+    def __init__(self) -> None:
+        schema = {
+            "type": "object",
+            "properties": {"n": {"type": "integer"}},
+            "required": ["n"],
+            "additionalProperties": False,
+        }
+        super().__init__("counted", "Takes n.", schema)
+        self.got: list[Any] = []
+
+    async def invoke(self, arguments: Mapping[str, Any]) -> Any:
+        self.got.append(arguments["n"])
+        return f"counted {arguments['n']}"
+
+
+def in_place(values: list[Any], seen: list[tuple[str, ...]]) -> CallbackApprover:
+    """An approver that sets the first step's ``n`` to the next of ``values`` and approves."""
+
+    def review(plan: Plan, context: GateContext) -> Approve:
+        seen.append(context.problems)
+        assert plan.steps[0].args is not None
+        plan.steps[0].args["n"] = values[len(seen) - 1]
+        return Approve(by="erin")
+
+    return CallbackApprover(review)
+
+
+async def test_arguments_an_approver_changed_in_place_are_checked_before_they_run() -> None:
+    counted, seen = Counted(), list[tuple[str, ...]]()
+    plan = Plan(goal="g", steps=[s("a", tool="counted", args={"n": 1})])
+    approver = in_place(["two", 2], seen)
+    outcome = await Gate(approver).review(
+        plan, ctx(toolbox=Toolbox([counted]), allowed_tools=frozenset({"counted"}))
+    )
+    assert (outcome.kind, outcome.by, outcome.plan.steps[0].args) == ("approved", "erin", {"n": 2})
+    assert seen[0] == () and "n: expected integer, got string 'two'" in seen[1][0]
+    assert [(r.by, r.message) for r in outcome.refused] == [("erin", "edit by erin refused")]
+
+
+async def test_a_step_never_runs_with_arguments_changed_past_the_check() -> None:
+    counted, seen = Counted(), list[tuple[str, ...]]()
+    plan = Plan(goal="g", steps=[s("a", tool="counted", args={"n": 1})])
+    model = ScriptedModel([plan_response(plan)])
+    approver = in_place(["two", 2], seen)
+    result = await hierplan.run("g", model=model, tools=[counted], approver=approver)
+    assert (result.status, result.answer, counted.got) == ("succeeded", "counted 2", [2])
+    refused = [v for v in result.tree.plan_versions if v.decision == "invalid"]
+    assert [(v.decided_by, v.note) for v in refused] == [("validators", "edit by erin refused")]
+
+
+async def test_a_dependency_an_approver_added_in_place_is_checked_too() -> None:
+    seen: list[tuple[str, ...]] = []
+
+    def review(plan: Plan, context: GateContext) -> Approve:
+        seen.append(context.problems)
+        deps = plan.steps[0].depends_on
+        deps.append("a") if not seen[1:] else deps.clear()
+        return Approve(by="erin")
+
+    outcome = await Gate(CallbackApprover(review)).review(GOOD.model_copy(deep=True), ctx())
+    assert outcome.kind == "approved" and outcome.plan.steps[0].depends_on == []
+    assert "depends on itself" in seen[1][0]
+
+
+async def test_an_approver_that_keeps_breaking_the_arguments_has_its_plan_rejected() -> None:
+    counted, seen = Counted(), list[tuple[str, ...]]()
+    plan = Plan(goal="g", steps=[s("a", tool="counted", args={"n": 1})])
+    outcome = await Gate(in_place(["two"] * 3, seen), max_edit_rounds=3).review(
+        plan, ctx(toolbox=Toolbox([counted]), allowed_tools=frozenset({"counted"}))
+    )
+    assert outcome.kind == "rejected" and len(seen) == 3
+    assert "n: expected integer" in outcome.note
 
 
 @pytest.mark.parametrize("timeout_s", [0, -1.0, float("nan"), True, "5"])

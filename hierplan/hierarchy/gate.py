@@ -370,14 +370,20 @@ class Gate:
         if problems:
             return GateOutcome("invalid", plan, "validators", problems=[str(p) for p in problems])
         for _ in range(self.max_edit_rounds):
+            asked = decision is None
             if decision is None:
                 before = len(ctx.refused)
                 decision = await self.approver.review(plan, ctx)
                 _put_down_to(ctx.refused, before, decision.by)
             if isinstance(decision, Approve):
-                return GateOutcome(
-                    "approved", plan, decision.by, decision.note, refused=ctx.refused
-                )
+                late = self._approved_as_changed(plan, ctx) if asked else []
+                if not late:
+                    return GateOutcome(
+                        "approved", plan, decision.by, decision.note, refused=ctx.refused
+                    )
+                ctx.refused.append(RefusedEdit(plan, tuple(late), time.time(), decision.by))
+                ctx, decision = _with_problems(ctx, late), None
+                continue
             if isinstance(decision, Reject):
                 return GateOutcome(
                     "rejected", plan, decision.by, decision.reason, refused=ctx.refused
@@ -400,6 +406,19 @@ class Gate:
             f"no valid edit after {self.max_edit_rounds} rounds: {'; '.join(ctx.problems)}",
             refused=ctx.refused,
         )
+
+    def _approved_as_changed(self, plan: Plan, ctx: GateContext) -> list[str]:
+        """What the validators find in ``plan`` once an approver has approved it.
+
+        A plan and its steps are frozen, but their lists and a step's arguments are not: an
+        approver may change them in place and approve. The validators see the plan as it now
+        is, so that nothing runs that they did not pass (the tool check at a step's first call
+        trusts theirs). The automatic approver changes nothing and is not checked again.
+        """
+        if type(self.approver) is AutoApprove:
+            return []
+        # A context of its own: ``ctx`` keeps the structure it found before the approver.
+        return [str(p) for p in self.validate(plan, replace(ctx))]
 
 
 def _put_down_to(refused: list[RefusedEdit], start: int, by: str) -> None:
