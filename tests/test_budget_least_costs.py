@@ -8,9 +8,11 @@ from functools import partial
 
 import pytest
 
+from hierplan import Approve, CallbackApprover
 from hierplan.agents.costs import BudgetCheck, least_step_cost
 from hierplan.core.settings import RunSettings
 from hierplan.core.spend import NOTHING, Cost, Funds, Spending
+from hierplan.hierarchy.gate import Gate, GateContext
 from hierplan.models.base import ToolSpec
 from hierplan.models.counting import ExactCounter, InputCounter, bound_input_tokens
 from hierplan.models.tokens import estimate_input_tokens
@@ -125,3 +127,41 @@ def test_least_costs_are_those_of_each_step_prompt_rendered(
     assert again_total == Cost(
         sum(c.tokens for c in again.values()), sum(c.pico for c in again.values())
     )
+
+
+@pytest.mark.anyio
+async def test_steps_an_approver_added_in_place_are_costed_before_they_run() -> None:
+    toolbox = Toolbox(_tools())
+    allowed = frozenset({"read_rows", "write_rows", "search"})
+    env = _Env("g", toolbox, allowed)
+    count = partial(estimate_input_tokens, model=None)
+    funds = Funds(
+        tokens=50,  # enough for a direct tool step, not for a model call
+        pico=None,
+        usd_tracked=False,
+        planner_rates=(2, 9),
+        executor_rates=(3, 11),
+        min_output_fraction=0.125,
+    )
+    check = BudgetCheck(env, Spending(funds, count, count))  # type: ignore[arg-type]
+    direct = Step(id="a", title="a", instruction="read", tool="read_rows", args={"table": "t"})
+    seen: list[tuple[str, ...]] = []
+
+    def review(plan: Plan, context: GateContext) -> Approve:
+        seen.append(context.problems)
+        if len(seen) == 1:
+            plan.steps.append(Step(id="b", title="b", instruction="plan the rest", kind="subgoal"))
+        return Approve(by="erin")
+
+    context = GateContext(
+        path="1", goal="g", depth=1, max_depth=3, max_steps=50, allowed_tools=allowed,
+        toolbox=toolbox, version=1, reason="initial", budget_check=check,
+    )  # fmt: skip
+    plan = Plan(goal="g", steps=[direct])
+    outcome = await Gate(CallbackApprover(review)).review(plan, context)
+    assert (outcome.kind, outcome.plan) == ("approved", Plan(goal="g", steps=[direct]))
+    [refused] = outcome.refused
+    assert [s.id for s in refused.plan.steps] == ["a", "b"]
+    assert "over_budget" not in seen[0] and "has 50 tokens left" in seen[1][0]
+    # What the node keeps as its steps' least costs is the plan that runs.
+    assert set(check.least(outcome.plan)[1]) == {"a"}

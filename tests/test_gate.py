@@ -311,7 +311,7 @@ async def test_the_record_of_a_refused_edit_says_who_made_it_not_who_decided_las
     assert [(v.decided_by, v.note) for v in refused] == [("validators", "edit by dave refused")]
 
 
-# -- arguments an approver changed in place ------------------------------------------------
+# -- a plan an approver changed in place -------------------------------------------------
 
 
 class Counted(Tool):
@@ -333,6 +333,13 @@ class Counted(Tool):
         return f"counted {arguments['n']}"
 
 
+COUNTED = Plan(goal="g", steps=[s("a", tool="counted", args={"n": 1})])
+
+
+def counted_ctx(counted: Counted) -> GateContext:
+    return ctx(toolbox=Toolbox([counted]), allowed_tools=frozenset({"counted"}))
+
+
 def in_place(values: list[Any], seen: list[tuple[str, ...]]) -> CallbackApprover:
     """An approver that sets the first step's ``n`` to the next of ``values`` and approves."""
 
@@ -345,27 +352,69 @@ def in_place(values: list[Any], seen: list[tuple[str, ...]]) -> CallbackApprover
     return CallbackApprover(review)
 
 
-async def test_arguments_an_approver_changed_in_place_are_checked_before_they_run() -> None:
-    counted, seen = Counted(), list[tuple[str, ...]]()
-    plan = Plan(goal="g", steps=[s("a", tool="counted", args={"n": 1})])
-    approver = in_place(["two", 2], seen)
-    outcome = await Gate(approver).review(
-        plan, ctx(toolbox=Toolbox([counted]), allowed_tools=frozenset({"counted"}))
-    )
-    assert (outcome.kind, outcome.by, outcome.plan.steps[0].args) == ("approved", "erin", {"n": 2})
+async def test_arguments_an_approver_changed_in_place_are_its_edit_checked_again() -> None:
+    plan, seen = COUNTED.model_copy(deep=True), list[tuple[str, ...]]()
+    outcome = await Gate(in_place(["two", 2], seen)).review(plan, counted_ctx(Counted()))
+    assert (outcome.kind, outcome.by, outcome.plan.steps[0].args) == ("edited", "erin", {"n": 2})
     assert seen[0] == () and "n: expected integer, got string 'two'" in seen[1][0]
-    assert [(r.by, r.message) for r in outcome.refused] == [("erin", "edit by erin refused")]
+    [refused] = outcome.refused
+    assert (refused.by, refused.plan.steps[0].args) == ("erin", {"n": "two"})
+    assert plan == COUNTED  # what the planner proposed is as it was
+
+
+async def test_a_plan_approved_unchanged_is_the_plan_proposed() -> None:
+    shown: list[Plan] = []
+
+    def review(plan: Plan, context: GateContext) -> Approve:
+        shown.append(plan)
+        return Approve(by="erin")
+
+    outcome = await Gate(CallbackApprover(review)).review(COUNTED, counted_ctx(Counted()))
+    assert (outcome.kind, outcome.by, outcome.refused) == ("approved", "erin", [])
+    # The approver saw a copy; what runs is the very plan the gate checked.
+    assert shown == [COUNTED] and shown[0] is not COUNTED and outcome.plan is COUNTED
 
 
 async def test_a_step_never_runs_with_arguments_changed_past_the_check() -> None:
     counted, seen = Counted(), list[tuple[str, ...]]()
-    plan = Plan(goal="g", steps=[s("a", tool="counted", args={"n": 1})])
-    model = ScriptedModel([plan_response(plan)])
+    model = ScriptedModel([plan_response(COUNTED)])
     approver = in_place(["two", 2], seen)
     result = await hierplan.run("g", model=model, tools=[counted], approver=approver)
     assert (result.status, result.answer, counted.got) == ("succeeded", "counted 2", [2])
-    refused = [v for v in result.tree.plan_versions if v.decision == "invalid"]
-    assert [(v.decided_by, v.note) for v in refused] == [("validators", "edit by erin refused")]
+    versions = [
+        (v.reason, v.decision, v.decided_by, v.plan.steps[0].args)
+        for v in result.tree.plan_versions
+    ]
+    assert versions == [
+        ("initial", "edited", "erin", {"n": 1}),
+        ("edit", "invalid", "validators", {"n": "two"}),
+        ("edit", "approved", "erin", {"n": 2}),
+    ]
+
+
+async def test_a_thread_left_behind_cannot_change_what_runs() -> None:
+    counted, changed = Counted(), threading.Event()
+
+    @tool
+    async def wait() -> str:
+        """Wait until the late reviewer has changed its plan."""
+        await anyio.to_thread.run_sync(changed.wait, 5)
+        return "waited"
+
+    def review(plan: Plan, context: GateContext) -> Approve:
+        time.sleep(0.2)  # past the timeout: the gate has approved meanwhile
+        assert plan.steps[1].args is not None
+        plan.steps[1].args["n"] = "two"
+        changed.set()
+        return Approve(by="late")
+
+    steps = [s("a", tool="wait", args={}), s("b", "a", tool="counted", args={"n": 1})]
+    plan = Plan(goal="g", steps=steps)
+    approver = CallbackApprover(review, timeout_s=0.05, on_timeout=Approve(by="timeout"))
+    model = ScriptedModel([plan_response(plan)])
+    result = await hierplan.run("g", model=model, tools=[wait, counted], approver=approver)
+    assert changed.is_set()
+    assert (result.status, counted.got) == ("succeeded", [1])
 
 
 async def test_a_dependency_an_approver_added_in_place_is_checked_too() -> None:
@@ -373,21 +422,20 @@ async def test_a_dependency_an_approver_added_in_place_is_checked_too() -> None:
 
     def review(plan: Plan, context: GateContext) -> Approve:
         seen.append(context.problems)
-        deps = plan.steps[0].depends_on
-        deps.append("a") if not seen[1:] else deps.clear()
+        if len(seen) == 1:
+            plan.steps[0].depends_on.append("a")
         return Approve(by="erin")
 
-    outcome = await Gate(CallbackApprover(review)).review(GOOD.model_copy(deep=True), ctx())
-    assert outcome.kind == "approved" and outcome.plan.steps[0].depends_on == []
+    proposed = GOOD.model_copy(deep=True)  # GOOD itself stays as it is, whatever the gate does
+    outcome = await Gate(CallbackApprover(review)).review(proposed, ctx())
+    assert (outcome.kind, outcome.plan) == ("approved", GOOD)
     assert "depends on itself" in seen[1][0]
 
 
 async def test_an_approver_that_keeps_breaking_the_arguments_has_its_plan_rejected() -> None:
-    counted, seen = Counted(), list[tuple[str, ...]]()
-    plan = Plan(goal="g", steps=[s("a", tool="counted", args={"n": 1})])
-    outcome = await Gate(in_place(["two"] * 3, seen), max_edit_rounds=3).review(
-        plan, ctx(toolbox=Toolbox([counted]), allowed_tools=frozenset({"counted"}))
-    )
+    seen: list[tuple[str, ...]] = []
+    gate = Gate(in_place(["two"] * 3, seen), max_edit_rounds=3)
+    outcome = await gate.review(COUNTED.model_copy(deep=True), counted_ctx(Counted()))
     assert outcome.kind == "rejected" and len(seen) == 3
     assert "n: expected integer" in outcome.note
 

@@ -6,9 +6,10 @@ decision is one of :class:`Approve`, :class:`Edit` (a replacement plan, validate
 :class:`Reject` (the reason goes back to the planner) or :class:`Defer` (no decision now: the run
 pauses and keeps the plan for a decision from outside, see :func:`hierplan.resume`).
 :class:`AutoApprove` approves everything; :class:`CallbackApprover` asks a function (sync or async),
-for platforms that review elsewhere. An approver may check an edit itself with
-:meth:`GateContext.validate` before it returns it; every edit the validators refuse is kept for the
-audit trail.
+for platforms that review elsewhere. An approver other than the automatic one is shown a copy
+of the plan; a copy it changed in place and approved is its edit. An approver may check an edit
+itself with :meth:`GateContext.validate` before it returns it; every edit the validators refuse
+is kept for the audit trail.
 """
 
 from __future__ import annotations
@@ -370,20 +371,12 @@ class Gate:
         if problems:
             return GateOutcome("invalid", plan, "validators", problems=[str(p) for p in problems])
         for _ in range(self.max_edit_rounds):
-            asked = decision is None
             if decision is None:
-                before = len(ctx.refused)
-                decision = await self.approver.review(plan, ctx)
-                _put_down_to(ctx.refused, before, decision.by)
+                decision = await self._ask(plan, ctx)
             if isinstance(decision, Approve):
-                late = self._approved_as_changed(plan, ctx) if asked else []
-                if not late:
-                    return GateOutcome(
-                        "approved", plan, decision.by, decision.note, refused=ctx.refused
-                    )
-                ctx.refused.append(RefusedEdit(plan, tuple(late), time.time(), decision.by))
-                ctx, decision = _with_problems(ctx, late), None
-                continue
+                return GateOutcome(
+                    "approved", plan, decision.by, decision.note, refused=ctx.refused
+                )
             if isinstance(decision, Reject):
                 return GateOutcome(
                     "rejected", plan, decision.by, decision.reason, refused=ctx.refused
@@ -407,18 +400,22 @@ class Gate:
             refused=ctx.refused,
         )
 
-    def _approved_as_changed(self, plan: Plan, ctx: GateContext) -> list[str]:
-        """What the validators find in ``plan`` once an approver has approved it.
+    async def _ask(self, plan: Plan, ctx: GateContext) -> Decision:
+        """The approver's decision on ``plan``.
 
-        A plan and its steps are frozen, but their lists and a step's arguments are not: an
-        approver may change them in place and approve. The validators see the plan as it now
-        is, so that nothing runs that they did not pass (the tool check at a step's first call
-        trusts theirs). The automatic approver changes nothing and is not checked again.
+        A plan and its steps are frozen, but their lists and a step's arguments are not. So an
+        approver other than the automatic one gets a copy of the plan: what it changes in place
+        is not what runs, nor the version the record keeps, nor what a thread it left behind
+        (a sync function past its timeout) can still reach. A copy it changed and approved is
+        an edit by the same reviewer, validated again like any other.
         """
-        if type(self.approver) is AutoApprove:
-            return []
-        # A context of its own: ``ctx`` keeps the structure it found before the approver.
-        return [str(p) for p in self.validate(plan, replace(ctx))]
+        before = len(ctx.refused)
+        shown = plan if type(self.approver) is AutoApprove else plan.model_copy(deep=True)
+        decision = await self.approver.review(shown, ctx)
+        _put_down_to(ctx.refused, before, decision.by)
+        if isinstance(decision, Approve) and shown != plan:
+            return Edit(shown, by=decision.by, note=decision.note)
+        return decision
 
 
 def _put_down_to(refused: list[RefusedEdit], start: int, by: str) -> None:
