@@ -417,6 +417,62 @@ async def test_a_thread_left_behind_cannot_change_what_runs() -> None:
     assert (result.status, counted.got) == ("succeeded", [1])
 
 
+async def test_what_a_timed_out_reviewer_changed_so_far_is_not_approved() -> None:
+    counted, started, done = Counted(), threading.Event(), threading.Event()
+
+    def review(plan: Plan, context: GateContext) -> Reject:
+        assert plan.steps[0].args is not None
+        plan.steps[0].args["n"] = 2  # a draft: the reviewer is still deciding
+        started.set()
+        done.wait(5)
+        return Reject("too late to matter")
+
+    @tool
+    async def finish() -> str:
+        """Let the reviewer's thread end."""
+        done.set()
+        return "done"
+
+    steps = [s("a", tool="counted", args={"n": 1}), s("b", "a", tool="finish", args={})]
+    model = ScriptedModel([plan_response(Plan(goal="g", steps=steps))])
+    timeout = Approve(by="timeout", note="approved as proposed")
+    approver = CallbackApprover(review, timeout_s=0.05, on_timeout=timeout)
+    result = await hierplan.run("g", model=model, tools=[counted, finish], approver=approver)
+    assert started.is_set() and (result.status, counted.got) == ("succeeded", [1])
+    versions = [(v.decision, v.decided_by, v.note) for v in result.tree.plan_versions]
+    assert versions == [("approved", "timeout", "approved as proposed")]
+
+
+async def test_a_reviewer_that_checks_its_copy_fixes_it_and_checks_again_is_told_so() -> None:
+    checks: list[list[str]] = []
+
+    def review(plan: Plan, context: GateContext) -> Approve:
+        plan.steps[0].depends_on.append("a")
+        checks.append([str(p) for p in context.validate(plan)])
+        plan.steps[0].depends_on.clear()
+        checks.append([str(p) for p in context.validate(plan)])
+        return Approve(by="erin")
+
+    outcome = await Gate(CallbackApprover(review)).review(GOOD.model_copy(deep=True), ctx())
+    assert checks == [["step 'a' depends on itself"], []]
+    assert (outcome.kind, outcome.plan) == ("approved", GOOD)
+    [refused] = outcome.refused
+    assert (refused.by, refused.plan.steps[0].depends_on) == ("erin", ["a"])
+
+
+async def test_a_plan_whose_arguments_cannot_be_copied_is_shown_as_it_is() -> None:
+    lock = threading.Lock()
+    plan = Plan(goal="g", steps=[s("a", tool="copy", args={"lock": lock})])
+    shown: list[Plan] = []
+
+    def review(p: Plan, context: GateContext) -> Approve:
+        shown.append(p)
+        return Approve(by="erin")
+
+    outcome = await Gate(CallbackApprover(review), validators=[]).review(plan, ctx())
+    assert (outcome.kind, outcome.plan) == ("approved", plan) and shown[0] is plan
+
+
 async def test_a_dependency_an_approver_added_in_place_is_checked_too() -> None:
     seen: list[tuple[str, ...]] = []
 

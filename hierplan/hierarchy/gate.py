@@ -130,6 +130,9 @@ class GateContext:
         default, whoever makes the decision that follows), so that the audit trail shows what
         a reviewer tried even when they fix it before deciding.
         """
+        # The plan as it is now: an approver may check its copy, change it in place and check
+        # it again, and the checks' figures are kept by plan (as is what the record keeps).
+        plan = copied(plan)
         problems: list[PlanProblem] = []
         for validator in self.validators:
             problems.extend(validator(plan, self))
@@ -200,12 +203,13 @@ class CallbackApprover:
     async def review(self, plan: Plan, ctx: GateContext) -> Decision:
         """Call the function and return its decision."""
         if self.timeout_s is None:
-            decision = await self._call(plan, ctx)
-        else:
-            with anyio.move_on_after(self.timeout_s):
-                return await self._call(plan, ctx)
-            decision = self.on_timeout
-        return decision
+            return await self._call(plan, ctx)
+        with anyio.move_on_after(self.timeout_s):
+            # A function the timeout leaves running still holds what it was given: it gets a
+            # copy of its own, so that what it has changed so far is not taken as approved.
+            own = copied(plan)
+            return as_decided(await self._call(own, ctx), own, plan)
+        return self.on_timeout
 
     async def _call(self, plan: Plan, ctx: GateContext) -> Decision:
         function = self.function
@@ -405,17 +409,37 @@ class Gate:
 
         A plan and its steps are frozen, but their lists and a step's arguments are not. So an
         approver other than the automatic one gets a copy of the plan: what it changes in place
-        is not what runs, nor the version the record keeps, nor what a thread it left behind
-        (a sync function past its timeout) can still reach. A copy it changed and approved is
-        an edit by the same reviewer, validated again like any other.
+        is neither what runs nor the version of the plan that the record keeps. A copy it
+        changed and approved is an edit by the same reviewer, validated again like any other.
+        (:class:`CallbackApprover` gives a function it may leave running past its timeout a
+        copy of that function's own.)
         """
         before = len(ctx.refused)
-        shown = plan if type(self.approver) is AutoApprove else plan.model_copy(deep=True)
-        decision = await self.approver.review(shown, ctx)
+        shown = plan if type(self.approver) is AutoApprove else copied(plan)
+        decision = as_decided(await self.approver.review(shown, ctx), shown, plan)
         _put_down_to(ctx.refused, before, decision.by)
-        if isinstance(decision, Approve) and shown != plan:
-            return Edit(shown, by=decision.by, note=decision.note)
         return decision
+
+
+def copied(plan: Plan) -> Plan:
+    """A copy of ``plan`` that an approver may read and change, or ``plan`` itself when it
+    cannot be copied (arguments a plan built in Python holds, such as a lock)."""
+    try:
+        return plan.model_copy(deep=True)
+    except Exception:
+        return plan
+
+
+def as_decided(decision: Decision, shown: Plan, plan: Plan) -> Decision:
+    """``decision`` on ``shown``, an approver's copy of ``plan``: approving a copy it changed in
+    place is an edit, by the same reviewer."""
+    if not isinstance(decision, Approve) or shown is plan:
+        return decision
+    try:
+        changed = bool(shown != plan)
+    except Exception:  # values that do not compare (an array): the edit path checks the copy
+        changed = True
+    return Edit(shown, by=decision.by, note=decision.note) if changed else decision
 
 
 def _put_down_to(refused: list[RefusedEdit], start: int, by: str) -> None:
