@@ -259,3 +259,19 @@ def test_an_escape_past_any_character_is_refused_in_a_plan_file(tmp_path: Path) 
     assert result.exit_code == 2, result.output
     assert "invalid Unicode character escape code" in result.output
     assert "Traceback" not in result.output
+
+
+# Found while timing the goal-file fuzzer: a goal file was read a second time, by PyYAML's
+# composer in Python, for the lines of its tools list; data nested 900 deep, which the first
+# reading takes, raised RecursionError out of the reader. (Hypothesis raises the recursion limit
+# while it runs a test, so the fuzzer itself never met it.)
+@pytest.mark.parametrize("tools", [False, True], ids=["without-tools", "with-tools"])
+def test_a_goal_file_nested_deep_is_refused_with_a_message(tmp_path: Path, tools: bool) -> None:
+    path = tmp_path / "goal.json"
+    listed = '"tools": [{"ssh": 1}], ' if tools else ""
+    path.write_text('{"goal": "g", ' + listed + '"max_depth": ' + "[" * 900 + "]" * 900 + "}")
+    with pytest.raises(UserInputError) as refused:
+        load_goal_file(path)
+    assert "max_depth" in str(refused.value)
+    if tools:
+        assert "line 1: tools entry 1: unknown kind 'ssh'" in str(refused.value)

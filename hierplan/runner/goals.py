@@ -134,14 +134,21 @@ def load_goal_file(path: Path) -> GoalSpec:
             f"goal file {path} must hold a mapping with a 'goal' or 'scenario' key, "
             f"not {type(data).__name__}"
         )
-    return goal_from_data(data, source=f"goal file {path}", tool_lines=_tools_lines(text))
+    lines = _tools_lines(text) if isinstance(data.get("tools"), list) else None
+    return goal_from_data(data, source=f"goal file {path}", tool_lines=lines)
+
+
+# libyaml's composer where PyYAML has it: the text is read a second time, for lines only.
+_COMPOSER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def _tools_lines(text: str) -> list[int] | None:
     """The line of each entry of the file's ``tools`` list (for messages), if it has one."""
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except (yaml.YAMLError, OverflowError, ValueError):  # (a "\U" escape past any character)
+        root = yaml.compose(text, Loader=_COMPOSER)
+    # (OverflowError, ValueError: PyYAML's "\U" escape past any character; RecursionError: its
+    # composer recurses in Python, where data nested some 500 deep exhausts the stack)
+    except (yaml.YAMLError, OverflowError, ValueError, RecursionError):
         return None
     if not isinstance(root, yaml.MappingNode):
         return None
