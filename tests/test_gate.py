@@ -436,7 +436,8 @@ async def test_what_a_timed_out_reviewer_changed_so_far_is_not_approved() -> Non
     steps = [s("a", tool="counted", args={"n": 1}), s("b", "a", tool="finish", args={})]
     model = ScriptedModel([plan_response(Plan(goal="g", steps=steps))])
     timeout = Approve(by="timeout", note="approved as proposed")
-    approver = CallbackApprover(review, timeout_s=0.05, on_timeout=timeout)
+    # Time enough for the thread to make its draft: the timeout decides on a plan it changed.
+    approver = CallbackApprover(review, timeout_s=0.5, on_timeout=timeout)
     result = await hierplan.run("g", model=model, tools=[counted, finish], approver=approver)
     assert started.is_set() and (result.status, counted.got) == ("succeeded", [1])
     versions = [(v.decision, v.decided_by, v.note) for v in result.tree.plan_versions]
