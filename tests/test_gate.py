@@ -10,6 +10,7 @@ from typing import Any
 
 import anyio
 import pytest
+from tool_support import Declared
 
 import hierplan
 from hierplan import (
@@ -21,7 +22,6 @@ from hierplan import (
     Reject,
     ScriptedModel,
     Step,
-    Tool,
     tool,
 )
 from hierplan.hierarchy.gate import Gate
@@ -314,18 +314,12 @@ async def test_the_record_of_a_refused_edit_says_who_made_it_not_who_decided_las
 # -- a plan an approver changed in place -------------------------------------------------
 
 
-class Counted(Tool):
+class Counted(Declared):
     """A tool with a declared schema (no conversion of its own, as an MCP tool), keeping the
     ``n`` of every call."""
 
     def __init__(self) -> None:
-        schema = {
-            "type": "object",
-            "properties": {"n": {"type": "integer"}},
-            "required": ["n"],
-            "additionalProperties": False,
-        }
-        super().__init__("counted", "Takes n.", schema)
+        super().__init__("counted")
         self.got: list[Any] = []
 
     async def invoke(self, arguments: Mapping[str, Any]) -> Any:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
 from typing import Any, Literal
 
 import jsonschema
@@ -11,9 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
+from tool_support import Declared
 
 import hierplan
-from hierplan import ScriptedModel, Tool, tool
+from hierplan import ScriptedModel, tool
 from hierplan.errors import ToolArgsError
 from hierplan.models.scripted import plan_response, text_response, tool_response
 from hierplan.tools.schema import schema_problems
@@ -101,22 +101,6 @@ def test_what_the_schema_allows_is_converted_for_the_function() -> None:
     }
     valid = draw.validate(args)
     assert valid["count"] == 3 and valid["color"] is Color.BLUE and valid["at"] == Point(x=1, y=2)
-
-
-class Declared(Tool):
-    """A tool written as a class, with a schema of its own."""
-
-    def __init__(self) -> None:
-        schema = {
-            "type": "object",
-            "properties": {"n": {"type": "integer"}},
-            "required": ["n"],
-            "additionalProperties": False,
-        }
-        super().__init__("declared", "Takes n.", schema)
-
-    async def invoke(self, arguments: Mapping[str, Any]) -> Any:
-        return arguments["n"]
 
 
 async def test_a_tool_class_is_held_to_its_declared_schema() -> None:
