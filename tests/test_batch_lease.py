@@ -3,6 +3,7 @@ lease lapsed is queued again, and what a dead delivery spent is counted once."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from hierplan.batch.celery_backend import Delivery, WorkerState, goal_key, lease
 from hierplan.batch.celery_backend.lease import REQUEUE, Lease, lease_seconds
 from hierplan.batch.celery_backend.protocol import CLAIM, START
 from hierplan.budgets.budget import Fixed
-from hierplan.budgets.redis_ledger import RedisLedger
+from hierplan.budgets.redis_ledger import Guard, GuardFailed, RedisAccount, RedisLedger
 from hierplan.cli import app
 from hierplan.cli import batch as cli_batch
 from hierplan.errors import UserInputError
@@ -116,6 +117,68 @@ def test_a_dead_deliverys_spend_is_counted_once_when_its_goal_runs_again(tmp_pat
         # The dead delivery's message, restored by the broker later, finds the goal final.
         assert anyio.run(work_on_goal, payload, worker, Delivery("t1")) == "duplicate"
         assert anyio.run(ledger.balance, goal.root).spent_pico == root.spent_pico
+    finally:
+        ledger.drop()
+
+
+class _Killed(BaseException):
+    """The worker process dies here (no handler of the worker's own runs)."""
+
+
+class _DiesAfterOpening(RedisLedger):
+    """A worker's ledger whose process dies as soon as Redis has opened a goal's account."""
+
+    async def open(self, *args: Any, **kwargs: Any) -> RedisAccount:
+        account = await super().open(*args, **kwargs)
+        if args[1] is not None:  # a goal's account, under the batch's root
+            raise _Killed
+        return account
+
+
+def test_an_account_opened_just_before_its_delivery_died_is_written_off_by_the_next(
+    tmp_path: Path,
+) -> None:
+    goal = _Goal()
+    ledger = goal.ledger
+    try:
+        payload = _payload(require_redis().url, ledger.namespace, goal.root.id)
+        dying = WorkerState()
+        dying.workdir = tmp_path / "dying"
+        dying.ledgers[(payload["redis"], ledger.namespace)] = _DiesAfterOpening(
+            ledger.client, ledger.namespace
+        )
+        # Granted, then killed before it could mark the goal running.
+        with pytest.raises(_Killed):
+            anyio.run(work_on_goal, payload, dying, Delivery("t1"))
+        granted = anyio.run(ledger.balance, goal.root).granted_pico
+        assert granted == 10**12  # the batch's concurrency is 1: its whole budget is the cap
+        assert goal.field("state") == "claimed" and goal.field("account")
+        goal.client.delete(goal.lease)  # its lease lapses
+        assert goal.requeue("t2") == 1
+        worker = WorkerState()
+        worker.workdir = tmp_path / "next"
+        assert anyio.run(work_on_goal, payload, worker, Delivery("t2")) == "ok"
+        assert goal.field("state") == "succeeded"
+        root = anyio.run(ledger.balance, goal.root)
+        assert (root.granted_pico, root.reserved_pico) == (0, 0)
+        assert root.spent_pico == int(goal.field("spent_pico") or 0) > 0
+    finally:
+        ledger.drop()
+
+
+def test_a_guarded_open_opens_only_while_its_hash_holds_the_value_and_notes_the_id() -> None:
+    goal = _Goal()
+    ledger = goal.ledger
+    try:
+        assert goal.claim("t1", 0, "f1") == "ok"
+        guard = Guard(goal.key, "fence", "f1", "account")
+        account = anyio.run(partial(ledger.open, "g", goal.root, Fixed(None, 10), guard=guard))
+        assert goal.field("account") == account.id
+        goal.client.hset(goal.key, "fence", "f2")  # another delivery holds the goal now
+        with pytest.raises(GuardFailed, match="no longer holds 'f1'"):
+            anyio.run(partial(ledger.open, "g", goal.root, Fixed(None, 20), guard=guard))
+        assert goal.field("account") == account.id
+        assert anyio.run(ledger.balance, goal.root).granted_pico == 10  # nothing else opened
     finally:
         ledger.drop()
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
@@ -213,12 +213,15 @@ async def grant_goal(
     minimum: tuple[int, int],
     *,
     attempts: int = 20,
+    opener: Opener | None = None,
 ) -> tuple[Decision, Account | None, Amounts]:
-    """Decide (see :func:`decide`) and open the goal's account under ``root``.
+    """Decide (see :func:`decide`) and open the goal's account under ``root`` (with
+    ``opener``, which takes the name, parent and grant, if given; else ``ledger.open``).
 
     On a ledger shared by many processes another grant may take what looked available between
     the look and the open; the open then fails atomically and the decision is made again.
     """
+    opener = opener or ledger.open
     for _ in range(attempts):
         available = await ledger.available(root)
         balance = await ledger.balance(root)
@@ -227,11 +230,15 @@ async def grant_goal(
         if decision != "grant":
             return decision, None, (None, None)
         try:
-            account = await ledger.open(name, root, Fixed(*amounts))
+            account = await opener(name, root, Fixed(*amounts))
         except BudgetExceeded:
             continue
         return "grant", account, amounts
     return "wait", None, (None, None)
+
+
+Opener = Callable[[str, Account, Fixed], Awaitable[Account]]
+"""How :func:`grant_goal` opens a goal's account: from its name, parent and grant."""
 
 
 class GoalLedger(Ledger):

@@ -23,6 +23,7 @@ Needs the ``celery`` extra (``pip install 'hierplan[celery]'``), which brings th
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,23 @@ if TYPE_CHECKING:
     import redis
 
 REDIS_INSTALL_HINT = "pip install 'hierplan[celery]'"
+
+
+@dataclass(frozen=True, slots=True)
+class Guard:
+    """A condition on opening an account, checked in the same step as the open: the account
+    opens only while the Redis hash ``key`` holds ``value`` in its field ``field``, and its id
+    is then set in the field ``note`` of that hash. A process that dies just after the open
+    leaves an account that the hash names, never one that nobody knows of."""
+
+    key: str
+    field: str
+    value: str
+    note: str
+
+
+class GuardFailed(LedgerError):
+    """An open refused by its :class:`Guard`: the hash no longer holds the value."""
 
 
 class RedisAccount(Account):
@@ -159,8 +177,11 @@ class RedisLedger(Ledger):
 
     # -- the contract --------------------------------------------------------------------
 
-    async def open(self, name: str, parent: Account | None, grant: Grant) -> RedisAccount:
-        """See :meth:`Ledger.open`."""
+    async def open(
+        self, name: str, parent: Account | None, grant: Grant, *, guard: Guard | None = None
+    ) -> RedisAccount:
+        """See :meth:`Ledger.open`; with a ``guard``, opens only while it holds (else raises
+        :class:`GuardFailed`) and notes the account's id where it says."""
         if parent is None:
             if not isinstance(grant, Fixed):
                 raise LedgerError(f"the root account {name!r} needs a Fixed grant")
@@ -180,7 +201,15 @@ class RedisLedger(Ledger):
         else:
             args = (self._id(parent), "fixed", _amount(grant.tokens), _amount(grant.pico))
         # Shielded: a cancellation arriving while Redis opens the account must not lose it.
+        if guard is not None:
+            args = (*args, guard.key, guard.field, guard.value, guard.note)
         reply = await self._call(self._open, name, *args, shield=True)
+        if reply[0] == "guarded":
+            assert guard is not None
+            raise GuardFailed(
+                f"account {name!r} was not opened: the field {guard.field!r} of {guard.key} "
+                f"no longer holds {guard.value!r}"
+            )
         if reply[0] == "nofit":
             assert isinstance(grant, Fixed) and parent is not None
             raise open_refused(

@@ -214,9 +214,12 @@ local function close(id)
 end
 """
 
-# ARGV: ns, name, parent id ('' for a root), kind, a1, a2 (limits or fractions; '' = None)
+# ARGV: ns, name, parent id ('' for a root), kind, a1, a2 (limits or fractions; '' = None), then
+# optionally a guard: a hash, a field, the value it must hold, and the field that gets the id.
 OPEN = r"""
 local name, parent, kind = ARGV[2], ARGV[3], ARGV[4]
+local guard = ARGV[7]
+if guard and redis.call('HGET', guard, ARGV[8]) ~= ARGV[9] then return {'guarded'} end
 local lt, lp, fixed = nil, nil, '1'
 if parent == '' then
   parent = nil
@@ -265,6 +268,7 @@ if fixed == '1' then
 end
 if parent then redis.call('HINCRBY', key(parent), 'children', 1) end
 redis.call('HINCRBY', OUT, 'accounts', 1)
+if guard then redis.call('HSET', guard, ARGV[10], id) end
 return {'ok', id, lt or '', lp or ''}
 """
 

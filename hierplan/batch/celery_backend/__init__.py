@@ -9,7 +9,9 @@ Every delivery first **claims** the goal in Redis (a Lua script that fences out 
 delivery whose worker is presumed dead), takes a **lease** on it that its worker's heartbeat
 renews (see :mod:`~hierplan.batch.celery_backend.lease`), **writes off** the account of an
 earlier delivery that did not finish (the calls it held count as spent), and then is granted a
-new account (see :mod:`hierplan.batch.budget`). A goal whose cap does not fit while others hold
+new account (see :mod:`hierplan.batch.budget`), named in the goal's hash in the same Redis step
+that opens it, and only while the delivery's fence holds: a delivery that dies at any point
+leaves no account the next one cannot find. A goal whose cap does not fit while others hold
 grants is retried a moment later; one whose minimum cannot be covered at all is recorded as
 skipped.
 

@@ -41,7 +41,7 @@ from hierplan.batch.goals import BatchGoal
 from hierplan.batch.runner import GoalOutcome, RunOptions, inner_budget, run_goal
 from hierplan.batch.toolsets import SharedToolsets
 from hierplan.budgets.budget import LedgerError
-from hierplan.budgets.redis_ledger import RedisAccount, RedisLedger, connect
+from hierplan.budgets.redis_ledger import Guard, GuardFailed, RedisAccount, RedisLedger, connect
 from hierplan.core.instrument import Instrument
 
 if TYPE_CHECKING:
@@ -214,7 +214,15 @@ async def _run_claimed(
     budget = _budget(payload)
     cap = goal_cap(goal, budget)
     minimum = goal_minimum(goal, options.model, options.pricing([goal]), options.settings(goal))
-    decision, account, grant = await grant_goal(ledger, root, goal.id, cap, minimum)
+    # The account is named in the goal's hash as it opens, while this delivery holds the goal:
+    # a delivery that dies before it starts the goal leaves an account the next one writes off.
+    guard = Guard(key, "fence", fence, "account")
+    try:
+        decision, account, grant = await grant_goal(
+            ledger, root, goal.id, cap, minimum, opener=partial(ledger.open, guard=guard)
+        )
+    except GuardFailed:
+        return "superseded"
     if decision == "wait":
         # The task is retried in a moment; its claim has just set the lease, which covers the
         # gap (the retry claims the goal as this task's; if its worker dies first, the lease
