@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import threading
 from typing import Any, Literal
 
 import jsonschema
@@ -243,3 +244,25 @@ def test_a_tool_refuses_exactly_what_its_schema_refuses(args: dict[str, Any]) ->
         assert not valid
     else:
         assert valid
+
+
+class _Handle:
+    """An object with no JSON form, as a step's output a reference passes on."""
+
+
+async def test_a_value_with_no_json_form_is_judged_by_the_schema_not_refused_by_a_crash() -> None:
+    declared = Declared()
+    with pytest.raises(ToolArgsError, match=r"n: expected integer, got _Handle <_Handle>"):
+        await declared.call({"n": _Handle()})
+    numbers = {
+        "type": "object",
+        "properties": {"n": {"type": "array", "items": {"type": "integer"}}},
+    }
+    assert schema_problems(numbers, {"n": [1, threading.Lock()]}) == [
+        "n.1: expected integer, got lock <lock>"
+    ]
+    anything = {"type": "object", "properties": {"h": {}, "x": {"type": "array"}}}
+    assert schema_problems(anything, {"h": _Handle(), "x": [(1, 2), {_Handle(): 1}]}) == []
+    assert schema_problems(anything, {"x": _Handle()}) == [
+        "x: expected array, got _Handle <_Handle>"
+    ]

@@ -18,11 +18,12 @@ from __future__ import annotations
 import math
 import operator
 import re
+import uuid
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Literal
 
-from pydantic_core import to_jsonable_python
+from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 # A JSON Schema type, and the check that a JSON value is of it. An integer-valued float is an
 # integer, as JSON Schema says (JSON has one kind of number); a bool is neither.
@@ -68,8 +69,37 @@ class _Opaque:
 
 
 def json_form(value: Any) -> Any:
-    """``value`` as JSON would carry it: tuples as lists, models and dataclasses as objects."""
-    return to_jsonable_python(value, fallback=_Opaque)
+    """``value`` as JSON would carry it: tuples as lists, models and dataclasses as objects;
+    a part with no JSON form stands as an opaque value that only an empty schema takes."""
+    try:
+        return to_jsonable_python(value)
+    except PydanticSerializationError:
+        pass
+    # pydantic serializes what a fallback returns again, so the fallback cannot return the
+    # opaque value itself: it returns a token made for this call, put back once it is done.
+    tokens: dict[str, _Opaque] = {}
+    prefix = f"\x00opaque-{uuid.uuid4().hex}-"
+
+    def fallback(part: Any) -> str:
+        token = f"{prefix}{len(tokens)}"
+        tokens[token] = _Opaque(part)
+        return token
+
+    return _untokened(to_jsonable_python(value, fallback=fallback), tokens)
+
+
+def _untokened(form: Any, tokens: dict[str, _Opaque]) -> Any:
+    """``form`` with each token of :func:`json_form` back as its opaque value (a key of an
+    object, which must stay text, as the value's text)."""
+    if isinstance(form, str):
+        return tokens.get(form, form)
+    if isinstance(form, list):
+        return [_untokened(item, tokens) for item in form]
+    if isinstance(form, dict):
+        return {
+            (repr(tokens[k]) if k in tokens else k): _untokened(v, tokens) for k, v in form.items()
+        }
+    return form
 
 
 def schema_problems(
