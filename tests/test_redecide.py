@@ -10,7 +10,7 @@ from tracing_support import Telemetry
 
 import hierplan
 from hierplan import Plan, RunResult, ScriptedModel, Step, tool
-from hierplan.errors import ToolError, ToolServerGone
+from hierplan.errors import ModelError, ToolError, ToolServerGone
 from hierplan.models.scripted import plan_response, text_response, tool_response
 from hierplan.scenarios.data_migration.oracle import parse_call
 
@@ -248,6 +248,27 @@ async def test_a_redecision_the_budget_cannot_pay_for_leaves_the_failure_as_it_w
     # The refusal counts on the account it was asked of: the planner's.
     assert result.tree.budget is not None and result.tree.budget["refused"] == 1
     assert result.budget is not None and result.budget["refused_calls"] == 1
+
+
+async def test_a_redecision_that_fails_for_a_while_is_asked_again_at_the_next_attempt() -> None:
+    overloaded = ModelError("the provider is overloaded", retryable=True)
+    model = ScriptedModel(
+        [plan_response(one_step()), overloaded, tool_response(("count_rows", {"table": "orders"}))]
+    )
+    # Past the model's and the node's own retries of it (none here), the attempt fails as one
+    # that may pass.
+    result = await go(model, model_retries=0, transient_retries=0, max_retries=1)
+    assert (result.status, result.answer) == ("succeeded", "40")
+    assert [r.purpose for r in model.requests] == ["plan", "redecide", "redecide"]
+    assert attempts == ["ordres", "ordres", "orders"]
+    (step,) = result.tree.children
+    assert step.attempts == 2
+    # Without a next attempt the step fails at once, saying why it was not decided again.
+    model = ScriptedModel([plan_response(one_step()), overloaded])
+    result = await go(model, model_retries=0, transient_retries=0)
+    (step,) = result.tree.children
+    assert step.status == "failed" and step.error is not None
+    assert "(not decided again: the provider is overloaded)" in step.error
 
 
 def test_the_migration_oracle_reads_a_direct_call_and_the_closest_table() -> None:

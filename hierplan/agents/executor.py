@@ -199,8 +199,11 @@ class DecidedCall:
             raise  # the run's model cannot be used at all: as for any other call
         except HierplanError as exc:
             # No budget left for it, a provider that failed it, a model that cannot answer:
-            # the step fails as the plan's call did, and its planner replans if it can.
-            raise StepFailed(f"{error} (not decided again: {exc})") from exc
+            # the step fails as the plan's call did, and its planner replans if it can. A
+            # failure that may pass (an overloaded provider) is the attempt's, as for an
+            # executor's own call: the step's next attempt, if it has one, asks again.
+            retryable = bool(getattr(exc, "retryable", False))
+            raise StepFailed(f"{error} (not decided again: {exc})", retryable=retryable) from exc
         call = next((c for c in response.tool_calls if c.name == step.tool), None)
         if call is None:
             raise StepFailed(f"{error} (decided again, no call to {step.tool} was made)")
