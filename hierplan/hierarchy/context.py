@@ -25,6 +25,7 @@ from hierplan.core.settings import RunSettings
 from hierplan.core.spend import Cost, Spending
 from hierplan.core.views import Allocation, PlanNeeds, Resumed, SpanIds, StepWork
 from hierplan.durable.restore import Restore
+from hierplan.errors import ToolError
 from hierplan.hierarchy import calls
 from hierplan.hierarchy.gate import Gate
 from hierplan.hierarchy.pause import PauseControl
@@ -149,6 +150,7 @@ class NodeContext:
         "decided_call",
         "parent",
         "record",
+        "refusal",
         "run",
         "state",
         "step",
@@ -178,8 +180,10 @@ class NodeContext:
         self.step_costs: Mapping[str, Cost] = _NO_COSTS
         self._work: StepWork | None = None
         self._work_of: Step | None = None
-        # A tool step's call decided again after the tool refused the plan's (leaf.py).
+        # A tool step's call decided again after the tool refused the plan's, and that
+        # refusal (leaf.py).
         self.decided_call: DecidedCall | None = None
+        self.refusal: ToolError | None = None
 
     @property
     def path(self) -> str:

@@ -223,12 +223,17 @@ async def _call_planned_tool(
     assert step.tool is not None and step.args is not None
     decided = node.decided_call
     if decided is None:
-        try:
-            return await run.tool_executor.execute(node, step.tool, step.args, inputs)
-        except ToolError as error:
-            if not (run.settings.redecide_tool_calls and may_decide_again(error)):
-                raise
-            decided = node.decided_call = await DecidedCall.decide(node, step, inputs, error)
+        refusal = node.refusal
+        if refusal is None:
+            try:
+                return await run.tool_executor.execute(node, step.tool, step.args, inputs)
+            except ToolError as error:
+                if not (run.settings.redecide_tool_calls and may_decide_again(error)):
+                    raise
+                # Kept: when the model that decides again fails for a while, the step's next
+                # attempt asks it again without making the refused call a second time.
+                refusal = node.refusal = error
+        decided = node.decided_call = await DecidedCall.decide(node, step, inputs, refusal)
     return await decided.run(node)
 
 
