@@ -266,3 +266,14 @@ async def test_a_value_with_no_json_form_is_judged_by_the_schema_not_refused_by_
     assert schema_problems(anything, {"x": _Handle()}) == [
         "x: expected array, got _Handle <_Handle>"
     ]
+    # Objects as keys stay apart, each value checked, beside a key written as their text.
+    integers = {"type": "object", "additionalProperties": {"type": "integer"}}
+    assert schema_problems(integers, {_Handle(): 1, _Handle(): "two", "<_Handle>": 3}) == [
+        "<_Handle>#3: expected integer, got string 'two'"
+    ]
+    # What no JSON can carry at all is refused with a reason, as bad arguments are.
+    looped: list[Any] = []
+    looped.append(looped)
+    for bad, reason in [(looped, "Circular reference"), (b"\xff", "utf-8")]:
+        with pytest.raises(ToolArgsError, match=f"arguments: has no JSON form: .*{reason}"):
+            await declared.call({"n": bad})

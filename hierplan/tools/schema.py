@@ -90,16 +90,23 @@ def json_form(value: Any) -> Any:
 
 def _untokened(form: Any, tokens: dict[str, _Opaque]) -> Any:
     """``form`` with each token of :func:`json_form` back as its opaque value (a key of an
-    object, which must stay text, as the value's text)."""
+    object, which must stay text, as the value's text, numbered when another key has it)."""
     if isinstance(form, str):
         return tokens.get(form, form)
     if isinstance(form, list):
         return [_untokened(item, tokens) for item in form]
-    if isinstance(form, dict):
-        return {
-            (repr(tokens[k]) if k in tokens else k): _untokened(v, tokens) for k, v in form.items()
-        }
-    return form
+    if not isinstance(form, dict):
+        return form
+    out: dict[str, Any] = {}
+    for key, item in form.items():
+        if key in tokens:
+            text = key = repr(tokens[key])
+            n = 1
+            while key in out or key in form:
+                n += 1
+                key = f"{text}#{n}"
+        out[key] = _untokened(item, tokens)
+    return out
 
 
 def schema_problems(
@@ -108,8 +115,12 @@ def schema_problems(
     """What makes ``value`` (in its JSON form) fail ``schema``, as ``"<path>: <what>"`` (the
     path of keys and indexes joined by ".", "arguments" for the value itself), at most
     ``limit`` of them; empty when it passes."""
+    try:
+        form = json_form(value)
+    except ValueError as exc:  # a cycle, nesting past the serializer's depth, bytes not UTF-8
+        return [f"{_where(path)}: has no JSON form: {exc}"]
     out: list[str] = []
-    _check(schema, json_form(value), path, schema, out, limit)
+    _check(schema, form, path, schema, out, limit)
     return out
 
 
