@@ -9,6 +9,7 @@ from typing import Any
 
 import anyio
 import pytest
+import redis
 from redis_support import require_redis
 from typer.testing import CliRunner
 
@@ -128,11 +129,39 @@ class _Killed(BaseException):
 class _DiesAfterOpening(RedisLedger):
     """A worker's ledger whose process dies as soon as Redis has opened a goal's account."""
 
+    error: type[BaseException] = _Killed
+
     async def open(self, *args: Any, **kwargs: Any) -> RedisAccount:
         account = await super().open(*args, **kwargs)
         if args[1] is not None:  # a goal's account, under the batch's root
-            raise _Killed
+            raise self.error
         return account
+
+
+class _LosesTheReply(_DiesAfterOpening):
+    """A worker's ledger whose open of a goal's account runs in Redis, and whose reply is lost."""
+
+    error = redis.TimeoutError
+
+
+def test_an_account_whose_open_lost_its_reply_is_written_off_by_its_own_delivery(
+    tmp_path: Path,
+) -> None:
+    goal = _Goal()
+    ledger = goal.ledger
+    try:
+        payload = _payload(require_redis().url, ledger.namespace, goal.root.id)
+        worker = WorkerState()
+        worker.workdir = tmp_path
+        worker.ledgers[(payload["redis"], ledger.namespace)] = _LosesTheReply(
+            ledger.client, ledger.namespace
+        )
+        assert anyio.run(work_on_goal, payload, worker, Delivery("t1")) == "ok"
+        assert goal.field("state") == "failed" and "TimeoutError" in (goal.field("reason") or "")
+        root = anyio.run(ledger.balance, goal.root)
+        assert (root.granted_pico, root.spent_pico) == (0, 0)  # the grant came back whole
+    finally:
+        ledger.drop()
 
 
 def test_an_account_opened_just_before_its_delivery_died_is_written_off_by_the_next(

@@ -180,7 +180,13 @@ async def _run_delivery(
         reason = f"the worker failed: {type(exc).__name__}: {exc}"
     # The account this delivery was granted returns what it did not spend; its calls still
     # held count as spent. If Redis cannot be reached for this either, the task fails and is
-    # delivered again (see _goal_task), and that delivery writes the account off.
+    # delivered again (see _goal_task), and that delivery writes the account off. An account
+    # whose open lost its reply (a timeout, a reset connection) is not in ``opened``, but the
+    # goal's hash names it.
+    key = goal_key(payload["namespace"], goal.id)
+    held, named = await anyio.to_thread.run_sync(ledger.client.hmget, key, ["fence", "account"])
+    if held == fence and named and all(account.id != named for account in opened):
+        opened.append(await ledger.account(str(named)))
     spent = (0, 0)
     for account in opened:
         balance = await ledger.write_off(account)
