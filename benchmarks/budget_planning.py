@@ -1,7 +1,8 @@
 """Budgets that plan: what a run does with a budget below what it would spend.
 
     python benchmarks/budget_planning.py [--percents 30,50,70,100] [--repeats 5] [--seed 7]
-        [--ks 1,2,4,8,16,32] [--allocations need,equal,on-demand] [--out DIR | --no-out]
+        [--seeds 1-9] [--ks 1,2,4,8,16,32] [--allocations need,equal,on-demand]
+        [--out DIR | --no-out]
 
 1. ``data_migration``, hierarchical, concurrency 64, seed 7 (``--seed``: the targets are
    set at seed 7; other seeds show how much one seed's noise decides), no simulated latency:
@@ -10,8 +11,9 @@
    :func:`migration_table` for why the same seed may vary). For each: the run's status, the
    share of the budget it spent, and the tables migrated and verified (``run.json``'s
    verification). Targets: at least 80 % of the budget spent, never more than 100 %, tables
-   done growing with the budget, at least half of the tables at 70 %. The model is the
-   offline simulator: **SIMULATED**.
+   done growing with the budget, at least half of the tables at 70 %. With ``--seeds``, the
+   same percents once at each of those seeds, summarized (see :func:`seeds_summary`). The
+   model is the offline simulator: **SIMULATED**.
 2. K-delegation: a plan of K parallel steps (as many as its prompt's budget line says fit,
    the rest left out), each an executor that calls a tool and answers
    (up to 20 model calls: tool calls, then an answer), every call using all of its
@@ -25,6 +27,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import tempfile
@@ -101,6 +104,56 @@ def migration_table(percents: list[int], repeats: int = 1, seed: int = 7) -> lis
                 row.update(percent=pct, budget_usd=usd, repeat=repeat, used=row["spent_usd"] / usd)
                 rows.append(row)
     return rows
+
+
+def seeds_table(percents: list[int], seeds: list[int]) -> list[dict[str, Any]]:
+    """:func:`migration_table` once at each of ``seeds``: how much one seed's draws decide
+    (each row is a run, with its ``seed``; the tables themselves are left out)."""
+    return [
+        {"seed": seed, **{k: v for k, v in row.items() if k != "tables"}}
+        for seed in seeds
+        for row in migration_table(percents, 1, seed)
+    ]
+
+
+def seeds_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Over the seeds of :func:`seeds_table`: for each percent, the tables done (mean, least,
+    most) and the share of the budget spent (least, most); and at how many seeds the tables
+    done never fall as the budget grows."""
+    seeds = sorted({r["seed"] for r in rows})
+    percents = sorted({r["percent"] for r in rows if r["percent"] is not None})
+    by_percent: dict[str, Any] = {}
+    for pct in percents:
+        runs = [r for r in rows if r["percent"] == pct]
+        tables = [r["tables_done"] or 0 for r in runs]
+        used = [r["used"] for r in runs]
+        by_percent[str(pct)] = {
+            "tables_mean": sum(tables) / len(tables),
+            "tables_least": min(tables),
+            "tables_most": max(tables),
+            "used_least": min(used),
+            "used_most": max(used),
+        }
+    growing = 0
+    for seed in seeds:
+        done = {r["percent"]: r["tables_done"] or 0 for r in rows if r["seed"] == seed}
+        series = [done[p] for p in percents if p in done]
+        growing += all(a <= b for a, b in itertools.pairwise(series))
+    return {"seeds": seeds, "by_percent": by_percent, "seeds_growing": growing}
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"1-9"`` or ``"1,4,7"`` (or a mix) as a list of seeds."""
+    seeds: list[int] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        first, _, last = part.partition("-")
+        try:
+            seeds.extend(range(int(first), int(last or first) + 1))
+        except ValueError:
+            raise SystemExit(
+                f"--seeds takes numbers and ranges such as 1-9,12; got {part!r}"
+            ) from None
+    return seeds
 
 
 # -- 2. K-delegation ------------------------------------------------------------------------
@@ -229,6 +282,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--percents", default="30,50,70,100")
     parser.add_argument("--repeats", type=int, default=5, help="budgeted runs at each percent")
     parser.add_argument("--seed", type=int, default=7, help="the simulator's seed")
+    parser.add_argument(
+        "--seeds",
+        default="",
+        help="also run each percent once at each of these seeds (1-9) and summarize them",
+    )
     parser.add_argument("--ks", default="1,2,4,8,16,32")
     parser.add_argument("--allocations", default="need,equal,on-demand")
     parser.add_argument("--out", type=Path, default=OUT)
@@ -243,6 +301,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "migration": migration_table(percents, args.repeats, args.seed),
         "delegation": delegation_table(ks, allocations),
     }
+    seeds = parse_seeds(args.seeds)
+    if seeds:
+        runs = seeds_table(percents, seeds)
+        report["seeds"] = {**seeds_summary(runs), "runs": runs}
     print(f"data_migration, hierarchical, c=64, seed {args.seed} [SIMULATED]")
     print(f"{'budget':>10} {'run':>4} {'status':>10} {'spent':>10} {'used':>6} {'tables':>7}")
     for row in report["migration"]:
@@ -257,10 +319,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for k in ks:
         cells = [r for r in report["delegation"] if r["k"] == k]
         print(f"{k:>4} " + " ".join(f"{r['calls_per_limit']:>10.2f}" for r in cells))
+    if seeds:
+        _print_seeds(report["seeds"])
     if not args.no_out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "budget_planning.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def _print_seeds(summary: dict[str, Any]) -> None:
+    seeds = summary["seeds"]
+    print(
+        f"\ndata_migration at {len(seeds)} seeds ({seeds[0]}..{seeds[-1]}), "
+        "one run each [SIMULATED]"
+    )
+    print(f"{'budget':>7} {'tables mean':>12} {'least':>6} {'most':>5} {'used':>11}")
+    for pct, cell in summary["by_percent"].items():
+        used = f"{cell['used_least']:.2f}-{cell['used_most']:.2f}"
+        print(
+            f"{pct + '%':>7} {cell['tables_mean']:>12.1f} {cell['tables_least']:>6} "
+            f"{cell['tables_most']:>5} {used:>11}"
+        )
+    print(
+        f"tables done never fall as the budget grows at {summary['seeds_growing']} "
+        f"of {len(seeds)} seeds"
+    )
 
 
 if __name__ == "__main__":

@@ -103,3 +103,29 @@ def test_k_delegations_use_the_limit_and_never_pass_it(k: int) -> None:
     # siblings' spending (load, scheduling), so only its bound is asserted here; the
     # benchmark prints both allocations side by side.
     assert rows["equal"]["spent_per_limit"] <= 1.0
+
+
+def test_the_seeds_summary_says_how_much_one_seed_decides() -> None:
+    bench = _benchmark()
+    assert bench.parse_seeds("1-3,7") == [1, 2, 3, 7]
+    with pytest.raises(SystemExit, match="--seeds takes numbers and ranges"):
+        bench.parse_seeds("1-x")
+
+    def row(seed: int, percent: int | None, tables: int, used: float) -> dict[str, object]:
+        return {"seed": seed, "percent": percent, "tables_done": tables, "used": used}
+
+    rows = [
+        *(row(1, None, 14, 1.0), row(1, 30, 4, 0.8), row(1, 70, 10, 0.9)),
+        *(row(2, None, 14, 1.0), row(2, 30, 8, 0.7), row(2, 70, 6, 0.95)),
+    ]
+    summary = bench.seeds_summary(rows)
+    assert summary["seeds"] == [1, 2]
+    assert summary["by_percent"]["30"] == {
+        "tables_mean": 6.0,
+        "tables_least": 4,
+        "tables_most": 8,
+        "used_least": 0.7,
+        "used_most": 0.8,
+    }
+    assert summary["by_percent"]["70"]["tables_mean"] == 8.0
+    assert summary["seeds_growing"] == 1  # seed 2 did fewer tables with more budget
