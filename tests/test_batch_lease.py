@@ -17,7 +17,7 @@ from hierplan.batch import BatchConfig, RunOptions, parse_goals
 from hierplan.batch.celery_backend import Delivery, WorkerState, goal_key, lease_key, work_on_goal
 from hierplan.batch.celery_backend.lease import REQUEUE, Lease, lease_seconds
 from hierplan.batch.celery_backend.protocol import CLAIM, START
-from hierplan.budgets.budget import Fixed
+from hierplan.budgets.budget import Account, Balance, Fixed
 from hierplan.budgets.redis_ledger import Guard, GuardFailed, RedisAccount, RedisLedger
 from hierplan.cli import app
 from hierplan.cli import batch as cli_batch
@@ -191,6 +191,80 @@ def test_an_account_opened_just_before_its_delivery_died_is_written_off_by_the_n
         root = anyio.run(ledger.balance, goal.root)
         assert (root.granted_pico, root.reserved_pico) == (0, 0)
         assert root.spent_pico == int(goal.field("spent_pico") or 0) > 0
+    finally:
+        ledger.drop()
+
+
+class _OpensLate(RedisLedger):
+    """A worker's ledger whose open of a goal's account times out before Redis runs it: Redis
+    runs it later (``late``), after the delivery gave up."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.late: list[Any] = []
+
+    async def open(self, *args: Any, **kwargs: Any) -> RedisAccount:
+        if args[1] is None:
+            return await super().open(*args, **kwargs)
+        self.late.append(partial(RedisLedger.open, self, *args, **kwargs))
+        raise redis.TimeoutError("Timeout reading from socket")
+
+
+def test_an_open_redis_runs_after_its_delivery_failed_is_refused(tmp_path: Path) -> None:
+    goal = _Goal()
+    ledger = goal.ledger
+    try:
+        payload = _payload(require_redis().url, ledger.namespace, goal.root.id)
+        late = _OpensLate(ledger.client, ledger.namespace)
+        worker = WorkerState()
+        worker.workdir = tmp_path
+        worker.ledgers[(payload["redis"], ledger.namespace)] = late
+        assert anyio.run(work_on_goal, payload, worker, Delivery("t1")) == "ok"
+        assert goal.field("state") == "failed"
+        with pytest.raises(GuardFailed):
+            anyio.run(late.late[0])
+        assert anyio.run(ledger.balance, goal.root).granted_pico == 0
+    finally:
+        ledger.drop()
+
+
+class _ResetOnce(RedisLedger):
+    """A worker's ledger whose first write-off is lost before Redis runs it."""
+
+    reset = False
+
+    async def write_off(self, account: Account) -> Balance:
+        if not self.reset:
+            self.reset = True
+            raise redis.ConnectionError("Connection reset by peer")
+        return await super().write_off(account)
+
+
+def test_a_delivery_that_fails_writing_off_a_dead_ones_account_writes_it_off_after_all(
+    tmp_path: Path,
+) -> None:
+    goal = _Goal()
+    ledger = goal.ledger
+    try:
+        # A delivery claims the goal, is granted an account with a call in flight, and dies.
+        assert goal.claim("t1", 0, "f1") == "ok"
+        account = anyio.run(ledger.open, "g", goal.root, Fixed(None, 10**10))
+        assert anyio.run(ledger.reserve, account, 100, 12_345, "planning") is not None
+        start = goal.client.register_script(START)
+        assert start(keys=[goal.key], args=["f1", account.id]) == "ok"
+        goal.client.delete(goal.lease)
+        assert goal.requeue("t2") == 1
+        payload = _payload(require_redis().url, ledger.namespace, goal.root.id)
+        worker = WorkerState()
+        worker.workdir = tmp_path
+        worker.ledgers[(payload["redis"], ledger.namespace)] = _ResetOnce(
+            ledger.client, ledger.namespace
+        )
+        assert anyio.run(work_on_goal, payload, worker, Delivery("t2")) == "ok"
+        assert goal.field("state") == "failed"
+        assert int(goal.field("prior_pico") or 0) == 12_345  # the dead one's call, once
+        root = anyio.run(ledger.balance, goal.root)
+        assert (root.granted_pico, root.reserved_pico, root.spent_pico) == (0, 0, 12_345)
     finally:
         ledger.drop()
 

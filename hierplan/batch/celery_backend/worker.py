@@ -143,9 +143,9 @@ async def work_on_goal(
     # A message of an older driver names no lease: it gets the default.
     lease = Lease(client, key, leased, fence, float(payload.get("lease_s") or DEFAULT_LEASE_S))
 
-    def fenced_set(*fields: str) -> Any:
+    def fenced_set(*fields: str, holder: str = fence) -> Any:
         keys = [key, done_key(namespace), leased]
-        return client.register_script(FENCED_SET)(keys=keys, args=[fence, goal.id, *fields])
+        return client.register_script(FENCED_SET)(keys=keys, args=[holder, goal.id, *fields])
 
     claim = partial(
         client.register_script(CLAIM),
@@ -180,19 +180,37 @@ async def _run_delivery(
         reason = f"the worker failed: {type(exc).__name__}: {exc}"
     # The account this delivery was granted returns what it did not spend; its calls still
     # held count as spent. If Redis cannot be reached for this either, the task fails and is
-    # delivered again (see _goal_task), and that delivery writes the account off. An account
-    # whose open lost its reply (a timeout, a reset connection) is not in ``opened``, but the
-    # goal's hash names it.
-    key = goal_key(payload["namespace"], goal.id)
-    held, named = await anyio.to_thread.run_sync(ledger.client.hmget, key, ["fence", "account"])
-    if held == fence and named and all(account.id != named for account in opened):
-        opened.append(await ledger.account(str(named)))
+    # delivered again (see _goal_task), and that delivery writes the account off.
+    #
+    # The fence is retired first, checked and changed in one step: an open of this delivery
+    # whose reply was lost (a timeout, a reset connection), even one Redis runs only later, is
+    # refused by its guard from then on, so the goal's hash now names all it ever opened.
+    ending = f"{fence}:failed"
+    if await anyio.to_thread.run_sync(partial(fenced_set, "fence", ending)) == "ok":
+        key = goal_key(payload["namespace"], goal.id)
+        named = await anyio.to_thread.run_sync(ledger.client.hget, key, "account")
+        if named and all(account.id != named for account in opened):
+            opened.append(await ledger.account(str(named)))
+        await _write_off_old(ledger, key)  # if that failed before Redis ran it
     spent = (0, 0)
     for account in opened:
         balance = await ledger.write_off(account)
         spent = (balance.spent_tokens, balance.spent_pico)
     failed = GoalOutcome("failed", "error", reason, None)
-    return str(await anyio.to_thread.run_sync(fenced_set, *_finish_fields(failed, spent)))
+    fields = _finish_fields(failed, spent)
+    return str(await anyio.to_thread.run_sync(partial(fenced_set, *fields, holder=ending)))
+
+
+async def _write_off_old(ledger: RedisLedger, key: str) -> None:
+    """Write off the accounts of the goal's earlier deliveries (``{key}:old``), counting what
+    each spent once in the goal's prior spend."""
+    client = ledger.client
+    olds = await anyio.to_thread.run_sync(client.smembers, f"{key}:old")
+    count_old = client.register_script(COUNT_OLD)
+    for old in olds:
+        balance = await ledger.write_off(await ledger.account(str(old)))
+        args = [str(old), str(balance.spent_tokens), str(balance.spent_pico)]
+        await anyio.to_thread.run_sync(partial(count_old, keys=[key], args=args))
 
 
 async def _run_claimed(
@@ -209,12 +227,7 @@ async def _run_claimed(
     goes in ``opened``."""
     client = ledger.client
     key = goal_key(payload["namespace"], goal.id)
-    olds = await anyio.to_thread.run_sync(client.smembers, f"{key}:old")
-    count_old = client.register_script(COUNT_OLD)
-    for old in olds:
-        balance = await ledger.write_off(await ledger.account(str(old)))
-        args = [str(old), str(balance.spent_tokens), str(balance.spent_pico)]
-        await anyio.to_thread.run_sync(partial(count_old, keys=[key], args=args))
+    await _write_off_old(ledger, key)
     root = await ledger.account(payload["root"])
     options = RunOptions.from_dict(payload["options"])
     budget = _budget(payload)
