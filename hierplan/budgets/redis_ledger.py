@@ -200,9 +200,9 @@ class RedisLedger(Ledger):
             )
         else:
             args = (self._id(parent), "fixed", _amount(grant.tokens), _amount(grant.pico))
-        # Shielded: a cancellation arriving while Redis opens the account must not lose it.
         if guard is not None:
             args = (*args, guard.key, guard.field, guard.value, guard.note)
+        # Shielded: a cancellation arriving while Redis opens the account must not lose it.
         reply = await self._call(self._open, name, *args, shield=True)
         if reply[0] == "guarded":
             assert guard is not None
