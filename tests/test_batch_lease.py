@@ -61,6 +61,31 @@ class _Goal:
         value = self.client.hget(self.key, name)
         return None if value is None else str(value)
 
+    def payload(self) -> dict[str, Any]:
+        """The message a delivery of the goal gets."""
+        return _payload(require_redis().url, self.ledger.namespace, self.root.id)
+
+    def worker(self, workdir: Path, ledger: RedisLedger | None = None) -> WorkerState:
+        """A worker process's state, working in ``workdir``, whose ledger of the batch is
+        ``ledger`` (one that fails on purpose) if given."""
+        worker = WorkerState()
+        worker.workdir = workdir
+        if ledger is not None:
+            worker.ledgers[(require_redis().url, self.ledger.namespace)] = ledger
+        return worker
+
+    def died_holding(self, pico: int) -> RedisAccount:
+        """A delivery claims the goal, is granted an account, has a call of ``pico`` in flight,
+        and dies: its lease lapses and the driver queues the goal again for task ``t2``."""
+        assert self.claim("t1", 0, "f1") == "ok"
+        account = anyio.run(self.ledger.open, "g", self.root, Fixed(None, 10**10))
+        assert anyio.run(self.ledger.reserve, account, 100, pico, "planning") is not None
+        start = self.client.register_script(START)
+        assert start(keys=[self.key], args=["f1", account.id]) == "ok"
+        self.client.delete(self.lease)
+        assert self.requeue("t2") == 1
+        return account
+
 
 def test_one_delivery_holds_a_goal_and_a_lapsed_lease_hands_it_to_the_task_queued_for_it() -> None:
     goal = _Goal()
@@ -93,18 +118,9 @@ def test_a_dead_deliverys_spend_is_counted_once_when_its_goal_runs_again(tmp_pat
     goal = _Goal()
     ledger = goal.ledger
     try:
-        # A delivery claims the goal, is granted an account, has a call in flight, and dies.
-        assert goal.claim("t1", 0, "f1") == "ok"
-        account = anyio.run(ledger.open, "g", goal.root, Fixed(None, 10**10))
-        held = anyio.run(ledger.reserve, account, 100, 12_345, "planning")
-        assert held is not None
-        start = goal.client.register_script(START)
-        assert start(keys=[goal.key], args=["f1", account.id]) == "ok"
-        goal.client.delete(goal.lease)  # its lease lapses
-        assert goal.requeue("t2") == 1
-        worker = WorkerState()
-        worker.workdir = tmp_path
-        payload = _payload(require_redis().url, ledger.namespace, goal.root.id)
+        goal.died_holding(12_345)
+        worker = goal.worker(tmp_path)
+        payload = goal.payload()
         assert anyio.run(work_on_goal, payload, worker, Delivery("t2")) == "ok"
         state = goal.client.hgetall(goal.key)
         assert state["state"] == "succeeded" and state["runs"] == "2"
@@ -150,13 +166,8 @@ def test_an_account_whose_open_lost_its_reply_is_written_off_by_its_own_delivery
     goal = _Goal()
     ledger = goal.ledger
     try:
-        payload = _payload(require_redis().url, ledger.namespace, goal.root.id)
-        worker = WorkerState()
-        worker.workdir = tmp_path
-        worker.ledgers[(payload["redis"], ledger.namespace)] = _LosesTheReply(
-            ledger.client, ledger.namespace
-        )
-        assert anyio.run(work_on_goal, payload, worker, Delivery("t1")) == "ok"
+        worker = goal.worker(tmp_path, _LosesTheReply(ledger.client, ledger.namespace))
+        assert anyio.run(work_on_goal, goal.payload(), worker, Delivery("t1")) == "ok"
         assert goal.field("state") == "failed" and "TimeoutError" in (goal.field("reason") or "")
         root = anyio.run(ledger.balance, goal.root)
         assert (root.granted_pico, root.spent_pico) == (0, 0)  # the grant came back whole
@@ -170,12 +181,8 @@ def test_an_account_opened_just_before_its_delivery_died_is_written_off_by_the_n
     goal = _Goal()
     ledger = goal.ledger
     try:
-        payload = _payload(require_redis().url, ledger.namespace, goal.root.id)
-        dying = WorkerState()
-        dying.workdir = tmp_path / "dying"
-        dying.ledgers[(payload["redis"], ledger.namespace)] = _DiesAfterOpening(
-            ledger.client, ledger.namespace
-        )
+        payload = goal.payload()
+        dying = goal.worker(tmp_path / "dying", _DiesAfterOpening(ledger.client, ledger.namespace))
         # Granted, then killed before it could mark the goal running.
         with pytest.raises(_Killed):
             anyio.run(work_on_goal, payload, dying, Delivery("t1"))
@@ -184,8 +191,7 @@ def test_an_account_opened_just_before_its_delivery_died_is_written_off_by_the_n
         assert goal.field("state") == "claimed" and goal.field("account")
         goal.client.delete(goal.lease)  # its lease lapses
         assert goal.requeue("t2") == 1
-        worker = WorkerState()
-        worker.workdir = tmp_path / "next"
+        worker = goal.worker(tmp_path / "next")
         assert anyio.run(work_on_goal, payload, worker, Delivery("t2")) == "ok"
         assert goal.field("state") == "succeeded"
         root = anyio.run(ledger.balance, goal.root)
@@ -214,12 +220,9 @@ def test_an_open_redis_runs_after_its_delivery_failed_is_refused(tmp_path: Path)
     goal = _Goal()
     ledger = goal.ledger
     try:
-        payload = _payload(require_redis().url, ledger.namespace, goal.root.id)
         late = _OpensLate(ledger.client, ledger.namespace)
-        worker = WorkerState()
-        worker.workdir = tmp_path
-        worker.ledgers[(payload["redis"], ledger.namespace)] = late
-        assert anyio.run(work_on_goal, payload, worker, Delivery("t1")) == "ok"
+        worker = goal.worker(tmp_path, late)
+        assert anyio.run(work_on_goal, goal.payload(), worker, Delivery("t1")) == "ok"
         assert goal.field("state") == "failed"
         with pytest.raises(GuardFailed):
             anyio.run(late.late[0])
@@ -246,21 +249,9 @@ def test_a_delivery_that_fails_writing_off_a_dead_ones_account_writes_it_off_aft
     goal = _Goal()
     ledger = goal.ledger
     try:
-        # A delivery claims the goal, is granted an account with a call in flight, and dies.
-        assert goal.claim("t1", 0, "f1") == "ok"
-        account = anyio.run(ledger.open, "g", goal.root, Fixed(None, 10**10))
-        assert anyio.run(ledger.reserve, account, 100, 12_345, "planning") is not None
-        start = goal.client.register_script(START)
-        assert start(keys=[goal.key], args=["f1", account.id]) == "ok"
-        goal.client.delete(goal.lease)
-        assert goal.requeue("t2") == 1
-        payload = _payload(require_redis().url, ledger.namespace, goal.root.id)
-        worker = WorkerState()
-        worker.workdir = tmp_path
-        worker.ledgers[(payload["redis"], ledger.namespace)] = _ResetOnce(
-            ledger.client, ledger.namespace
-        )
-        assert anyio.run(work_on_goal, payload, worker, Delivery("t2")) == "ok"
+        goal.died_holding(12_345)
+        worker = goal.worker(tmp_path, _ResetOnce(ledger.client, ledger.namespace))
+        assert anyio.run(work_on_goal, goal.payload(), worker, Delivery("t2")) == "ok"
         assert goal.field("state") == "failed"
         assert int(goal.field("prior_pico") or 0) == 12_345  # the dead one's call, once
         root = anyio.run(ledger.balance, goal.root)
